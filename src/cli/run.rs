@@ -1,0 +1,326 @@
+//! `meshfeed run`: the distributed loading job, launched with `mpirun -np P`.
+//!
+//! A thin client of [`crate::loader::Loader`]: it consumes every batch (optionally
+//! dumping and verifying it), shows a progress bar on rank 0, and prints a per-epoch
+//! summary reduced over all ranks (text, or JSON lines with `--json`).
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use ::mpi::traits::*;
+use indicatif::{ProgressBar, ProgressStyle};
+
+use super::dump::DumpWriter;
+use super::verify::{Report, Verifier};
+use crate::dataset::gen;
+use crate::error::{Error, Result};
+use crate::loader::{Loader, LoaderOptions, Metrics, Phase};
+use crate::plan::HomeRanges;
+use crate::transport::{agree, MpiTransport, ReduceOp, Transport};
+use crate::types::Epoch;
+
+#[derive(clap::Args, Debug)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub data: super::DataArgs,
+    /// Global batch size B (must be divisible by the number of ranks).
+    #[arg(long)]
+    pub batch_size: usize,
+    /// Number of epochs.
+    #[arg(long, default_value_t = 1)]
+    pub epochs: u64,
+    /// Seed of the shuffle.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Budget for bytes in flight per rank per exchange window (K/M/G suffixes).
+    #[arg(long, default_value = "64M", value_parser = super::parse_bytes)]
+    pub window_bytes: u64,
+    /// Check collectively that every sample arrived exactly once, in order, with the
+    /// right contents (contents: for datasets written by `meshfeed gen`).
+    #[arg(long)]
+    pub verify: bool,
+    /// Write one rank-<r>.jsonl per rank: ids and CRC-32 of every delivered row.
+    #[arg(long, value_name = "DIR")]
+    pub dump: Option<PathBuf>,
+    /// Print the per-epoch summary as JSON lines on stdout.
+    #[arg(long)]
+    pub json: bool,
+    /// Cap on bytes per MPI_Alltoallv round (larger exchanges are chunked); for testing.
+    #[arg(long, hide = true, value_parser = super::parse_bytes)]
+    pub max_round_bytes: Option<u64>,
+}
+
+/// Initialises MPI, runs the job, prints any error once per rank, finalises MPI.
+pub fn main(args: RunArgs) -> i32 {
+    let Some(universe) = ::mpi::initialize() else {
+        eprintln!("meshfeed: error: MPI was already initialised");
+        return 1;
+    };
+    let world = universe.world();
+    let rank = world.rank() as usize;
+    // A panic on one rank must not leave the others waiting in a collective.
+    std::panic::set_hook(Box::new(|info| {
+        eprintln!("meshfeed: internal error (panic): {info}");
+        ::mpi::topology::SimpleCommunicator::world().abort(101);
+    }));
+    let mut transport = MpiTransport::new(world);
+    if let Some(cap) = args.max_round_bytes {
+        transport = transport.with_max_round_bytes(cap as usize);
+    }
+    let code = match run(args, transport) {
+        Ok(()) => 0,
+        Err(e) => {
+            super::print_error(Some(rank), &e);
+            1
+        }
+    };
+    drop(universe); // MPI_Finalize
+    code
+}
+
+/// Per-epoch summary, reduced over ranks.
+#[derive(Debug, serde::Serialize)]
+struct EpochSummary {
+    epoch: u64,
+    ranks: usize,
+    steps: u64,
+    samples: u64,
+    seconds: f64,
+    samples_per_s: f64,
+    gb_per_s: f64,
+    /// Max over ranks of the time in each phase.
+    phase_s: std::collections::BTreeMap<&'static str, f64>,
+    bytes_read: u64,
+    bytes_exchanged: u64,
+    bytes_delivered: u64,
+    windows: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    verified: Option<bool>,
+}
+
+fn run(args: RunArgs, transport: MpiTransport) -> Result<()> {
+    transport.check_launcher()?;
+    let rank = transport.rank().0;
+    let options = LoaderOptions {
+        batch_size: args.batch_size,
+        seed: args.seed,
+        window_bytes: args.window_bytes,
+    };
+    let mut loader = Loader::open(transport, &args.data.data, args.data.options(), options)?;
+    let world = loader.transport().size();
+    let n = loader.dataset().len();
+    let steps = loader.steps_per_epoch();
+    let home = HomeRanges::new(n, world);
+
+    let mut verifier = match args.verify {
+        true => Some(agree(
+            loader.transport(),
+            gen::find_manifest(&args.data.data)
+                .and_then(|m| Verifier::new(loader.dataset(), args.batch_size, args.seed, m)),
+        )?),
+        false => None,
+    };
+    let mut dump = match &args.dump {
+        Some(dir) => Some(agree(loader.transport(), DumpWriter::create(dir, rank))?),
+        None => None,
+    };
+    if rank == 0 && !args.json {
+        println!(
+            "meshfeed: {} samples, {} field(s), {} ranks; batch {} → {} steps/epoch ({} dropped), {} steps per exchange window",
+            n,
+            loader.dataset().fields().len(),
+            world,
+            args.batch_size,
+            steps,
+            n - steps * args.batch_size as u64,
+            loader.steps_per_window()
+        );
+    }
+
+    let mut all_ok = true;
+    for e in 0..args.epochs {
+        let epoch = Epoch(e);
+        let bar = progress_bar(rank == 0 && !args.json, steps, e);
+        if let Some(v) = verifier.as_mut() {
+            v.begin_epoch(n, epoch);
+        }
+        let start = Instant::now();
+        let mut delivered_bytes = 0u64;
+        // A local failure while consuming (e.g. the dump disk is full) must not stop this
+        // rank from taking part in the remaining windows: remember it, agree at the end.
+        let mut local: Result<()> = Ok(());
+        let dataset = loader.dataset().clone();
+        for batch in loader.epoch(epoch) {
+            let batch = batch?;
+            delivered_bytes += batch
+                .fields()
+                .iter()
+                .map(|f| f.bytes().len() as u64)
+                .sum::<u64>();
+            if let Some(v) = verifier.as_mut() {
+                v.check(&batch, &dataset);
+            }
+            if let (Some(d), Ok(())) = (dump.as_mut(), &local) {
+                local = d.write(&batch);
+            }
+            bar.inc(1);
+        }
+        agree(loader.transport(), local)?;
+        let seconds = start.elapsed().as_secs_f64();
+        bar.finish_and_clear();
+        let metrics = loader.take_metrics();
+        let mut summary = summarize(
+            loader.transport(),
+            e,
+            steps * args.batch_size as u64,
+            steps,
+            seconds,
+            delivered_bytes,
+            &metrics,
+        )?;
+        if let Some(v) = verifier.as_mut() {
+            let (report, first) =
+                v.finish_epoch(loader.transport(), &home, steps * args.batch_size as u64)?;
+            summary.verified = Some(report.ok());
+            all_ok &= report.ok();
+            if rank == 0 && !args.json {
+                print_report(e, &report, v.checks_contents(), first.as_deref());
+            }
+            if !report.ok() {
+                if rank == 0 && args.json {
+                    println!(
+                        "{}",
+                        serde_json::to_string(&summary).expect("summary serialises")
+                    );
+                }
+                return Err(Error::Verify(format!(
+                    "epoch {e}: {}",
+                    first.unwrap_or_else(|| "see report".into())
+                )));
+            }
+        }
+        if rank == 0 {
+            if args.json {
+                println!(
+                    "{}",
+                    serde_json::to_string(&summary).expect("summary serialises")
+                );
+            } else {
+                print_summary(&summary);
+            }
+        }
+    }
+    if let Some(d) = dump.take() {
+        agree(loader.transport(), d.finish())?;
+    }
+    if rank == 0 && !args.json {
+        let verified = if verifier.is_some() && all_ok {
+            ", verified"
+        } else {
+            ""
+        };
+        println!(
+            "meshfeed: done: {} epoch(s) on {world} ranks{verified}",
+            args.epochs
+        );
+    }
+    Ok(())
+}
+
+fn progress_bar(visible: bool, steps: u64, epoch: u64) -> ProgressBar {
+    if !visible {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new(steps).with_style(
+        ProgressStyle::with_template(
+            "epoch {prefix} [{bar:30}] {pos}/{len} steps {per_sec} eta {eta}",
+        )
+        .expect("valid template")
+        .progress_chars("=> "),
+    );
+    bar.set_prefix(epoch.to_string());
+    bar
+}
+
+fn summarize(
+    t: &dyn Transport,
+    epoch: u64,
+    samples: u64,
+    steps: u64,
+    seconds: f64,
+    delivered: u64,
+    m: &Metrics,
+) -> Result<EpochSummary> {
+    // Times in nanoseconds, reduced with max; byte counts with sum.
+    let mut maxes: Vec<u64> = Phase::ALL
+        .iter()
+        .map(|&p| m.time(p).as_nanos() as u64)
+        .collect();
+    maxes.push((seconds * 1e9) as u64);
+    t.all_reduce_u64(&mut maxes, ReduceOp::Max)?;
+    let mut sums = [m.bytes_read, m.bytes_sent, delivered];
+    t.all_reduce_u64(&mut sums, ReduceOp::Sum)?;
+    let seconds = maxes[Phase::ALL.len()] as f64 / 1e9;
+    Ok(EpochSummary {
+        epoch,
+        ranks: t.size(),
+        steps,
+        samples,
+        seconds,
+        samples_per_s: samples as f64 / seconds.max(1e-9),
+        gb_per_s: sums[2] as f64 / 1e9 / seconds.max(1e-9),
+        phase_s: Phase::ALL
+            .iter()
+            .zip(&maxes)
+            .map(|(p, &ns)| (p.name(), ns as f64 / 1e9))
+            .collect(),
+        bytes_read: sums[0],
+        bytes_exchanged: sums[1],
+        bytes_delivered: sums[2],
+        windows: m.windows,
+        verified: None,
+    })
+}
+
+fn print_summary(s: &EpochSummary) {
+    let phases: Vec<String> = Phase::ALL
+        .iter()
+        .map(|p| format!("{} {:.3}s", p.name(), s.phase_s[p.name()]))
+        .collect();
+    println!(
+        "epoch {}: {} samples in {:.3} s — {:.0} samples/s, {:.3} GB/s | {} (max over {} ranks) | {} windows, {:.1} MB exchanged",
+        s.epoch,
+        s.samples,
+        s.seconds,
+        s.samples_per_s,
+        s.gb_per_s,
+        phases.join(", "),
+        s.ranks,
+        s.windows,
+        s.bytes_exchanged as f64 / 1e6
+    );
+}
+
+fn print_report(epoch: u64, r: &Report, contents: bool, first: Option<&str>) {
+    if r.ok() {
+        let what = if contents {
+            format!(
+                "contents match the generator ({} values checked)",
+                r.values_checked
+            )
+        } else {
+            "contents not checked (no meshfeed-gen manifest)".to_string()
+        };
+        println!("verify: epoch {epoch}: {} samples delivered exactly once, in permutation order; {what}", r.delivered);
+    } else {
+        println!(
+            "verify: epoch {epoch}: FAILED — {} missing, {} duplicated, {} unexpected, {} out of order, {} wrong contents; first: {}",
+            r.missing,
+            r.duplicated,
+            r.unexpected,
+            r.out_of_order,
+            r.wrong_contents,
+            first.unwrap_or("-")
+        );
+    }
+}

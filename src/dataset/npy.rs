@@ -1,0 +1,326 @@
+//! NumPy `.npy` files: C-order, little-endian arrays whose first axis is the sample axis.
+//!
+//! A plain dtype gives one field named `data` with shape `arr.shape[1:]`; a structured
+//! dtype gives one field per member (with its sub-array shape), and unnamed padding
+//! members (`('', '|V4')`) are skipped. Format reference:
+//! <https://numpy.org/doc/stable/reference/generated/numpy.lib.format.html>.
+
+use std::io::Read;
+use std::ops::Range;
+use std::path::Path;
+
+use super::npy_header::{parse_preamble, PyValue, MAX_PREAMBLE_LEN};
+use super::rows::RecordFile;
+use super::schema::{DType, Field};
+use crate::error::{Error, Result};
+
+/// The layout of a `.npy` file as far as meshfeed needs it.
+#[derive(Debug)]
+struct Layout {
+    samples: u64,
+    data_offset: u64,
+    record_bytes: u64,
+    fields: Vec<Field>,
+    ranges: Vec<Range<usize>>,
+}
+
+/// Reads the header: sample count and fields.
+pub fn scan(path: &Path) -> Result<(u64, Vec<Field>)> {
+    let l = layout(path)?;
+    Ok((l.samples, l.fields))
+}
+
+/// Opens a `.npy` file for reading rows, checking that its fields are `expected`.
+pub fn open(path: &Path, expected: &[Field]) -> Result<RecordFile> {
+    let l = layout(path)?;
+    if l.fields != expected {
+        return Err(Error::file(
+            path,
+            "fields changed since the dataset was scanned",
+        ));
+    }
+    RecordFile::open(path, l.data_offset, l.record_bytes, l.ranges)
+}
+
+fn layout(path: &Path) -> Result<Layout> {
+    let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+    let file_len = file.metadata().map_err(|e| Error::io(path, e))?.len();
+    let mut head = Vec::new();
+    file.take(MAX_PREAMBLE_LEN as u64)
+        .read_to_end(&mut head)
+        .map_err(|e| Error::io(path, e))?;
+    let pre = parse_preamble(&head).map_err(|e| Error::file(path, e.to_string()))?;
+    let bad = |reason: String| Error::file(path, reason);
+
+    if pre.shape.is_empty() {
+        return Err(bad("a 0-d array has no sample axis".into()));
+    }
+    if pre.fortran_order && pre.shape.len() > 2
+        || pre.fortran_order && pre.shape.len() == 2 && pre.shape[1] > 1
+    {
+        return Err(bad(
+            "Fortran-order arrays are not supported (save with C order)".into(),
+        ));
+    }
+    let samples = pre.shape[0];
+    let sample_shape: Vec<usize> = pre.shape[1..]
+        .iter()
+        .map(|&d| usize::try_from(d).map_err(|_| bad(format!("dimension {d} is too large"))))
+        .collect::<Result<_>>()?;
+
+    let (fields, ranges, record_bytes) = match &pre.descr {
+        PyValue::Str(s) => {
+            let dtype = parse_typestr(s).map_err(bad)?;
+            let field = Field::tensor("data", dtype, sample_shape);
+            let n = checked_bytes(&field).ok_or_else(|| bad("sample size overflows".into()))?;
+            (vec![field], vec![0..n], n)
+        }
+        PyValue::List(members) => {
+            if !sample_shape.is_empty() {
+                return Err(bad(
+                    "structured arrays must be one-dimensional (one record per sample)".into(),
+                ));
+            }
+            structured_fields(members).map_err(bad)?
+        }
+        other => return Err(bad(format!("unsupported descr {other:?}"))),
+    };
+    let record_bytes = record_bytes as u64;
+    let data_bytes = samples.checked_mul(record_bytes).ok_or_else(|| {
+        bad(format!(
+            "{samples} samples of {record_bytes} bytes overflow"
+        ))
+    })?;
+    let have = file_len.saturating_sub(pre.data_offset);
+    if have < data_bytes {
+        return Err(bad(format!(
+            "truncated: the header promises {samples} samples of {record_bytes} bytes ({data_bytes} bytes of data) but the file holds only {have}"
+        )));
+    }
+    Ok(Layout {
+        samples,
+        data_offset: pre.data_offset,
+        record_bytes,
+        fields,
+        ranges,
+    })
+}
+
+fn checked_bytes(field: &Field) -> Option<usize> {
+    match &field.kind {
+        super::FieldKind::Tensor { dtype, shape } => shape
+            .iter()
+            .try_fold(dtype.size(), |acc, &d| acc.checked_mul(d)),
+        super::FieldKind::Bytes { .. } => None,
+    }
+}
+
+/// Fields, their byte ranges in a record, and the record size (padding included).
+fn structured_fields(
+    members: &[PyValue],
+) -> std::result::Result<(Vec<Field>, Vec<Range<usize>>, usize), String> {
+    let mut fields = Vec::new();
+    let mut ranges = Vec::new();
+    let mut offset = 0usize;
+    for m in members {
+        let PyValue::Tuple(parts) = m else {
+            return Err(format!("unsupported structured member {m:?}"));
+        };
+        let (name, typestr) = match (parts.first(), parts.get(1)) {
+            (Some(PyValue::Str(n)), Some(PyValue::Str(t))) => (n, t),
+            (Some(PyValue::Str(n)), Some(PyValue::List(_))) => {
+                return Err(format!("nested structured member '{n}' is not supported"))
+            }
+            _ => return Err(format!("unsupported structured member {m:?}")),
+        };
+        let shape: Vec<usize> = match parts.get(2) {
+            None => vec![],
+            Some(PyValue::Tuple(dims)) => {
+                dims.iter()
+                    .map(|d| match d {
+                        PyValue::Int(i) => usize::try_from(*i)
+                            .map_err(|_| format!("bad dimension {i} in '{name}'")),
+                        _ => Err(format!("bad shape of '{name}'")),
+                    })
+                    .collect::<std::result::Result<_, _>>()?
+            }
+            Some(PyValue::Int(i)) => {
+                vec![usize::try_from(*i).map_err(|_| format!("bad dimension {i} in '{name}'"))?]
+            }
+            Some(_) => return Err(format!("bad shape of '{name}'")),
+        };
+        if name.is_empty() {
+            // Padding inserted by NumPy for aligned structs: skip its bytes.
+            let n: usize = typestr
+                .trim_start_matches('|')
+                .strip_prefix('V')
+                .and_then(|n| n.parse().ok())
+                .ok_or_else(|| format!("unnamed member of type {typestr} is not padding"))?;
+            offset = offset
+                .checked_add(n * shape.iter().product::<usize>())
+                .ok_or("record too large")?;
+            continue;
+        }
+        let dtype = parse_typestr(typestr).map_err(|e| format!("member '{name}': {e}"))?;
+        let field = Field::tensor(name.clone(), dtype, shape);
+        let len = checked_bytes(&field).ok_or_else(|| format!("member '{name}' is too large"))?;
+        ranges.push(offset..offset + len);
+        offset = offset.checked_add(len).ok_or("record too large")?;
+        fields.push(field);
+    }
+    if fields.is_empty() {
+        return Err("structured dtype has no named members".into());
+    }
+    Ok((fields, ranges, offset))
+}
+
+/// Parses a NumPy array-protocol type string such as `<f4`, `|u1`, `|b1`.
+fn parse_typestr(s: &str) -> std::result::Result<DType, String> {
+    let (order, rest) = match s.chars().next() {
+        Some(c @ ('<' | '>' | '|' | '=')) => (c, &s[1..]),
+        _ => ('=', s),
+    };
+    let dtype = match rest {
+        "b1" | "?" => DType::Bool,
+        "u1" | "B" => DType::U8,
+        "i1" | "b" => DType::I8,
+        "u2" => DType::U16,
+        "i2" => DType::I16,
+        "u4" => DType::U32,
+        "i4" => DType::I32,
+        "u8" => DType::U64,
+        "i8" => DType::I64,
+        "f2" => DType::F16,
+        "f4" => DType::F32,
+        "f8" => DType::F64,
+        _ => return Err(format!("unsupported dtype '{s}'")),
+    };
+    if order == '>' && dtype.size() > 1 {
+        return Err(format!(
+            "big-endian dtype '{s}' is not supported (convert with arr.astype('<{rest}'))"
+        ));
+    }
+    Ok(dtype)
+}
+
+/// Writes a `.npy` header (version 1.0) for `samples` records of `fields`; the caller
+/// appends the record bytes. One unnamed field `data` gives a plain array.
+pub fn header(fields: &[Field], samples: u64) -> Vec<u8> {
+    fn typestr(d: DType) -> String {
+        let kind = match d {
+            DType::Bool => "b",
+            DType::U8 | DType::U16 | DType::U32 | DType::U64 => "u",
+            DType::I8 | DType::I16 | DType::I32 | DType::I64 => "i",
+            DType::F16 | DType::F32 | DType::F64 => "f",
+        };
+        let order = if d.size() == 1 { '|' } else { '<' };
+        format!("{order}{kind}{}", d.size())
+    }
+    fn tuple(dims: impl Iterator<Item = String>) -> String {
+        let dims: Vec<String> = dims.collect();
+        match dims.len() {
+            1 => format!("({},)", dims[0]),
+            _ => format!("({})", dims.join(", ")),
+        }
+    }
+    let plain = fields.len() == 1 && fields[0].name == "data";
+    let (descr, shape) = if plain {
+        let super::FieldKind::Tensor { dtype, shape } = &fields[0].kind else {
+            unreachable!("tensor checked by caller")
+        };
+        let dims = std::iter::once(samples.to_string()).chain(shape.iter().map(|d| d.to_string()));
+        (format!("'{}'", typestr(*dtype)), tuple(dims))
+    } else {
+        let members: Vec<String> = fields
+            .iter()
+            .map(|f| {
+                let super::FieldKind::Tensor { dtype, shape } = &f.kind else {
+                    unreachable!("tensor checked by caller")
+                };
+                if shape.is_empty() {
+                    format!("('{}', '{}')", f.name, typestr(*dtype))
+                } else {
+                    format!(
+                        "('{}', '{}', {})",
+                        f.name,
+                        typestr(*dtype),
+                        tuple(shape.iter().map(|d| d.to_string()))
+                    )
+                }
+            })
+            .collect();
+        (
+            format!("[{}]", members.join(", ")),
+            tuple(std::iter::once(samples.to_string())),
+        )
+    };
+    let mut dict = format!("{{'descr': {descr}, 'fortran_order': False, 'shape': {shape}, }}");
+    // Pad so that the data starts at a multiple of 64 bytes, ending with '\n'.
+    let unpadded = 10 + dict.len() + 1;
+    dict.push_str(&" ".repeat((64 - unpadded % 64) % 64));
+    dict.push('\n');
+    let mut out = b"\x93NUMPY\x01\x00".to_vec();
+    out.extend((dict.len() as u16).to_le_bytes());
+    out.extend(dict.as_bytes());
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dataset::FileReader;
+
+    #[test]
+    fn typestrs() {
+        assert_eq!(parse_typestr("<f4"), Ok(DType::F32));
+        assert_eq!(parse_typestr("|b1"), Ok(DType::Bool));
+        assert_eq!(parse_typestr("|u1"), Ok(DType::U8));
+        assert!(parse_typestr(">f8").unwrap_err().contains("big-endian"));
+        assert!(parse_typestr("<c8").unwrap_err().contains("unsupported"));
+    }
+
+    #[test]
+    fn written_header_round_trips_plain_and_structured() {
+        let dir = tempfile::tempdir().unwrap();
+        for fields in [
+            vec![Field::tensor("data", DType::F32, vec![3, 2])],
+            vec![
+                Field::tensor("x", DType::F32, vec![4]),
+                Field::tensor("y", DType::I64, vec![]),
+                Field::tensor("z", DType::U8, vec![2, 3]),
+            ],
+        ] {
+            let rec: usize = fields.iter().map(|f| f.fixed_bytes().unwrap()).sum();
+            let p = dir.path().join("t.npy");
+            let mut bytes = header(&fields, 5);
+            assert_eq!(bytes.len() % 64, 0);
+            bytes.extend((0..5 * rec).map(|i| i as u8));
+            std::fs::write(&p, &bytes).unwrap();
+            let (n, got) = scan(&p).unwrap();
+            assert_eq!((n, &got), (5, &fields));
+            let mut r = open(&p, &fields).unwrap();
+            let c = r.read_rows(&[1, 4]).unwrap();
+            let first = c.value(0, 0);
+            assert_eq!(first[0] as usize, rec, "row 1 starts at byte {rec}");
+            // Truncation is found at scan time.
+            std::fs::write(&p, &bytes[..bytes.len() - 1]).unwrap();
+            let err = scan(&p).unwrap_err().to_string();
+            assert!(err.contains("t.npy") && err.contains("truncated"), "{err}");
+        }
+    }
+
+    #[test]
+    fn padding_members_are_skipped() {
+        let members = match super::super::npy_header::parse_py_literal(
+            "[('a', '|u1'), ('', '|V3'), ('b', '<i4')]",
+        )
+        .unwrap()
+        {
+            PyValue::List(m) => m,
+            _ => unreachable!(),
+        };
+        let (fields, ranges, record) = structured_fields(&members).unwrap();
+        assert_eq!(fields.len(), 2);
+        assert_eq!((ranges, record), (vec![0..1, 4..8], 8));
+    }
+}

@@ -1,0 +1,215 @@
+//! Rows read from one file, and the span logic shared by the readers.
+//!
+//! A [`RowChunk`] keeps the buffers a reader filled (file bytes, decoded Arrow buffers)
+//! and, for each requested row and field, where that value's bytes are. The loader copies
+//! values from here straight into its send buffer: one copy from read buffer to send
+//! buffer (DESIGN.md "Performance stance").
+
+use std::fs::File;
+use std::ops::Range;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use arrow_buffer::Buffer;
+
+use crate::error::{Error, Result};
+
+/// Where one value lives inside a [`RowChunk`].
+#[derive(Clone, Copy, Debug)]
+struct Loc {
+    buffer: u32,
+    offset: usize,
+    len: usize,
+}
+
+/// Values of some rows of one file, for every field.
+#[derive(Debug, Default)]
+pub struct RowChunk {
+    buffers: Vec<Buffer>,
+    /// `locs[row * fields + field]`.
+    locs: Vec<Loc>,
+    fields: usize,
+    bytes_read: u64,
+}
+
+impl RowChunk {
+    /// An empty chunk for values with `fields` fields.
+    pub fn new(fields: usize) -> RowChunk {
+        RowChunk {
+            fields,
+            ..Default::default()
+        }
+    }
+
+    /// Adds a buffer and returns its index for [`RowChunk::push_value`].
+    pub fn add_buffer(&mut self, buffer: Buffer) -> u32 {
+        self.bytes_read += buffer.len() as u64;
+        self.buffers.push(buffer);
+        (self.buffers.len() - 1) as u32
+    }
+
+    /// Records the next value (row-major over rows, then fields).
+    pub fn push_value(&mut self, buffer: u32, offset: usize, len: usize) {
+        debug_assert!(offset + len <= self.buffers[buffer as usize].len());
+        self.locs.push(Loc {
+            buffer,
+            offset,
+            len,
+        });
+    }
+
+    /// Number of rows in the chunk.
+    pub fn rows(&self) -> usize {
+        self.locs.len().checked_div(self.fields).unwrap_or(0)
+    }
+
+    /// The bytes of one value.
+    pub fn value(&self, row: usize, field: usize) -> &[u8] {
+        let loc = self.locs[row * self.fields + field];
+        &self.buffers[loc.buffer as usize].as_slice()[loc.offset..loc.offset + loc.len]
+    }
+
+    /// Bytes the reader brought into memory for this chunk.
+    pub fn bytes_read(&self) -> u64 {
+        self.bytes_read
+    }
+
+    /// Reorders values pushed field-major (all rows of field 0, then field 1, ...) into
+    /// the row-major order [`RowChunk::value`] expects.
+    pub fn transpose_from_field_major(&mut self, rows: usize) {
+        let fields = self.fields;
+        let old = std::mem::take(&mut self.locs);
+        debug_assert_eq!(old.len(), rows * fields);
+        self.locs = (0..rows * fields)
+            .map(|i| old[(i % fields) * rows + i / fields])
+            .collect();
+    }
+}
+
+/// Groups sorted rows into spans to read in one go: rows whose gap costs at most
+/// `max_gap_bytes` of unneeded data are read together (one request instead of many).
+pub fn coalesce(rows: &[u64], row_bytes: u64, max_gap_bytes: u64) -> Vec<Range<u64>> {
+    let max_gap_rows = max_gap_bytes / row_bytes.max(1);
+    let mut spans: Vec<Range<u64>> = Vec::new();
+    for &r in rows {
+        match spans.last_mut() {
+            Some(s) if r >= s.end && r - s.end <= max_gap_rows => s.end = r + 1,
+            _ => spans.push(r..r + 1),
+        }
+    }
+    spans
+}
+
+/// A file of fixed-size records after a header: `.npy` and `.raw`.
+pub struct RecordFile {
+    file: File,
+    path: PathBuf,
+    data_offset: u64,
+    record_bytes: u64,
+    /// Byte range of each field inside a record, in field order.
+    field_ranges: Vec<Range<usize>>,
+}
+
+/// Gaps up to this size are read through rather than split into separate reads.
+const RECORD_GAP_BYTES: u64 = 64 << 10;
+
+impl RecordFile {
+    /// Opens a record file whose layout was validated by the scan.
+    pub fn open(
+        path: &Path,
+        data_offset: u64,
+        record_bytes: u64,
+        field_ranges: Vec<Range<usize>>,
+    ) -> Result<RecordFile> {
+        let file = File::open(path).map_err(|e| Error::io(path, e))?;
+        Ok(RecordFile {
+            file,
+            path: path.to_path_buf(),
+            data_offset,
+            record_bytes,
+            field_ranges,
+        })
+    }
+}
+
+impl super::FileReader for RecordFile {
+    fn read_rows(&mut self, rows: &[u64]) -> Result<RowChunk> {
+        let mut chunk = RowChunk::new(self.field_ranges.len());
+        let mut next = rows.iter().peekable();
+        for span in coalesce(rows, self.record_bytes, RECORD_GAP_BYTES) {
+            let len = ((span.end - span.start) * self.record_bytes) as usize;
+            let mut buf = vec![0u8; len];
+            let at = self.data_offset + span.start * self.record_bytes;
+            self.file
+                .read_exact_at(&mut buf, at)
+                .map_err(|e| match e.kind() {
+                    std::io::ErrorKind::UnexpectedEof => Error::file(
+                        &self.path,
+                        format!(
+                            "truncated: rows {}..{} end past the end of the file",
+                            span.start, span.end
+                        ),
+                    ),
+                    _ => Error::io(&self.path, e),
+                })?;
+            let b = chunk.add_buffer(Buffer::from_vec(buf));
+            while let Some(&&r) = next.peek() {
+                if r >= span.end {
+                    break;
+                }
+                let base = ((r - span.start) * self.record_bytes) as usize;
+                for fr in &self.field_ranges {
+                    chunk.push_value(b, base + fr.start, fr.len());
+                }
+                next.next();
+            }
+        }
+        Ok(chunk)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn coalesce_merges_small_gaps_only() {
+        assert_eq!(coalesce(&[], 8, 64), vec![]);
+        assert_eq!(coalesce(&[0, 1, 2, 5], 8, 8), vec![0..3, 5..6]);
+        assert_eq!(coalesce(&[0, 1, 2, 5], 8, 16), vec![0..6]);
+        assert_eq!(coalesce(&[3, 100, 101], 1000, 0), vec![3..4, 100..102]);
+    }
+
+    #[test]
+    fn transpose_reorders_field_major_values() {
+        let mut c = RowChunk::new(2);
+        let b = c.add_buffer(Buffer::from_vec(vec![10u8, 11, 12, 20, 21, 22]));
+        for off in 0..6 {
+            c.push_value(b, off, 1);
+        }
+        c.transpose_from_field_major(3);
+        assert_eq!(c.rows(), 3);
+        assert_eq!((c.value(0, 0), c.value(0, 1)), (&[10u8][..], &[20u8][..]));
+        assert_eq!((c.value(2, 0), c.value(2, 1)), (&[12u8][..], &[22u8][..]));
+    }
+
+    #[test]
+    fn record_file_reads_requested_rows_and_reports_truncation() {
+        use crate::dataset::FileReader;
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("r.raw");
+        // header of 3 bytes, then 5 records of 4 bytes: [i, i, 100 + i, 100 + i]
+        let mut bytes = vec![9u8, 9, 9];
+        for i in 0..5u8 {
+            bytes.extend([i, i, 100 + i, 100 + i]);
+        }
+        std::fs::write(&p, &bytes).unwrap();
+        let mut f = RecordFile::open(&p, 3, 4, vec![0..2, 2..4]).unwrap();
+        let c = f.read_rows(&[0, 3, 4]).unwrap();
+        assert_eq!(c.rows(), 3);
+        assert_eq!(c.value(1, 0), &[3, 3]);
+        assert_eq!(c.value(2, 1), &[104, 104]);
+        let err = f.read_rows(&[7]).unwrap_err().to_string();
+        assert!(err.contains("r.raw") && err.contains("truncated"), "{err}");
+    }
+}

@@ -1,0 +1,213 @@
+//! Fields, dtypes and schemas: what one sample of a dataset looks like.
+//!
+//! A sample has named fields. A field is either a fixed-shape tensor (dtype + shape,
+//! stored little-endian in C order) or a variable-length byte string.
+
+use std::fmt;
+
+/// Element type of a tensor field. Values are little-endian in files and in batches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DType {
+    Bool,
+    U8,
+    I8,
+    U16,
+    I16,
+    U32,
+    I32,
+    U64,
+    I64,
+    F16,
+    F32,
+    F64,
+}
+
+impl DType {
+    /// All dtypes, for parsing and tests.
+    pub const ALL: [DType; 12] = [
+        DType::Bool,
+        DType::U8,
+        DType::I8,
+        DType::U16,
+        DType::I16,
+        DType::U32,
+        DType::I32,
+        DType::U64,
+        DType::I64,
+        DType::F16,
+        DType::F32,
+        DType::F64,
+    ];
+
+    /// Bytes per element.
+    pub fn size(self) -> usize {
+        match self {
+            DType::Bool | DType::U8 | DType::I8 => 1,
+            DType::U16 | DType::I16 | DType::F16 => 2,
+            DType::U32 | DType::I32 | DType::F32 => 4,
+            DType::U64 | DType::I64 | DType::F64 => 8,
+        }
+    }
+
+    /// Short name, as used on the command line and in raw schema files (`f32`, `u8`, ...).
+    pub fn name(self) -> &'static str {
+        match self {
+            DType::Bool => "bool",
+            DType::U8 => "u8",
+            DType::I8 => "i8",
+            DType::U16 => "u16",
+            DType::I16 => "i16",
+            DType::U32 => "u32",
+            DType::I32 => "i32",
+            DType::U64 => "u64",
+            DType::I64 => "i64",
+            DType::F16 => "f16",
+            DType::F32 => "f32",
+            DType::F64 => "f64",
+        }
+    }
+
+    /// Parses a short name (`f32`) or a NumPy name (`float32`, `uint8`, `bool`).
+    pub fn parse(s: &str) -> Option<DType> {
+        let numpy = [
+            ("bool_", DType::Bool),
+            ("uint8", DType::U8),
+            ("int8", DType::I8),
+            ("uint16", DType::U16),
+            ("int16", DType::I16),
+            ("uint32", DType::U32),
+            ("int32", DType::I32),
+            ("uint64", DType::U64),
+            ("int64", DType::I64),
+            ("float16", DType::F16),
+            ("float32", DType::F32),
+            ("float64", DType::F64),
+        ];
+        DType::ALL
+            .iter()
+            .copied()
+            .find(|d| d.name() == s)
+            .or_else(|| numpy.iter().find(|(n, _)| *n == s).map(|(_, d)| *d))
+    }
+}
+
+impl fmt::Display for DType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// What one value of a field is.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum FieldKind {
+    /// A fixed-shape tensor; `shape` excludes the sample axis (`[]` is a scalar).
+    Tensor { dtype: DType, shape: Vec<usize> },
+    /// Variable-length bytes (Arrow binary); `utf8` marks text (Arrow utf8).
+    Bytes { utf8: bool },
+}
+
+/// A named field of a sample.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Field {
+    pub name: String,
+    pub kind: FieldKind,
+}
+
+impl Field {
+    /// A tensor field.
+    pub fn tensor(name: impl Into<String>, dtype: DType, shape: Vec<usize>) -> Field {
+        Field {
+            name: name.into(),
+            kind: FieldKind::Tensor { dtype, shape },
+        }
+    }
+
+    /// Bytes per sample for a tensor field, `None` for variable length.
+    pub fn fixed_bytes(&self) -> Option<usize> {
+        match &self.kind {
+            FieldKind::Tensor { dtype, shape } => {
+                Some(dtype.size() * shape.iter().product::<usize>())
+            }
+            FieldKind::Bytes { .. } => None,
+        }
+    }
+}
+
+impl fmt::Display for FieldKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            FieldKind::Tensor { dtype, shape } => {
+                let dims: Vec<String> = shape.iter().map(|d| d.to_string()).collect();
+                write!(f, "{dtype}[{}]", dims.join(","))
+            }
+            FieldKind::Bytes { utf8: false } => f.write_str("bytes (variable length)"),
+            FieldKind::Bytes { utf8: true } => f.write_str("utf8 (variable length)"),
+        }
+    }
+}
+
+/// Describes why two field lists differ, naming the field; `None` when they are equal.
+pub fn describe_mismatch(a: &[Field], b: &[Field]) -> Option<String> {
+    for fa in a {
+        match b.iter().find(|fb| fb.name == fa.name) {
+            None => return Some(format!("field '{}' is missing in the second file", fa.name)),
+            Some(fb) if fb.kind != fa.kind => {
+                return Some(format!(
+                    "field '{}' is {} in the first file but {} in the second",
+                    fa.name, fa.kind, fb.kind
+                ))
+            }
+            Some(_) => {}
+        }
+    }
+    if let Some(fb) = b.iter().find(|fb| !a.iter().any(|fa| fa.name == fb.name)) {
+        return Some(format!("field '{}' is only in the second file", fb.name));
+    }
+    let names_a: Vec<&str> = a.iter().map(|f| f.name.as_str()).collect();
+    let names_b: Vec<&str> = b.iter().map(|f| f.name.as_str()).collect();
+    (names_a != names_b)
+        .then(|| format!("fields are in a different order: {names_a:?} vs {names_b:?}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dtype_names_round_trip() {
+        for d in DType::ALL {
+            assert_eq!(DType::parse(d.name()), Some(d));
+        }
+        assert_eq!(DType::parse("float32"), Some(DType::F32));
+        assert_eq!(DType::parse("uint8"), Some(DType::U8));
+        assert_eq!(DType::parse("complex64"), None);
+    }
+
+    #[test]
+    fn mismatch_names_the_field() {
+        let a = vec![
+            Field::tensor("x", DType::F32, vec![4]),
+            Field::tensor("y", DType::I64, vec![]),
+        ];
+        let mut b = a.clone();
+        assert_eq!(describe_mismatch(&a, &b), None);
+        b[0] = Field::tensor("x", DType::F32, vec![5]);
+        let m = describe_mismatch(&a, &b).unwrap();
+        assert!(
+            m.contains("'x'") && m.contains("f32[4]") && m.contains("f32[5]"),
+            "{m}"
+        );
+        b = vec![a[0].clone()];
+        assert!(describe_mismatch(&a, &b)
+            .unwrap()
+            .contains("'y' is missing"));
+        assert!(describe_mismatch(&b, &a)
+            .unwrap()
+            .contains("'y' is only in the second"));
+        b = vec![a[1].clone(), a[0].clone()];
+        assert!(describe_mismatch(&a, &b)
+            .unwrap()
+            .contains("different order"));
+    }
+}

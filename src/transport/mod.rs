@@ -1,0 +1,97 @@
+//! Transports: the small byte-level interface the loader needs from a communication
+//! library, and the failure agreement built on it.
+//!
+//! The interface is deliberately narrow (rank, size, all-to-all-v, all-gather, all-reduce
+//! of small values, barrier; DESIGN.md "Transports") so that every backend implements all
+//! of it. Backends: [`mpi::MpiTransport`] (rsmpi) and [`local::LocalTransport`] (one
+//! process, no communication; for tests, examples and single-process use). Count tables
+//! are validated in [`counts`] before any C call.
+
+pub mod counts;
+pub mod local;
+pub mod mpi;
+
+use crate::error::{Error, Result};
+use crate::types::Rank;
+
+pub use self::mpi::MpiTransport;
+pub use local::LocalTransport;
+
+/// Reduction applied by [`Transport::all_reduce_u64`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReduceOp {
+    Sum,
+    Max,
+    Min,
+}
+
+/// Byte-level collectives over a fixed group of ranks.
+pub trait Transport {
+    /// This process's rank.
+    fn rank(&self) -> Rank;
+
+    /// Number of ranks.
+    fn size(&self) -> usize;
+
+    /// All-to-all with variable counts. `send` is the concatenation of one segment per
+    /// destination rank, `send_counts[d]` bytes for rank `d`. Returns the concatenation of
+    /// the segments received from every source rank and their lengths.
+    fn all_to_all_v(&self, send: &[u8], send_counts: &[usize]) -> Result<(Vec<u8>, Vec<usize>)>;
+
+    /// Every rank contributes `mine`; every rank gets all contributions in rank order.
+    fn all_gather(&self, mine: &[u8]) -> Result<Vec<Vec<u8>>>;
+
+    /// Element-wise reduction of `values` across ranks, in place.
+    fn all_reduce_u64(&self, values: &mut [u64], op: ReduceOp) -> Result<()>;
+
+    /// Waits until every rank has arrived.
+    fn barrier(&self) -> Result<()>;
+}
+
+/// Failure agreement: every rank calls this with the outcome of a local phase. If any rank
+/// failed, every rank returns [`Error::Remote`] naming the first failing rank and its
+/// message, so that no rank goes on into a collective the others will never join
+/// (DESIGN.md contract 7).
+pub fn agree<T>(transport: &dyn Transport, local: Result<T>) -> Result<T> {
+    let mut failed = [u64::from(local.is_err())];
+    transport.all_reduce_u64(&mut failed, ReduceOp::Max)?;
+    if failed[0] == 0 {
+        return local;
+    }
+    let message = match &local {
+        Err(Error::Remote { message, .. }) => message.clone(),
+        Err(e) => e.to_string(),
+        Ok(_) => String::new(),
+    };
+    let all = transport.all_gather(message.as_bytes())?;
+    let failures: Vec<(usize, String)> = all
+        .into_iter()
+        .enumerate()
+        .filter(|(_, m)| !m.is_empty())
+        .map(|(r, m)| (r, String::from_utf8_lossy(&m).into_owned()))
+        .collect();
+    let (rank, mut message) = failures
+        .first()
+        .cloned()
+        .unwrap_or((0, "unknown failure".into()));
+    if failures.len() > 1 {
+        message.push_str(&format!(
+            " (and {} more rank(s) failed)",
+            failures.len() - 1
+        ));
+    }
+    Err(Error::Remote { rank, message })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn agree_passes_success_and_names_the_failing_rank() {
+        let t = LocalTransport::new();
+        assert_eq!(agree(&t, Ok(5)).unwrap(), 5);
+        let err = agree::<()>(&t, Err(Error::file("/d/x.npy", "truncated"))).unwrap_err();
+        assert_eq!(err.to_string(), "rank 0: /d/x.npy: truncated");
+    }
+}
