@@ -110,10 +110,13 @@ pub fn print_error(rank: Option<usize>, e: &Error) {
         }
         source = s.source();
     }
-    match rank {
-        Some(r) => eprintln!("meshfeed: error on rank {r}: {msg}"),
-        None => eprintln!("meshfeed: error: {msg}"),
-    }
+    let line = match rank {
+        Some(r) => format!("meshfeed: error on rank {r}: {msg}\n"),
+        None => format!("meshfeed: error: {msg}\n"),
+    };
+    // One write call: ranks share the launcher's stderr pipe, and eprintln! would write
+    // the line in pieces that interleave with other ranks' lines.
+    let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
 }
 
 #[cfg(test)]

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Installs what meshfeed needs on Debian 12, as root: OpenMPI, HDF5, UCX and libclang
+# (system packages), and with --test a Python venv (.venv) with numpy, h5py and pyarrow
+# for the test fixtures. Safe to run again: it installs only what is missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+packages=(libopenmpi-dev openmpi-bin libhdf5-dev libucx-dev ucx-utils libclang-dev pkg-config gcc)
+if [[ "${1:-}" == "--test" ]]; then
+    packages+=(python3 python3-venv)
+fi
+missing=()
+for p in "${packages[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+# A python3 outside Debian's packages (pyenv) that can make venvs is fine too.
+if [[ "${1:-}" == "--test" ]] && python3 -m venv --help >/dev/null 2>&1; then
+    missing=("${missing[@]/python3-venv}")
+    missing=("${missing[@]/python3}")
+fi
+read -r -a missing <<<"${missing[*]:-}"
+if ((${#missing[@]})); then
+    echo "setup: installing ${missing[*]}"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+if ! command -v cargo >/dev/null; then
+    echo "setup: meshfeed needs Rust >= 1.85 (cargo); install it with rustup (https://rustup.rs)" >&2
+    exit 1
+fi
+
+if [[ "${1:-}" == "--test" ]]; then
+    if ! .venv/bin/python -c "import numpy, h5py, pyarrow" 2>/dev/null; then
+        echo "setup: creating .venv with numpy, h5py, pyarrow (test fixtures)"
+        python3 -m venv .venv
+        .venv/bin/pip install -q --disable-pip-version-check numpy h5py pyarrow
+    fi
+fi
+echo "setup: OK"

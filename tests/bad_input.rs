@@ -1,0 +1,278 @@
+//! Bad input: every rank exits non-zero within seconds with one clear line naming the
+//! rank, the file and the reason; no panic, no hang, no success output.
+
+mod common;
+
+use std::path::Path;
+use std::time::Duration;
+
+use common::*;
+
+/// Runs a job expected to fail and checks the error contract on every rank.
+fn fails(np: usize, args: &[&str], needles: &[&str]) -> Run {
+    let run = mpirun(np, args);
+    assert_ne!(
+        run.code, 0,
+        "expected failure:\nstdout:\n{}\nstderr:\n{}",
+        run.stdout, run.stderr
+    );
+    assert!(
+        run.elapsed < Duration::from_secs(30),
+        "failure took {:?}",
+        run.elapsed
+    );
+    assert!(
+        !run.stderr.contains("panicked") && !run.stderr.contains("internal error"),
+        "{}",
+        run.stderr
+    );
+    assert!(
+        !run.stdout.contains("done:"),
+        "no success line: {}",
+        run.stdout
+    );
+    for r in 0..np {
+        let line = run
+            .stderr
+            .lines()
+            .find(|l| l.starts_with(&format!("meshfeed: error on rank {r}: ")))
+            .unwrap_or_else(|| panic!("rank {r} printed no error line:\n{}", run.stderr));
+        for n in needles {
+            assert!(line.contains(n), "rank {r}'s error lacks '{n}': {line}");
+        }
+    }
+    run
+}
+
+fn data(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+#[test]
+fn missing_path() {
+    fails(
+        2,
+        &[
+            "run",
+            "--data",
+            "/nonexistent/meshfeed-data",
+            "--batch-size",
+            "2",
+        ],
+        &["/nonexistent/meshfeed-data", "no such file or directory"],
+    );
+}
+
+#[test]
+fn truncated_npy() {
+    let d = fixtures().join("bad_npy_truncated");
+    fails(
+        3,
+        &["run", "--data", data(&d), "--batch-size", "3"],
+        &["rank 0: ", "part-0.npy", "truncated"],
+    );
+}
+
+#[test]
+fn truncation_seen_by_one_rank_stops_all() {
+    // File 2 of 3 is scanned by rank 2 only; every rank must report rank 2's finding.
+    let src = fixtures().join("npy_struct");
+    let out = tempdir();
+    for f in ["part-0.npy", "part-1.npy", "part-2.npy"] {
+        std::fs::copy(src.join(f), out.path().join(f)).unwrap();
+    }
+    let p = out.path().join("part-2.npy");
+    let bytes = std::fs::read(&p).unwrap();
+    std::fs::write(&p, &bytes[..bytes.len() - 7]).unwrap();
+    fails(
+        3,
+        &["run", "--data", data(out.path()), "--batch-size", "3"],
+        &["rank 2: ", "part-2.npy", "truncated"],
+    );
+}
+
+#[test]
+fn corrupt_arrow() {
+    let d = fixtures().join("bad_arrow_corrupt");
+    fails(
+        2,
+        &["run", "--data", data(&d), "--batch-size", "2"],
+        &["part-0.arrow", "corrupt"],
+    );
+}
+
+#[test]
+fn hdf5_dataset_of_wrong_shape() {
+    let d = fixtures().join("bad_hdf5_shape");
+    fails(
+        2,
+        &["run", "--data", data(&d), "--batch-size", "2"],
+        &[
+            "schema mismatch",
+            "part-0.h5",
+            "part-1.h5",
+            "'x'",
+            "f32[4]",
+            "f32[5]",
+        ],
+    );
+}
+
+#[test]
+fn hdf5_datasets_of_different_lengths() {
+    let d = fixtures().join("bad_hdf5_ragged");
+    fails(
+        2,
+        &["run", "--data", data(&d), "--batch-size", "2"],
+        &["disagree on the sample count"],
+    );
+}
+
+#[test]
+fn schema_mismatch_between_files() {
+    let d = fixtures().join("bad_npy_mismatch");
+    fails(
+        2,
+        &["run", "--data", data(&d), "--batch-size", "2"],
+        &[
+            "schema mismatch",
+            "part-0.npy",
+            "part-1.npy",
+            "'data'",
+            "f32[4]",
+            "i32[4]",
+        ],
+    );
+}
+
+#[test]
+fn batch_larger_than_dataset() {
+    let d = fixtures().join("npy_plain");
+    fails(
+        2,
+        &["run", "--data", data(&d), "--batch-size", "50"],
+        &["batch size 50 is larger than the dataset (49 samples)"],
+    );
+}
+
+#[test]
+fn batch_not_divisible_by_ranks() {
+    let d = fixtures().join("npy_plain");
+    fails(
+        3,
+        &["run", "--data", data(&d), "--batch-size", "10"],
+        &["batch size 10 is not divisible by the number of ranks 3"],
+    );
+}
+
+#[test]
+fn more_ranks_than_samples() {
+    let out = tempdir();
+    ok(&meshfeed(&[
+        "gen",
+        "--format",
+        "npy",
+        "--samples",
+        "3",
+        "--field",
+        "data:u8:2",
+        "--out",
+        data(out.path()),
+    ]));
+    fails(
+        4,
+        &["run", "--data", data(out.path()), "--batch-size", "4"],
+        &["more ranks (4) than samples (3)"],
+    );
+}
+
+#[test]
+fn unknown_format_and_empty_directory() {
+    let out = tempdir();
+    std::fs::write(out.path().join("a.csv"), "1,2\n").unwrap();
+    fails(
+        2,
+        &[
+            "run",
+            "--data",
+            data(&out.path().join("a.csv")),
+            "--batch-size",
+            "2",
+        ],
+        &["a.csv", "unknown format"],
+    );
+    fails(
+        2,
+        &["run", "--data", data(out.path()), "--batch-size", "2"],
+        &["holds no"],
+    );
+}
+
+#[test]
+fn gen_and_inspect_errors_are_clear() {
+    let out = tempdir();
+    let r = meshfeed(&[
+        "gen",
+        "--format",
+        "npy",
+        "--samples",
+        "10",
+        "--field",
+        "t:bytes",
+        "--field",
+        "x:f32",
+        "--out",
+        data(out.path()),
+    ]);
+    assert_eq!(r.code, 1);
+    assert!(
+        r.stderr
+            .contains("variable-length field 't' needs --format arrow"),
+        "{}",
+        r.stderr
+    );
+    let r = meshfeed(&[
+        "gen",
+        "--format",
+        "npy",
+        "--samples",
+        "10",
+        "--field",
+        "x:f33",
+        "--out",
+        data(out.path()),
+    ]);
+    assert_eq!(r.code, 1);
+    assert!(r.stderr.contains("unknown dtype 'f33'"), "{}", r.stderr);
+    let r = meshfeed(&["inspect", "--data", "/nonexistent/x.npy"]);
+    assert_eq!(r.code, 1);
+    assert!(
+        r.stderr.contains("/nonexistent/x.npy: no such file"),
+        "{}",
+        r.stderr
+    );
+}
+
+#[test]
+fn inspect_lists_files_and_fields() {
+    let d = fixtures().join("arrow_var");
+    let r = meshfeed(&["inspect", "--data", data(&d)]);
+    ok(&r);
+    assert!(
+        r.stdout.starts_with("2 file(s), 43 samples"),
+        "{}",
+        r.stdout
+    );
+    assert!(r.stdout.contains("part-0.arrow") && r.stdout.contains("part-1.arrow"));
+    for f in [
+        "x                i32[]",
+        "t                bytes (variable length)",
+        "s                utf8 (variable length)",
+    ] {
+        assert!(r.stdout.contains(f), "missing '{f}' in\n{}", r.stdout);
+    }
+    let j: serde_json::Value =
+        serde_json::from_str(&meshfeed(&["inspect", "--json", "--data", data(&d)]).stdout).unwrap();
+    assert_eq!(j["samples"], 43);
+    assert_eq!(j["files"][1]["samples"], 18);
+}

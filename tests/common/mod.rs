@@ -1,0 +1,270 @@
+//! Helpers shared by the integration tests: running the binary under real `mpirun`,
+//! building fixtures, and reading `--dump` directories.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_meshfeed");
+
+/// How long one command may take before the test fails as hung. Generous: the machine is
+/// shared and ranks are oversubscribed; a hang is a failure, never a pass.
+pub const HANG_LIMIT: Duration = Duration::from_secs(120);
+
+/// Result of one command.
+pub struct Run {
+    pub code: i32,
+    pub stdout: String,
+    pub stderr: String,
+    pub elapsed: Duration,
+}
+
+fn wait_bounded(mut cmd: Command, what: &str) -> Run {
+    let start = Instant::now();
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {what}: {e}"));
+    // Drain pipes on threads so a chatty child cannot block.
+    let mut so = child.stdout.take().unwrap();
+    let mut se = child.stderr.take().unwrap();
+    let t_out = std::thread::spawn(move || {
+        let mut s = String::new();
+        std::io::Read::read_to_string(&mut so, &mut s).ok();
+        s
+    });
+    let t_err = std::thread::spawn(move || {
+        let mut s = String::new();
+        std::io::Read::read_to_string(&mut se, &mut s).ok();
+        s
+    });
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if start.elapsed() > HANG_LIMIT {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{what} hung for more than {HANG_LIMIT:?}: this is a failure (contract 7: no hangs)");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let out = Output {
+        status,
+        stdout: t_out.join().unwrap().into_bytes(),
+        stderr: t_err.join().unwrap().into_bytes(),
+    };
+    Run {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        elapsed: start.elapsed(),
+    }
+}
+
+/// `meshfeed ARGS` in one process (gen, inspect).
+pub fn meshfeed(args: &[&str]) -> Run {
+    let mut cmd = Command::new(BIN);
+    cmd.args(args);
+    wait_bounded(cmd, &format!("meshfeed {}", args.join(" ")))
+}
+
+/// `mpirun -np NP meshfeed ARGS` under real OpenMPI (as root, oversubscribed).
+pub fn mpirun(np: usize, args: &[&str]) -> Run {
+    let mut cmd = Command::new("mpirun");
+    cmd.args([
+        "--allow-run-as-root",
+        "--oversubscribe",
+        "--mca",
+        "mpi_yield_when_idle",
+        "1",
+        "-np",
+        &np.to_string(),
+        BIN,
+    ]);
+    cmd.args(args);
+    cmd.env("HDF5_USE_FILE_LOCKING", "FALSE");
+    wait_bounded(cmd, &format!("mpirun -np {np} meshfeed {}", args.join(" ")))
+}
+
+/// Asserts success, showing the output otherwise.
+pub fn ok(run: &Run) {
+    assert_eq!(
+        run.code, 0,
+        "exit code {}\nstdout:\n{}\nstderr:\n{}",
+        run.code, run.stdout, run.stderr
+    );
+}
+
+/// The Python interpreter with numpy, h5py and pyarrow (the venv made by the setup
+/// script, or $MESHFEED_PYTHON). Missing Python is a test failure, not a skip.
+pub fn python() -> PathBuf {
+    if let Ok(p) = std::env::var("MESHFEED_PYTHON") {
+        return p.into();
+    }
+    let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python");
+    assert!(venv.exists(), "no Python with numpy/h5py/pyarrow: run launch/setup.sh (creates .venv) or set MESHFEED_PYTHON");
+    venv
+}
+
+/// Fixtures written by numpy, h5py and pyarrow (tests/fixtures/make_fixtures.py), made
+/// once per test binary.
+pub fn fixtures() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!("meshfeed-fixtures-{}", std::process::id()));
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/make_fixtures.py");
+        let out = Command::new(python())
+            .arg(&script)
+            .arg(&dir)
+            .output()
+            .expect("run make_fixtures.py");
+        assert!(
+            out.status.success(),
+            "make_fixtures.py failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        dir
+    })
+}
+
+/// expected.json of a fixture dataset.
+pub struct Expected {
+    pub samples: u64,
+    pub fields: Vec<String>,
+    pub crc32: BTreeMap<String, Vec<u32>>,
+}
+
+pub fn expected(dataset: &Path) -> Expected {
+    let v: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dataset.join("expected.json")).unwrap()).unwrap();
+    Expected {
+        samples: v["samples"].as_u64().unwrap(),
+        fields: v["fields"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| f.as_str().unwrap().to_string())
+            .collect(),
+        crc32: v["crc32"]
+            .as_object()
+            .unwrap()
+            .iter()
+            .map(|(k, a)| {
+                (
+                    k.clone(),
+                    a.as_array()
+                        .unwrap()
+                        .iter()
+                        .map(|c| c.as_u64().unwrap() as u32)
+                        .collect(),
+                )
+            })
+            .collect(),
+    }
+}
+
+/// One line of a dump file.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DumpLine {
+    pub epoch: u64,
+    pub step: u64,
+    pub ids: Vec<u64>,
+    /// Field name → CRC per row, in the order written.
+    pub crc32: Vec<(String, Vec<u32>)>,
+}
+
+/// Reads `rank-<r>.jsonl` for every rank `0..np`, checking the line format strictly.
+pub fn read_dump(dir: &Path, np: usize) -> Vec<Vec<DumpLine>> {
+    let names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(names.len(), np, "one dump file per rank: {names:?}");
+    (0..np)
+        .map(|r| {
+            let text = std::fs::read_to_string(dir.join(format!("rank-{r}.jsonl"))).unwrap();
+            text.lines()
+                .map(|l| {
+                    let v: serde_json::Value = serde_json::from_str(l)
+                        .unwrap_or_else(|e| panic!("bad dump line {l}: {e}"));
+                    let o = v.as_object().unwrap();
+                    let keys: Vec<&str> = o.keys().map(|k| k.as_str()).collect();
+                    assert_eq!(keys, ["crc32", "epoch", "ids", "step"], "dump keys");
+                    // serde_json (no preserve_order) sorts object keys: check the raw order too.
+                    assert!(l.starts_with("{\"epoch\":"), "{l}");
+                    let ids: Vec<u64> = v["ids"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .map(|x| x.as_u64().unwrap())
+                        .collect();
+                    let crc32: Vec<(String, Vec<u32>)> = v["crc32"]
+                        .as_object()
+                        .unwrap()
+                        .iter()
+                        .map(|(k, a)| {
+                            let c: Vec<u32> = a
+                                .as_array()
+                                .unwrap()
+                                .iter()
+                                .map(|c| c.as_u64().unwrap() as u32)
+                                .collect();
+                            assert_eq!(c.len(), ids.len(), "one CRC per row");
+                            (k.clone(), c)
+                        })
+                        .collect();
+                    DumpLine {
+                        epoch: v["epoch"].as_u64().unwrap(),
+                        step: v["step"].as_u64().unwrap(),
+                        ids,
+                        crc32,
+                    }
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// Global batches in order: for each (epoch, step), the concatenation of every rank's
+/// rows in rank order, as (id, field → crc).
+pub fn global_batches(
+    dump: &[Vec<DumpLine>],
+) -> Vec<((u64, u64), Vec<(u64, BTreeMap<String, u32>)>)> {
+    let steps = dump[0].len();
+    for (r, lines) in dump.iter().enumerate() {
+        assert_eq!(
+            lines.len(),
+            steps,
+            "rank {r} wrote {} lines, rank 0 wrote {steps}",
+            lines.len()
+        );
+    }
+    (0..steps)
+        .map(|s| {
+            let key = (dump[0][s].epoch, dump[0][s].step);
+            let mut rows = Vec::new();
+            for lines in dump {
+                let l = &lines[s];
+                assert_eq!((l.epoch, l.step), key, "ranks step in lockstep");
+                for (i, id) in l.ids.iter().enumerate() {
+                    rows.push((
+                        *id,
+                        l.crc32.iter().map(|(f, c)| (f.clone(), c[i])).collect(),
+                    ));
+                }
+            }
+            (key, rows)
+        })
+        .collect()
+}
+
+/// A fresh temporary directory.
+pub fn tempdir() -> tempfile::TempDir {
+    tempfile::tempdir().unwrap()
+}

@@ -1,0 +1,351 @@
+//! Multi-rank tests of `meshfeed run` under real `mpirun`, on files written by numpy,
+//! h5py and pyarrow: exactly once, byte exactness, world-size invariance, the `--dump`
+//! format, `--verify` and `--json`.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+
+use common::*;
+
+const NPS: [usize; 4] = [1, 2, 3, 4];
+
+/// Runs `dataset` at 1..4 ranks and checks every delivered row against expected.json.
+/// Returns the global batch sequence (identical at every rank count).
+fn check_dataset(
+    dataset: &Path,
+    extra: &[&str],
+) -> Vec<((u64, u64), Vec<(u64, BTreeMap<String, u32>)>)> {
+    let exp = expected(dataset);
+    let (b, epochs) = (12u64, 2u64);
+    let steps = exp.samples / b;
+    let mut reference = None;
+    for np in NPS {
+        let out = tempdir();
+        let dump = out.path().join("dump");
+        let mut args = vec![
+            "run",
+            "--data",
+            dataset.to_str().unwrap(),
+            "--batch-size",
+            "12",
+            "--epochs",
+            "2",
+            "--seed",
+            "5",
+        ];
+        // A small window budget forces several exchange windows per epoch.
+        args.extend(["--window-bytes", "700", "--dump", dump.to_str().unwrap()]);
+        args.extend(extra);
+        let run = mpirun(np, &args);
+        ok(&run);
+        let lines = read_dump(&dump, np);
+        for (r, l) in lines.iter().enumerate() {
+            assert!(
+                l.iter().all(|l| l.ids.len() as u64 == b / np as u64),
+                "rank {r} of {np}: B/P rows per step"
+            );
+        }
+        let batches = global_batches(&lines);
+        assert_eq!(
+            batches.len() as u64,
+            epochs * steps,
+            "{}: steps",
+            dataset.display()
+        );
+        for e in 0..epochs {
+            let mut seen = BTreeSet::new();
+            for ((epoch, _), rows) in batches.iter().filter(|((epoch, _), _)| *epoch == e) {
+                assert_eq!(*epoch, e);
+                for (id, crcs) in rows {
+                    assert!(
+                        seen.insert(*id),
+                        "{}: np {np}: sample {id} delivered twice in epoch {e}",
+                        dataset.display()
+                    );
+                    let names: BTreeSet<&String> = crcs.keys().collect();
+                    assert_eq!(names, exp.fields.iter().collect(), "fields delivered");
+                    for (f, crc) in crcs {
+                        assert_eq!(
+                            *crc,
+                            exp.crc32[f][*id as usize],
+                            "{}: np {np}: sample {id} field {f}: bytes differ from the file",
+                            dataset.display()
+                        );
+                    }
+                }
+            }
+            assert_eq!(
+                seen.len() as u64,
+                steps * b,
+                "epoch {e}: every full batch delivered"
+            );
+        }
+        // Epochs are shuffled differently.
+        assert_ne!(batches[0].1, batches[steps as usize].1);
+        match &reference {
+            None => reference = Some(batches),
+            Some(r) => assert_eq!(
+                &batches,
+                r,
+                "{}: np {np} delivers a different global batch sequence than np 1",
+                dataset.display()
+            ),
+        }
+    }
+    reference.unwrap()
+}
+
+#[test]
+fn xyz_in_every_format_gives_identical_batches() {
+    let fx = fixtures();
+    let npy = check_dataset(&fx.join("npy_struct"), &[]);
+    for other in ["hdf5", "arrow", "raw"] {
+        let batches = check_dataset(&fx.join(other), &[]);
+        assert_eq!(
+            batches, npy,
+            "{other} delivers other batches than npy for the same samples"
+        );
+    }
+}
+
+#[test]
+fn dumps_are_byte_identical_across_formats() {
+    let fx = fixtures();
+    let dump_of = |name: &str| {
+        let out = tempdir();
+        let dump = out.path().join("d");
+        ok(&mpirun(
+            2,
+            &[
+                "run",
+                "--data",
+                fx.join(name).to_str().unwrap(),
+                "--batch-size",
+                "10",
+                "--seed",
+                "3",
+                "--dump",
+                dump.to_str().unwrap(),
+            ],
+        ));
+        (0..2)
+            .map(|r| std::fs::read(dump.join(format!("rank-{r}.jsonl"))).unwrap())
+            .collect::<Vec<_>>()
+    };
+    let npy = dump_of("npy_struct");
+    for other in ["hdf5", "arrow", "raw"] {
+        assert!(dump_of(other) == npy, "{other} dump differs from npy dump");
+    }
+    let line = String::from_utf8(npy[0].clone()).unwrap();
+    assert!(
+        line.starts_with("{\"epoch\":0,\"step\":0,\"ids\":["),
+        "{line}"
+    );
+    assert!(
+        line.contains("\"crc32\":{\"x\":["),
+        "fields sorted by name: {line}"
+    );
+}
+
+#[test]
+fn plain_f16_bool_npy() {
+    let fx = fixtures();
+    for d in ["npy_plain", "npy_f16", "npy_bool"] {
+        check_dataset(&fx.join(d), &[]);
+    }
+}
+
+#[test]
+fn arrow_variable_length_fields() {
+    check_dataset(&fixtures().join("arrow_var"), &[]);
+}
+
+#[test]
+fn hdf5_group_option() {
+    let fx = fixtures();
+    check_dataset(&fx.join("hdf5_group"), &["--group", "train"]);
+}
+
+#[test]
+fn chunked_exchange_equals_direct_exchange() {
+    let fx = fixtures();
+    let data = fx.join("arrow_var");
+    let dump = |cap: Option<&str>| {
+        let out = tempdir();
+        let d = out.path().join("d");
+        let mut args = vec![
+            "run",
+            "--data",
+            data.to_str().unwrap(),
+            "--batch-size",
+            "8",
+            "--epochs",
+            "2",
+            "--dump",
+            d.to_str().unwrap(),
+        ];
+        if let Some(c) = cap {
+            args.extend(["--max-round-bytes", c]);
+        }
+        ok(&mpirun(4, &args));
+        (0..4)
+            .map(|r| std::fs::read(d.join(format!("rank-{r}.jsonl"))).unwrap())
+            .collect::<Vec<_>>()
+    };
+    // 64 bytes per round over 4 ranks: 16-byte pieces, many rounds per window.
+    assert!(dump(Some("64")) == dump(None));
+}
+
+#[test]
+fn verify_generated_datasets_in_every_format() {
+    for (format, fields) in [
+        (
+            "npy",
+            vec!["x:f32:3x4", "y:i64", "z:u8:5", "h:f16:2", "b:bool:3"],
+        ),
+        ("raw", vec!["x:f64:2", "y:i16"]),
+        ("hdf5", vec!["x:f32:8", "y:i32", "b:bool"]),
+        ("arrow", vec!["x:f32:2x3", "y:u16", "t:bytes", "s:utf8"]),
+    ] {
+        let out = tempdir();
+        let data = out.path().join(format);
+        let mut args = vec![
+            "gen",
+            "--format",
+            format,
+            "--samples",
+            "997",
+            "--files",
+            "3",
+            "--out",
+            data.to_str().unwrap(),
+            "--arrow-batch-rows",
+            "100",
+        ];
+        for f in &fields {
+            args.extend(["--field", f]);
+        }
+        ok(&meshfeed(&args));
+        for np in [3, 4] {
+            let run = mpirun(
+                np,
+                &[
+                    "run",
+                    "--data",
+                    data.to_str().unwrap(),
+                    "--batch-size",
+                    "24",
+                    "--epochs",
+                    "2",
+                    "--window-bytes",
+                    "4K",
+                    "--verify",
+                ],
+            );
+            ok(&run);
+            let steps = 997 / 24;
+            assert_eq!(run.stdout.matches("delivered exactly once, in permutation order; contents match the generator").count(), 2, "{}", run.stdout);
+            assert!(
+                run.stdout
+                    .contains(&format!("{} samples delivered exactly once", steps * 24)),
+                "{}",
+                run.stdout
+            );
+            assert!(run.stdout.contains("done: 2 epoch(s) on"), "{}", run.stdout);
+        }
+    }
+}
+
+#[test]
+fn verify_fails_on_corrupted_contents() {
+    let out = tempdir();
+    let data = out.path().join("d");
+    ok(&meshfeed(&[
+        "gen",
+        "--format",
+        "raw",
+        "--samples",
+        "64",
+        "--files",
+        "2",
+        "--field",
+        "x:u32:4",
+        "--out",
+        data.to_str().unwrap(),
+    ]));
+    // Flip one byte of sample 40 (file 1 holds ids 32..64; record = 16 bytes).
+    let f = data.join("part-00001.raw");
+    let mut bytes = std::fs::read(&f).unwrap();
+    bytes[(40 - 32) * 16 + 5] ^= 0xff;
+    std::fs::write(&f, bytes).unwrap();
+    let run = mpirun(
+        2,
+        &[
+            "run",
+            "--data",
+            data.to_str().unwrap(),
+            "--batch-size",
+            "64",
+            "--verify",
+        ],
+    );
+    assert_ne!(
+        run.code, 0,
+        "corruption must fail --verify:\n{}",
+        run.stdout
+    );
+    assert!(
+        run.stdout.contains("FAILED") && run.stdout.contains("1 wrong contents"),
+        "{}",
+        run.stdout
+    );
+    assert!(run.stderr.contains("sample 40 field 'x'"), "{}", run.stderr);
+    assert!(
+        !run.stdout.contains("done:"),
+        "no success line after a failed verification"
+    );
+}
+
+#[test]
+fn json_summary_lines() {
+    let fx = fixtures();
+    let run = mpirun(
+        2,
+        &[
+            "run",
+            "--data",
+            fx.join("npy_plain").to_str().unwrap(),
+            "--batch-size",
+            "8",
+            "--epochs",
+            "3",
+            "--json",
+            "--verify",
+        ],
+    );
+    ok(&run);
+    let lines: Vec<serde_json::Value> = run
+        .stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l}: {e}")))
+        .collect();
+    assert_eq!(
+        lines.len(),
+        3,
+        "one JSON line per epoch and nothing else on stdout: {}",
+        run.stdout
+    );
+    for (e, l) in lines.iter().enumerate() {
+        assert_eq!(l["epoch"], e as u64);
+        assert_eq!(l["ranks"], 2);
+        assert_eq!(l["samples"], 48); // 49 samples, batch 8, tail dropped
+        assert_eq!(l["verified"], true);
+        assert_eq!(l["bytes_delivered"], 48 * 48); // float32 3x4 = 48 bytes per sample
+        for p in ["plan", "read", "pack", "exchange", "assemble"] {
+            assert!(l["phase_s"][p].as_f64().unwrap() >= 0.0);
+        }
+        assert!(l["samples_per_s"].as_f64().unwrap() > 0.0);
+    }
+}
