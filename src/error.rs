@@ -27,11 +27,7 @@ pub enum Error {
 
     /// Two files of one dataset disagree about their fields.
     #[error("schema mismatch between {} and {}: {reason}", first.display(), second.display())]
-    SchemaMismatch {
-        first: PathBuf,
-        second: PathBuf,
-        reason: String,
-    },
+    SchemaMismatch { first: PathBuf, second: PathBuf, reason: String },
 
     /// The loader options are inconsistent with the dataset or the world.
     #[error("invalid configuration: {0}")]
@@ -53,17 +49,11 @@ pub enum Error {
 impl Error {
     /// A file error with a reason.
     pub fn file(path: impl Into<PathBuf>, reason: impl Into<String>) -> Self {
-        Error::File {
-            path: path.into(),
-            reason: reason.into(),
-        }
+        Error::File { path: path.into(), reason: reason.into() }
     }
 
     /// An I/O error on a path.
     pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
-        Error::Io {
-            path: path.into(),
-            source,
-        }
+        Error::Io { path: path.into(), source }
     }
 }

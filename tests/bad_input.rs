@@ -11,26 +11,10 @@ use common::*;
 /// Runs a job expected to fail and checks the error contract on every rank.
 fn fails(np: usize, args: &[&str], needles: &[&str]) -> Run {
     let run = mpirun(np, args);
-    assert_ne!(
-        run.code, 0,
-        "expected failure:\nstdout:\n{}\nstderr:\n{}",
-        run.stdout, run.stderr
-    );
-    assert!(
-        run.elapsed < Duration::from_secs(30),
-        "failure took {:?}",
-        run.elapsed
-    );
-    assert!(
-        !run.stderr.contains("panicked") && !run.stderr.contains("internal error"),
-        "{}",
-        run.stderr
-    );
-    assert!(
-        !run.stdout.contains("done:"),
-        "no success line: {}",
-        run.stdout
-    );
+    assert_ne!(run.code, 0, "expected failure:\nstdout:\n{}\nstderr:\n{}", run.stdout, run.stderr);
+    assert!(run.elapsed < Duration::from_secs(30), "failure took {:?}", run.elapsed);
+    assert!(!run.stderr.contains("panicked") && !run.stderr.contains("internal error"), "{}", run.stderr);
+    assert!(!run.stdout.contains("done:"), "no success line: {}", run.stdout);
     for r in 0..np {
         let line = run
             .stderr
@@ -52,13 +36,7 @@ fn data(p: &Path) -> &str {
 fn missing_path() {
     fails(
         2,
-        &[
-            "run",
-            "--data",
-            "/nonexistent/meshfeed-data",
-            "--batch-size",
-            "2",
-        ],
+        &["run", "--data", "/nonexistent/meshfeed-data", "--batch-size", "2"],
         &["/nonexistent/meshfeed-data", "no such file or directory"],
     );
 }
@@ -66,11 +44,7 @@ fn missing_path() {
 #[test]
 fn truncated_npy() {
     let d = fixtures().join("bad_npy_truncated");
-    fails(
-        3,
-        &["run", "--data", data(&d), "--batch-size", "3"],
-        &["rank 0: ", "part-0.npy", "truncated"],
-    );
+    fails(3, &["run", "--data", data(&d), "--batch-size", "3"], &["rank 0: ", "part-0.npy", "truncated"]);
 }
 
 #[test]
@@ -84,21 +58,13 @@ fn truncation_seen_by_one_rank_stops_all() {
     let p = out.path().join("part-2.npy");
     let bytes = std::fs::read(&p).unwrap();
     std::fs::write(&p, &bytes[..bytes.len() - 7]).unwrap();
-    fails(
-        3,
-        &["run", "--data", data(out.path()), "--batch-size", "3"],
-        &["rank 2: ", "part-2.npy", "truncated"],
-    );
+    fails(3, &["run", "--data", data(out.path()), "--batch-size", "3"], &["rank 2: ", "part-2.npy", "truncated"]);
 }
 
 #[test]
 fn corrupt_arrow() {
     let d = fixtures().join("bad_arrow_corrupt");
-    fails(
-        2,
-        &["run", "--data", data(&d), "--batch-size", "2"],
-        &["part-0.arrow", "corrupt"],
-    );
+    fails(2, &["run", "--data", data(&d), "--batch-size", "2"], &["part-0.arrow", "corrupt"]);
 }
 
 #[test]
@@ -107,25 +73,14 @@ fn hdf5_dataset_of_wrong_shape() {
     fails(
         2,
         &["run", "--data", data(&d), "--batch-size", "2"],
-        &[
-            "schema mismatch",
-            "part-0.h5",
-            "part-1.h5",
-            "'x'",
-            "f32[4]",
-            "f32[5]",
-        ],
+        &["schema mismatch", "part-0.h5", "part-1.h5", "'x'", "f32[4]", "f32[5]"],
     );
 }
 
 #[test]
 fn hdf5_datasets_of_different_lengths() {
     let d = fixtures().join("bad_hdf5_ragged");
-    fails(
-        2,
-        &["run", "--data", data(&d), "--batch-size", "2"],
-        &["disagree on the sample count"],
-    );
+    fails(2, &["run", "--data", data(&d), "--batch-size", "2"], &["disagree on the sample count"]);
 }
 
 #[test]
@@ -134,14 +89,7 @@ fn schema_mismatch_between_files() {
     fails(
         2,
         &["run", "--data", data(&d), "--batch-size", "2"],
-        &[
-            "schema mismatch",
-            "part-0.npy",
-            "part-1.npy",
-            "'data'",
-            "f32[4]",
-            "i32[4]",
-        ],
+        &["schema mismatch", "part-0.npy", "part-1.npy", "'data'", "f32[4]", "i32[4]"],
     );
 }
 
@@ -168,44 +116,16 @@ fn batch_not_divisible_by_ranks() {
 #[test]
 fn more_ranks_than_samples() {
     let out = tempdir();
-    ok(&meshfeed(&[
-        "gen",
-        "--format",
-        "npy",
-        "--samples",
-        "3",
-        "--field",
-        "data:u8:2",
-        "--out",
-        data(out.path()),
-    ]));
-    fails(
-        4,
-        &["run", "--data", data(out.path()), "--batch-size", "4"],
-        &["more ranks (4) than samples (3)"],
-    );
+    ok(&meshfeed(&["gen", "--format", "npy", "--samples", "3", "--field", "data:u8:2", "--out", data(out.path())]));
+    fails(4, &["run", "--data", data(out.path()), "--batch-size", "4"], &["more ranks (4) than samples (3)"]);
 }
 
 #[test]
 fn unknown_format_and_empty_directory() {
     let out = tempdir();
     std::fs::write(out.path().join("a.csv"), "1,2\n").unwrap();
-    fails(
-        2,
-        &[
-            "run",
-            "--data",
-            data(&out.path().join("a.csv")),
-            "--batch-size",
-            "2",
-        ],
-        &["a.csv", "unknown format"],
-    );
-    fails(
-        2,
-        &["run", "--data", data(out.path()), "--batch-size", "2"],
-        &["holds no"],
-    );
+    fails(2, &["run", "--data", data(&out.path().join("a.csv")), "--batch-size", "2"], &["a.csv", "unknown format"]);
+    fails(2, &["run", "--data", data(out.path()), "--batch-size", "2"], &["holds no"]);
 }
 
 #[test]
@@ -225,32 +145,13 @@ fn gen_and_inspect_errors_are_clear() {
         data(out.path()),
     ]);
     assert_eq!(r.code, 1);
-    assert!(
-        r.stderr
-            .contains("variable-length field 't' needs --format arrow"),
-        "{}",
-        r.stderr
-    );
-    let r = meshfeed(&[
-        "gen",
-        "--format",
-        "npy",
-        "--samples",
-        "10",
-        "--field",
-        "x:f33",
-        "--out",
-        data(out.path()),
-    ]);
+    assert!(r.stderr.contains("variable-length field 't' needs --format arrow"), "{}", r.stderr);
+    let r = meshfeed(&["gen", "--format", "npy", "--samples", "10", "--field", "x:f33", "--out", data(out.path())]);
     assert_eq!(r.code, 1);
     assert!(r.stderr.contains("unknown dtype 'f33'"), "{}", r.stderr);
     let r = meshfeed(&["inspect", "--data", "/nonexistent/x.npy"]);
     assert_eq!(r.code, 1);
-    assert!(
-        r.stderr.contains("/nonexistent/x.npy: no such file"),
-        "{}",
-        r.stderr
-    );
+    assert!(r.stderr.contains("/nonexistent/x.npy: no such file"), "{}", r.stderr);
 }
 
 #[test]
@@ -258,11 +159,7 @@ fn inspect_lists_files_and_fields() {
     let d = fixtures().join("arrow_var");
     let r = meshfeed(&["inspect", "--data", data(&d)]);
     ok(&r);
-    assert!(
-        r.stdout.starts_with("2 file(s), 43 samples"),
-        "{}",
-        r.stdout
-    );
+    assert!(r.stdout.starts_with("2 file(s), 43 samples"), "{}", r.stdout);
     assert!(r.stdout.contains("part-0.arrow") && r.stdout.contains("part-1.arrow"));
     for f in [
         "x                i32[]",

@@ -13,10 +13,7 @@ const NPS: [usize; 4] = [1, 2, 3, 4];
 
 /// Runs `dataset` at 1..4 ranks and checks every delivered row against expected.json.
 /// Returns the global batch sequence (identical at every rank count).
-fn check_dataset(
-    dataset: &Path,
-    extra: &[&str],
-) -> Vec<((u64, u64), Vec<(u64, BTreeMap<String, u32>)>)> {
+fn check_dataset(dataset: &Path, extra: &[&str]) -> Vec<((u64, u64), Vec<(u64, BTreeMap<String, u32>)>)> {
     let exp = expected(dataset);
     let (b, epochs) = (12u64, 2u64);
     let steps = exp.samples / b;
@@ -24,17 +21,8 @@ fn check_dataset(
     for np in NPS {
         let out = tempdir();
         let dump = out.path().join("dump");
-        let mut args = vec![
-            "run",
-            "--data",
-            dataset.to_str().unwrap(),
-            "--batch-size",
-            "12",
-            "--epochs",
-            "2",
-            "--seed",
-            "5",
-        ];
+        let mut args =
+            vec!["run", "--data", dataset.to_str().unwrap(), "--batch-size", "12", "--epochs", "2", "--seed", "5"];
         // A small window budget forces several exchange windows per epoch.
         args.extend(["--window-bytes", "700", "--dump", dump.to_str().unwrap()]);
         args.extend(extra);
@@ -42,18 +30,10 @@ fn check_dataset(
         ok(&run);
         let lines = read_dump(&dump, np);
         for (r, l) in lines.iter().enumerate() {
-            assert!(
-                l.iter().all(|l| l.ids.len() as u64 == b / np as u64),
-                "rank {r} of {np}: B/P rows per step"
-            );
+            assert!(l.iter().all(|l| l.ids.len() as u64 == b / np as u64), "rank {r} of {np}: B/P rows per step");
         }
         let batches = global_batches(&lines);
-        assert_eq!(
-            batches.len() as u64,
-            epochs * steps,
-            "{}: steps",
-            dataset.display()
-        );
+        assert_eq!(batches.len() as u64, epochs * steps, "{}: steps", dataset.display());
         for e in 0..epochs {
             let mut seen = BTreeSet::new();
             for ((epoch, _), rows) in batches.iter().filter(|((epoch, _), _)| *epoch == e) {
@@ -76,11 +56,7 @@ fn check_dataset(
                     }
                 }
             }
-            assert_eq!(
-                seen.len() as u64,
-                steps * b,
-                "epoch {e}: every full batch delivered"
-            );
+            assert_eq!(seen.len() as u64, steps * b, "epoch {e}: every full batch delivered");
         }
         // Epochs are shuffled differently.
         assert_ne!(batches[0].1, batches[steps as usize].1);
@@ -103,10 +79,7 @@ fn xyz_in_every_format_gives_identical_batches() {
     let npy = check_dataset(&fx.join("npy_struct"), &[]);
     for other in ["hdf5", "arrow", "raw"] {
         let batches = check_dataset(&fx.join(other), &[]);
-        assert_eq!(
-            batches, npy,
-            "{other} delivers other batches than npy for the same samples"
-        );
+        assert_eq!(batches, npy, "{other} delivers other batches than npy for the same samples");
     }
 }
 
@@ -130,23 +103,15 @@ fn dumps_are_byte_identical_across_formats() {
                 dump.to_str().unwrap(),
             ],
         ));
-        (0..2)
-            .map(|r| std::fs::read(dump.join(format!("rank-{r}.jsonl"))).unwrap())
-            .collect::<Vec<_>>()
+        (0..2).map(|r| std::fs::read(dump.join(format!("rank-{r}.jsonl"))).unwrap()).collect::<Vec<_>>()
     };
     let npy = dump_of("npy_struct");
     for other in ["hdf5", "arrow", "raw"] {
         assert!(dump_of(other) == npy, "{other} dump differs from npy dump");
     }
     let line = String::from_utf8(npy[0].clone()).unwrap();
-    assert!(
-        line.starts_with("{\"epoch\":0,\"step\":0,\"ids\":["),
-        "{line}"
-    );
-    assert!(
-        line.contains("\"crc32\":{\"x\":["),
-        "fields sorted by name: {line}"
-    );
+    assert!(line.starts_with("{\"epoch\":0,\"step\":0,\"ids\":["), "{line}");
+    assert!(line.contains("\"crc32\":{\"x\":["), "fields sorted by name: {line}");
 }
 
 #[test]
@@ -190,9 +155,7 @@ fn chunked_exchange_equals_direct_exchange() {
             args.extend(["--max-round-bytes", c]);
         }
         ok(&mpirun(4, &args));
-        (0..4)
-            .map(|r| std::fs::read(d.join(format!("rank-{r}.jsonl"))).unwrap())
-            .collect::<Vec<_>>()
+        (0..4).map(|r| std::fs::read(d.join(format!("rank-{r}.jsonl"))).unwrap()).collect::<Vec<_>>()
     };
     // 64 bytes per round over 4 ranks: 16-byte pieces, many rounds per window.
     assert!(dump(Some("64")) == dump(None));
@@ -201,10 +164,7 @@ fn chunked_exchange_equals_direct_exchange() {
 #[test]
 fn verify_generated_datasets_in_every_format() {
     for (format, fields) in [
-        (
-            "npy",
-            vec!["x:f32:3x4", "y:i64", "z:u8:5", "h:f16:2", "b:bool:3"],
-        ),
+        ("npy", vec!["x:f32:3x4", "y:i64", "z:u8:5", "h:f16:2", "b:bool:3"]),
         ("raw", vec!["x:f64:2", "y:i16"]),
         ("hdf5", vec!["x:f32:8", "y:i32", "b:bool"]),
         ("arrow", vec!["x:f32:2x3", "y:u16", "t:bytes", "s:utf8"]),
@@ -246,13 +206,15 @@ fn verify_generated_datasets_in_every_format() {
             );
             ok(&run);
             let steps = 997 / 24;
-            assert_eq!(run.stdout.matches("delivered exactly once, in permutation order; contents match the generator").count(), 2, "{}", run.stdout);
-            assert!(
+            assert_eq!(
                 run.stdout
-                    .contains(&format!("{} samples delivered exactly once", steps * 24)),
+                    .matches("delivered exactly once, in permutation order; contents match the generator")
+                    .count(),
+                2,
                 "{}",
                 run.stdout
             );
+            assert!(run.stdout.contains(&format!("{} samples delivered exactly once", steps * 24)), "{}", run.stdout);
             assert!(run.stdout.contains("done: 2 epoch(s) on"), "{}", run.stdout);
         }
     }
@@ -280,32 +242,11 @@ fn verify_fails_on_corrupted_contents() {
     let mut bytes = std::fs::read(&f).unwrap();
     bytes[(40 - 32) * 16 + 5] ^= 0xff;
     std::fs::write(&f, bytes).unwrap();
-    let run = mpirun(
-        2,
-        &[
-            "run",
-            "--data",
-            data.to_str().unwrap(),
-            "--batch-size",
-            "64",
-            "--verify",
-        ],
-    );
-    assert_ne!(
-        run.code, 0,
-        "corruption must fail --verify:\n{}",
-        run.stdout
-    );
-    assert!(
-        run.stdout.contains("FAILED") && run.stdout.contains("1 wrong contents"),
-        "{}",
-        run.stdout
-    );
+    let run = mpirun(2, &["run", "--data", data.to_str().unwrap(), "--batch-size", "64", "--verify"]);
+    assert_ne!(run.code, 0, "corruption must fail --verify:\n{}", run.stdout);
+    assert!(run.stdout.contains("FAILED") && run.stdout.contains("1 wrong contents"), "{}", run.stdout);
     assert!(run.stderr.contains("sample 40 field 'x'"), "{}", run.stderr);
-    assert!(
-        !run.stdout.contains("done:"),
-        "no success line after a failed verification"
-    );
+    assert!(!run.stdout.contains("done:"), "no success line after a failed verification");
 }
 
 #[test]
@@ -326,17 +267,9 @@ fn json_summary_lines() {
         ],
     );
     ok(&run);
-    let lines: Vec<serde_json::Value> = run
-        .stdout
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l}: {e}")))
-        .collect();
-    assert_eq!(
-        lines.len(),
-        3,
-        "one JSON line per epoch and nothing else on stdout: {}",
-        run.stdout
-    );
+    let lines: Vec<serde_json::Value> =
+        run.stdout.lines().map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l}: {e}"))).collect();
+    assert_eq!(lines.len(), 3, "one JSON line per epoch and nothing else on stdout: {}", run.stdout);
     for (e, l) in lines.iter().enumerate() {
         assert_eq!(l["epoch"], e as u64);
         assert_eq!(l["ranks"], 2);

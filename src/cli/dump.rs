@@ -28,18 +28,13 @@ impl DumpWriter {
         std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
         let path = dir.join(format!("rank-{rank}.jsonl"));
         let file = File::create(&path).map_err(|e| Error::io(&path, e))?;
-        Ok(DumpWriter {
-            path,
-            out: BufWriter::new(file),
-        })
+        Ok(DumpWriter { path, out: BufWriter::new(file) })
     }
 
     /// Appends the line of one delivered batch.
     pub fn write(&mut self, batch: &Batch) -> Result<()> {
         let line = line(batch);
-        self.out
-            .write_all(line.as_bytes())
-            .map_err(|e| Error::io(&self.path, e))
+        self.out.write_all(line.as_bytes()).map_err(|e| Error::io(&self.path, e))
     }
 
     /// Flushes the file.
@@ -56,14 +51,8 @@ pub fn line(batch: &Batch) -> String {
     let crcs: Vec<String> = fields
         .iter()
         .map(|f| {
-            let values: Vec<String> = (0..f.rows())
-                .map(|r| crc32fast::hash(f.row(r)).to_string())
-                .collect();
-            format!(
-                "{}:[{}]",
-                serde_json::to_string(&f.field().name).expect("string"),
-                values.join(",")
-            )
+            let values: Vec<String> = (0..f.rows()).map(|r| crc32fast::hash(f.row(r)).to_string()).collect();
+            format!("{}:[{}]", serde_json::to_string(&f.field().name).expect("string"), values.join(","))
         })
         .collect();
     format!(

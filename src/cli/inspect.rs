@@ -25,12 +25,7 @@ pub fn run(args: InspectArgs) -> Result<()> {
         println!("{v}");
         return Ok(());
     }
-    println!(
-        "{} file(s), {} samples, {} bytes",
-        ds.files().len(),
-        ds.len(),
-        total_bytes
-    );
+    println!("{} file(s), {} samples, {} bytes", ds.files().len(), ds.len(), total_bytes);
     println!("\nfiles:");
     for (i, f) in ds.files().iter().enumerate() {
         println!(
@@ -46,9 +41,7 @@ pub fn run(args: InspectArgs) -> Result<()> {
     }
     println!("\nfields:");
     for f in ds.fields() {
-        let per = f
-            .fixed_bytes()
-            .map_or("variable".to_string(), |b| format!("{b} bytes/sample"));
+        let per = f.fixed_bytes().map_or("variable".to_string(), |b| format!("{b} bytes/sample"));
         println!("  {:<16} {:<24} {}", f.name, f.kind.to_string(), per);
     }
     Ok(())

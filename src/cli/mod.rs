@@ -47,9 +47,7 @@ pub struct DataArgs {
 impl DataArgs {
     /// The dataset options these arguments give.
     pub fn options(&self) -> crate::dataset::DatasetOptions {
-        crate::dataset::DatasetOptions {
-            hdf5_group: self.group.clone(),
-        }
+        crate::dataset::DatasetOptions { hdf5_group: self.group.clone() }
     }
 }
 

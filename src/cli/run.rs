@@ -101,11 +101,7 @@ struct EpochSummary {
 fn run(args: RunArgs, transport: MpiTransport) -> Result<()> {
     transport.check_launcher()?;
     let rank = transport.rank().0;
-    let options = LoaderOptions {
-        batch_size: args.batch_size,
-        seed: args.seed,
-        window_bytes: args.window_bytes,
-    };
+    let options = LoaderOptions { batch_size: args.batch_size, seed: args.seed, window_bytes: args.window_bytes };
     let mut loader = Loader::open(transport, &args.data.data, args.data.options(), options)?;
     let world = loader.transport().size();
     let n = loader.dataset().len();
@@ -152,11 +148,7 @@ fn run(args: RunArgs, transport: MpiTransport) -> Result<()> {
         let dataset = loader.dataset().clone();
         for batch in loader.epoch(epoch) {
             let batch = batch?;
-            delivered_bytes += batch
-                .fields()
-                .iter()
-                .map(|f| f.bytes().len() as u64)
-                .sum::<u64>();
+            delivered_bytes += batch.fields().iter().map(|f| f.bytes().len() as u64).sum::<u64>();
             if let Some(v) = verifier.as_mut() {
                 v.check(&batch, &dataset);
             }
@@ -179,8 +171,7 @@ fn run(args: RunArgs, transport: MpiTransport) -> Result<()> {
             &metrics,
         )?;
         if let Some(v) = verifier.as_mut() {
-            let (report, first) =
-                v.finish_epoch(loader.transport(), &home, steps * args.batch_size as u64)?;
+            let (report, first) = v.finish_epoch(loader.transport(), &home, steps * args.batch_size as u64)?;
             summary.verified = Some(report.ok());
             all_ok &= report.ok();
             if rank == 0 && !args.json {
@@ -188,23 +179,14 @@ fn run(args: RunArgs, transport: MpiTransport) -> Result<()> {
             }
             if !report.ok() {
                 if rank == 0 && args.json {
-                    println!(
-                        "{}",
-                        serde_json::to_string(&summary).expect("summary serialises")
-                    );
+                    println!("{}", serde_json::to_string(&summary).expect("summary serialises"));
                 }
-                return Err(Error::Verify(format!(
-                    "epoch {e}: {}",
-                    first.unwrap_or_else(|| "see report".into())
-                )));
+                return Err(Error::Verify(format!("epoch {e}: {}", first.unwrap_or_else(|| "see report".into()))));
             }
         }
         if rank == 0 {
             if args.json {
-                println!(
-                    "{}",
-                    serde_json::to_string(&summary).expect("summary serialises")
-                );
+                println!("{}", serde_json::to_string(&summary).expect("summary serialises"));
             } else {
                 print_summary(&summary);
             }
@@ -214,15 +196,8 @@ fn run(args: RunArgs, transport: MpiTransport) -> Result<()> {
         agree(loader.transport(), d.finish())?;
     }
     if rank == 0 && !args.json {
-        let verified = if verifier.is_some() && all_ok {
-            ", verified"
-        } else {
-            ""
-        };
-        println!(
-            "meshfeed: done: {} epoch(s) on {world} ranks{verified}",
-            args.epochs
-        );
+        let verified = if verifier.is_some() && all_ok { ", verified" } else { "" };
+        println!("meshfeed: done: {} epoch(s) on {world} ranks{verified}", args.epochs);
     }
     Ok(())
 }
@@ -232,11 +207,9 @@ fn progress_bar(visible: bool, steps: u64, epoch: u64) -> ProgressBar {
         return ProgressBar::hidden();
     }
     let bar = ProgressBar::new(steps).with_style(
-        ProgressStyle::with_template(
-            "epoch {prefix} [{bar:30}] {pos}/{len} steps {per_sec} eta {eta}",
-        )
-        .expect("valid template")
-        .progress_chars("=> "),
+        ProgressStyle::with_template("epoch {prefix} [{bar:30}] {pos}/{len} steps {per_sec} eta {eta}")
+            .expect("valid template")
+            .progress_chars("=> "),
     );
     bar.set_prefix(epoch.to_string());
     bar
@@ -252,10 +225,7 @@ fn summarize(
     m: &Metrics,
 ) -> Result<EpochSummary> {
     // Times in nanoseconds, reduced with max; byte counts with sum.
-    let mut maxes: Vec<u64> = Phase::ALL
-        .iter()
-        .map(|&p| m.time(p).as_nanos() as u64)
-        .collect();
+    let mut maxes: Vec<u64> = Phase::ALL.iter().map(|&p| m.time(p).as_nanos() as u64).collect();
     maxes.push((seconds * 1e9) as u64);
     t.all_reduce_u64(&mut maxes, ReduceOp::Max)?;
     let mut sums = [m.bytes_read, m.bytes_sent, delivered];
@@ -269,11 +239,7 @@ fn summarize(
         seconds,
         samples_per_s: samples as f64 / seconds.max(1e-9),
         gb_per_s: sums[2] as f64 / 1e9 / seconds.max(1e-9),
-        phase_s: Phase::ALL
-            .iter()
-            .zip(&maxes)
-            .map(|(p, &ns)| (p.name(), ns as f64 / 1e9))
-            .collect(),
+        phase_s: Phase::ALL.iter().zip(&maxes).map(|(p, &ns)| (p.name(), ns as f64 / 1e9)).collect(),
         bytes_read: sums[0],
         bytes_exchanged: sums[1],
         bytes_delivered: sums[2],
@@ -283,10 +249,7 @@ fn summarize(
 }
 
 fn print_summary(s: &EpochSummary) {
-    let phases: Vec<String> = Phase::ALL
-        .iter()
-        .map(|p| format!("{} {:.3}s", p.name(), s.phase_s[p.name()]))
-        .collect();
+    let phases: Vec<String> = Phase::ALL.iter().map(|p| format!("{} {:.3}s", p.name(), s.phase_s[p.name()])).collect();
     println!(
         "epoch {}: {} samples in {:.3} s — {:.0} samples/s, {:.3} GB/s | {} (max over {} ranks) | {} windows, {:.1} MB exchanged",
         s.epoch,
@@ -304,10 +267,7 @@ fn print_summary(s: &EpochSummary) {
 fn print_report(epoch: u64, r: &Report, contents: bool, first: Option<&str>) {
     if r.ok() {
         let what = if contents {
-            format!(
-                "contents match the generator ({} values checked)",
-                r.values_checked
-            )
+            format!("contents match the generator ({} values checked)", r.values_checked)
         } else {
             "contents not checked (no meshfeed-gen manifest)".to_string()
         };

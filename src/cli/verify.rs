@@ -32,8 +32,7 @@ pub struct Report {
 impl Report {
     /// Whether nothing was wrong.
     pub fn ok(&self) -> bool {
-        self.missing + self.duplicated + self.unexpected + self.out_of_order + self.wrong_contents
-            == 0
+        self.missing + self.duplicated + self.unexpected + self.out_of_order + self.wrong_contents == 0
     }
 }
 
@@ -53,12 +52,7 @@ pub struct Verifier {
 impl Verifier {
     /// A verifier for `dataset`; `manifest` (when the data was generated) enables the
     /// content check.
-    pub fn new(
-        dataset: &Dataset,
-        batch_size: usize,
-        seed: u64,
-        manifest: Option<Manifest>,
-    ) -> Result<Verifier> {
+    pub fn new(dataset: &Dataset, batch_size: usize, seed: u64, manifest: Option<Manifest>) -> Result<Verifier> {
         let manifest = match manifest {
             None => None,
             Some(m) => {
@@ -74,10 +68,7 @@ impl Verifier {
                     .iter()
                     .map(|f| {
                         m.fields.iter().position(|g| g == f).ok_or_else(|| {
-                            Error::Verify(format!(
-                                "field '{}' ({}) is not in the generator manifest",
-                                f.name, f.kind
-                            ))
+                            Error::Verify(format!("field '{}' ({}) is not in the generator manifest", f.name, f.kind))
                         })
                     })
                     .collect::<Result<Vec<usize>>>()?;
@@ -185,18 +176,9 @@ impl Verifier {
         let (recv, _) = transport.all_to_all_v(&send, &counts)?;
         let range = home.range(me);
         let mut seen = vec![0u8; (range.end - range.start) as usize];
-        let mut r = Report {
-            delivered: self.delivered.len() as u64,
-            ..Default::default()
-        };
-        for id in recv
-            .chunks_exact(8)
-            .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
-        {
-            match id
-                .checked_sub(range.start)
-                .filter(|&o| o < seen.len() as u64)
-            {
+        let mut r = Report { delivered: self.delivered.len() as u64, ..Default::default() };
+        for id in recv.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes"))) {
+            match id.checked_sub(range.start).filter(|&o| o < seen.len() as u64) {
                 Some(o) => seen[o as usize] = seen[o as usize].saturating_add(1),
                 None => r.unexpected += 1,
             }
@@ -207,35 +189,24 @@ impl Verifier {
             match (expected, count) {
                 (true, 0) => {
                     r.missing += 1;
-                    self.first_problem
-                        .get_or_insert(format!("sample {id} was never delivered"));
+                    self.first_problem.get_or_insert(format!("sample {id} was never delivered"));
                 }
                 (true, 1) | (false, 0) => {}
                 (true, _) => {
                     r.duplicated += 1;
-                    self.first_problem
-                        .get_or_insert(format!("sample {id} was delivered {count} times"));
+                    self.first_problem.get_or_insert(format!("sample {id} was delivered {count} times"));
                 }
                 (false, _) => {
                     r.unexpected += 1;
-                    self.first_problem.get_or_insert(format!(
-                        "sample {id} is in the dropped tail but was delivered"
-                    ));
+                    self.first_problem.get_or_insert(format!("sample {id} is in the dropped tail but was delivered"));
                 }
             }
         }
         r.out_of_order = self.out_of_order;
         r.wrong_contents = self.wrong_contents;
         r.values_checked = self.values_checked;
-        let mut sums = [
-            r.delivered,
-            r.missing,
-            r.duplicated,
-            r.unexpected,
-            r.out_of_order,
-            r.wrong_contents,
-            r.values_checked,
-        ];
+        let mut sums =
+            [r.delivered, r.missing, r.duplicated, r.unexpected, r.out_of_order, r.wrong_contents, r.values_checked];
         transport.all_reduce_u64(&mut sums, ReduceOp::Sum)?;
         let total = Report {
             delivered: sums[0],
@@ -247,11 +218,7 @@ impl Verifier {
             values_checked: sums[6],
         };
         // Share the first problem any rank saw, so every rank can name it.
-        let mine = self
-            .first_problem
-            .take()
-            .map(|p| format!("rank {me}: {p}"))
-            .unwrap_or_default();
+        let mine = self.first_problem.take().map(|p| format!("rank {me}: {p}")).unwrap_or_default();
         let first = transport
             .all_gather(mine.as_bytes())?
             .into_iter()

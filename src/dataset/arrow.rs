@@ -37,11 +37,13 @@ struct Footer {
 fn read_at(file: &File, path: &Path, offset: u64, len: u64, what: &str) -> Result<Vec<u8>> {
     let file_len = file.metadata().map_err(|e| Error::io(path, e))?.len();
     if offset.checked_add(len).is_none_or(|end| end > file_len) {
-        return Err(Error::file(path, format!("corrupt: {what} ({len} bytes at {offset}) lies past the end of the file ({file_len} bytes)")));
+        return Err(Error::file(
+            path,
+            format!("corrupt: {what} ({len} bytes at {offset}) lies past the end of the file ({file_len} bytes)"),
+        ));
     }
     let mut buf = vec![0u8; len as usize];
-    file.read_exact_at(&mut buf, offset)
-        .map_err(|e| Error::io(path, e))?;
+    file.read_exact_at(&mut buf, offset).map_err(|e| Error::io(path, e))?;
     Ok(buf)
 }
 
@@ -58,39 +60,24 @@ fn read_footer(file: &File, path: &Path) -> Result<Footer> {
             "not an Arrow IPC file (bad magic; streams are not supported, write the file format)",
         ));
     }
-    let tail: [u8; 10] = read_at(file, path, file_len - 10, 10, "trailer")?
-        .try_into()
-        .expect("10 bytes");
-    let footer_len =
-        arrow_ipc::reader::read_footer_length(tail).map_err(|e| corrupt(e.to_string()))? as u64;
+    let tail: [u8; 10] = read_at(file, path, file_len - 10, 10, "trailer")?.try_into().expect("10 bytes");
+    let footer_len = arrow_ipc::reader::read_footer_length(tail).map_err(|e| corrupt(e.to_string()))? as u64;
     if footer_len > file_len - 18 {
-        return Err(corrupt(format!(
-            "footer length {footer_len} exceeds the file size {file_len}"
-        )));
+        return Err(corrupt(format!("footer length {footer_len} exceeds the file size {file_len}")));
     }
     let fbytes = read_at(file, path, file_len - 10 - footer_len, footer_len, "footer")?;
     let footer = arrow_ipc::root_as_footer(&fbytes).map_err(|e| corrupt(format!("footer: {e}")))?;
-    let schema = footer
-        .schema()
-        .ok_or_else(|| corrupt("footer has no schema".into()))?;
-    let schema =
-        arrow_ipc::convert::try_fb_to_schema(schema).map_err(|e| corrupt(e.to_string()))?;
+    let schema = footer.schema().ok_or_else(|| corrupt("footer has no schema".into()))?;
+    let schema = arrow_ipc::convert::try_fb_to_schema(schema).map_err(|e| corrupt(e.to_string()))?;
     if footer.dictionaries().is_some_and(|d| !d.is_empty()) {
-        return Err(Error::file(
-            path,
-            "dictionary-encoded columns are not supported",
-        ));
+        return Err(Error::file(path, "dictionary-encoded columns are not supported"));
     }
-    let blocks: Vec<Block> = footer
-        .recordBatches()
-        .map(|b| b.iter().copied().collect())
-        .unwrap_or_default();
+    let blocks: Vec<Block> = footer.recordBatches().map(|b| b.iter().copied().collect()).unwrap_or_default();
     let mut batch_rows = Vec::with_capacity(blocks.len());
     for (i, block) in blocks.iter().enumerate() {
         let meta_len = u64::try_from(block.metaDataLength())
             .map_err(|_| corrupt(format!("batch {i}: negative metadata length")))?;
-        let offset = u64::try_from(block.offset())
-            .map_err(|_| corrupt(format!("batch {i}: negative offset")))?;
+        let offset = u64::try_from(block.offset()).map_err(|_| corrupt(format!("batch {i}: negative offset")))?;
         let meta = read_at(file, path, offset, meta_len, &format!("batch {i} header"))?;
         let body = match meta.get(..4) {
             Some([0xff, 0xff, 0xff, 0xff]) => meta.get(8..),
@@ -98,22 +85,11 @@ fn read_footer(file: &File, path: &Path) -> Result<Footer> {
             None => None,
         }
         .ok_or_else(|| corrupt(format!("batch {i}: header too short")))?;
-        let msg = arrow_ipc::root_as_message(body)
-            .map_err(|e| corrupt(format!("batch {i} header: {e}")))?;
-        let rb = msg
-            .header_as_record_batch()
-            .ok_or_else(|| corrupt(format!("batch {i} is not a record batch")))?;
-        batch_rows.push(
-            u64::try_from(rb.length())
-                .map_err(|_| corrupt(format!("batch {i}: negative length")))?,
-        );
+        let msg = arrow_ipc::root_as_message(body).map_err(|e| corrupt(format!("batch {i} header: {e}")))?;
+        let rb = msg.header_as_record_batch().ok_or_else(|| corrupt(format!("batch {i} is not a record batch")))?;
+        batch_rows.push(u64::try_from(rb.length()).map_err(|_| corrupt(format!("batch {i}: negative length")))?);
     }
-    Ok(Footer {
-        schema: Arc::new(schema),
-        version: footer.version(),
-        blocks,
-        batch_rows,
-    })
+    Ok(Footer { schema: Arc::new(schema), version: footer.version(), blocks, batch_rows })
 }
 
 fn primitive(dt: &DataType) -> Option<DType> {
@@ -135,24 +111,17 @@ fn primitive(dt: &DataType) -> Option<DType> {
 
 fn field_kind(name: &str, dt: &DataType) -> std::result::Result<FieldKind, String> {
     if let Some(d) = primitive(dt) {
-        return Ok(FieldKind::Tensor {
-            dtype: d,
-            shape: vec![],
-        });
+        return Ok(FieldKind::Tensor { dtype: d, shape: vec![] });
     }
     match dt {
         DataType::FixedSizeList(child, n) => match field_kind(name, child.data_type())? {
             FieldKind::Tensor { dtype, mut shape } => {
-                shape.insert(
-                    0,
-                    usize::try_from(*n)
-                        .map_err(|_| format!("column '{name}': bad list size {n}"))?,
-                );
+                shape.insert(0, usize::try_from(*n).map_err(|_| format!("column '{name}': bad list size {n}"))?);
                 Ok(FieldKind::Tensor { dtype, shape })
             }
-            FieldKind::Bytes { .. } => Err(format!(
-                "column '{name}': lists of variable-length values are not supported"
-            )),
+            FieldKind::Bytes { .. } => {
+                Err(format!("column '{name}': lists of variable-length values are not supported"))
+            }
         },
         DataType::FixedSizeBinary(n) => Ok(FieldKind::Tensor {
             dtype: DType::U8,
@@ -170,10 +139,7 @@ fn fields_of(path: &Path, schema: &Schema) -> Result<Vec<Field>> {
         .iter()
         .map(|f| {
             field_kind(f.name(), f.data_type())
-                .map(|kind| Field {
-                    name: f.name().clone(),
-                    kind,
-                })
+                .map(|kind| Field { name: f.name().clone(), kind })
                 .map_err(|r| Error::file(path, r))
         })
         .collect()
@@ -184,14 +150,8 @@ pub fn scan(path: &Path) -> Result<(u64, Vec<Field>)> {
     let file = File::open(path).map_err(|e| Error::io(path, e))?;
     let footer = read_footer(&file, path)?;
     let fields = fields_of(path, &footer.schema)?;
-    let samples = footer
-        .batch_rows
-        .iter()
-        .try_fold(0u64, |a, &n| a.checked_add(n));
-    Ok((
-        samples.ok_or_else(|| Error::file(path, "row count overflows"))?,
-        fields,
-    ))
+    let samples = footer.batch_rows.iter().try_fold(0u64, |a, &n| a.checked_add(n));
+    Ok((samples.ok_or_else(|| Error::file(path, "row count overflows"))?, fields))
 }
 
 /// Reads rows of one Arrow IPC file, one record batch at a time.
@@ -210,38 +170,23 @@ impl ArrowReader {
         let file = File::open(path).map_err(|e| Error::io(path, e))?;
         let footer = read_footer(&file, path)?;
         if fields_of(path, &footer.schema)? != expected {
-            return Err(Error::file(
-                path,
-                "fields changed since the dataset was scanned",
-            ));
+            return Err(Error::file(path, "fields changed since the dataset was scanned"));
         }
         let mut starts = vec![0u64];
         for n in &footer.batch_rows {
             starts.push(starts.last().expect("non-empty") + n);
         }
         let decoder = FileDecoder::new(footer.schema.clone(), footer.version);
-        Ok(ArrowReader {
-            file,
-            path: path.to_path_buf(),
-            footer,
-            decoder,
-            starts,
-        })
+        Ok(ArrowReader { file, path: path.to_path_buf(), footer, decoder, starts })
     }
 
     fn batch(&self, i: usize) -> Result<RecordBatch> {
         let block = &self.footer.blocks[i];
         let len = (block.metaDataLength() as i64).checked_add(block.bodyLength());
-        let len = len.and_then(|l| u64::try_from(l).ok()).ok_or_else(|| {
-            Error::file(&self.path, format!("corrupt: batch {i} has a bad length"))
-        })?;
-        let bytes = read_at(
-            &self.file,
-            &self.path,
-            block.offset() as u64,
-            len,
-            &format!("batch {i}"),
-        )?;
+        let len = len
+            .and_then(|l| u64::try_from(l).ok())
+            .ok_or_else(|| Error::file(&self.path, format!("corrupt: batch {i} has a bad length")))?;
+        let bytes = read_at(&self.file, &self.path, block.offset() as u64, len, &format!("batch {i}"))?;
         let batch = self
             .decoder
             .read_record_batch(block, &Buffer::from_vec(bytes))
@@ -270,15 +215,14 @@ fn push_value(
     row: usize,
 ) {
     // `buffers` caches the chunk buffer index of each column's values buffer.
-    let values_buffer =
-        |chunk: &mut RowChunk, buffers: &mut Vec<(usize, u32)>, buf: &Buffer| -> u32 {
-            if let Some(&(_, b)) = buffers.iter().find(|(c, _)| *c == col) {
-                return b;
-            }
-            let b = chunk.add_buffer(buf.clone());
-            buffers.push((col, b));
-            b
-        };
+    let values_buffer = |chunk: &mut RowChunk, buffers: &mut Vec<(usize, u32)>, buf: &Buffer| -> u32 {
+        if let Some(&(_, b)) = buffers.iter().find(|(c, _)| *c == col) {
+            return b;
+        }
+        let b = chunk.add_buffer(buf.clone());
+        buffers.push((col, b));
+        b
+    };
     match data.data_type() {
         DataType::Binary | DataType::Utf8 => {
             let offs: &[i32] = data.buffer(0);
@@ -325,14 +269,10 @@ impl super::FileReader for ArrowReader {
         while i < rows.len() {
             let b = self.starts.partition_point(|&s| s <= rows[i]) - 1;
             if b >= self.footer.blocks.len() {
-                return Err(Error::file(
-                    &self.path,
-                    format!("row {} is past the end of the file", rows[i]),
-                ));
+                return Err(Error::file(&self.path, format!("row {} is past the end of the file", rows[i])));
             }
             let batch = self.batch(b)?;
-            let data: Vec<arrow_data::ArrayData> =
-                batch.columns().iter().map(|c| c.to_data()).collect();
+            let data: Vec<arrow_data::ArrayData> = batch.columns().iter().map(|c| c.to_data()).collect();
             for (c, d) in data.iter().enumerate() {
                 if has_nulls(d) {
                     return Err(Error::file(
@@ -388,37 +328,21 @@ pub fn write(
                     DType::F64 => DataType::Float64,
                 };
                 for &n in shape.iter().rev() {
-                    dt =
-                        DataType::FixedSizeList(Arc::new(AField::new("item", dt, false)), n as i32);
+                    dt = DataType::FixedSizeList(Arc::new(AField::new("item", dt, false)), n as i32);
                 }
                 dt
             }
         }
     }
     let err = |e: arrow_schema::ArrowError| Error::file(path, e.to_string());
-    if let Some(f) = fields.iter().find(|f| {
-        matches!(
-            f.kind,
-            FieldKind::Tensor {
-                dtype: DType::Bool,
-                ..
-            }
-        )
-    }) {
-        return Err(Error::Config(format!(
-            "Arrow output does not support bool field '{}' (use u8)",
-            f.name
-        )));
+    if let Some(f) = fields.iter().find(|f| matches!(f.kind, FieldKind::Tensor { dtype: DType::Bool, .. })) {
+        return Err(Error::Config(format!("Arrow output does not support bool field '{}' (use u8)", f.name)));
     }
     let schema = Arc::new(Schema::new(
-        fields
-            .iter()
-            .map(|f| AField::new(f.name.clone(), data_type(&f.kind), false))
-            .collect::<Vec<_>>(),
+        fields.iter().map(|f| AField::new(f.name.clone(), data_type(&f.kind), false)).collect::<Vec<_>>(),
     ));
     let file = File::create(path).map_err(|e| Error::io(path, e))?;
-    let mut writer = arrow_ipc::writer::FileWriter::try_new(std::io::BufWriter::new(file), &schema)
-        .map_err(err)?;
+    let mut writer = arrow_ipc::writer::FileWriter::try_new(std::io::BufWriter::new(file), &schema).map_err(err)?;
     let mut start = 0;
     let mut scratch = Vec::new();
     while start < samples {
@@ -436,9 +360,7 @@ pub fn write(
                     if *utf8 {
                         let mut b = StringBuilder::new();
                         for v in values {
-                            b.append_value(
-                                String::from_utf8(v).map_err(|e| Error::Config(e.to_string()))?,
-                            );
+                            b.append_value(String::from_utf8(v).map_err(|e| Error::Config(e.to_string()))?);
                         }
                         Arc::new(b.finish())
                     } else {
@@ -456,9 +378,7 @@ pub fn write(
                     }
                     // Build the nested fixed-size lists bottom-up around one values buffer.
                     let mut levels = vec![data_type(&f.kind)];
-                    while let DataType::FixedSizeList(child, _) =
-                        levels.last().expect("non-empty").clone()
-                    {
+                    while let DataType::FixedSizeList(child, _) = levels.last().expect("non-empty").clone() {
                         levels.push(child.data_type().clone());
                     }
                     let leaf = levels.pop().expect("leaf type");
@@ -469,15 +389,9 @@ pub fn write(
                         .build()
                         .map_err(err)?;
                     for dt in levels.into_iter().rev() {
-                        let DataType::FixedSizeList(_, n) = dt else {
-                            unreachable!("list level")
-                        };
+                        let DataType::FixedSizeList(_, n) = dt else { unreachable!("list level") };
                         len /= n as usize;
-                        data = arrow_data::ArrayData::builder(dt)
-                            .len(len)
-                            .add_child_data(data)
-                            .build()
-                            .map_err(err)?;
+                        data = arrow_data::ArrayData::builder(dt).len(len).add_child_data(data).build().map_err(err)?;
                     }
                     make_array(data)
                 }

@@ -97,49 +97,33 @@ pub fn value(fields: &[Field], id: u64, fi: usize, out: &mut Vec<u8>) {
 /// Parses `name:dtype[:shape]` (shape `4x8`, empty or omitted for a scalar), or
 /// `name:bytes` / `name:utf8` for variable-length fields.
 pub fn parse_field(s: &str) -> Result<Field> {
-    let bad = |why: &str| {
-        Error::Config(format!(
-            "--field '{s}': {why} (expected name:dtype[:shape], e.g. x:f32:3x4)"
-        ))
-    };
+    let bad = |why: &str| Error::Config(format!("--field '{s}': {why} (expected name:dtype[:shape], e.g. x:f32:3x4)"));
     let mut parts = s.split(':');
-    let name = parts
-        .next()
-        .filter(|n| !n.is_empty())
-        .ok_or_else(|| bad("missing name"))?;
+    let name = parts.next().filter(|n| !n.is_empty()).ok_or_else(|| bad("missing name"))?;
     let dtype = parts.next().ok_or_else(|| bad("missing dtype"))?;
     let shape = parts.next().unwrap_or("");
     if parts.next().is_some() {
         return Err(bad("too many ':'"));
     }
     let kind = match dtype {
-        "bytes" | "utf8" if shape.is_empty() => FieldKind::Bytes {
-            utf8: dtype == "utf8",
-        },
+        "bytes" | "utf8" if shape.is_empty() => FieldKind::Bytes { utf8: dtype == "utf8" },
         "bytes" | "utf8" => return Err(bad("variable-length fields have no shape")),
         _ => {
-            let dtype =
-                DType::parse(dtype).ok_or_else(|| bad(&format!("unknown dtype '{dtype}'")))?;
+            let dtype = DType::parse(dtype).ok_or_else(|| bad(&format!("unknown dtype '{dtype}'")))?;
             let shape = if shape.is_empty() {
                 vec![]
             } else {
                 shape
                     .split('x')
                     .map(|d| {
-                        d.parse::<usize>()
-                            .ok()
-                            .filter(|&d| d > 0)
-                            .ok_or_else(|| bad(&format!("bad dimension '{d}'")))
+                        d.parse::<usize>().ok().filter(|&d| d > 0).ok_or_else(|| bad(&format!("bad dimension '{d}'")))
                     })
                     .collect::<Result<Vec<_>>>()?
             };
             FieldKind::Tensor { dtype, shape }
         }
     };
-    Ok(Field {
-        name: name.to_string(),
-        kind,
-    })
+    Ok(Field { name: name.to_string(), kind })
 }
 
 /// What to generate.
@@ -161,20 +145,14 @@ impl GenSpec {
             return Err(Error::Config("at least one --field is required".into()));
         }
         if self.files == 0 || self.files > self.samples.max(1) {
-            return Err(Error::Config(format!(
-                "--files must be between 1 and --samples ({})",
-                self.samples
-            )));
+            return Err(Error::Config(format!("--files must be between 1 and --samples ({})", self.samples)));
         }
         for (i, f) in self.fields.iter().enumerate() {
             if self.fields[..i].iter().any(|g| g.name == f.name) {
                 return Err(Error::Config(format!("field '{}' is given twice", f.name)));
             }
             if matches!(f.kind, FieldKind::Bytes { .. }) && self.format != Format::Arrow {
-                return Err(Error::Config(format!(
-                    "variable-length field '{}' needs --format arrow",
-                    f.name
-                )));
+                return Err(Error::Config(format!("variable-length field '{}' needs --format arrow", f.name)));
             }
         }
         if self.format == Format::Npy && self.fields.len() == 1 && self.fields[0].name != "data" {
@@ -191,8 +169,7 @@ impl GenSpec {
 
     /// Path of file `i`.
     pub fn file_path(&self, i: u64) -> PathBuf {
-        self.out
-            .join(format!("part-{i:05}.{}", self.format.extension()))
+        self.out.join(format!("part-{i:05}.{}", self.format.extension()))
     }
 }
 
@@ -208,9 +185,7 @@ pub fn write_file(spec: &GenSpec, i: u64) -> Result<u64> {
         Format::Hdf5 => hdf5::write(&path, fields, n, value)?,
         Format::Arrow => super::arrow::write(&path, fields, n, spec.arrow_batch_rows, value)?,
     }
-    Ok(std::fs::metadata(&path)
-        .map_err(|e| Error::io(&path, e))?
-        .len())
+    Ok(std::fs::metadata(&path).map_err(|e| Error::io(&path, e))?.len())
 }
 
 fn write_records(
@@ -243,17 +218,10 @@ pub fn write_side_files(spec: &GenSpec) -> Result<()> {
     if spec.format == Format::Raw {
         raw::write_schema(&spec.out, &spec.fields)?;
     }
-    let m = Manifest {
-        generator: GENERATOR.into(),
-        samples: spec.samples,
-        fields: spec.fields.clone(),
-    };
+    let m = Manifest { generator: GENERATOR.into(), samples: spec.samples, fields: spec.fields.clone() };
     let p = spec.out.join(MANIFEST);
-    std::fs::write(
-        &p,
-        serde_json::to_string_pretty(&m).expect("manifest serialises") + "\n",
-    )
-    .map_err(|e| Error::io(&p, e))
+    std::fs::write(&p, serde_json::to_string_pretty(&m).expect("manifest serialises") + "\n")
+        .map_err(|e| Error::io(&p, e))
 }
 
 /// Finds the generator manifest of a dataset given as `--data` paths: the manifest in the
@@ -262,16 +230,12 @@ pub fn find_manifest(paths: &[PathBuf]) -> Result<Option<Manifest>> {
     let Some(first) = paths.first() else {
         return Ok(None);
     };
-    let dir = if first.is_dir() {
-        first.clone()
-    } else {
-        first.parent().map(Path::to_path_buf).unwrap_or_default()
-    };
+    let dir = if first.is_dir() { first.clone() } else { first.parent().map(Path::to_path_buf).unwrap_or_default() };
     let p = dir.join(MANIFEST);
     match std::fs::read_to_string(&p) {
         Ok(text) => {
-            let m: Manifest = serde_json::from_str(&text)
-                .map_err(|e| Error::file(&p, format!("invalid manifest: {e}")))?;
+            let m: Manifest =
+                serde_json::from_str(&text).map_err(|e| Error::file(&p, format!("invalid manifest: {e}")))?;
             Ok((m.generator == GENERATOR).then_some(m))
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
@@ -288,13 +252,7 @@ mod tests {
     fn f16_bits_match_ieee() {
         // 1.0 = 0x3c00, 2.0 = 0x4000, 3.0 = 0x4200, 1024 = 0x6400, 2047 = 0x67ff
         assert_eq!(
-            [
-                f16_bits(1),
-                f16_bits(2),
-                f16_bits(3),
-                f16_bits(1024),
-                f16_bits(2047)
-            ],
+            [f16_bits(1), f16_bits(2), f16_bits(3), f16_bits(1024), f16_bits(2047)],
             [0x3c00, 0x4000, 0x4200, 0x6400, 0x67ff]
         );
     }
@@ -304,17 +262,11 @@ mod tests {
         let fields = vec![
             Field::tensor("a", DType::I32, vec![3]),
             Field::tensor("b", DType::U8, vec![]),
-            Field {
-                name: "t".into(),
-                kind: FieldKind::Bytes { utf8: true },
-            },
+            Field { name: "t".into(), kind: FieldKind::Bytes { utf8: true } },
         ];
         let mut out = Vec::new();
         value(&fields, 1000, 0, &mut out);
-        let got: Vec<i32> = out
-            .chunks(4)
-            .map(|c| i32::from_le_bytes(c.try_into().unwrap()))
-            .collect();
+        let got: Vec<i32> = out.chunks(4).map(|c| i32::from_le_bytes(c.try_into().unwrap())).collect();
         assert_eq!(got, vec![1000, 1007, 1014]);
         out.clear();
         value(&fields, 250, 1, &mut out);
@@ -326,18 +278,9 @@ mod tests {
 
     #[test]
     fn field_specs() {
-        assert_eq!(
-            parse_field("x:f32:3x4").unwrap(),
-            Field::tensor("x", DType::F32, vec![3, 4])
-        );
-        assert_eq!(
-            parse_field("y:i64").unwrap(),
-            Field::tensor("y", DType::I64, vec![])
-        );
-        assert_eq!(
-            parse_field("t:bytes").unwrap().kind,
-            FieldKind::Bytes { utf8: false }
-        );
+        assert_eq!(parse_field("x:f32:3x4").unwrap(), Field::tensor("x", DType::F32, vec![3, 4]));
+        assert_eq!(parse_field("y:i64").unwrap(), Field::tensor("y", DType::I64, vec![]));
+        assert_eq!(parse_field("t:bytes").unwrap().kind, FieldKind::Bytes { utf8: false });
         for bad in ["", "x", "x:q7", "x:f32:3x0", "x:f32:3:4", "t:bytes:3"] {
             assert!(parse_field(bad).is_err(), "{bad}");
         }
@@ -354,10 +297,7 @@ mod tests {
                 Field::tensor("z", DType::U8, vec![5]),
             ];
             if format == Format::Arrow {
-                fields.push(Field {
-                    name: "t".into(),
-                    kind: FieldKind::Bytes { utf8: false },
-                });
+                fields.push(Field { name: "t".into(), kind: FieldKind::Bytes { utf8: false } });
             }
             let spec = GenSpec {
                 format,
@@ -391,22 +331,11 @@ mod tests {
                         let gi = fields.iter().position(|g| g.name == f.name).unwrap();
                         let mut want = Vec::new();
                         value(&fields, id, gi, &mut want);
-                        assert_eq!(
-                            chunk.value(i, fi),
-                            &want[..],
-                            "{format:?} id {id} field {}",
-                            f.name
-                        );
+                        assert_eq!(chunk.value(i, fi), &want[..], "{format:?} id {id} field {}", f.name);
                     }
                 }
             }
-            assert_eq!(
-                find_manifest(&[dir.path().into()])
-                    .unwrap()
-                    .unwrap()
-                    .samples,
-                23
-            );
+            assert_eq!(find_manifest(&[dir.path().into()]).unwrap().unwrap().samples, 23);
         }
     }
 }

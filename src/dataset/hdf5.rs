@@ -47,11 +47,7 @@ fn group_of(file: &hdf5::File, group: Option<&str>) -> hdf5::Result<hdf5::Group>
 }
 
 /// The datasets of a group with their fields, checked to share one sample count.
-fn fields_of(
-    path: &Path,
-    file: &hdf5::File,
-    group: Option<&str>,
-) -> Result<(u64, Vec<Field>, Vec<hdf5::Dataset>)> {
+fn fields_of(path: &Path, file: &hdf5::File, group: Option<&str>) -> Result<(u64, Vec<Field>, Vec<hdf5::Dataset>)> {
     let h5err = |e: hdf5::Error| Error::file(path, e.to_string());
     let g = group_of(file, group).map_err(|e| match group {
         Some(name) => Error::file(path, format!("no group '{name}': {e}")),
@@ -59,10 +55,7 @@ fn fields_of(
     })?;
     let datasets = g.datasets().map_err(h5err)?;
     if datasets.is_empty() {
-        return Err(Error::file(
-            path,
-            format!("no datasets in group '{}'", group.unwrap_or("/")),
-        ));
+        return Err(Error::file(path, format!("no datasets in group '{}'", group.unwrap_or("/"))));
     }
     let mut fields = Vec::new();
     let mut samples: Option<(u64, String)> = None;
@@ -70,10 +63,7 @@ fn fields_of(
         let name = ds.name().rsplit('/').next().unwrap_or_default().to_string();
         let shape = ds.shape();
         let Some((&n, rest)) = shape.split_first() else {
-            return Err(Error::file(
-                path,
-                format!("dataset '{name}' is a scalar: it has no sample axis"),
-            ));
+            return Err(Error::file(path, format!("dataset '{name}' is a scalar: it has no sample axis")));
         };
         match &samples {
             Some((m, first)) if *m != n as u64 => {
@@ -118,10 +108,7 @@ impl Hdf5Reader {
         let file = open_file(path)?;
         let (_, fields, datasets) = fields_of(path, &file, options.hdf5_group.as_deref())?;
         if fields != expected {
-            return Err(Error::file(
-                path,
-                "fields changed since the dataset was scanned",
-            ));
+            return Err(Error::file(path, "fields changed since the dataset was scanned"));
         }
         let row_bytes = fields.iter().filter_map(Field::fixed_bytes).sum::<usize>() as u64;
         let datasets = datasets
@@ -132,21 +119,11 @@ impl Hdf5Reader {
                 super::FieldKind::Bytes { .. } => unreachable!("HDF5 fields are tensors"),
             })
             .collect();
-        Ok(Hdf5Reader {
-            path: path.to_path_buf(),
-            _file: file,
-            datasets,
-            row_bytes,
-        })
+        Ok(Hdf5Reader { path: path.to_path_buf(), _file: file, datasets, row_bytes })
     }
 }
 
-fn read_span(
-    ds: &hdf5::Dataset,
-    dtype: DType,
-    ndim: usize,
-    rows: Range<u64>,
-) -> hdf5::Result<Buffer> {
+fn read_span(ds: &hdf5::Dataset, dtype: DType, ndim: usize, rows: Range<u64>) -> hdf5::Result<Buffer> {
     let mut sel = vec![SliceOrIndex::from(rows.start as usize..rows.end as usize)];
     sel.extend((1..ndim).map(|_| SliceOrIndex::from(..)));
     let sel = Hyperslab::from(sel);
@@ -185,12 +162,8 @@ impl super::FileReader for Hdf5Reader {
             let value_bytes = ds.size() / ds.shape()[0].max(1) * dtype.size();
             let mut next = rows.iter().peekable();
             for span in &spans {
-                let buf = read_span(ds, *dtype, *ndim, span.clone()).map_err(|e| {
-                    Error::file(
-                        &self.path,
-                        format!("reading rows {}..{}: {e}", span.start, span.end),
-                    )
-                })?;
+                let buf = read_span(ds, *dtype, *ndim, span.clone())
+                    .map_err(|e| Error::file(&self.path, format!("reading rows {}..{}: {e}", span.start, span.end)))?;
                 let b = chunk.add_buffer(buf);
                 while let Some(&&r) = next.peek() {
                     if r >= span.end {
@@ -218,10 +191,7 @@ pub fn write(
     let file = hdf5::File::create(path).map_err(h5err)?;
     for (fi, f) in fields.iter().enumerate() {
         let super::FieldKind::Tensor { dtype, shape } = &f.kind else {
-            return Err(Error::Config(format!(
-                "HDF5 output cannot hold variable-length field '{}'",
-                f.name
-            )));
+            return Err(Error::Config(format!("HDF5 output cannot hold variable-length field '{}'", f.name)));
         };
         let mut bytes = Vec::new();
         for id in 0..samples {
@@ -236,20 +206,14 @@ pub fn write(
                     .map(|c| <$t>::from_le_bytes(c.try_into().expect("exact chunk")))
                     .collect();
                 let arr = ndarray::ArrayD::from_shape_vec(dims, data).expect("shape matches data");
-                file.new_dataset_builder()
-                    .with_data(&arr)
-                    .create(f.name.as_str())
-                    .map_err(h5err)?;
+                file.new_dataset_builder().with_data(&arr).create(f.name.as_str()).map_err(h5err)?;
             }};
         }
         match dtype {
             DType::Bool => {
                 let data: Vec<bool> = bytes.iter().map(|&b| b != 0).collect();
                 let arr = ndarray::ArrayD::from_shape_vec(dims, data).expect("shape matches data");
-                file.new_dataset_builder()
-                    .with_data(&arr)
-                    .create(f.name.as_str())
-                    .map_err(h5err)?;
+                file.new_dataset_builder().with_data(&arr).create(f.name.as_str()).map_err(h5err)?;
             }
             DType::U8 => write_typed!(u8),
             DType::I8 => write_typed!(i8),
@@ -261,12 +225,7 @@ pub fn write(
             DType::I64 => write_typed!(i64),
             DType::F32 => write_typed!(f32),
             DType::F64 => write_typed!(f64),
-            DType::F16 => {
-                return Err(Error::Config(format!(
-                    "HDF5 output does not support f16 (field '{}')",
-                    f.name
-                )))
-            }
+            DType::F16 => return Err(Error::Config(format!("HDF5 output does not support f16 (field '{}')", f.name))),
         }
     }
     Ok(())

@@ -112,19 +112,13 @@ pub fn resolve_paths(paths: &[PathBuf]) -> Result<Vec<(PathBuf, Format)>> {
                 .filter_map(|p| Format::from_path(&p).map(|f| (p, f)))
                 .collect();
             if found.is_empty() {
-                return Err(Error::file(
-                    path,
-                    "directory holds no .npy, .h5, .arrow or .raw files",
-                ));
+                return Err(Error::file(path, "directory holds no .npy, .h5, .arrow or .raw files"));
             }
             found.sort_by(|a, b| a.0.file_name().cmp(&b.0.file_name()));
             files.extend(found);
         } else {
             let format = Format::from_path(path).ok_or_else(|| {
-                Error::file(
-                    path,
-                    "unknown format (expected .npy, .h5/.hdf5, .arrow/.feather/.ipc or .raw)",
-                )
+                Error::file(path, "unknown format (expected .npy, .h5/.hdf5, .arrow/.feather/.ipc or .raw)")
             })?;
             files.push((path.clone(), format));
         }
@@ -134,22 +128,14 @@ pub fn resolve_paths(paths: &[PathBuf]) -> Result<Vec<(PathBuf, Format)>> {
 
 /// Reads the header of one file: its sample count and fields.
 pub fn scan_file(path: &Path, format: Format, options: &DatasetOptions) -> Result<FileInfo> {
-    let bytes = std::fs::metadata(path)
-        .map_err(|e| Error::io(path, e))?
-        .len();
+    let bytes = std::fs::metadata(path).map_err(|e| Error::io(path, e))?.len();
     let (samples, fields) = match format {
         Format::Npy => npy::scan(path)?,
         Format::Hdf5 => hdf5::scan(path, options.hdf5_group.as_deref())?,
         Format::Arrow => arrow::scan(path)?,
         Format::Raw => raw::scan(path)?,
     };
-    Ok(FileInfo {
-        path: path.to_path_buf(),
-        format,
-        samples,
-        fields,
-        bytes,
-    })
+    Ok(FileInfo { path: path.to_path_buf(), format, samples, fields, bytes })
 }
 
 /// Reads rows of one file.
@@ -173,41 +159,26 @@ impl Dataset {
     /// Builds a dataset from scanned file headers, checking that all files have the
     /// fields of the first one.
     pub fn from_files(files: Vec<FileInfo>, options: DatasetOptions) -> Result<Dataset> {
-        let first = files
-            .first()
-            .ok_or_else(|| Error::Config("the dataset has no files".into()))?;
+        let first = files.first().ok_or_else(|| Error::Config("the dataset has no files".into()))?;
         for other in &files[1..] {
             if let Some(reason) = schema::describe_mismatch(&first.fields, &other.fields) {
-                return Err(Error::SchemaMismatch {
-                    first: first.path.clone(),
-                    second: other.path.clone(),
-                    reason,
-                });
+                return Err(Error::SchemaMismatch { first: first.path.clone(), second: other.path.clone(), reason });
             }
         }
         let mut starts = Vec::with_capacity(files.len() + 1);
         let mut total = 0u64;
         for f in &files {
             starts.push(total);
-            total = total
-                .checked_add(f.samples)
-                .ok_or_else(|| Error::file(&f.path, "sample count overflows u64"))?;
+            total = total.checked_add(f.samples).ok_or_else(|| Error::file(&f.path, "sample count overflows u64"))?;
         }
         starts.push(total);
-        Ok(Dataset {
-            fields: first.fields.clone(),
-            files,
-            starts,
-            options,
-        })
+        Ok(Dataset { fields: first.fields.clone(), files, starts, options })
     }
 
     /// Resolves and scans every file in this process (no communication).
     pub fn open_local(paths: &[PathBuf], options: DatasetOptions) -> Result<Dataset> {
-        let files = resolve_paths(paths)?
-            .into_iter()
-            .map(|(p, f)| scan_file(&p, f, &options))
-            .collect::<Result<Vec<_>>>()?;
+        let files =
+            resolve_paths(paths)?.into_iter().map(|(p, f)| scan_file(&p, f, &options)).collect::<Result<Vec<_>>>()?;
         Dataset::from_files(files, options)
     }
 
@@ -256,11 +227,7 @@ impl Dataset {
         Ok(match info.format {
             Format::Npy => Box::new(npy::open(&info.path, &self.fields)?),
             Format::Raw => Box::new(raw::open(&info.path, &self.fields)?),
-            Format::Hdf5 => Box::new(hdf5::Hdf5Reader::open(
-                &info.path,
-                &self.options,
-                &self.fields,
-            )?),
+            Format::Hdf5 => Box::new(hdf5::Hdf5Reader::open(&info.path, &self.options, &self.fields)?),
             Format::Arrow => Box::new(arrow::ArrowReader::open(&info.path, &self.fields)?),
         })
     }
@@ -282,11 +249,7 @@ mod tests {
 
     #[test]
     fn locate_maps_ids_to_files_skipping_empty_ones() {
-        let ds = Dataset::from_files(
-            vec![info("a", 3), info("b", 0), info("c", 2)],
-            Default::default(),
-        )
-        .unwrap();
+        let ds = Dataset::from_files(vec![info("a", 3), info("b", 0), info("c", 2)], Default::default()).unwrap();
         assert_eq!(ds.len(), 5);
         let got: Vec<_> = (0..5).map(|i| ds.locate(SampleId(i))).collect();
         assert_eq!(got, vec![(0, 0), (0, 1), (0, 2), (2, 0), (2, 1)]);
@@ -296,35 +259,19 @@ mod tests {
     fn schema_mismatch_names_both_files() {
         let mut b = info("b.npy", 2);
         b.fields[0] = Field::tensor("data", DType::I32, vec![2]);
-        let err = Dataset::from_files(vec![info("a.npy", 1), b], Default::default())
-            .unwrap_err()
-            .to_string();
-        assert!(
-            err.contains("a.npy") && err.contains("b.npy") && err.contains("'data'"),
-            "{err}"
-        );
+        let err = Dataset::from_files(vec![info("a.npy", 1), b], Default::default()).unwrap_err().to_string();
+        assert!(err.contains("a.npy") && err.contains("b.npy") && err.contains("'data'"), "{err}");
     }
 
     #[test]
     fn missing_path_and_unknown_format_are_errors() {
-        let err = resolve_paths(&["/nonexistent/meshfeed".into()])
-            .unwrap_err()
-            .to_string();
-        assert!(
-            err.contains("/nonexistent/meshfeed") && err.contains("no such file"),
-            "{err}"
-        );
+        let err = resolve_paths(&["/nonexistent/meshfeed".into()]).unwrap_err().to_string();
+        assert!(err.contains("/nonexistent/meshfeed") && err.contains("no such file"), "{err}");
         let dir = tempfile::tempdir().unwrap();
         let odd = dir.path().join("x.csv");
         std::fs::write(&odd, "1").unwrap();
-        assert!(resolve_paths(&[odd])
-            .unwrap_err()
-            .to_string()
-            .contains("unknown format"));
-        assert!(resolve_paths(&[dir.path().into()])
-            .unwrap_err()
-            .to_string()
-            .contains("holds no"));
+        assert!(resolve_paths(&[odd]).unwrap_err().to_string().contains("unknown format"));
+        assert!(resolve_paths(&[dir.path().into()]).unwrap_err().to_string().contains("holds no"));
     }
 
     #[test]

@@ -34,10 +34,7 @@ pub fn scan(path: &Path) -> Result<(u64, Vec<Field>)> {
 pub fn open(path: &Path, expected: &[Field]) -> Result<RecordFile> {
     let l = layout(path)?;
     if l.fields != expected {
-        return Err(Error::file(
-            path,
-            "fields changed since the dataset was scanned",
-        ));
+        return Err(Error::file(path, "fields changed since the dataset was scanned"));
     }
     RecordFile::open(path, l.data_offset, l.record_bytes, l.ranges)
 }
@@ -46,21 +43,15 @@ fn layout(path: &Path) -> Result<Layout> {
     let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
     let file_len = file.metadata().map_err(|e| Error::io(path, e))?.len();
     let mut head = Vec::new();
-    file.take(MAX_PREAMBLE_LEN as u64)
-        .read_to_end(&mut head)
-        .map_err(|e| Error::io(path, e))?;
+    file.take(MAX_PREAMBLE_LEN as u64).read_to_end(&mut head).map_err(|e| Error::io(path, e))?;
     let pre = parse_preamble(&head).map_err(|e| Error::file(path, e.to_string()))?;
     let bad = |reason: String| Error::file(path, reason);
 
     if pre.shape.is_empty() {
         return Err(bad("a 0-d array has no sample axis".into()));
     }
-    if pre.fortran_order && pre.shape.len() > 2
-        || pre.fortran_order && pre.shape.len() == 2 && pre.shape[1] > 1
-    {
-        return Err(bad(
-            "Fortran-order arrays are not supported (save with C order)".into(),
-        ));
+    if pre.fortran_order && pre.shape.len() > 2 || pre.fortran_order && pre.shape.len() == 2 && pre.shape[1] > 1 {
+        return Err(bad("Fortran-order arrays are not supported (save with C order)".into()));
     }
     let samples = pre.shape[0];
     let sample_shape: Vec<usize> = pre.shape[1..]
@@ -77,48 +68,34 @@ fn layout(path: &Path) -> Result<Layout> {
         }
         PyValue::List(members) => {
             if !sample_shape.is_empty() {
-                return Err(bad(
-                    "structured arrays must be one-dimensional (one record per sample)".into(),
-                ));
+                return Err(bad("structured arrays must be one-dimensional (one record per sample)".into()));
             }
             structured_fields(members).map_err(bad)?
         }
         other => return Err(bad(format!("unsupported descr {other:?}"))),
     };
     let record_bytes = record_bytes as u64;
-    let data_bytes = samples.checked_mul(record_bytes).ok_or_else(|| {
-        bad(format!(
-            "{samples} samples of {record_bytes} bytes overflow"
-        ))
-    })?;
+    let data_bytes = samples
+        .checked_mul(record_bytes)
+        .ok_or_else(|| bad(format!("{samples} samples of {record_bytes} bytes overflow")))?;
     let have = file_len.saturating_sub(pre.data_offset);
     if have < data_bytes {
         return Err(bad(format!(
             "truncated: the header promises {samples} samples of {record_bytes} bytes ({data_bytes} bytes of data) but the file holds only {have}"
         )));
     }
-    Ok(Layout {
-        samples,
-        data_offset: pre.data_offset,
-        record_bytes,
-        fields,
-        ranges,
-    })
+    Ok(Layout { samples, data_offset: pre.data_offset, record_bytes, fields, ranges })
 }
 
 fn checked_bytes(field: &Field) -> Option<usize> {
     match &field.kind {
-        super::FieldKind::Tensor { dtype, shape } => shape
-            .iter()
-            .try_fold(dtype.size(), |acc, &d| acc.checked_mul(d)),
+        super::FieldKind::Tensor { dtype, shape } => shape.iter().try_fold(dtype.size(), |acc, &d| acc.checked_mul(d)),
         super::FieldKind::Bytes { .. } => None,
     }
 }
 
 /// Fields, their byte ranges in a record, and the record size (padding included).
-fn structured_fields(
-    members: &[PyValue],
-) -> std::result::Result<(Vec<Field>, Vec<Range<usize>>, usize), String> {
+fn structured_fields(members: &[PyValue]) -> std::result::Result<(Vec<Field>, Vec<Range<usize>>, usize), String> {
     let mut fields = Vec::new();
     let mut ranges = Vec::new();
     let mut offset = 0usize;
@@ -135,15 +112,13 @@ fn structured_fields(
         };
         let shape: Vec<usize> = match parts.get(2) {
             None => vec![],
-            Some(PyValue::Tuple(dims)) => {
-                dims.iter()
-                    .map(|d| match d {
-                        PyValue::Int(i) => usize::try_from(*i)
-                            .map_err(|_| format!("bad dimension {i} in '{name}'")),
-                        _ => Err(format!("bad shape of '{name}'")),
-                    })
-                    .collect::<std::result::Result<_, _>>()?
-            }
+            Some(PyValue::Tuple(dims)) => dims
+                .iter()
+                .map(|d| match d {
+                    PyValue::Int(i) => usize::try_from(*i).map_err(|_| format!("bad dimension {i} in '{name}'")),
+                    _ => Err(format!("bad shape of '{name}'")),
+                })
+                .collect::<std::result::Result<_, _>>()?,
             Some(PyValue::Int(i)) => {
                 vec![usize::try_from(*i).map_err(|_| format!("bad dimension {i} in '{name}'"))?]
             }
@@ -156,9 +131,7 @@ fn structured_fields(
                 .strip_prefix('V')
                 .and_then(|n| n.parse().ok())
                 .ok_or_else(|| format!("unnamed member of type {typestr} is not padding"))?;
-            offset = offset
-                .checked_add(n * shape.iter().product::<usize>())
-                .ok_or("record too large")?;
+            offset = offset.checked_add(n * shape.iter().product::<usize>()).ok_or("record too large")?;
             continue;
         }
         let dtype = parse_typestr(typestr).map_err(|e| format!("member '{name}': {e}"))?;
@@ -196,9 +169,7 @@ fn parse_typestr(s: &str) -> std::result::Result<DType, String> {
         _ => return Err(format!("unsupported dtype '{s}'")),
     };
     if order == '>' && dtype.size() > 1 {
-        return Err(format!(
-            "big-endian dtype '{s}' is not supported (convert with arr.astype('<{rest}'))"
-        ));
+        return Err(format!("big-endian dtype '{s}' is not supported (convert with arr.astype('<{rest}'))"));
     }
     Ok(dtype)
 }
@@ -240,19 +211,11 @@ pub fn header(fields: &[Field], samples: u64) -> Vec<u8> {
                 if shape.is_empty() {
                     format!("('{}', '{}')", f.name, typestr(*dtype))
                 } else {
-                    format!(
-                        "('{}', '{}', {})",
-                        f.name,
-                        typestr(*dtype),
-                        tuple(shape.iter().map(|d| d.to_string()))
-                    )
+                    format!("('{}', '{}', {})", f.name, typestr(*dtype), tuple(shape.iter().map(|d| d.to_string())))
                 }
             })
             .collect();
-        (
-            format!("[{}]", members.join(", ")),
-            tuple(std::iter::once(samples.to_string())),
-        )
+        (format!("[{}]", members.join(", ")), tuple(std::iter::once(samples.to_string())))
     };
     let mut dict = format!("{{'descr': {descr}, 'fortran_order': False, 'shape': {shape}, }}");
     // Pad so that the data starts at a multiple of 64 bytes, ending with '\n'.
@@ -311,14 +274,11 @@ mod tests {
 
     #[test]
     fn padding_members_are_skipped() {
-        let members = match super::super::npy_header::parse_py_literal(
-            "[('a', '|u1'), ('', '|V3'), ('b', '<i4')]",
-        )
-        .unwrap()
-        {
-            PyValue::List(m) => m,
-            _ => unreachable!(),
-        };
+        let members =
+            match super::super::npy_header::parse_py_literal("[('a', '|u1'), ('', '|V3'), ('b', '<i4')]").unwrap() {
+                PyValue::List(m) => m,
+                _ => unreachable!(),
+            };
         let (fields, ranges, record) = structured_fields(&members).unwrap();
         assert_eq!(fields.len(), 2);
         assert_eq!((ranges, record), (vec![0..1, 4..8], 8));

@@ -111,10 +111,9 @@ impl fmt::Display for PreambleError {
             PreambleError::UnsupportedVersion(major, minor) => {
                 write!(f, "unsupported .npy version {major}.{minor}")
             }
-            PreambleError::HeaderTooLong(len) => write!(
-                f,
-                "header length {len} exceeds the {MAX_HEADER_LEN}-byte limit"
-            ),
+            PreambleError::HeaderTooLong(len) => {
+                write!(f, "header length {len} exceeds the {MAX_HEADER_LEN}-byte limit")
+            }
             PreambleError::Invalid(reason) => write!(f, "invalid header: {reason}"),
         }
     }
@@ -138,10 +137,7 @@ pub fn parse_preamble(bytes: &[u8]) -> Result<NpyPreamble, PreambleError> {
     let (major, minor) = match bytes.get(6..8) {
         Some(&[major, minor]) => (major, minor),
         _ => {
-            return Err(PreambleError::Truncated {
-                needed: MIN_PREAMBLE_LEN,
-                have,
-            });
+            return Err(PreambleError::Truncated { needed: MIN_PREAMBLE_LEN, have });
         }
     };
 
@@ -153,14 +149,8 @@ pub fn parse_preamble(bytes: &[u8]) -> Result<NpyPreamble, PreambleError> {
         _ => return Err(PreambleError::UnsupportedVersion(major, minor)),
     };
     let text_start = 8 + len_width;
-    let len_bytes = bytes.get(8..text_start).ok_or(PreambleError::Truncated {
-        needed: text_start as u64,
-        have,
-    })?;
-    let header_len = len_bytes
-        .iter()
-        .rev()
-        .fold(0u64, |acc, &b| (acc << 8) | u64::from(b));
+    let len_bytes = bytes.get(8..text_start).ok_or(PreambleError::Truncated { needed: text_start as u64, have })?;
+    let header_len = len_bytes.iter().rev().fold(0u64, |acc, &b| (acc << 8) | u64::from(b));
 
     // Checked before truncation: callers pass at most MAX_PREAMBLE_LEN bytes,
     // so an oversized length would otherwise masquerade as a truncated file.
@@ -169,21 +159,12 @@ pub fn parse_preamble(bytes: &[u8]) -> Result<NpyPreamble, PreambleError> {
     }
     // Cannot overflow: header_len <= MAX_HEADER_LEN was checked above.
     let data_offset = text_start as u64 + header_len;
-    let raw = bytes
-        .get(text_start..data_offset as usize)
-        .ok_or(PreambleError::Truncated {
-            needed: data_offset,
-            have,
-        })?;
+    let raw =
+        bytes.get(text_start..data_offset as usize).ok_or(PreambleError::Truncated { needed: data_offset, have })?;
 
     let text = if utf8 {
         std::str::from_utf8(raw)
-            .map_err(|e| {
-                PreambleError::Invalid(format!(
-                    "header is not valid UTF-8 at byte {}",
-                    e.valid_up_to()
-                ))
-            })?
+            .map_err(|e| PreambleError::Invalid(format!("header is not valid UTF-8 at byte {}", e.valid_up_to())))?
             .to_owned()
     } else {
         // latin1 maps each byte to the code point of the same value.
@@ -193,17 +174,10 @@ pub fn parse_preamble(bytes: &[u8]) -> Result<NpyPreamble, PreambleError> {
     // Headers written by Python 2 (only possible for versions 1.0 and 2.0)
     // may carry `L` suffixes on integers, e.g. `'shape': (3L, 4L)`; NumPy
     // strips them when reading, so do we.
-    let dict = parse_literal(&text, !utf8)
-        .map_err(|e| PreambleError::Invalid(format!("header dict: {e}")))?;
+    let dict = parse_literal(&text, !utf8).map_err(|e| PreambleError::Invalid(format!("header dict: {e}")))?;
     let (descr, fortran_order, shape) = check_header_dict(dict)?;
 
-    Ok(NpyPreamble {
-        version: (major, minor),
-        descr,
-        fortran_order,
-        shape,
-        data_offset,
-    })
+    Ok(NpyPreamble { version: (major, minor), descr, fortran_order, shape, data_offset })
 }
 
 fn invalid(reason: impl Into<String>) -> PreambleError {
@@ -253,11 +227,10 @@ fn check_header_dict(dict: PyValue) -> Result<(PyValue, bool, Vec<u64>), Preambl
             .iter()
             .enumerate()
             .map(|(i, item)| match item {
-                PyValue::Int(n) if *n < 0 => {
-                    Err(invalid(format!("'shape' entry {i} is negative ({n})")))
+                PyValue::Int(n) if *n < 0 => Err(invalid(format!("'shape' entry {i} is negative ({n})"))),
+                PyValue::Int(n) => {
+                    u64::try_from(*n).map_err(|_| invalid(format!("'shape' entry {i} is too large ({n})")))
                 }
-                PyValue::Int(n) => u64::try_from(*n)
-                    .map_err(|_| invalid(format!("'shape' entry {i} is too large ({n})"))),
                 _ => Err(invalid(format!("'shape' entry {i} is not an integer"))),
             })
             .collect::<Result<Vec<u64>, _>>()?,
@@ -269,11 +242,7 @@ fn check_header_dict(dict: PyValue) -> Result<(PyValue, bool, Vec<u64>), Preambl
 
 /// Parses a complete literal; `allow_long_suffix` accepts Python 2 `123L`.
 fn parse_literal(s: &str, allow_long_suffix: bool) -> Result<PyValue, String> {
-    let mut parser = Parser {
-        s,
-        pos: 0,
-        allow_long_suffix,
-    };
+    let mut parser = Parser { s, pos: 0, allow_long_suffix };
     let value = parser.value(0)?;
     parser.skip_ws();
     if parser.pos != s.len() {
@@ -314,11 +283,7 @@ impl Parser<'_> {
     }
 
     fn expected(&self, what: &str) -> String {
-        let at_end = if self.pos >= self.s.len() {
-            " (end of input)"
-        } else {
-            ""
-        };
+        let at_end = if self.pos >= self.s.len() { " (end of input)" } else { "" };
         format!("expected {what} at byte {}{at_end}", self.pos)
     }
 
@@ -347,10 +312,7 @@ impl Parser<'_> {
     /// before recursing any further.
     fn open(&mut self, depth: usize) -> Result<usize, String> {
         if depth >= MAX_DEPTH {
-            return Err(format!(
-                "nesting deeper than {MAX_DEPTH} levels at byte {}",
-                self.pos
-            ));
+            return Err(format!("nesting deeper than {MAX_DEPTH} levels at byte {}", self.pos));
         }
         self.pos += 1;
         Ok(depth + 1)
@@ -455,10 +417,7 @@ impl Parser<'_> {
                         'u' => self.hex_escape(4, escape_start)?,
                         'U' => self.hex_escape(8, escape_start)?,
                         _ => {
-                            return Err(format!(
-                                "unknown escape '\\{}' at byte {escape_start}",
-                                e.escape_debug()
-                            ));
+                            return Err(format!("unknown escape '\\{}' at byte {escape_start}", e.escape_debug()));
                         }
                     };
                     out.push(decoded);
@@ -496,8 +455,7 @@ impl Parser<'_> {
             value = value * 16 + d;
             self.pos += 1;
         }
-        char::from_u32(value)
-            .ok_or_else(|| format!("invalid code point in escape at byte {escape_start}"))
+        char::from_u32(value).ok_or_else(|| format!("invalid code point in escape at byte {escape_start}"))
     }
 
     fn int(&mut self) -> Result<PyValue, String> {
@@ -666,20 +624,14 @@ mod tests {
     fn numpy_version_3_is_utf8() {
         let p = parse_preamble(V3_UTF8).unwrap();
         assert_eq!(p.version, (3, 0));
-        assert_eq!(
-            p.descr,
-            PyValue::List(vec![tuple(&[s("\u{e9}\u{20ac}"), s("<f4")])])
-        );
+        assert_eq!(p.descr, PyValue::List(vec![tuple(&[s("\u{e9}\u{20ac}"), s("<f4")])]));
         assert_eq!(144 - p.data_offset, 4 * 4);
     }
 
     #[test]
     fn numpy_version_1_is_latin1() {
         let p = parse_preamble(V1_LATIN1).unwrap();
-        assert_eq!(
-            p.descr,
-            PyValue::List(vec![tuple(&[s("\u{e9}"), s("<f4")])])
-        );
+        assert_eq!(p.descr, PyValue::List(vec![tuple(&[s("\u{e9}"), s("<f4")])]));
     }
 
     #[test]
@@ -689,10 +641,7 @@ mod tests {
         let mut bytes = V3_UTF8.to_vec();
         assert_eq!(bytes[12 + 13], 0xc3);
         bytes[12 + 13] = 0xff;
-        assert_eq!(
-            invalid_reason(&bytes),
-            "header is not valid UTF-8 at byte 13"
-        );
+        assert_eq!(invalid_reason(&bytes), "header is not valid UTF-8 at byte 13");
     }
 
     #[test]
@@ -712,10 +661,7 @@ mod tests {
 
     #[test]
     fn python2_long_suffix_accepted_in_header_only() {
-        let p = parse_preamble(&v1(
-            "{'descr': u'<f4', 'fortran_order': False, 'shape': (3L, 4L), }\n",
-        ))
-        .unwrap();
+        let p = parse_preamble(&v1("{'descr': u'<f4', 'fortran_order': False, 'shape': (3L, 4L), }\n")).unwrap();
         assert_eq!(p.shape, vec![3, 4]);
         assert_eq!(p.descr, s("<f4"));
         assert!(parse_py_literal("3L").is_err());
@@ -723,14 +669,8 @@ mod tests {
 
     #[test]
     fn err_bad_magic() {
-        assert_eq!(
-            parse_preamble(b"PK\x03\x04 zip file here"),
-            Err(PreambleError::NotNpy)
-        );
-        assert_eq!(
-            parse_preamble(b"\x93NUMPx\x01\x00"),
-            Err(PreambleError::NotNpy)
-        );
+        assert_eq!(parse_preamble(b"PK\x03\x04 zip file here"), Err(PreambleError::NotNpy));
+        assert_eq!(parse_preamble(b"\x93NUMPx\x01\x00"), Err(PreambleError::NotNpy));
         // Short, but already not a prefix of the magic.
         assert_eq!(parse_preamble(b"\x93X"), Err(PreambleError::NotNpy));
     }
@@ -748,20 +688,8 @@ mod tests {
 
     #[test]
     fn err_header_longer_than_data() {
-        assert_eq!(
-            parse_preamble(&F32_3D[..100]),
-            Err(PreambleError::Truncated {
-                needed: 128,
-                have: 100
-            })
-        );
-        assert_eq!(
-            parse_preamble(&V2_U16[..127]),
-            Err(PreambleError::Truncated {
-                needed: 128,
-                have: 127
-            })
-        );
+        assert_eq!(parse_preamble(&F32_3D[..100]), Err(PreambleError::Truncated { needed: 128, have: 100 }));
+        assert_eq!(parse_preamble(&V2_U16[..127]), Err(PreambleError::Truncated { needed: 128, have: 127 }));
     }
 
     #[test]
@@ -770,15 +698,9 @@ mod tests {
         bytes.extend_from_slice(&(MAX_HEADER_LEN as u32 + 1).to_le_bytes());
         // Reported even though the header bytes are absent: the length alone
         // is enough to refuse.
-        assert_eq!(
-            parse_preamble(&bytes),
-            Err(PreambleError::HeaderTooLong(MAX_HEADER_LEN as u64 + 1))
-        );
+        assert_eq!(parse_preamble(&bytes), Err(PreambleError::HeaderTooLong(MAX_HEADER_LEN as u64 + 1)));
         bytes[8..12].copy_from_slice(&u32::MAX.to_le_bytes());
-        assert_eq!(
-            parse_preamble(&bytes),
-            Err(PreambleError::HeaderTooLong(u64::from(u32::MAX)))
-        );
+        assert_eq!(parse_preamble(&bytes), Err(PreambleError::HeaderTooLong(u64::from(u32::MAX))));
     }
 
     #[test]
@@ -798,27 +720,16 @@ mod tests {
     fn err_unsupported_version() {
         let mut bytes = F32_3D.to_vec();
         bytes[6] = 4;
-        assert_eq!(
-            parse_preamble(&bytes),
-            Err(PreambleError::UnsupportedVersion(4, 0))
-        );
+        assert_eq!(parse_preamble(&bytes), Err(PreambleError::UnsupportedVersion(4, 0)));
         bytes[6] = 1;
         bytes[7] = 1;
-        assert_eq!(
-            parse_preamble(&bytes),
-            Err(PreambleError::UnsupportedVersion(1, 1))
-        );
+        assert_eq!(parse_preamble(&bytes), Err(PreambleError::UnsupportedVersion(1, 1)));
     }
 
     #[test]
     fn err_garbage_dict() {
-        let reason = invalid_reason(&v1(
-            "{'descr': '<f4', 'fortran_order': False, 'shape': (5, 3) @@@\n",
-        ));
-        assert!(
-            reason.contains("expected ',' or '}' at byte 57"),
-            "{reason}"
-        );
+        let reason = invalid_reason(&v1("{'descr': '<f4', 'fortran_order': False, 'shape': (5, 3) @@@\n"));
+        assert!(reason.contains("expected ',' or '}' at byte 57"), "{reason}");
         assert!(invalid_reason(&v1("")).contains("expected a value at byte 0"));
         assert!(invalid_reason(&v1("[1, 2]\n")).contains("not a dict"));
         let mut binary = F32_3D.to_vec();
@@ -828,51 +739,21 @@ mod tests {
 
     #[test]
     fn err_missing_keys() {
-        assert_eq!(
-            invalid_reason(&v1("{'descr': '<f4', 'fortran_order': False}\n")),
-            "missing key 'shape'"
-        );
-        assert_eq!(
-            invalid_reason(&v1("{'descr': '<f4', 'shape': ()}\n")),
-            "missing key 'fortran_order'"
-        );
-        assert_eq!(
-            invalid_reason(&v1("{'fortran_order': False, 'shape': ()}\n")),
-            "missing key 'descr'"
-        );
+        assert_eq!(invalid_reason(&v1("{'descr': '<f4', 'fortran_order': False}\n")), "missing key 'shape'");
+        assert_eq!(invalid_reason(&v1("{'descr': '<f4', 'shape': ()}\n")), "missing key 'fortran_order'");
+        assert_eq!(invalid_reason(&v1("{'fortran_order': False, 'shape': ()}\n")), "missing key 'descr'");
     }
 
     #[test]
     fn err_wrong_types_name_the_key() {
         let cases = [
-            (
-                "{'descr': 4, 'fortran_order': False, 'shape': ()}",
-                "'descr'",
-            ),
-            (
-                "{'descr': '<f4', 'fortran_order': 0, 'shape': ()}",
-                "'fortran_order'",
-            ),
-            (
-                "{'descr': '<f4', 'fortran_order': False, 'shape': [3]}",
-                "'shape'",
-            ),
-            (
-                "{'descr': '<f4', 'fortran_order': False, 'shape': ('3',)}",
-                "'shape'",
-            ),
-            (
-                "{'descr': '<f4', 'fortran_order': False, 'shape': (3,), 'extra': 1}",
-                "'extra'",
-            ),
-            (
-                "{'descr': '<f4', 'fortran_order': False, 'shape': (3,), 'shape': (4,)}",
-                "duplicate key 'shape'",
-            ),
-            (
-                "{'descr': '<f4', 'fortran_order': False, 'shape': (18446744073709551616,)}",
-                "too large",
-            ),
+            ("{'descr': 4, 'fortran_order': False, 'shape': ()}", "'descr'"),
+            ("{'descr': '<f4', 'fortran_order': 0, 'shape': ()}", "'fortran_order'"),
+            ("{'descr': '<f4', 'fortran_order': False, 'shape': [3]}", "'shape'"),
+            ("{'descr': '<f4', 'fortran_order': False, 'shape': ('3',)}", "'shape'"),
+            ("{'descr': '<f4', 'fortran_order': False, 'shape': (3,), 'extra': 1}", "'extra'"),
+            ("{'descr': '<f4', 'fortran_order': False, 'shape': (3,), 'shape': (4,)}", "duplicate key 'shape'"),
+            ("{'descr': '<f4', 'fortran_order': False, 'shape': (18446744073709551616,)}", "too large"),
         ];
         for (text, needle) in cases {
             let reason = invalid_reason(&v1(text));
@@ -883,9 +764,7 @@ mod tests {
     #[test]
     fn err_negative_shape() {
         assert_eq!(
-            invalid_reason(&v1(
-                "{'descr': '<f4', 'fortran_order': False, 'shape': (3, -1)}\n"
-            )),
+            invalid_reason(&v1("{'descr': '<f4', 'fortran_order': False, 'shape': (3, -1)}\n")),
             "'shape' entry 1 is negative (-1)"
         );
     }
@@ -909,18 +788,9 @@ mod tests {
     fn err_unterminated_string() {
         // The string opened at byte 10 runs into the newline padding.
         let reason = invalid_reason(&v1("{'descr': '<f4, }   \n"));
-        assert_eq!(
-            reason,
-            "header dict: unterminated string starting at byte 10"
-        );
-        assert_eq!(
-            parse_py_literal("'abc").unwrap_err(),
-            "unterminated string starting at byte 0"
-        );
-        assert_eq!(
-            parse_py_literal("  \"ab\\\"").unwrap_err(),
-            "unterminated string starting at byte 2"
-        );
+        assert_eq!(reason, "header dict: unterminated string starting at byte 10");
+        assert_eq!(parse_py_literal("'abc").unwrap_err(), "unterminated string starting at byte 0");
+        assert_eq!(parse_py_literal("  \"ab\\\"").unwrap_err(), "unterminated string starting at byte 2");
         assert!(parse_py_literal("'a\nb'").is_err());
     }
 
@@ -930,13 +800,8 @@ mod tests {
         assert_eq!(parse_py_literal(" -7 "), Ok(PyValue::Int(-7)));
         assert_eq!(parse_py_literal("+0"), Ok(PyValue::Int(0)));
         assert_eq!(parse_py_literal("- 3"), Ok(PyValue::Int(-3)));
-        assert_eq!(
-            parse_py_literal("-170141183460469231731687303715884105727"),
-            Ok(PyValue::Int(-i128::MAX))
-        );
-        assert!(parse_py_literal("170141183460469231731687303715884105728")
-            .unwrap_err()
-            .contains("too large"));
+        assert_eq!(parse_py_literal("-170141183460469231731687303715884105727"), Ok(PyValue::Int(-i128::MAX)));
+        assert!(parse_py_literal("170141183460469231731687303715884105728").unwrap_err().contains("too large"));
         assert_eq!(parse_py_literal("True"), Ok(PyValue::Bool(true)));
         assert_eq!(parse_py_literal("False"), Ok(PyValue::Bool(false)));
         assert_eq!(parse_py_literal("None"), Ok(PyValue::None));
@@ -956,18 +821,9 @@ mod tests {
             Ok(s("\\ ' \" \n \t \r A\u{e9} \u{20ac} \u{1F600} A \0"))
         );
         assert_eq!(parse_py_literal("'a\\\nb'"), Ok(s("ab")));
-        assert_eq!(
-            parse_py_literal("'\u{e9}\u{20ac}'"),
-            Ok(s("\u{e9}\u{20ac}"))
-        );
-        assert_eq!(
-            parse_py_literal(r"'ab\q'").unwrap_err(),
-            r"unknown escape '\q' at byte 3"
-        );
-        assert_eq!(
-            parse_py_literal(r"'\x4'").unwrap_err(),
-            "expected 2 hex digits at byte 4"
-        );
+        assert_eq!(parse_py_literal("'\u{e9}\u{20ac}'"), Ok(s("\u{e9}\u{20ac}")));
+        assert_eq!(parse_py_literal(r"'ab\q'").unwrap_err(), r"unknown escape '\q' at byte 3");
+        assert_eq!(parse_py_literal(r"'\x4'").unwrap_err(), "expected 2 hex digits at byte 4");
         assert!(parse_py_literal(r"'\UFFFFFFFF'").is_err());
         assert!(parse_py_literal(r"'\ud800'").is_err());
         assert!(parse_py_literal("b'x'").is_err());
@@ -982,14 +838,8 @@ mod tests {
         // Parentheses alone do not make a tuple.
         assert_eq!(parse_py_literal("(3)"), Ok(i(3)));
         assert_eq!(parse_py_literal("((3))"), Ok(i(3)));
-        assert_eq!(
-            parse_py_literal("(1, 2, 3)"),
-            Ok(tuple(&[i(1), i(2), i(3)]))
-        );
-        assert_eq!(
-            parse_py_literal("(1, 2, 3,)"),
-            Ok(tuple(&[i(1), i(2), i(3)]))
-        );
+        assert_eq!(parse_py_literal("(1, 2, 3)"), Ok(tuple(&[i(1), i(2), i(3)])));
+        assert_eq!(parse_py_literal("(1, 2, 3,)"), Ok(tuple(&[i(1), i(2), i(3)])));
         assert_eq!(parse_py_literal("[]"), Ok(PyValue::List(vec![])));
         assert_eq!(parse_py_literal("[1,]"), Ok(PyValue::List(vec![i(1)])));
         assert_eq!(parse_py_literal("{}"), Ok(PyValue::Dict(vec![])));
@@ -1019,25 +869,10 @@ mod tests {
     fn display_messages() {
         let cases = [
             (PreambleError::NotNpy, "not a .npy file (bad magic)"),
-            (
-                PreambleError::Truncated {
-                    needed: 128,
-                    have: 100,
-                },
-                "truncated header: needs 128 bytes, file has 100",
-            ),
-            (
-                PreambleError::UnsupportedVersion(4, 0),
-                "unsupported .npy version 4.0",
-            ),
-            (
-                PreambleError::HeaderTooLong(2_000_000),
-                "header length 2000000 exceeds the 1048576-byte limit",
-            ),
-            (
-                PreambleError::Invalid("missing key 'shape'".into()),
-                "invalid header: missing key 'shape'",
-            ),
+            (PreambleError::Truncated { needed: 128, have: 100 }, "truncated header: needs 128 bytes, file has 100"),
+            (PreambleError::UnsupportedVersion(4, 0), "unsupported .npy version 4.0"),
+            (PreambleError::HeaderTooLong(2_000_000), "header length 2000000 exceeds the 1048576-byte limit"),
+            (PreambleError::Invalid("missing key 'shape'".into()), "invalid header: missing key 'shape'"),
         ];
         for (err, text) in cases {
             assert_eq!(err.to_string(), text);
@@ -1094,9 +929,7 @@ mod tests {
             let _ = parse_preamble(&bytes);
 
             // 3. Random literal-ish text.
-            let text: Vec<u8> = (0..rng.below(48))
-                .map(|_| alphabet[rng.below(alphabet.len())])
-                .collect();
+            let text: Vec<u8> = (0..rng.below(48)).map(|_| alphabet[rng.below(alphabet.len())]).collect();
             let _ = parse_py_literal(&String::from_utf8_lossy(&text));
         }
     }

@@ -39,43 +39,25 @@ fn schema_path(path: &Path) -> PathBuf {
 pub fn read_schema(path: &Path) -> Result<Vec<Field>> {
     let sp = schema_path(path);
     let text = std::fs::read_to_string(&sp).map_err(|e| match e.kind() {
-        std::io::ErrorKind::NotFound => Error::file(
-            path,
-            format!("raw records need a schema file {}", sp.display()),
-        ),
+        std::io::ErrorKind::NotFound => Error::file(path, format!("raw records need a schema file {}", sp.display())),
         _ => Error::io(&sp, e),
     })?;
-    let schema: SchemaFile = serde_json::from_str(&text)
-        .map_err(|e| Error::file(&sp, format!("invalid schema: {e}")))?;
+    let schema: SchemaFile =
+        serde_json::from_str(&text).map_err(|e| Error::file(&sp, format!("invalid schema: {e}")))?;
     if schema.fields.is_empty() {
         return Err(Error::file(&sp, "invalid schema: no fields"));
     }
     let mut fields: Vec<Field> = Vec::new();
     for f in schema.fields {
         let dtype = DType::parse(&f.dtype).ok_or_else(|| {
-            Error::file(
-                &sp,
-                format!(
-                    "invalid schema: field '{}' has unknown dtype '{}'",
-                    f.name, f.dtype
-                ),
-            )
+            Error::file(&sp, format!("invalid schema: field '{}' has unknown dtype '{}'", f.name, f.dtype))
         })?;
         if f.name.is_empty() || fields.iter().any(|g| g.name == f.name) {
-            return Err(Error::file(
-                &sp,
-                format!(
-                    "invalid schema: field name '{}' is empty or repeated",
-                    f.name
-                ),
-            ));
+            return Err(Error::file(&sp, format!("invalid schema: field name '{}' is empty or repeated", f.name)));
         }
         let field = Field::tensor(f.name, dtype, f.shape);
         if f_bytes(&field).is_none() {
-            return Err(Error::file(
-                &sp,
-                format!("invalid schema: field '{}' is too large", field.name),
-            ));
+            return Err(Error::file(&sp, format!("invalid schema: field '{}' is too large", field.name)));
         }
         fields.push(field);
     }
@@ -88,15 +70,12 @@ pub fn write_schema(dir: &Path, fields: &[Field]) -> Result<()> {
         fields: fields
             .iter()
             .map(|f| match &f.kind {
-                super::FieldKind::Tensor { dtype, shape } => Ok(SchemaField {
-                    name: f.name.clone(),
-                    dtype: dtype.name().into(),
-                    shape: shape.clone(),
-                }),
-                super::FieldKind::Bytes { .. } => Err(Error::Config(format!(
-                    "raw records cannot hold variable-length field '{}'",
-                    f.name
-                ))),
+                super::FieldKind::Tensor { dtype, shape } => {
+                    Ok(SchemaField { name: f.name.clone(), dtype: dtype.name().into(), shape: shape.clone() })
+                }
+                super::FieldKind::Bytes { .. } => {
+                    Err(Error::Config(format!("raw records cannot hold variable-length field '{}'", f.name)))
+                }
             })
             .collect::<Result<_>>()?,
     };
@@ -107,9 +86,7 @@ pub fn write_schema(dir: &Path, fields: &[Field]) -> Result<()> {
 
 fn f_bytes(f: &Field) -> Option<usize> {
     match &f.kind {
-        super::FieldKind::Tensor { dtype, shape } => shape
-            .iter()
-            .try_fold(dtype.size(), |a, &d| a.checked_mul(d)),
+        super::FieldKind::Tensor { dtype, shape } => shape.iter().try_fold(dtype.size(), |a, &d| a.checked_mul(d)),
         super::FieldKind::Bytes { .. } => None,
     }
 }
@@ -120,9 +97,7 @@ fn layout(path: &Path) -> Result<(u64, Vec<Field>, u64, Vec<std::ops::Range<usiz
     let mut offset = 0usize;
     for f in &fields {
         let n = f_bytes(f).expect("checked by read_schema");
-        let end = offset
-            .checked_add(n)
-            .ok_or_else(|| Error::file(path, "record too large"))?;
+        let end = offset.checked_add(n).ok_or_else(|| Error::file(path, "record too large"))?;
         ranges.push(offset..end);
         offset = end;
     }
@@ -130,9 +105,7 @@ fn layout(path: &Path) -> Result<(u64, Vec<Field>, u64, Vec<std::ops::Range<usiz
     if record == 0 {
         return Err(Error::file(path, "records of zero bytes"));
     }
-    let len = std::fs::metadata(path)
-        .map_err(|e| Error::io(path, e))?
-        .len();
+    let len = std::fs::metadata(path).map_err(|e| Error::io(path, e))?.len();
     if len % record != 0 {
         return Err(Error::file(
             path,
@@ -152,10 +125,7 @@ pub fn scan(path: &Path) -> Result<(u64, Vec<Field>)> {
 pub fn open(path: &Path, expected: &[Field]) -> Result<RecordFile> {
     let (_, fields, record, ranges) = layout(path)?;
     if fields != expected {
-        return Err(Error::file(
-            path,
-            "fields changed since the dataset was scanned",
-        ));
+        return Err(Error::file(path, "fields changed since the dataset was scanned"));
     }
     RecordFile::open(path, 0, record, ranges)
 }
@@ -170,28 +140,12 @@ mod tests {
         let p = dir.path().join("a.raw");
         std::fs::write(&p, [0u8; 24]).unwrap();
         assert!(scan(&p).unwrap_err().to_string().contains("schema file"));
-        let fields = vec![
-            Field::tensor("x", DType::F32, vec![2]),
-            Field::tensor("y", DType::U16, vec![]),
-        ];
+        let fields = vec![Field::tensor("x", DType::F32, vec![2]), Field::tensor("y", DType::U16, vec![])];
         write_schema(dir.path(), &fields).unwrap();
-        assert_eq!(
-            scan(&p)
-                .unwrap_err()
-                .to_string()
-                .contains("not a whole number of 10-byte records"),
-            true
-        );
+        assert_eq!(scan(&p).unwrap_err().to_string().contains("not a whole number of 10-byte records"), true);
         std::fs::write(&p, [0u8; 30]).unwrap();
         assert_eq!(scan(&p).unwrap(), (3, fields));
-        std::fs::write(
-            dir.path().join(SCHEMA_FILE),
-            r#"{"fields":[{"name":"x","dtype":"c64"}]}"#,
-        )
-        .unwrap();
-        assert!(scan(&p)
-            .unwrap_err()
-            .to_string()
-            .contains("unknown dtype 'c64'"));
+        std::fs::write(dir.path().join(SCHEMA_FILE), r#"{"fields":[{"name":"x","dtype":"c64"}]}"#).unwrap();
+        assert!(scan(&p).unwrap_err().to_string().contains("unknown dtype 'c64'"));
     }
 }

@@ -35,10 +35,7 @@ pub struct RowChunk {
 impl RowChunk {
     /// An empty chunk for values with `fields` fields.
     pub fn new(fields: usize) -> RowChunk {
-        RowChunk {
-            fields,
-            ..Default::default()
-        }
+        RowChunk { fields, ..Default::default() }
     }
 
     /// Adds a buffer and returns its index for [`RowChunk::push_value`].
@@ -51,11 +48,7 @@ impl RowChunk {
     /// Records the next value (row-major over rows, then fields).
     pub fn push_value(&mut self, buffer: u32, offset: usize, len: usize) {
         debug_assert!(offset + len <= self.buffers[buffer as usize].len());
-        self.locs.push(Loc {
-            buffer,
-            offset,
-            len,
-        });
+        self.locs.push(Loc { buffer, offset, len });
     }
 
     /// Number of rows in the chunk.
@@ -80,9 +73,7 @@ impl RowChunk {
         let fields = self.fields;
         let old = std::mem::take(&mut self.locs);
         debug_assert_eq!(old.len(), rows * fields);
-        self.locs = (0..rows * fields)
-            .map(|i| old[(i % fields) * rows + i / fields])
-            .collect();
+        self.locs = (0..rows * fields).map(|i| old[(i % fields) * rows + i / fields]).collect();
     }
 }
 
@@ -122,13 +113,7 @@ impl RecordFile {
         field_ranges: Vec<Range<usize>>,
     ) -> Result<RecordFile> {
         let file = File::open(path).map_err(|e| Error::io(path, e))?;
-        Ok(RecordFile {
-            file,
-            path: path.to_path_buf(),
-            data_offset,
-            record_bytes,
-            field_ranges,
-        })
+        Ok(RecordFile { file, path: path.to_path_buf(), data_offset, record_bytes, field_ranges })
     }
 }
 
@@ -140,18 +125,13 @@ impl super::FileReader for RecordFile {
             let len = ((span.end - span.start) * self.record_bytes) as usize;
             let mut buf = vec![0u8; len];
             let at = self.data_offset + span.start * self.record_bytes;
-            self.file
-                .read_exact_at(&mut buf, at)
-                .map_err(|e| match e.kind() {
-                    std::io::ErrorKind::UnexpectedEof => Error::file(
-                        &self.path,
-                        format!(
-                            "truncated: rows {}..{} end past the end of the file",
-                            span.start, span.end
-                        ),
-                    ),
-                    _ => Error::io(&self.path, e),
-                })?;
+            self.file.read_exact_at(&mut buf, at).map_err(|e| match e.kind() {
+                std::io::ErrorKind::UnexpectedEof => Error::file(
+                    &self.path,
+                    format!("truncated: rows {}..{} end past the end of the file", span.start, span.end),
+                ),
+                _ => Error::io(&self.path, e),
+            })?;
             let b = chunk.add_buffer(Buffer::from_vec(buf));
             while let Some(&&r) = next.peek() {
                 if r >= span.end {

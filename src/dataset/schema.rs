@@ -117,18 +117,13 @@ pub struct Field {
 impl Field {
     /// A tensor field.
     pub fn tensor(name: impl Into<String>, dtype: DType, shape: Vec<usize>) -> Field {
-        Field {
-            name: name.into(),
-            kind: FieldKind::Tensor { dtype, shape },
-        }
+        Field { name: name.into(), kind: FieldKind::Tensor { dtype, shape } }
     }
 
     /// Bytes per sample for a tensor field, `None` for variable length.
     pub fn fixed_bytes(&self) -> Option<usize> {
         match &self.kind {
-            FieldKind::Tensor { dtype, shape } => {
-                Some(dtype.size() * shape.iter().product::<usize>())
-            }
+            FieldKind::Tensor { dtype, shape } => Some(dtype.size() * shape.iter().product::<usize>()),
             FieldKind::Bytes { .. } => None,
         }
     }
@@ -166,8 +161,7 @@ pub fn describe_mismatch(a: &[Field], b: &[Field]) -> Option<String> {
     }
     let names_a: Vec<&str> = a.iter().map(|f| f.name.as_str()).collect();
     let names_b: Vec<&str> = b.iter().map(|f| f.name.as_str()).collect();
-    (names_a != names_b)
-        .then(|| format!("fields are in a different order: {names_a:?} vs {names_b:?}"))
+    (names_a != names_b).then(|| format!("fields are in a different order: {names_a:?} vs {names_b:?}"))
 }
 
 #[cfg(test)]
@@ -186,28 +180,16 @@ mod tests {
 
     #[test]
     fn mismatch_names_the_field() {
-        let a = vec![
-            Field::tensor("x", DType::F32, vec![4]),
-            Field::tensor("y", DType::I64, vec![]),
-        ];
+        let a = vec![Field::tensor("x", DType::F32, vec![4]), Field::tensor("y", DType::I64, vec![])];
         let mut b = a.clone();
         assert_eq!(describe_mismatch(&a, &b), None);
         b[0] = Field::tensor("x", DType::F32, vec![5]);
         let m = describe_mismatch(&a, &b).unwrap();
-        assert!(
-            m.contains("'x'") && m.contains("f32[4]") && m.contains("f32[5]"),
-            "{m}"
-        );
+        assert!(m.contains("'x'") && m.contains("f32[4]") && m.contains("f32[5]"), "{m}");
         b = vec![a[0].clone()];
-        assert!(describe_mismatch(&a, &b)
-            .unwrap()
-            .contains("'y' is missing"));
-        assert!(describe_mismatch(&b, &a)
-            .unwrap()
-            .contains("'y' is only in the second"));
+        assert!(describe_mismatch(&a, &b).unwrap().contains("'y' is missing"));
+        assert!(describe_mismatch(&b, &a).unwrap().contains("'y' is only in the second"));
         b = vec![a[1].clone(), a[0].clone()];
-        assert!(describe_mismatch(&a, &b)
-            .unwrap()
-            .contains("different order"));
+        assert!(describe_mismatch(&a, &b).unwrap().contains("different order"));
     }
 }

@@ -29,10 +29,7 @@ pub struct AlignedBytes {
 impl AlignedBytes {
     /// `len` zero bytes.
     pub fn zeroed(len: usize) -> AlignedBytes {
-        AlignedBytes {
-            words: vec![0; len.div_ceil(8)],
-            len,
-        }
+        AlignedBytes { words: vec![0; len.div_ceil(8)], len }
     }
 
     /// The bytes.
@@ -58,12 +55,7 @@ pub struct FieldData {
 
 impl FieldData {
     pub(crate) fn tensor(field: Field, rows: usize, value_bytes: usize) -> FieldData {
-        FieldData {
-            field,
-            rows,
-            data: AlignedBytes::zeroed(rows * value_bytes),
-            offsets: None,
-        }
+        FieldData { field, rows, data: AlignedBytes::zeroed(rows * value_bytes), offsets: None }
     }
 
     pub(crate) fn var_len(field: Field, rows: usize, values: &[&[u8]]) -> FieldData {
@@ -77,12 +69,7 @@ impl FieldData {
             at += v.len();
             offsets.push(at);
         }
-        FieldData {
-            field,
-            rows,
-            data,
-            offsets: Some(offsets),
-        }
+        FieldData { field, rows, data, offsets: Some(offsets) }
     }
 
     pub(crate) fn bytes_mut(&mut self) -> &mut [u8] {
@@ -118,11 +105,7 @@ impl FieldData {
     /// Shape of the batch array, `[rows, *field_shape]`; `None` for variable length.
     pub fn shape(&self) -> Option<Vec<usize>> {
         match &self.field.kind {
-            FieldKind::Tensor { shape, .. } => Some(
-                std::iter::once(self.rows)
-                    .chain(shape.iter().copied())
-                    .collect(),
-            ),
+            FieldKind::Tensor { shape, .. } => Some(std::iter::once(self.rows).chain(shape.iter().copied()).collect()),
             FieldKind::Bytes { .. } => None,
         }
     }
@@ -130,17 +113,10 @@ impl FieldData {
     /// Views a tensor field as an `ndarray` array of `T`, which must match its dtype.
     pub fn array<T: Element>(&self) -> Result<ArrayViewD<'_, T>> {
         let FieldKind::Tensor { dtype, .. } = &self.field.kind else {
-            return Err(Error::Config(format!(
-                "field '{}' has variable length; use row()",
-                self.field.name
-            )));
+            return Err(Error::Config(format!("field '{}' has variable length; use row()", self.field.name)));
         };
         if *dtype != T::DTYPE {
-            return Err(Error::Config(format!(
-                "field '{}' is {dtype}, not {}",
-                self.field.name,
-                T::DTYPE
-            )));
+            return Err(Error::Config(format!("field '{}' is {dtype}, not {}", self.field.name, T::DTYPE)));
         }
         let shape = self.shape().expect("tensor");
         let values: &[T] = bytemuck::cast_slice(self.bytes());
@@ -204,19 +180,9 @@ mod tests {
         assert_eq!(a.shape(), &[3, 2]);
         assert_eq!(a[[2, 1]], 6.0);
         assert_eq!(f.row(1), &[0, 0, 0x40, 0x40, 0, 0, 0x80, 0x40]);
-        assert!(f
-            .array::<i32>()
-            .unwrap_err()
-            .to_string()
-            .contains("is f32, not i32"));
-        let v = FieldData::var_len(
-            Field {
-                name: "t".into(),
-                kind: FieldKind::Bytes { utf8: false },
-            },
-            2,
-            &[b"ab", b""],
-        );
+        assert!(f.array::<i32>().unwrap_err().to_string().contains("is f32, not i32"));
+        let v =
+            FieldData::var_len(Field { name: "t".into(), kind: FieldKind::Bytes { utf8: false } }, 2, &[b"ab", b""]);
         assert_eq!((v.row(0), v.row(1)), (&b"ab"[..], &b""[..]));
         assert!(v.array::<u8>().is_err());
     }

@@ -19,13 +19,7 @@ pub enum Phase {
 
 impl Phase {
     /// All phases.
-    pub const ALL: [Phase; 5] = [
-        Phase::Plan,
-        Phase::Read,
-        Phase::Pack,
-        Phase::Exchange,
-        Phase::Assemble,
-    ];
+    pub const ALL: [Phase; 5] = [Phase::Plan, Phase::Read, Phase::Pack, Phase::Exchange, Phase::Assemble];
 
     /// Lower-case name, as printed and in JSON.
     pub fn name(self) -> &'static str {

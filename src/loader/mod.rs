@@ -68,22 +68,14 @@ pub struct LoaderOptions {
 
 impl Default for LoaderOptions {
     fn default() -> Self {
-        LoaderOptions {
-            batch_size: 32,
-            seed: 0,
-            window_bytes: 64 << 20,
-        }
+        LoaderOptions { batch_size: 32, seed: 0, window_bytes: 64 << 20 }
     }
 }
 
 /// Opens a dataset collectively: every rank lists the files, each file's header is read by
 /// one rank (file `i` by rank `i mod P`), and the headers are shared. Failures on any rank
 /// are agreed, so every rank returns the same error.
-pub fn open_dataset(
-    transport: &dyn Transport,
-    paths: &[PathBuf],
-    options: DatasetOptions,
-) -> Result<Dataset> {
+pub fn open_dataset(transport: &dyn Transport, paths: &[PathBuf], options: DatasetOptions) -> Result<Dataset> {
     let files = agree(transport, dataset::resolve_paths(paths))?;
     // Ranks must see the same files (a rank on another filesystem would disagree).
     let listing = serde_json::to_vec(&files).expect("paths serialise");
@@ -92,9 +84,7 @@ pub fn open_dataset(
     transport.all_reduce_u64(&mut lo_hi[..1], ReduceOp::Min)?;
     transport.all_reduce_u64(&mut lo_hi[1..], ReduceOp::Min)?;
     if lo_hi[0] != u64::MAX - lo_hi[1] {
-        return Err(Error::Config(
-            "ranks see different dataset files (is the dataset on a shared filesystem?)".into(),
-        ));
+        return Err(Error::Config("ranks see different dataset files (is the dataset on a shared filesystem?)".into()));
     }
     let (me, world) = (transport.rank().0, transport.size());
     let mine: Result<Vec<FileInfo>> = files
@@ -104,19 +94,14 @@ pub fn open_dataset(
         .map(|(_, (path, format))| dataset::scan_file(path, *format, &options))
         .collect();
     let mine = agree(transport, mine)?;
-    let gathered =
-        transport.all_gather(&serde_json::to_vec(&mine).expect("file infos serialise"))?;
+    let gathered = transport.all_gather(&serde_json::to_vec(&mine).expect("file infos serialise"))?;
     let mut per_rank: Vec<std::vec::IntoIter<FileInfo>> = gathered
         .iter()
         .map(|bytes| serde_json::from_slice::<Vec<FileInfo>>(bytes).map(Vec::into_iter))
         .collect::<std::result::Result<_, _>>()
         .map_err(|e| Error::Transport(format!("bad file header exchange: {e}")))?;
     let infos = (0..files.len())
-        .map(|i| {
-            per_rank[i % world]
-                .next()
-                .ok_or_else(|| Error::Transport("missing file header in exchange".into()))
-        })
+        .map(|i| per_rank[i % world].next().ok_or_else(|| Error::Transport("missing file header in exchange".into())))
         .collect::<Result<Vec<_>>>()?;
     Dataset::from_files(infos, options)
 }
@@ -154,17 +139,13 @@ impl<T: Transport> Loader<T> {
             return Err(Error::Config("the dataset has no samples".into()));
         }
         if world as u64 > n {
-            return Err(Error::Config(format!(
-                "more ranks ({world}) than samples ({n})"
-            )));
+            return Err(Error::Config(format!("more ranks ({world}) than samples ({n})")));
         }
         if b == 0 {
             return Err(Error::Config("batch size must be at least 1".into()));
         }
         if b as u64 > n {
-            return Err(Error::Config(format!(
-                "batch size {b} is larger than the dataset ({n} samples)"
-            )));
+            return Err(Error::Config(format!("batch size {b} is larger than the dataset ({n} samples)")));
         }
         let placement = Placement::data_parallel(b, world, dataset.fields().len())?;
         let steps_per_epoch = n / b as u64;
@@ -227,14 +208,7 @@ impl<T: Transport> Loader<T> {
     /// same point: each window is a collective.
     pub fn epoch(&mut self, epoch: Epoch) -> EpochIter<'_, T> {
         let perm = Permutation::new(self.dataset.len(), self.options.seed, epoch.0);
-        EpochIter {
-            loader: self,
-            epoch,
-            perm,
-            next_step: 0,
-            queue: VecDeque::new(),
-            failed: false,
-        }
+        EpochIter { loader: self, epoch, perm, next_step: 0, queue: VecDeque::new(), failed: false }
     }
 
     fn read(&mut self, ids: &[SampleId]) -> Result<ReadSet> {
@@ -245,15 +219,10 @@ impl<T: Transport> Loader<T> {
             let (file, _) = self.dataset.locate(ids[i]);
             let end_id = self.dataset.file_start(file + 1);
             let j = i + ids[i..].partition_point(|id| id.0 < end_id);
-            let rows: Vec<u64> = ids[i..j]
-                .iter()
-                .map(|id| id.0 - self.dataset.file_start(file))
-                .collect();
+            let rows: Vec<u64> = ids[i..j].iter().map(|id| id.0 - self.dataset.file_start(file)).collect();
             let reader = match self.readers.entry(file) {
                 std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
-                std::collections::hash_map::Entry::Vacant(e) => {
-                    e.insert(self.dataset.open_reader(file)?)
-                }
+                std::collections::hash_map::Entry::Vacant(e) => e.insert(self.dataset.open_reader(file)?),
             };
             let chunk = reader.read_rows(&rows)?;
             if chunk.rows() != rows.len() {
@@ -267,65 +236,37 @@ impl<T: Transport> Loader<T> {
             chunks.push(chunk);
             i = j;
         }
-        Ok(ReadSet {
-            ids: ids.to_vec(),
-            starts,
-            chunks,
-        })
+        Ok(ReadSet { ids: ids.to_vec(), starts, chunks })
     }
 
-    fn run_window(
-        &mut self,
-        perm: &Permutation,
-        epoch: Epoch,
-        steps: std::ops::Range<u64>,
-    ) -> Result<Vec<Batch>> {
+    fn run_window(&mut self, perm: &Permutation, epoch: Epoch, steps: std::ops::Range<u64>) -> Result<Vec<Batch>> {
         let me = self.transport.rank();
         let plan = {
             let (home, placement) = (&self.home, &self.placement);
-            self.metrics.timed(Phase::Plan, || {
-                WindowPlan::new(perm, home, placement, me, steps.clone())
-            })
+            self.metrics.timed(Phase::Plan, || WindowPlan::new(perm, home, placement, me, steps.clone()))
         };
 
         let start = std::time::Instant::now();
         let read = self.read(&plan.reads);
         self.metrics.phase[Phase::Read as usize] += start.elapsed();
-        let read = self
-            .metrics
-            .timed(Phase::Exchange, || agree(&self.transport, read))?;
+        let read = self.metrics.timed(Phase::Exchange, || agree(&self.transport, read))?;
 
-        let (send, counts) = self.metrics.timed(Phase::Pack, || {
-            pack(&plan, &read, &self.placement, &self.dataset)
-        });
+        let (send, counts) = self.metrics.timed(Phase::Pack, || pack(&plan, &read, &self.placement, &self.dataset));
         self.metrics.bytes_sent += send.len() as u64;
         drop(read);
         let (recv, recv_counts) = {
             let t = &self.transport;
-            self.metrics
-                .timed(Phase::Exchange, || t.all_to_all_v(&send, &counts))?
+            self.metrics.timed(Phase::Exchange, || t.all_to_all_v(&send, &counts))?
         };
         drop(send);
         self.metrics.bytes_received += recv.len() as u64;
 
         let batches = {
             let (home, placement, dataset) = (&self.home, &self.placement, &self.dataset);
-            self.metrics.timed(Phase::Assemble, || {
-                assemble(
-                    &plan,
-                    epoch,
-                    &recv,
-                    &recv_counts,
-                    home,
-                    placement,
-                    dataset,
-                    me,
-                )
-            })
+            self.metrics
+                .timed(Phase::Assemble, || assemble(&plan, epoch, &recv, &recv_counts, home, placement, dataset, me))
         };
-        let batches = self
-            .metrics
-            .timed(Phase::Exchange, || agree(&self.transport, batches))?;
+        let batches = self.metrics.timed(Phase::Exchange, || agree(&self.transport, batches))?;
         self.metrics.windows += 1;
         self.metrics.rows_delivered += batches.iter().map(|b| b.ids.len() as u64).sum::<u64>();
         Ok(batches)
@@ -356,10 +297,7 @@ struct ReadSet {
 
 impl ReadSet {
     fn value(&self, id: SampleId, field: usize) -> &[u8] {
-        let i = self
-            .ids
-            .binary_search(&id)
-            .expect("planned reads cover every sent id");
+        let i = self.ids.binary_search(&id).expect("planned reads cover every sent id");
         let k = self.starts.partition_point(|&s| s <= i) - 1;
         self.chunks[k].value(i - self.starts[k], field)
     }
@@ -371,12 +309,7 @@ const LEN_PREFIX: usize = 8;
 /// Packs every destination's values into one send buffer: for each destination, rows in
 /// window order, and for each row the parts that destination receives, in field order.
 /// Variable-length values carry an 8-byte little-endian length prefix.
-fn pack(
-    plan: &WindowPlan,
-    read: &ReadSet,
-    placement: &Placement,
-    dataset: &Dataset,
-) -> (Vec<u8>, Vec<usize>) {
+fn pack(plan: &WindowPlan, read: &ReadSet, placement: &Placement, dataset: &Dataset) -> (Vec<u8>, Vec<usize>) {
     let fields = dataset.fields();
     let var_len = |f: usize| matches!(fields[f].kind, FieldKind::Bytes { .. });
     // Pass 1: exact byte counts, so that values are copied once, straight into place.
@@ -392,10 +325,7 @@ fn pack(
                 .map(|&i| {
                     rc.parts
                         .iter()
-                        .map(|p| {
-                            read.value(plan.ids[i], p.field).len()
-                                + if var_len(p.field) { LEN_PREFIX } else { 0 }
-                        })
+                        .map(|p| read.value(plan.ids[i], p.field).len() + if var_len(p.field) { LEN_PREFIX } else { 0 })
                         .sum::<usize>()
                 })
                 .sum()
@@ -454,17 +384,16 @@ impl<'a> Cursors<'a> {
 
     fn take_var(&mut self, src: Rank) -> Result<&'a [u8]> {
         let len = u64::from_le_bytes(self.take(src, LEN_PREFIX)?.try_into().expect("8 bytes"));
-        let len = usize::try_from(len)
-            .map_err(|_| Error::Transport(format!("bad value length {len} from rank {src}")))?;
+        let len =
+            usize::try_from(len).map_err(|_| Error::Transport(format!("bad value length {len} from rank {src}")))?;
         self.take(src, len)
     }
 
     fn check_consumed(&self) -> Result<()> {
         match (0..self.at.len()).find(|&s| self.at[s] != self.end[s]) {
-            Some(s) => Err(Error::Transport(format!(
-                "rank {s} sent {} bytes more than planned",
-                self.end[s] - self.at[s]
-            ))),
+            Some(s) => {
+                Err(Error::Transport(format!("rank {s} sent {} bytes more than planned", self.end[s] - self.at[s])))
+            }
             None => Ok(()),
         }
     }
@@ -487,15 +416,7 @@ fn assemble(
     let steps = plan.steps.clone();
     let Some((block, rc)) = placement.receiver(me) else {
         // This rank receives nothing; it still steps in lockstep with empty batches.
-        return Ok(steps
-            .map(|s| Batch {
-                epoch,
-                step: Step(s),
-                rows: 0..0,
-                ids: vec![],
-                fields: vec![],
-            })
-            .collect());
+        return Ok(steps.map(|s| Batch { epoch, step: Step(s), rows: 0..0, ids: vec![], fields: vec![] }).collect());
     };
     let rows = block.rows.len();
     let mut cursors = Cursors::new(recv, recv_counts);
@@ -506,11 +427,7 @@ fn assemble(
         let mut tensors: Vec<Option<FieldData>> = rc
             .parts
             .iter()
-            .map(|p| {
-                fields[p.field]
-                    .fixed_bytes()
-                    .map(|n| FieldData::tensor(fields[p.field].clone(), rows, n))
-            })
+            .map(|p| fields[p.field].fixed_bytes().map(|n| FieldData::tensor(fields[p.field].clone(), rows, n)))
             .collect();
         let mut var_values: Vec<Vec<&[u8]>> = vec![Vec::new(); rc.parts.len()];
         for (r, &id) in ids.iter().enumerate() {
@@ -529,18 +446,10 @@ fn assemble(
             .into_iter()
             .zip(&rc.parts)
             .zip(var_values)
-            .map(|((t, p), vals)| {
-                t.unwrap_or_else(|| FieldData::var_len(fields[p.field].clone(), rows, &vals))
-            })
+            .map(|((t, p), vals)| t.unwrap_or_else(|| FieldData::var_len(fields[p.field].clone(), rows, &vals)))
             .collect();
         debug_assert!(window_rows.iter().all(|&i| i / b == s));
-        out.push(Batch {
-            epoch,
-            step: Step(step),
-            rows: block.rows.clone(),
-            ids,
-            fields: field_data,
-        });
+        out.push(Batch { epoch, step: Step(step), rows: block.rows.clone(), ids, fields: field_data });
     }
     cursors.check_consumed()?;
     Ok(out)
@@ -569,10 +478,7 @@ impl<T: Transport> Iterator for EpochIter<'_, T> {
                 return None;
             }
             let end = (self.next_step + self.loader.steps_per_window).min(total);
-            match self
-                .loader
-                .run_window(&self.perm, self.epoch, self.next_step..end)
-            {
+            match self.loader.run_window(&self.perm, self.epoch, self.next_step..end) {
                 Ok(batches) => self.queue.extend(batches),
                 Err(e) => {
                     self.failed = true;

@@ -16,10 +16,7 @@ impl HomeRanges {
     /// Splits `samples` ids over `ranks` ranks (`ranks >= 1`).
     pub fn new(samples: u64, ranks: usize) -> HomeRanges {
         assert!(ranks >= 1, "at least one rank");
-        HomeRanges {
-            samples,
-            ranks: ranks as u64,
-        }
+        HomeRanges { samples, ranks: ranks as u64 }
     }
 
     fn start(&self, r: u64) -> u64 {
@@ -37,11 +34,7 @@ impl HomeRanges {
     pub fn owner(&self, id: SampleId) -> Rank {
         let (q, rem) = (self.samples / self.ranks, self.samples % self.ranks);
         let big = rem * (q + 1); // ids held by the ranks with one extra sample
-        let r = if id.0 < big {
-            id.0 / (q + 1)
-        } else {
-            rem + (id.0 - big) / q
-        };
+        let r = if id.0 < big { id.0 / (q + 1) } else { rem + (id.0 - big) / q };
         Rank(r as usize)
     }
 }
@@ -52,15 +45,7 @@ mod tests {
 
     #[test]
     fn ranges_tile_the_ids_and_owner_agrees() {
-        for (n, p) in [
-            (1, 1),
-            (10, 3),
-            (10, 10),
-            (101, 4),
-            (7, 2),
-            (1000, 7),
-            (64, 8),
-        ] {
+        for (n, p) in [(1, 1), (10, 3), (10, 10), (101, 4), (7, 2), (1000, 7), (64, 8)] {
             let h = HomeRanges::new(n, p);
             let mut next = 0;
             for r in 0..p {

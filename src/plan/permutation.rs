@@ -69,12 +69,7 @@ impl Permutation {
             *key = splitmix64(&mut state);
         }
 
-        Permutation {
-            n,
-            half_bits,
-            half_mask,
-            keys,
-        }
+        Permutation { n, half_bits, half_mask, keys }
     }
 
     /// Number of positions (and of sample ids).
@@ -90,11 +85,7 @@ impl Permutation {
     #[must_use]
     #[inline]
     pub fn apply(&self, position: u64) -> u64 {
-        debug_assert!(
-            position < self.n,
-            "position {position} out of range for n = {}",
-            self.n
-        );
+        debug_assert!(position < self.n, "position {position} out of range for n = {}", self.n);
         let mut x = self.encrypt(position);
         while x >= self.n {
             x = self.encrypt(x);
@@ -220,16 +211,8 @@ mod tests {
 
     #[test]
     fn bijection_and_inverse_on_small_and_odd_sizes() {
-        let sizes = [
-            1, 2, 3, 4, 5, 7, 8, 13, 16, 31, 64, 97, 127, 128, 1000, 1024, 4093, 65536, 100_003,
-        ];
-        let keys = [
-            (0, 0),
-            (0, 1),
-            (42, 0),
-            (u64::MAX, 7),
-            (0xdead_beef, 1 << 40),
-        ];
+        let sizes = [1, 2, 3, 4, 5, 7, 8, 13, 16, 31, 64, 97, 127, 128, 1000, 1024, 4093, 65536, 100_003];
+        let keys = [(0, 0), (0, 1), (42, 0), (u64::MAX, 7), (0xdead_beef, 1 << 40)];
         for n in sizes {
             for (seed, epoch) in keys {
                 let perm = Permutation::new(n, seed, epoch);
@@ -283,18 +266,11 @@ mod tests {
     fn epochs_and_seeds_give_unrelated_orders() {
         let n = 10_000;
         let base = Permutation::new(n, 7, 0);
-        let others = [
-            Permutation::new(n, 7, 1),
-            Permutation::new(n, 8, 0),
-            Permutation::new(n, 0, 0),
-        ];
+        let others = [Permutation::new(n, 7, 1), Permutation::new(n, 8, 0), Permutation::new(n, 0, 0)];
         for other in &others {
             assert_ne!(&base, other);
             let differing = (0..n).filter(|&p| base.apply(p) != other.apply(p)).count();
-            assert!(
-                differing as f64 > 0.99 * n as f64,
-                "only {differing} differ"
-            );
+            assert!(differing as f64 > 0.99 * n as f64, "only {differing} differ");
         }
     }
 
@@ -359,14 +335,9 @@ mod tests {
         // For a uniform random permutation E|pi(p+1) - pi(p)| = (n+1)/3.
         let n = 100_000u64;
         let perm = Permutation::new(n, 5, 9);
-        let total: u64 = (0..n - 1)
-            .map(|p| perm.apply(p + 1).abs_diff(perm.apply(p)))
-            .sum();
+        let total: u64 = (0..n - 1).map(|p| perm.apply(p + 1).abs_diff(perm.apply(p))).sum();
         let mean = total as f64 / (n - 1) as f64;
         let target = n as f64 / 3.0;
-        assert!(
-            (mean - target).abs() < 0.1 * target,
-            "mean gap {mean}, expected about {target}"
-        );
+        assert!((mean - target).abs() < 0.1 * target, "mean gap {mean}, expected about {target}");
     }
 }

@@ -69,19 +69,12 @@ impl Placement {
 
     /// Builds a placement from blocks, checking that they tile the batch and that each
     /// rank appears at most once.
-    pub fn from_blocks(
-        batch_size: usize,
-        world: usize,
-        blocks: Vec<RowBlock>,
-    ) -> Result<Placement> {
+    pub fn from_blocks(batch_size: usize, world: usize, blocks: Vec<RowBlock>) -> Result<Placement> {
         let mut block_of = vec![None; world];
         let mut row_block = vec![u32::MAX; batch_size];
         for (b, block) in blocks.iter().enumerate() {
             if block.rows.end > batch_size {
-                return Err(Error::Config(format!(
-                    "row block {:?} exceeds the batch size {batch_size}",
-                    block.rows
-                )));
+                return Err(Error::Config(format!("row block {:?} exceeds the batch size {batch_size}", block.rows)));
             }
             for row in block.rows.clone() {
                 if row_block[row] != u32::MAX {
@@ -90,29 +83,18 @@ impl Placement {
                 row_block[row] = b as u32;
             }
             for rc in &block.receivers {
-                let slot = block_of.get_mut(rc.rank.0).ok_or_else(|| {
-                    Error::Config(format!("rank {} is outside the world", rc.rank))
-                })?;
+                let slot = block_of
+                    .get_mut(rc.rank.0)
+                    .ok_or_else(|| Error::Config(format!("rank {} is outside the world", rc.rank)))?;
                 if slot.replace(b).is_some() {
-                    return Err(Error::Config(format!(
-                        "rank {} receives two row blocks",
-                        rc.rank
-                    )));
+                    return Err(Error::Config(format!("rank {} receives two row blocks", rc.rank)));
                 }
             }
         }
         if let Some(row) = row_block.iter().position(|&b| b == u32::MAX) {
-            return Err(Error::Config(format!(
-                "row {row} of the batch is in no row block"
-            )));
+            return Err(Error::Config(format!("row {row} of the batch is in no row block")));
         }
-        Ok(Placement {
-            batch_size,
-            world,
-            blocks,
-            block_of,
-            row_block,
-        })
+        Ok(Placement { batch_size, world, blocks, block_of, row_block })
     }
 
     /// Global batch size.
@@ -138,11 +120,7 @@ impl Placement {
     /// What rank `r` receives: its rows and parts, or `None` when it receives nothing.
     pub fn receiver(&self, r: Rank) -> Option<(&RowBlock, &Receiver)> {
         let block = &self.blocks[self.block_of[r.0]?];
-        let rc = block
-            .receivers
-            .iter()
-            .find(|rc| rc.rank == r)
-            .expect("block_of is consistent");
+        let rc = block.receivers.iter().find(|rc| rc.rank == r).expect("block_of is consistent");
         (!rc.parts.is_empty()).then_some((block, rc))
     }
 }
@@ -159,45 +137,17 @@ mod tests {
         assert_eq!(rc.parts.len(), 2);
         assert_eq!(p.block_of_row(11).receivers[0].rank, Rank(2));
         let err = Placement::data_parallel(10, 3, 1).unwrap_err().to_string();
-        assert!(
-            err.contains("not divisible") && err.contains("10") && err.contains('3'),
-            "{err}"
-        );
+        assert!(err.contains("not divisible") && err.contains("10") && err.contains('3'), "{err}");
     }
 
     #[test]
     fn blocks_must_tile_the_batch() {
-        let rc = |r| Receiver {
-            rank: Rank(r),
-            parts: vec![FieldPart { field: 0 }],
-        };
-        let gap = vec![
-            RowBlock {
-                rows: 0..2,
-                receivers: vec![rc(0)],
-            },
-            RowBlock {
-                rows: 3..4,
-                receivers: vec![rc(1)],
-            },
-        ];
-        assert!(Placement::from_blocks(4, 2, gap)
-            .unwrap_err()
-            .to_string()
-            .contains("row 2"));
-        let twice = vec![
-            RowBlock {
-                rows: 0..2,
-                receivers: vec![rc(0)],
-            },
-            RowBlock {
-                rows: 2..4,
-                receivers: vec![rc(0)],
-            },
-        ];
-        assert!(Placement::from_blocks(4, 2, twice)
-            .unwrap_err()
-            .to_string()
-            .contains("two row blocks"));
+        let rc = |r| Receiver { rank: Rank(r), parts: vec![FieldPart { field: 0 }] };
+        let gap =
+            vec![RowBlock { rows: 0..2, receivers: vec![rc(0)] }, RowBlock { rows: 3..4, receivers: vec![rc(1)] }];
+        assert!(Placement::from_blocks(4, 2, gap).unwrap_err().to_string().contains("row 2"));
+        let twice =
+            vec![RowBlock { rows: 0..2, receivers: vec![rc(0)] }, RowBlock { rows: 2..4, receivers: vec![rc(0)] }];
+        assert!(Placement::from_blocks(4, 2, twice).unwrap_err().to_string().contains("two row blocks"));
     }
 }

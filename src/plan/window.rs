@@ -44,10 +44,7 @@ impl WindowPlan {
         let first = steps.start * b as u64;
         let last = steps.end * b as u64;
         // The permutation is the one O(rows) computation of the plan; spread it over cores.
-        let ids: Vec<SampleId> = (first..last)
-            .into_par_iter()
-            .map(|p| SampleId(perm.apply(p)))
-            .collect();
+        let ids: Vec<SampleId> = (first..last).into_par_iter().map(|p| SampleId(perm.apply(p))).collect();
 
         let mut sends = vec![Vec::new(); placement.world()];
         let mut reads = Vec::new();
@@ -74,14 +71,7 @@ impl WindowPlan {
                 recvs.extend(block.rows.clone().map(|row| s * b + row));
             }
         }
-        WindowPlan {
-            steps,
-            batch_size: b,
-            ids,
-            reads,
-            sends,
-            recvs,
-        }
+        WindowPlan { steps, batch_size: b, ids, reads, sends, recvs }
     }
 }
 
@@ -103,9 +93,7 @@ mod tests {
         let perm = Permutation::new(n, 7, 1);
         let home = HomeRanges::new(n, p);
         let placement = Placement::data_parallel(b, p, 2).unwrap();
-        let plans: Vec<WindowPlan> = (0..p)
-            .map(|r| WindowPlan::new(&perm, &home, &placement, Rank(r), 2..5))
-            .collect();
+        let plans: Vec<WindowPlan> = (0..p).map(|r| WindowPlan::new(&perm, &home, &placement, Rank(r), 2..5)).collect();
         // All ranks agree on the ids; the ids are the permutation's.
         for plan in &plans {
             assert_eq!(plan.ids, plans[0].ids);
@@ -115,10 +103,7 @@ mod tests {
         let mut seen = vec![0; 3 * b];
         for (src, plan) in plans.iter().enumerate() {
             for (dst, rows) in plan.sends.iter().enumerate() {
-                assert!(
-                    rows.windows(2).all(|w| w[0] < w[1]),
-                    "send order is window order"
-                );
+                assert!(rows.windows(2).all(|w| w[0] < w[1]), "send order is window order");
                 for &i in rows {
                     seen[i] += 1;
                     assert_eq!(home.owner(plan.ids[i]), Rank(src));

@@ -20,31 +20,25 @@ impl CountTable {
     /// displacement does not fit a C int.
     pub fn new(counts: &[usize], world: usize, buffer_len: usize) -> Result<CountTable> {
         if counts.len() != world {
-            return Err(Error::Transport(format!(
-                "count table has {} entries for {world} ranks",
-                counts.len()
-            )));
+            return Err(Error::Transport(format!("count table has {} entries for {world} ranks", counts.len())));
         }
         let mut displs = Vec::with_capacity(world);
         let mut c_counts = Vec::with_capacity(world);
         let mut at = 0usize;
         for (r, &c) in counts.iter().enumerate() {
             let end = at.checked_add(c).filter(|&e| e <= buffer_len).ok_or_else(|| {
-                Error::Transport(format!("segment for rank {r} ({c} bytes at {at}) overruns the {buffer_len}-byte buffer"))
+                Error::Transport(format!(
+                    "segment for rank {r} ({c} bytes at {at}) overruns the {buffer_len}-byte buffer"
+                ))
             })?;
             let fit = |v: usize, what: &str| {
-                i32::try_from(v).map_err(|_| {
-                    Error::Transport(format!("{what} {v} for rank {r} does not fit a C int"))
-                })
+                i32::try_from(v).map_err(|_| Error::Transport(format!("{what} {v} for rank {r} does not fit a C int")))
             };
             c_counts.push(fit(c, "count")?);
             displs.push(fit(at, "displacement")?);
             at = end;
         }
-        Ok(CountTable {
-            counts: c_counts,
-            displs,
-        })
+        Ok(CountTable { counts: c_counts, displs })
     }
 }
 
@@ -60,12 +54,7 @@ pub struct Rounds {
 impl Rounds {
     /// Rounds this rank needs for its send and receive segments (1 when one direct
     /// exchange fits). Ranks must agree on the maximum before exchanging.
-    pub fn local_need(
-        send: &[usize],
-        recv: &[usize],
-        world: usize,
-        max_round_bytes: usize,
-    ) -> usize {
+    pub fn local_need(send: &[usize], recv: &[usize], world: usize, max_round_bytes: usize) -> usize {
         let fits = |c: &[usize]| c.iter().sum::<usize>() <= max_round_bytes;
         if fits(send) && fits(recv) {
             return 1;
@@ -95,23 +84,11 @@ mod tests {
     fn tables_are_validated() {
         let t = CountTable::new(&[3, 0, 5], 3, 8).unwrap();
         assert_eq!((t.counts, t.displs), (vec![3, 0, 5], vec![0, 3, 3]));
-        assert!(CountTable::new(&[1, 2], 3, 3)
-            .unwrap_err()
-            .to_string()
-            .contains("2 entries for 3 ranks"));
-        assert!(CountTable::new(&[4, 5], 2, 8)
-            .unwrap_err()
-            .to_string()
-            .contains("overruns"));
+        assert!(CountTable::new(&[1, 2], 3, 3).unwrap_err().to_string().contains("2 entries for 3 ranks"));
+        assert!(CountTable::new(&[4, 5], 2, 8).unwrap_err().to_string().contains("overruns"));
         let big = i32::MAX as usize + 1;
-        assert!(CountTable::new(&[big], 1, big)
-            .unwrap_err()
-            .to_string()
-            .contains("does not fit a C int"));
-        assert!(CountTable::new(&[1, big], 2, big + 1)
-            .unwrap_err()
-            .to_string()
-            .contains("for rank 1"));
+        assert!(CountTable::new(&[big], 1, big).unwrap_err().to_string().contains("does not fit a C int"));
+        assert!(CountTable::new(&[1, big], 2, big + 1).unwrap_err().to_string().contains("for rank 1"));
     }
 
     #[test]
@@ -119,10 +96,7 @@ mod tests {
         assert_eq!(Rounds::local_need(&[10, 10], &[5, 5], 2, 100), 1);
         let need = Rounds::local_need(&[70, 10], &[5, 5], 2, 40);
         assert_eq!(need, 4); // chunk 20, largest segment 70
-        let r = Rounds {
-            chunk: Rounds::chunk(2, 40),
-            rounds: need,
-        };
+        let r = Rounds { chunk: Rounds::chunk(2, 40), rounds: need };
         let pieces: Vec<_> = (0..r.rounds).map(|k| r.piece(70, k)).collect();
         assert_eq!(pieces, vec![0..20, 20..40, 40..60, 60..70]);
         assert_eq!(r.piece(10, 3), 10..10);

@@ -24,10 +24,7 @@ pub struct MpiTransport {
 impl MpiTransport {
     /// Wraps a communicator (usually `universe.world()`).
     pub fn new(comm: SimpleCommunicator) -> MpiTransport {
-        MpiTransport {
-            comm,
-            max_round_bytes: i32::MAX as usize,
-        }
+        MpiTransport { comm, max_round_bytes: i32::MAX as usize }
     }
 
     /// Caps the bytes one `MPI_Alltoallv` round moves per rank (default `i32::MAX`, the
@@ -46,10 +43,7 @@ impl MpiTransport {
         let size = self.size();
         // OpenMPI's launcher sets OMPI_COMM_WORLD_SIZE; MPICH's (and PMI-2 srun) PMI_SIZE.
         for var in ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE"] {
-            if let Some(n) = std::env::var(var)
-                .ok()
-                .and_then(|v| v.parse::<usize>().ok())
-            {
+            if let Some(n) = std::env::var(var).ok().and_then(|v| v.parse::<usize>().ok()) {
                 if n != size {
                     return Err(Error::Transport(format!(
                         "the launcher started {n} processes ({var}) but MPI_COMM_WORLD has {size} rank(s): \
@@ -61,13 +55,7 @@ impl MpiTransport {
         Ok(())
     }
 
-    fn exchange_once(
-        &self,
-        send: &[u8],
-        send_counts: &[usize],
-        recv: &mut [u8],
-        recv_counts: &[usize],
-    ) -> Result<()> {
+    fn exchange_once(&self, send: &[u8], send_counts: &[usize], recv: &mut [u8], recv_counts: &[usize]) -> Result<()> {
         let world = self.size();
         let (mut send_dummy, mut recv_dummy) = ([0u8; 1], [0u8; 1]);
         let send = non_dangling(send, &mut send_dummy);
@@ -76,8 +64,7 @@ impl MpiTransport {
         let r = CountTable::new(recv_counts, world, recv.len())?;
         let partition = Partition::new(send, &s.counts[..], &s.displs[..]);
         let mut partition_mut = PartitionMut::new(recv, &r.counts[..], &r.displs[..]);
-        self.comm
-            .all_to_all_varcount_into(&partition, &mut partition_mut);
+        self.comm.all_to_all_varcount_into(&partition, &mut partition_mut);
         Ok(())
     }
 }
@@ -123,20 +110,17 @@ impl Transport for MpiTransport {
         }
         let counts_out: Vec<u64> = send_counts.iter().map(|&c| c as u64).collect();
         let mut counts_in = vec![0u64; world];
-        self.comm
-            .all_to_all_into(&counts_out[..], &mut counts_in[..]);
+        self.comm.all_to_all_into(&counts_out[..], &mut counts_in[..]);
         let recv_counts: Vec<usize> = counts_in
             .iter()
             .map(|&c| {
-                usize::try_from(c)
-                    .map_err(|_| Error::Transport(format!("received count {c} does not fit usize")))
+                usize::try_from(c).map_err(|_| Error::Transport(format!("received count {c} does not fit usize")))
             })
             .collect::<Result<_>>()?;
         let total: usize = recv_counts.iter().sum();
         let mut recv = vec![0u8; total];
 
-        let mut rounds =
-            [Rounds::local_need(send_counts, &recv_counts, world, self.max_round_bytes) as u64];
+        let mut rounds = [Rounds::local_need(send_counts, &recv_counts, world, self.max_round_bytes) as u64];
         self.all_reduce_u64(&mut rounds, ReduceOp::Max)?;
         if rounds[0] == 1 {
             self.exchange_once(send, send_counts, &mut recv, &recv_counts)?;
@@ -144,10 +128,7 @@ impl Transport for MpiTransport {
         }
         // Chunked path: stage each round's pieces contiguously (one extra copy, only for
         // exchanges too large for C int counts or the configured cap).
-        let plan = Rounds {
-            chunk: Rounds::chunk(world, self.max_round_bytes),
-            rounds: rounds[0] as usize,
-        };
+        let plan = Rounds { chunk: Rounds::chunk(world, self.max_round_bytes), rounds: rounds[0] as usize };
         let offsets = |counts: &[usize]| -> Vec<usize> {
             counts
                 .iter()
@@ -173,8 +154,7 @@ impl Transport for MpiTransport {
             self.exchange_once(&stage, &piece_counts, &mut stage_in, &recv_piece_counts)?;
             let mut at = 0;
             for (s, p) in recv_pieces.iter().enumerate() {
-                recv[recv_at[s] + p.start..recv_at[s] + p.end]
-                    .copy_from_slice(&stage_in[at..at + p.len()]);
+                recv[recv_at[s] + p.start..recv_at[s] + p.end].copy_from_slice(&stage_in[at..at + p.len()]);
                 at += p.len();
             }
         }
@@ -184,8 +164,7 @@ impl Transport for MpiTransport {
     fn all_gather(&self, mine: &[u8]) -> Result<Vec<Vec<u8>>> {
         let world = self.size();
         let mut lens = vec![0u64; world];
-        self.comm
-            .all_gather_into(&(mine.len() as u64), &mut lens[..]);
+        self.comm.all_gather_into(&(mine.len() as u64), &mut lens[..]);
         let lens: Vec<usize> = lens.iter().map(|&l| l as usize).collect();
         let mut all = vec![0u8; lens.iter().sum()];
         let table = CountTable::new(&lens, world, all.len())?;
@@ -208,15 +187,9 @@ impl Transport for MpiTransport {
     fn all_reduce_u64(&self, values: &mut [u64], op: ReduceOp) -> Result<()> {
         let input = values.to_vec();
         match op {
-            ReduceOp::Sum => self
-                .comm
-                .all_reduce_into(&input[..], values, SystemOperation::sum()),
-            ReduceOp::Max => self
-                .comm
-                .all_reduce_into(&input[..], values, SystemOperation::max()),
-            ReduceOp::Min => self
-                .comm
-                .all_reduce_into(&input[..], values, SystemOperation::min()),
+            ReduceOp::Sum => self.comm.all_reduce_into(&input[..], values, SystemOperation::sum()),
+            ReduceOp::Max => self.comm.all_reduce_into(&input[..], values, SystemOperation::max()),
+            ReduceOp::Min => self.comm.all_reduce_into(&input[..], values, SystemOperation::min()),
         }
         Ok(())
     }

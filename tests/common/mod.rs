@@ -54,11 +54,7 @@ fn wait_bounded(mut cmd: Command, what: &str) -> Run {
         }
         std::thread::sleep(Duration::from_millis(20));
     };
-    let out = Output {
-        status,
-        stdout: t_out.join().unwrap().into_bytes(),
-        stderr: t_err.join().unwrap().into_bytes(),
-    };
+    let out = Output { status, stdout: t_out.join().unwrap().into_bytes(), stderr: t_err.join().unwrap().into_bytes() };
     Run {
         code: out.status.code().unwrap_or(-1),
         stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -94,11 +90,7 @@ pub fn mpirun(np: usize, args: &[&str]) -> Run {
 
 /// Asserts success, showing the output otherwise.
 pub fn ok(run: &Run) {
-    assert_eq!(
-        run.code, 0,
-        "exit code {}\nstdout:\n{}\nstderr:\n{}",
-        run.code, run.stdout, run.stderr
-    );
+    assert_eq!(run.code, 0, "exit code {}\nstdout:\n{}\nstderr:\n{}", run.code, run.stdout, run.stderr);
 }
 
 /// The Python interpreter with numpy, h5py and pyarrow (the venv made by the setup
@@ -108,7 +100,10 @@ pub fn python() -> PathBuf {
         return p.into();
     }
     let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python");
-    assert!(venv.exists(), "no Python with numpy/h5py/pyarrow: run launch/setup.sh (creates .venv) or set MESHFEED_PYTHON");
+    assert!(
+        venv.exists(),
+        "no Python with numpy/h5py/pyarrow: run launch/setup.sh (creates .venv) or set MESHFEED_PYTHON"
+    );
     venv
 }
 
@@ -119,16 +114,8 @@ pub fn fixtures() -> &'static Path {
     DIR.get_or_init(|| {
         let dir = std::env::temp_dir().join(format!("meshfeed-fixtures-{}", std::process::id()));
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/make_fixtures.py");
-        let out = Command::new(python())
-            .arg(&script)
-            .arg(&dir)
-            .output()
-            .expect("run make_fixtures.py");
-        assert!(
-            out.status.success(),
-            "make_fixtures.py failed:\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let out = Command::new(python()).arg(&script).arg(&dir).output().expect("run make_fixtures.py");
+        assert!(out.status.success(), "make_fixtures.py failed:\n{}", String::from_utf8_lossy(&out.stderr));
         dir
     })
 }
@@ -141,30 +128,15 @@ pub struct Expected {
 }
 
 pub fn expected(dataset: &Path) -> Expected {
-    let v: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(dataset.join("expected.json")).unwrap()).unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(dataset.join("expected.json")).unwrap()).unwrap();
     Expected {
         samples: v["samples"].as_u64().unwrap(),
-        fields: v["fields"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|f| f.as_str().unwrap().to_string())
-            .collect(),
+        fields: v["fields"].as_array().unwrap().iter().map(|f| f.as_str().unwrap().to_string()).collect(),
         crc32: v["crc32"]
             .as_object()
             .unwrap()
             .iter()
-            .map(|(k, a)| {
-                (
-                    k.clone(),
-                    a.as_array()
-                        .unwrap()
-                        .iter()
-                        .map(|c| c.as_u64().unwrap() as u32)
-                        .collect(),
-                )
-            })
+            .map(|(k, a)| (k.clone(), a.as_array().unwrap().iter().map(|c| c.as_u64().unwrap() as u32).collect()))
             .collect(),
     }
 }
@@ -181,50 +153,34 @@ pub struct DumpLine {
 
 /// Reads `rank-<r>.jsonl` for every rank `0..np`, checking the line format strictly.
 pub fn read_dump(dir: &Path, np: usize) -> Vec<Vec<DumpLine>> {
-    let names: Vec<String> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
+    let names: Vec<String> =
+        std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
     assert_eq!(names.len(), np, "one dump file per rank: {names:?}");
     (0..np)
         .map(|r| {
             let text = std::fs::read_to_string(dir.join(format!("rank-{r}.jsonl"))).unwrap();
             text.lines()
                 .map(|l| {
-                    let v: serde_json::Value = serde_json::from_str(l)
-                        .unwrap_or_else(|e| panic!("bad dump line {l}: {e}"));
+                    let v: serde_json::Value =
+                        serde_json::from_str(l).unwrap_or_else(|e| panic!("bad dump line {l}: {e}"));
                     let o = v.as_object().unwrap();
                     let keys: Vec<&str> = o.keys().map(|k| k.as_str()).collect();
                     assert_eq!(keys, ["crc32", "epoch", "ids", "step"], "dump keys");
                     // serde_json (no preserve_order) sorts object keys: check the raw order too.
                     assert!(l.starts_with("{\"epoch\":"), "{l}");
-                    let ids: Vec<u64> = v["ids"]
-                        .as_array()
-                        .unwrap()
-                        .iter()
-                        .map(|x| x.as_u64().unwrap())
-                        .collect();
+                    let ids: Vec<u64> = v["ids"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap()).collect();
                     let crc32: Vec<(String, Vec<u32>)> = v["crc32"]
                         .as_object()
                         .unwrap()
                         .iter()
                         .map(|(k, a)| {
-                            let c: Vec<u32> = a
-                                .as_array()
-                                .unwrap()
-                                .iter()
-                                .map(|c| c.as_u64().unwrap() as u32)
-                                .collect();
+                            let c: Vec<u32> =
+                                a.as_array().unwrap().iter().map(|c| c.as_u64().unwrap() as u32).collect();
                             assert_eq!(c.len(), ids.len(), "one CRC per row");
                             (k.clone(), c)
                         })
                         .collect();
-                    DumpLine {
-                        epoch: v["epoch"].as_u64().unwrap(),
-                        step: v["step"].as_u64().unwrap(),
-                        ids,
-                        crc32,
-                    }
+                    DumpLine { epoch: v["epoch"].as_u64().unwrap(), step: v["step"].as_u64().unwrap(), ids, crc32 }
                 })
                 .collect()
         })
@@ -233,17 +189,10 @@ pub fn read_dump(dir: &Path, np: usize) -> Vec<Vec<DumpLine>> {
 
 /// Global batches in order: for each (epoch, step), the concatenation of every rank's
 /// rows in rank order, as (id, field → crc).
-pub fn global_batches(
-    dump: &[Vec<DumpLine>],
-) -> Vec<((u64, u64), Vec<(u64, BTreeMap<String, u32>)>)> {
+pub fn global_batches(dump: &[Vec<DumpLine>]) -> Vec<((u64, u64), Vec<(u64, BTreeMap<String, u32>)>)> {
     let steps = dump[0].len();
     for (r, lines) in dump.iter().enumerate() {
-        assert_eq!(
-            lines.len(),
-            steps,
-            "rank {r} wrote {} lines, rank 0 wrote {steps}",
-            lines.len()
-        );
+        assert_eq!(lines.len(), steps, "rank {r} wrote {} lines, rank 0 wrote {steps}", lines.len());
     }
     (0..steps)
         .map(|s| {
@@ -253,10 +202,7 @@ pub fn global_batches(
                 let l = &lines[s];
                 assert_eq!((l.epoch, l.step), key, "ranks step in lockstep");
                 for (i, id) in l.ids.iter().enumerate() {
-                    rows.push((
-                        *id,
-                        l.crc32.iter().map(|(f, c)| (f.clone(), c[i])).collect(),
-                    ));
+                    rows.push((*id, l.crc32.iter().map(|(f, c)| (f.clone(), c[i])).collect()));
                 }
             }
             (key, rows)
