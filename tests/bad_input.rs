@@ -109,7 +109,7 @@ fn batch_not_divisible_by_ranks() {
     fails(
         3,
         &["run", "--data", data(&d), "--batch-size", "10"],
-        &["batch size 10 is not divisible by the number of ranks 3"],
+        &["batch size 10 is not divisible by dp = 3 (the batch dimension's split)"],
     );
 }
 

@@ -12,31 +12,56 @@ use indicatif::{ProgressBar, ProgressStyle};
 
 use super::dump::DumpWriter;
 use super::verify::{Report, Verifier};
-use crate::dataset::gen;
+use crate::dataset::{gen, DatasetOptions};
 use crate::error::{Error, Result};
-use crate::loader::{Loader, LoaderOptions, Metrics, Phase};
+use crate::loader::{layout, ExchangeMode, Layout, Loader, LoaderOptions, Metrics, Phase};
 use crate::plan::HomeRanges;
 use crate::transport::{agree, MpiTransport, ReduceOp, Transport};
 use crate::types::Epoch;
 
 #[derive(clap::Args, Debug)]
 pub struct RunArgs {
-    #[command(flatten)]
-    pub data: super::DataArgs,
-    /// Global batch size B (must be divisible by the number of ranks).
+    /// TOML job file: dataset, loader options, mesh, specs, stages. Flags override it.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Dataset files or directories (all supported files in a directory, in name order).
+    #[arg(long, num_args = 1.., value_name = "PATH")]
+    pub data: Vec<PathBuf>,
+    /// HDF5 group that holds the datasets (default: the file root).
+    #[arg(long, value_name = "GROUP")]
+    pub group: Option<String>,
+    /// Global batch size B (must be divisible by the batch dimension's split).
     #[arg(long)]
-    pub batch_size: usize,
-    /// Number of epochs.
-    #[arg(long, default_value_t = 1)]
-    pub epochs: u64,
-    /// Seed of the shuffle.
-    #[arg(long, default_value_t = 0)]
-    pub seed: u64,
-    /// Budget for bytes in flight per rank per exchange window (K/M/G suffixes).
-    #[arg(long, default_value = "64M", value_parser = super::parse_bytes)]
-    pub window_bytes: u64,
-    /// Check collectively that every sample arrived exactly once, in order, with the
-    /// right contents (contents: for datasets written by `meshfeed gen`).
+    pub batch_size: Option<usize>,
+    /// Number of epochs [default: 1].
+    #[arg(long)]
+    pub epochs: Option<u64>,
+    /// Seed of the shuffle [default: 0].
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Budget for bytes in flight per rank per exchange window (K/M/G suffixes) [default: 64M].
+    #[arg(long, value_parser = super::parse_bytes)]
+    pub window_bytes: Option<u64>,
+    /// Device mesh, e.g. dp=2,tp=2,pp=2 (product = number of ranks) [default: dp=<ranks>].
+    #[arg(long)]
+    pub mesh: Option<String>,
+    /// Mesh axes from slowest to fastest varying in the rank numbering [default: as written].
+    #[arg(long, value_delimiter = ',')]
+    pub mesh_order: Vec<String>,
+    /// The pipeline axis [default: pp].
+    #[arg(long)]
+    pub pipeline_axis: Option<String>,
+    /// Sharding of a field, per dimension of [batch, *shape]: mesh axis, axes joined by +, or -.
+    #[arg(long = "shard", value_name = "FIELD=SPEC")]
+    pub shard: Vec<String>,
+    /// Pipeline stages that receive a field.
+    #[arg(long = "stages", value_name = "FIELD=first|last|all")]
+    pub stages: Vec<String>,
+    /// Exchange algorithm: fused, two-phase, or auto (cost model) [default: auto].
+    #[arg(long)]
+    pub exchange: Option<String>,
+    /// Check collectively that every sample arrived exactly once (per receiving rank), in
+    /// order, with the right contents (contents: for datasets written by `meshfeed gen`).
     #[arg(long)]
     pub verify: bool,
     /// Write one rank-<r>.jsonl per rank: ids and CRC-32 of every delivered row.
@@ -48,6 +73,94 @@ pub struct RunArgs {
     /// Cap on bytes per MPI_Alltoallv round (larger exchanges are chunked); for testing.
     #[arg(long, hide = true, value_parser = super::parse_bytes)]
     pub max_round_bytes: Option<u64>,
+}
+
+/// The `--config` file. Every key is optional; flags override keys.
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
+struct JobFile {
+    data: Vec<PathBuf>,
+    group: Option<String>,
+    batch_size: Option<usize>,
+    epochs: Option<u64>,
+    seed: Option<u64>,
+    window_bytes: Option<toml::Value>,
+    #[serde(flatten)]
+    layout: Layout,
+}
+
+/// A validated job: what to load and how.
+#[derive(Debug)]
+pub struct Job {
+    pub data: Vec<PathBuf>,
+    pub dataset: DatasetOptions,
+    pub options: LoaderOptions,
+    pub epochs: u64,
+}
+
+impl RunArgs {
+    /// Merges the config file (if any) and the flags into a job; flags win.
+    pub fn job(&self) -> Result<Job> {
+        let file = match &self.config {
+            Some(path) => {
+                let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+                // Relative dataset paths are relative to the job file.
+                let mut f: JobFile = toml::from_str(&text)
+                    .map_err(|e| Error::file(path, format!("invalid job file: {}", e.message())))?;
+                let base = path.parent().unwrap_or(std::path::Path::new("."));
+                f.data = f.data.into_iter().map(|p| if p.is_relative() { base.join(p) } else { p }).collect();
+                f
+            }
+            None => JobFile::default(),
+        };
+        let window_bytes = match (&self.window_bytes, &file.window_bytes) {
+            (Some(b), _) => *b,
+            (None, Some(toml::Value::Integer(i))) => {
+                u64::try_from(*i).map_err(|_| Error::Config(format!("window_bytes {i} must be positive")))?
+            }
+            (None, Some(toml::Value::String(s))) => super::parse_bytes(s).map_err(Error::Config)?,
+            (None, Some(v)) => {
+                return Err(Error::Config(format!("window_bytes must be a number or a size string, not {v}")))
+            }
+            (None, None) => 64 << 20,
+        };
+        let mut layout = file.layout;
+        if let Some(m) = &self.mesh {
+            layout.mesh = Some(m.clone());
+        }
+        if !self.mesh_order.is_empty() {
+            layout.mesh_order = self.mesh_order.clone();
+        }
+        if let Some(p) = &self.pipeline_axis {
+            layout.pipeline_axis = Some(p.clone());
+        }
+        for s in &self.shard {
+            let (k, v) = layout::parse_pair("--shard", s)?;
+            layout.shard.insert(k, v);
+        }
+        for s in &self.stages {
+            let (k, v) = layout::parse_pair("--stages", s)?;
+            layout.stages.insert(k, v);
+        }
+        if let Some(x) = &self.exchange {
+            layout.exchange = ExchangeMode::parse(x)
+                .ok_or_else(|| Error::Config(format!("--exchange '{x}': expected fused, two-phase or auto")))?;
+        }
+        let data = if self.data.is_empty() { file.data } else { self.data.clone() };
+        if data.is_empty() {
+            return Err(Error::Config("no dataset given (--data PATH... or data = [...] in --config)".into()));
+        }
+        let batch_size = self
+            .batch_size
+            .or(file.batch_size)
+            .ok_or_else(|| Error::Config("no batch size given (--batch-size or batch_size in --config)".into()))?;
+        Ok(Job {
+            data,
+            dataset: DatasetOptions { hdf5_group: self.group.clone().or(file.group) },
+            options: LoaderOptions { batch_size, seed: self.seed.or(file.seed).unwrap_or(0), window_bytes, layout },
+            epochs: self.epochs.or(file.epochs).unwrap_or(1),
+        })
+    }
 }
 
 /// Initialises MPI, runs the job, prints any error once per rank, finalises MPI.
@@ -101,8 +214,10 @@ struct EpochSummary {
 fn run(args: RunArgs, transport: MpiTransport) -> Result<()> {
     transport.check_launcher()?;
     let rank = transport.rank().0;
-    let options = LoaderOptions { batch_size: args.batch_size, seed: args.seed, window_bytes: args.window_bytes };
-    let mut loader = Loader::open(transport, &args.data.data, args.data.options(), options)?;
+    let job = args.job()?;
+    let batch_size = job.options.batch_size;
+    let seed = job.options.seed;
+    let mut loader = Loader::open(transport, &job.data, job.dataset.clone(), job.options)?;
     let world = loader.transport().size();
     let n = loader.dataset().len();
     let steps = loader.steps_per_epoch();
@@ -111,8 +226,7 @@ fn run(args: RunArgs, transport: MpiTransport) -> Result<()> {
     let mut verifier = match args.verify {
         true => Some(agree(
             loader.transport(),
-            gen::find_manifest(&args.data.data)
-                .and_then(|m| Verifier::new(loader.dataset(), args.batch_size, args.seed, m)),
+            gen::find_manifest(&job.data).and_then(|m| Verifier::new(loader.dataset(), loader.placement(), seed, m)),
         )?),
         false => None,
     };
@@ -122,19 +236,24 @@ fn run(args: RunArgs, transport: MpiTransport) -> Result<()> {
     };
     if rank == 0 && !args.json {
         println!(
-            "meshfeed: {} samples, {} field(s), {} ranks; batch {} → {} steps/epoch ({} dropped), {} steps per exchange window",
+            "meshfeed: {} samples, {} field(s), {} ranks, mesh {}, {} exchange; batch {} → {} steps/epoch ({} dropped), {} steps per window",
             n,
             loader.dataset().fields().len(),
             world,
-            args.batch_size,
+            loader.mesh(),
+            match loader.exchange_mode() {
+                ExchangeMode::TwoPhase => "two-phase",
+                _ => "fused",
+            },
+            batch_size,
             steps,
-            n - steps * args.batch_size as u64,
+            n - steps * batch_size as u64,
             loader.steps_per_window()
         );
     }
 
     let mut all_ok = true;
-    for e in 0..args.epochs {
+    for e in 0..job.epochs {
         let epoch = Epoch(e);
         let bar = progress_bar(rank == 0 && !args.json, steps, e);
         if let Some(v) = verifier.as_mut() {
@@ -161,21 +280,14 @@ fn run(args: RunArgs, transport: MpiTransport) -> Result<()> {
         let seconds = start.elapsed().as_secs_f64();
         bar.finish_and_clear();
         let metrics = loader.take_metrics();
-        let mut summary = summarize(
-            loader.transport(),
-            e,
-            steps * args.batch_size as u64,
-            steps,
-            seconds,
-            delivered_bytes,
-            &metrics,
-        )?;
+        let mut summary =
+            summarize(loader.transport(), e, steps * batch_size as u64, steps, seconds, delivered_bytes, &metrics)?;
         if let Some(v) = verifier.as_mut() {
-            let (report, first) = v.finish_epoch(loader.transport(), &home, steps * args.batch_size as u64)?;
+            let (report, first) = v.finish_epoch(loader.transport(), &home, steps * batch_size as u64)?;
             summary.verified = Some(report.ok());
             all_ok &= report.ok();
             if rank == 0 && !args.json {
-                print_report(e, &report, v.checks_contents(), first.as_deref());
+                print_report(e, summary.samples, &report, v.checks_contents(), first.as_deref());
             }
             if !report.ok() {
                 if rank == 0 && args.json {
@@ -197,7 +309,7 @@ fn run(args: RunArgs, transport: MpiTransport) -> Result<()> {
     }
     if rank == 0 && !args.json {
         let verified = if verifier.is_some() && all_ok { ", verified" } else { "" };
-        println!("meshfeed: done: {} epoch(s) on {world} ranks{verified}", args.epochs);
+        println!("meshfeed: done: {} epoch(s) on {world} ranks{verified}", job.epochs);
     }
     Ok(())
 }
@@ -264,14 +376,21 @@ fn print_summary(s: &EpochSummary) {
     );
 }
 
-fn print_report(epoch: u64, r: &Report, contents: bool, first: Option<&str>) {
+fn print_report(epoch: u64, samples: u64, r: &Report, contents: bool, first: Option<&str>) {
     if r.ok() {
         let what = if contents {
             format!("contents match the generator ({} values checked)", r.values_checked)
         } else {
             "contents not checked (no meshfeed-gen manifest)".to_string()
         };
-        println!("verify: epoch {epoch}: {} samples delivered exactly once, in permutation order; {what}", r.delivered);
+        let copies = if r.delivered > samples {
+            format!(" to each of its ranks ({} deliveries)", r.delivered)
+        } else {
+            String::new()
+        };
+        println!(
+            "verify: epoch {epoch}: {samples} samples delivered exactly once{copies}, in permutation order; {what}"
+        );
     } else {
         println!(
             "verify: epoch {epoch}: FAILED — {} missing, {} duplicated, {} unexpected, {} out of order, {} wrong contents; first: {}",

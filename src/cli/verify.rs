@@ -5,15 +5,16 @@
 //! * Contents: when the dataset was written by `meshfeed gen` (its manifest is found),
 //!   every delivered value is recomputed from its id and compared byte for byte.
 //! * Exactly once: every rank sends the ids it received to their home ranks; each home
-//!   rank counts deliveries of its ids (one byte per id of its home range) and checks that
-//!   ids at positions `< steps·B` arrived exactly once and the others (the dropped tail)
-//!   never did.
+//!   rank counts deliveries of its ids (two bytes per id of its home range) and checks that
+//!   ids at positions `< steps·B` arrived exactly once per receiving rank of their row block
+//!   (replicas and tensor-parallel peers each receive their copy or slice) and the others
+//!   (the dropped tail) never did.
 
 use crate::dataset::gen::{self, Manifest};
 use crate::dataset::Dataset;
 use crate::error::{Error, Result};
 use crate::loader::Batch;
-use crate::plan::{HomeRanges, Permutation};
+use crate::plan::{HomeRanges, Permutation, Placement};
 use crate::transport::{ReduceOp, Transport};
 use crate::types::Epoch;
 
@@ -39,6 +40,8 @@ impl Report {
 /// Per-rank verification state.
 pub struct Verifier {
     batch_size: usize,
+    /// Ranks receiving something, per row of the global batch.
+    copies_per_row: Vec<u16>,
     seed: u64,
     manifest: Option<(Manifest, Vec<usize>)>,
     perm: Option<Permutation>,
@@ -52,7 +55,11 @@ pub struct Verifier {
 impl Verifier {
     /// A verifier for `dataset`; `manifest` (when the data was generated) enables the
     /// content check.
-    pub fn new(dataset: &Dataset, batch_size: usize, seed: u64, manifest: Option<Manifest>) -> Result<Verifier> {
+    pub fn new(dataset: &Dataset, placement: &Placement, seed: u64, manifest: Option<Manifest>) -> Result<Verifier> {
+        let batch_size = placement.batch_size();
+        let copies_per_row = (0..batch_size)
+            .map(|r| placement.block_of_row(r).receivers.iter().filter(|rc| !rc.parts.is_empty()).count() as u16)
+            .collect();
         let manifest = match manifest {
             None => None,
             Some(m) => {
@@ -77,6 +84,7 @@ impl Verifier {
         };
         Ok(Verifier {
             batch_size,
+            copies_per_row,
             seed,
             manifest,
             perm: None,
@@ -129,6 +137,7 @@ impl Verifier {
         let Some((manifest, map)) = &self.manifest else {
             return;
         };
+        let mut full = Vec::new();
         let mut expected = Vec::new();
         let mut bad = Vec::new();
         for fd in batch.fields() {
@@ -138,8 +147,10 @@ impl Verifier {
                 .position(|f| f.name == fd.field().name)
                 .expect("batch fields come from the dataset");
             for (r, id) in batch.ids().iter().enumerate() {
+                full.clear();
                 expected.clear();
-                gen::value(&manifest.fields, id.0, map[fi], &mut expected);
+                gen::value(&manifest.fields, id.0, map[fi], &mut full);
+                fd.part().copy(fd.field(), &full, &mut expected);
                 self.values_checked += 1;
                 if fd.row(r) != expected.as_slice() {
                     bad.push(format!(
@@ -175,7 +186,7 @@ impl Verifier {
         let send: Vec<u8> = by_owner.concat();
         let (recv, _) = transport.all_to_all_v(&send, &counts)?;
         let range = home.range(me);
-        let mut seen = vec![0u8; (range.end - range.start) as usize];
+        let mut seen = vec![0u16; (range.end - range.start) as usize];
         let mut r = Report { delivered: self.delivered.len() as u64, ..Default::default() };
         for id in recv.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes"))) {
             match id.checked_sub(range.start).filter(|&o| o < seen.len() as u64) {
@@ -185,16 +196,24 @@ impl Verifier {
         }
         for (o, &count) in seen.iter().enumerate() {
             let id = range.start + o as u64;
-            let expected = perm.invert(id) < delivered_positions;
+            let position = perm.invert(id);
+            let expected = position < delivered_positions;
+            let copies = self.copies_per_row[(position % self.batch_size as u64) as usize];
             match (expected, count) {
                 (true, 0) => {
                     r.missing += 1;
                     self.first_problem.get_or_insert(format!("sample {id} was never delivered"));
                 }
-                (true, 1) | (false, 0) => {}
+                (true, c) if c == copies => {}
+                (false, 0) => {}
+                (true, c) if c < copies => {
+                    r.missing += 1;
+                    self.first_problem.get_or_insert(format!("sample {id} reached {c} of its {copies} ranks"));
+                }
                 (true, _) => {
                     r.duplicated += 1;
-                    self.first_problem.get_or_insert(format!("sample {id} was delivered {count} times"));
+                    self.first_problem
+                        .get_or_insert(format!("sample {id} was delivered {count} times, to {copies} ranks"));
                 }
                 (false, _) => {
                     r.unexpected += 1;

@@ -6,6 +6,7 @@ use ndarray::{ArrayViewD, IxDyn};
 
 use crate::dataset::{DType, Field, FieldKind};
 use crate::error::{Error, Result};
+use crate::plan::FieldPart;
 use crate::types::{Epoch, SampleId, Step};
 
 /// Element types a tensor field can be viewed as.
@@ -43,10 +44,11 @@ impl AlignedBytes {
     }
 }
 
-/// The values of one field for the rows of a batch.
+/// The values of one field (or of this rank's slice of it) for the rows of a batch.
 #[derive(Clone, Debug)]
 pub struct FieldData {
     field: Field,
+    part: FieldPart,
     rows: usize,
     data: AlignedBytes,
     /// Variable-length fields: `offsets[i]..offsets[i + 1]` are row `i`'s bytes.
@@ -54,11 +56,12 @@ pub struct FieldData {
 }
 
 impl FieldData {
-    pub(crate) fn tensor(field: Field, rows: usize, value_bytes: usize) -> FieldData {
-        FieldData { field, rows, data: AlignedBytes::zeroed(rows * value_bytes), offsets: None }
+    pub(crate) fn tensor(field: Field, part: FieldPart, rows: usize) -> FieldData {
+        let value_bytes = part.bytes(&field).expect("tensor field");
+        FieldData { field, part, rows, data: AlignedBytes::zeroed(rows * value_bytes), offsets: None }
     }
 
-    pub(crate) fn var_len(field: Field, rows: usize, values: &[&[u8]]) -> FieldData {
+    pub(crate) fn var_len(field: Field, part: FieldPart, rows: usize, values: &[&[u8]]) -> FieldData {
         let total = values.iter().map(|v| v.len()).sum();
         let mut data = AlignedBytes::zeroed(total);
         let mut offsets = Vec::with_capacity(rows + 1);
@@ -69,7 +72,7 @@ impl FieldData {
             at += v.len();
             offsets.push(at);
         }
-        FieldData { field, rows, data, offsets: Some(offsets) }
+        FieldData { field, part, rows, data, offsets: Some(offsets) }
     }
 
     pub(crate) fn bytes_mut(&mut self) -> &mut [u8] {
@@ -102,10 +105,25 @@ impl FieldData {
         }
     }
 
-    /// Shape of the batch array, `[rows, *field_shape]`; `None` for variable length.
+    /// Which part of each value this rank holds (whole, or a slice of the field's dims).
+    pub fn part(&self) -> &FieldPart {
+        &self.part
+    }
+
+    /// Ranges of the field's dimensions this rank holds (the whole field when unsplit);
+    /// with [`Batch::rows`] this is the slice of the global batch array it covers.
+    pub fn field_slice(&self) -> Vec<Range<usize>> {
+        match (&self.part.slice, &self.field.kind) {
+            (Some(s), _) => s.clone(),
+            (None, FieldKind::Tensor { shape, .. }) => shape.iter().map(|&n| 0..n).collect(),
+            (None, FieldKind::Bytes { .. }) => vec![],
+        }
+    }
+
+    /// Shape of the local batch array, `[rows, *slice_shape]`; `None` for variable length.
     pub fn shape(&self) -> Option<Vec<usize>> {
         match &self.field.kind {
-            FieldKind::Tensor { shape, .. } => Some(std::iter::once(self.rows).chain(shape.iter().copied()).collect()),
+            FieldKind::Tensor { .. } => Some(std::iter::once(self.rows).chain(self.part.shape(&self.field)).collect()),
             FieldKind::Bytes { .. } => None,
         }
     }
@@ -127,6 +145,7 @@ impl FieldData {
 /// This rank's part of one global batch.
 #[derive(Clone, Debug)]
 pub struct Batch {
+    pub(crate) coords: Vec<usize>,
     pub(crate) epoch: Epoch,
     pub(crate) step: Step,
     pub(crate) rows: Range<usize>,
@@ -143,6 +162,11 @@ impl Batch {
     /// The step (global batch index) within the epoch.
     pub fn step(&self) -> Step {
         self.step
+    }
+
+    /// This rank's mesh coordinate, indexed by mesh axis.
+    pub fn coords(&self) -> &[usize] {
+        &self.coords
     }
 
     /// Rows of the global batch this rank holds (empty when it receives nothing).
@@ -172,7 +196,7 @@ mod tests {
 
     #[test]
     fn arrays_check_dtype_and_shape() {
-        let mut f = FieldData::tensor(Field::tensor("x", DType::F32, vec![2]), 3, 8);
+        let mut f = FieldData::tensor(Field::tensor("x", DType::F32, vec![2]), FieldPart::whole(0), 3);
         for (i, v) in [1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0].iter().enumerate() {
             f.bytes_mut()[i * 4..i * 4 + 4].copy_from_slice(&v.to_le_bytes());
         }
@@ -181,9 +205,16 @@ mod tests {
         assert_eq!(a[[2, 1]], 6.0);
         assert_eq!(f.row(1), &[0, 0, 0x40, 0x40, 0, 0, 0x80, 0x40]);
         assert!(f.array::<i32>().unwrap_err().to_string().contains("is f32, not i32"));
-        let v =
-            FieldData::var_len(Field { name: "t".into(), kind: FieldKind::Bytes { utf8: false } }, 2, &[b"ab", b""]);
+        let t = Field { name: "t".into(), kind: FieldKind::Bytes { utf8: false } };
+        let v = FieldData::var_len(t, FieldPart::whole(0), 2, &[b"ab", b""]);
         assert_eq!((v.row(0), v.row(1)), (&b"ab"[..], &b""[..]));
         assert!(v.array::<u8>().is_err());
+        // A slice of a [4, 6] field: columns 3..6.
+        let part = FieldPart { field: 0, slice: Some(vec![0..4, 3..6]) };
+        let mut s = FieldData::tensor(Field::tensor("x", DType::U8, vec![4, 6]), part, 2);
+        s.bytes_mut()[23] = 9;
+        assert_eq!(s.shape(), Some(vec![2, 4, 3]));
+        assert_eq!(s.array::<u8>().unwrap()[[1, 3, 2]], 9);
+        assert_eq!(s.field_slice(), vec![0..4, 3..6]);
     }
 }

@@ -38,24 +38,24 @@
 //! ```
 
 pub mod batch;
+mod exchange;
+pub mod layout;
 pub mod metrics;
 
 use std::collections::{HashMap, VecDeque};
 use std::path::PathBuf;
 
-use crate::dataset::{self, Dataset, DatasetOptions, FieldKind, FileInfo, FileReader, RowChunk};
+use crate::dataset::{self, Dataset, DatasetOptions, FileInfo, FileReader, RowChunk};
 use crate::error::{Error, Result};
-use crate::plan::{steps_per_window, HomeRanges, Permutation, Placement, WindowPlan};
+use crate::plan::{steps_per_window, FieldPart, HomeRanges, Mesh, Permutation, Placement, WindowPlan};
 use crate::transport::{agree, ReduceOp, Transport};
-use crate::types::{Epoch, Rank, SampleId, Step};
+use crate::types::{Epoch, Rank, SampleId};
 pub use batch::{Batch, Element, FieldData};
+use exchange::{assemble, pack, Receipt, ValueSource};
+pub use layout::{ExchangeMode, Layout};
 pub use metrics::{Metrics, Phase};
 
-/// Assumed bytes per variable-length value when sizing windows (actual sizes are only
-/// known after reading).
-const VAR_LEN_ESTIMATE: u64 = 256;
-
-/// How the loader batches and shuffles.
+/// How the loader batches, shuffles and places data.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct LoaderOptions {
     /// Global batch size `B`.
@@ -64,11 +64,13 @@ pub struct LoaderOptions {
     pub seed: u64,
     /// Budget for bytes in flight per rank in one exchange window.
     pub window_bytes: u64,
+    /// Device mesh, sharding specs and pipeline stages (default: data parallel).
+    pub layout: Layout,
 }
 
 impl Default for LoaderOptions {
     fn default() -> Self {
-        LoaderOptions { batch_size: 32, seed: 0, window_bytes: 64 << 20 }
+        LoaderOptions { batch_size: 32, seed: 0, window_bytes: 64 << 20, layout: Layout::default() }
     }
 }
 
@@ -106,13 +108,26 @@ pub fn open_dataset(transport: &dyn Transport, paths: &[PathBuf], options: Datas
     Dataset::from_files(infos, options)
 }
 
+/// The two-phase exchange's state: the leaders' placement and this rank's group.
+struct TwoPhase {
+    leaders: Placement,
+    /// This rank's row-block group (created at the first window; a collective).
+    group: Option<Box<dyn Transport>>,
+    /// World ranks of this rank's group members that receive something, in group order.
+    members: Vec<Rank>,
+}
+
 /// A distributed loader over one dataset.
 pub struct Loader<T: Transport> {
     transport: T,
     dataset: Dataset,
     options: LoaderOptions,
     home: HomeRanges,
+    mesh: Mesh,
+    coords: Vec<usize>,
     placement: Placement,
+    mode: ExchangeMode,
+    two_phase: Option<TwoPhase>,
     steps_per_epoch: u64,
     steps_per_window: u64,
     readers: HashMap<usize, Box<dyn FileReader>>,
@@ -147,16 +162,39 @@ impl<T: Transport> Loader<T> {
         if b as u64 > n {
             return Err(Error::Config(format!("batch size {b} is larger than the dataset ({n} samples)")));
         }
-        let placement = Placement::data_parallel(b, world, dataset.fields().len())?;
+        let mesh = options.layout.mesh(world)?;
+        let placement = options.layout.placement(&mesh, dataset.fields(), b)?;
+        let mode = layout::choose(options.layout.exchange, &placement, dataset.fields())?;
+        let me = transport.rank();
+        let two_phase = match mode {
+            ExchangeMode::TwoPhase => {
+                let members = placement
+                    .receiver(me)
+                    .map(|(block, _)| block.receivers.iter().filter(|r| !r.parts.is_empty()).map(|r| r.rank).collect())
+                    .unwrap_or_default();
+                Some(TwoPhase { leaders: layout::leader_placement(&placement)?, group: None, members })
+            }
+            _ => None,
+        };
         let steps_per_epoch = n / b as u64;
-        let per_step = max_bytes_per_step(&dataset, &placement);
+        // The busiest rank's receive buffer per step; two-phase leaders hold whole rows.
+        let per_step =
+            layout::recv_bytes_per_step(two_phase.as_ref().map_or(&placement, |t| &t.leaders), dataset.fields())
+                .into_iter()
+                .chain(layout::recv_bytes_per_step(&placement, dataset.fields()))
+                .max()
+                .unwrap_or(0);
         let steps_per_window = steps_per_window(options.window_bytes, per_step, steps_per_epoch);
         Ok(Loader {
             home: HomeRanges::new(n, world),
+            coords: mesh.coords(me),
+            mesh,
             transport,
             dataset,
             options,
             placement,
+            mode,
+            two_phase,
             steps_per_epoch,
             steps_per_window,
             readers: HashMap::new(),
@@ -179,9 +217,24 @@ impl<T: Transport> Loader<T> {
         &self.options
     }
 
-    /// The placement of batch rows on ranks.
+    /// The device mesh.
+    pub fn mesh(&self) -> &Mesh {
+        &self.mesh
+    }
+
+    /// This rank's mesh coordinate.
+    pub fn coords(&self) -> &[usize] {
+        &self.coords
+    }
+
+    /// The placement of batch rows and slices on ranks.
     pub fn placement(&self) -> &Placement {
         &self.placement
+    }
+
+    /// The exchange in use (`Auto` resolved).
+    pub fn exchange_mode(&self) -> ExchangeMode {
+        self.mode
     }
 
     /// This rank's home range of sample ids.
@@ -239,53 +292,159 @@ impl<T: Transport> Loader<T> {
         Ok(ReadSet { ids: ids.to_vec(), starts, chunks })
     }
 
-    fn run_window(&mut self, perm: &Permutation, epoch: Epoch, steps: std::ops::Range<u64>) -> Result<Vec<Batch>> {
+    /// Plans, reads, packs and exchanges one window under `placement` over the world;
+    /// returns the plan and the received bytes.
+    fn shuffle(
+        &mut self,
+        perm: &Permutation,
+        placement: &Placement,
+        steps: std::ops::Range<u64>,
+    ) -> Result<(WindowPlan, Vec<u8>, Vec<usize>)> {
         let me = self.transport.rank();
-        let plan = {
-            let (home, placement) = (&self.home, &self.placement);
-            self.metrics.timed(Phase::Plan, || WindowPlan::new(perm, home, placement, me, steps.clone()))
-        };
+        let home = &self.home;
+        let plan = self.metrics.timed(Phase::Plan, || WindowPlan::new(perm, home, placement, me, steps));
 
         let start = std::time::Instant::now();
         let read = self.read(&plan.reads);
         self.metrics.phase[Phase::Read as usize] += start.elapsed();
         let read = self.metrics.timed(Phase::Exchange, || agree(&self.transport, read))?;
 
-        let (send, counts) = self.metrics.timed(Phase::Pack, || pack(&plan, &read, &self.placement, &self.dataset));
-        self.metrics.bytes_sent += send.len() as u64;
+        let parts: Vec<Option<&[FieldPart]>> =
+            (0..placement.world()).map(|d| placement.receiver(Rank(d)).map(|(_, rc)| &rc.parts[..])).collect();
+        let source = FromReads { ids: &plan.ids, read: &read };
+        let (send, counts) =
+            self.metrics.timed(Phase::Pack, || pack(&plan.sends, &parts, self.dataset.fields(), &source));
         drop(read);
-        let (recv, recv_counts) = {
-            let t = &self.transport;
-            self.metrics.timed(Phase::Exchange, || t.all_to_all_v(&send, &counts))?
-        };
-        drop(send);
+        self.metrics.bytes_sent += send.len() as u64;
+        let t = &self.transport;
+        let (recv, recv_counts) = self.metrics.timed(Phase::Exchange, || t.all_to_all_v(&send, &counts))?;
         self.metrics.bytes_received += recv.len() as u64;
+        Ok((plan, recv, recv_counts))
+    }
 
-        let batches = {
-            let (home, placement, dataset) = (&self.home, &self.placement, &self.dataset);
-            self.metrics
-                .timed(Phase::Assemble, || assemble(&plan, epoch, &recv, &recv_counts, home, placement, dataset, me))
+    fn run_window(&mut self, perm: &Permutation, epoch: Epoch, steps: std::ops::Range<u64>) -> Result<Vec<Batch>> {
+        let batches = match self.mode {
+            ExchangeMode::TwoPhase => self.run_two_phase(perm, epoch, steps),
+            _ => self.run_fused(perm, epoch, steps),
         };
         let batches = self.metrics.timed(Phase::Exchange, || agree(&self.transport, batches))?;
         self.metrics.windows += 1;
         self.metrics.rows_delivered += batches.iter().map(|b| b.ids.len() as u64).sum::<u64>();
         Ok(batches)
     }
+
+    /// One fused exchange: home ranks send every needed slice straight to its receivers.
+    fn run_fused(&mut self, perm: &Permutation, epoch: Epoch, steps: std::ops::Range<u64>) -> Result<Vec<Batch>> {
+        let placement = self.placement.clone();
+        let (plan, recv, recv_counts) = self.shuffle(perm, &placement, steps.clone())?;
+        let me = self.transport.rank();
+        let (rows, parts) = match placement.receiver(me) {
+            Some((block, rc)) => (block.rows.clone(), &rc.parts[..]),
+            None => (0..0, &[][..]),
+        };
+        let receipt =
+            Receipt { epoch, steps, batch_size: plan.batch_size, ids: &plan.ids, rows, parts, coords: &self.coords };
+        let home = &self.home;
+        let fields = self.dataset.fields();
+        self.metrics.timed(Phase::Assemble, || assemble(&receipt, fields, &recv, &recv_counts, |id| home.owner(id).0))
+    }
+
+    /// Two-phase: shuffle whole rows to each row block's leader, then the leader scatters
+    /// every member's slices within the block's group.
+    fn run_two_phase(&mut self, perm: &Permutation, epoch: Epoch, steps: std::ops::Range<u64>) -> Result<Vec<Batch>> {
+        let me = self.transport.rank();
+        let mut state = self.two_phase.take().expect("two-phase state");
+        let result = (|| {
+            let (plan, recv, recv_counts) = self.shuffle(perm, &state.leaders, steps.clone())?;
+            // Phase one: the leader assembles whole rows.
+            let (lrows, lparts) = match state.leaders.receiver(me) {
+                Some((block, rc)) => (block.rows.clone(), &rc.parts[..]),
+                None => (0..0, &[][..]),
+            };
+            let leader_receipt = Receipt {
+                epoch,
+                steps: steps.clone(),
+                batch_size: plan.batch_size,
+                ids: &plan.ids,
+                rows: lrows.clone(),
+                parts: lparts,
+                coords: &self.coords,
+            };
+            let (home, fields) = (&self.home, self.dataset.fields());
+            let full = self.metrics.timed(Phase::Assemble, || {
+                assemble(&leader_receipt, fields, &recv, &recv_counts, |id| home.owner(id).0)
+            });
+            let full = self.metrics.timed(Phase::Exchange, || agree(&self.transport, full))?;
+
+            // Phase two, inside the row block's group (color: block index; ranks that
+            // receive nothing form one more group and exchange nothing).
+            if state.group.is_none() {
+                let color = match self.placement.receiver(me) {
+                    Some((block, _)) => {
+                        self.placement.blocks().iter().position(|b| b.rows == block.rows).expect("own block")
+                    }
+                    None => self.placement.blocks().len(),
+                };
+                state.group = Some(self.transport.split(color)?);
+            }
+            let group = state.group.as_ref().expect("group");
+            let b = plan.batch_size;
+            let nsteps = (steps.end - steps.start) as usize;
+            let (rows, parts) = match self.placement.receiver(me) {
+                Some((block, rc)) => (block.rows.clone(), &rc.parts[..]),
+                None => (0..0, &[][..]),
+            };
+            // The leader is the group's first member (lowest rank that receives anything).
+            let i_lead = !lparts.is_empty();
+            let window_rows: Vec<usize> = (0..nsteps).flat_map(|s| rows.clone().map(move |r| s * b + r)).collect();
+            let mut sends = vec![Vec::new(); group.size()];
+            let mut member_parts: Vec<Option<&[FieldPart]>> = vec![None; group.size()];
+            if i_lead {
+                for (g, m) in state.members.iter().enumerate() {
+                    sends[g] = window_rows.clone();
+                    member_parts[g] = self.placement.receiver(*m).map(|(_, rc)| &rc.parts[..]);
+                }
+            }
+            let source = FromLeader { batches: &full, batch_size: b, first_row: lrows.start, fields: lparts };
+            let (send, counts) = self.metrics.timed(Phase::Pack, || pack(&sends, &member_parts, fields, &source));
+            self.metrics.bytes_sent += send.len() as u64;
+            let (recv, recv_counts) = self.metrics.timed(Phase::Exchange, || group.all_to_all_v(&send, &counts))?;
+            self.metrics.bytes_received += recv.len() as u64;
+            let receipt = Receipt { epoch, steps, batch_size: b, ids: &plan.ids, rows, parts, coords: &self.coords };
+            self.metrics.timed(Phase::Assemble, || assemble(&receipt, fields, &recv, &recv_counts, |_| 0))
+        })();
+        self.two_phase = Some(state);
+        result
+    }
 }
 
-/// Upper bound over ranks of the bytes one rank receives per step.
-fn max_bytes_per_step(dataset: &Dataset, placement: &Placement) -> u64 {
-    let value_bytes = |f: usize| match &dataset.fields()[f].kind {
-        FieldKind::Tensor { .. } => dataset.fields()[f].fixed_bytes().unwrap_or(0) as u64,
-        FieldKind::Bytes { .. } => VAR_LEN_ESTIMATE,
-    };
-    placement
-        .blocks()
-        .iter()
-        .flat_map(|b| b.receivers.iter().map(move |rc| (b.rows.len() as u64, rc)))
-        .map(|(rows, rc)| rows * rc.parts.iter().map(|p| value_bytes(p.field)).sum::<u64>())
-        .max()
-        .unwrap_or(0)
+/// Values for packing straight from the rows this rank read.
+struct FromReads<'a> {
+    ids: &'a [SampleId],
+    read: &'a ReadSet,
+}
+
+impl ValueSource for FromReads<'_> {
+    fn value(&self, row: usize, field: usize) -> &[u8] {
+        self.read.value(self.ids[row], field)
+    }
+}
+
+/// Values for the two-phase scatter: the leader's whole-row batches of the window.
+struct FromLeader<'a> {
+    batches: &'a [Batch],
+    batch_size: usize,
+    first_row: usize,
+    /// The fields the leader holds, in its batches' field order.
+    fields: &'a [FieldPart],
+}
+
+impl ValueSource for FromLeader<'_> {
+    fn value(&self, row: usize, field: usize) -> &[u8] {
+        let batch = &self.batches[row / self.batch_size];
+        let k = self.fields.iter().position(|p| p.field == field).expect("leader holds every field its group needs");
+        batch.fields[k].row(row % self.batch_size - self.first_row)
+    }
 }
 
 /// Values read for one window: chunk `k` holds the values of `ids[starts[k]..]`.
@@ -301,158 +460,6 @@ impl ReadSet {
         let k = self.starts.partition_point(|&s| s <= i) - 1;
         self.chunks[k].value(i - self.starts[k], field)
     }
-}
-
-/// Length prefix of a variable-length value in the send buffer.
-const LEN_PREFIX: usize = 8;
-
-/// Packs every destination's values into one send buffer: for each destination, rows in
-/// window order, and for each row the parts that destination receives, in field order.
-/// Variable-length values carry an 8-byte little-endian length prefix.
-fn pack(plan: &WindowPlan, read: &ReadSet, placement: &Placement, dataset: &Dataset) -> (Vec<u8>, Vec<usize>) {
-    let fields = dataset.fields();
-    let var_len = |f: usize| matches!(fields[f].kind, FieldKind::Bytes { .. });
-    // Pass 1: exact byte counts, so that values are copied once, straight into place.
-    let counts: Vec<usize> = plan
-        .sends
-        .iter()
-        .enumerate()
-        .map(|(d, rows)| {
-            let Some((_, rc)) = placement.receiver(Rank(d)) else {
-                return 0;
-            };
-            rows.iter()
-                .map(|&i| {
-                    rc.parts
-                        .iter()
-                        .map(|p| read.value(plan.ids[i], p.field).len() + if var_len(p.field) { LEN_PREFIX } else { 0 })
-                        .sum::<usize>()
-                })
-                .sum()
-        })
-        .collect();
-    let mut send = Vec::with_capacity(counts.iter().sum());
-    for (d, rows) in plan.sends.iter().enumerate() {
-        let Some((_, rc)) = placement.receiver(Rank(d)) else {
-            continue;
-        };
-        for &i in rows {
-            for p in &rc.parts {
-                let v = read.value(plan.ids[i], p.field);
-                if var_len(p.field) {
-                    send.extend_from_slice(&(v.len() as u64).to_le_bytes());
-                }
-                send.extend_from_slice(v);
-            }
-        }
-    }
-    debug_assert_eq!(send.len(), counts.iter().sum::<usize>());
-    (send, counts)
-}
-
-/// Takes values off each source's segment of the receive buffer, in plan order.
-struct Cursors<'a> {
-    recv: &'a [u8],
-    at: Vec<usize>,
-    end: Vec<usize>,
-}
-
-impl<'a> Cursors<'a> {
-    fn new(recv: &'a [u8], counts: &[usize]) -> Cursors<'a> {
-        let mut at = Vec::with_capacity(counts.len());
-        let mut end = Vec::with_capacity(counts.len());
-        let mut o = 0;
-        for &c in counts {
-            at.push(o);
-            o += c;
-            end.push(o);
-        }
-        Cursors { recv, at, end }
-    }
-
-    fn take(&mut self, src: Rank, len: usize) -> Result<&'a [u8]> {
-        let (at, end) = (self.at[src.0], self.end[src.0]);
-        if at + len > end {
-            return Err(Error::Transport(format!(
-                "received segment from rank {src} is shorter than planned ({} bytes)",
-                end - self.at[src.0].min(end)
-            )));
-        }
-        self.at[src.0] += len;
-        Ok(&self.recv[at..at + len])
-    }
-
-    fn take_var(&mut self, src: Rank) -> Result<&'a [u8]> {
-        let len = u64::from_le_bytes(self.take(src, LEN_PREFIX)?.try_into().expect("8 bytes"));
-        let len =
-            usize::try_from(len).map_err(|_| Error::Transport(format!("bad value length {len} from rank {src}")))?;
-        self.take(src, len)
-    }
-
-    fn check_consumed(&self) -> Result<()> {
-        match (0..self.at.len()).find(|&s| self.at[s] != self.end[s]) {
-            Some(s) => {
-                Err(Error::Transport(format!("rank {s} sent {} bytes more than planned", self.end[s] - self.at[s])))
-            }
-            None => Ok(()),
-        }
-    }
-}
-
-/// Builds this rank's batches of the window from the received bytes.
-#[allow(clippy::too_many_arguments)]
-fn assemble(
-    plan: &WindowPlan,
-    epoch: Epoch,
-    recv: &[u8],
-    recv_counts: &[usize],
-    home: &HomeRanges,
-    placement: &Placement,
-    dataset: &Dataset,
-    me: Rank,
-) -> Result<Vec<Batch>> {
-    let fields = dataset.fields();
-    let b = plan.batch_size;
-    let steps = plan.steps.clone();
-    let Some((block, rc)) = placement.receiver(me) else {
-        // This rank receives nothing; it still steps in lockstep with empty batches.
-        return Ok(steps.map(|s| Batch { epoch, step: Step(s), rows: 0..0, ids: vec![], fields: vec![] }).collect());
-    };
-    let rows = block.rows.len();
-    let mut cursors = Cursors::new(recv, recv_counts);
-    let mut out = Vec::with_capacity((steps.end - steps.start) as usize);
-    for (s, step) in steps.enumerate() {
-        let window_rows = &plan.recvs[s * rows..(s + 1) * rows];
-        let ids: Vec<SampleId> = window_rows.iter().map(|&i| plan.ids[i]).collect();
-        let mut tensors: Vec<Option<FieldData>> = rc
-            .parts
-            .iter()
-            .map(|p| fields[p.field].fixed_bytes().map(|n| FieldData::tensor(fields[p.field].clone(), rows, n)))
-            .collect();
-        let mut var_values: Vec<Vec<&[u8]>> = vec![Vec::new(); rc.parts.len()];
-        for (r, &id) in ids.iter().enumerate() {
-            let src = home.owner(id);
-            for (k, p) in rc.parts.iter().enumerate() {
-                match &mut tensors[k] {
-                    Some(t) => {
-                        let n = fields[p.field].fixed_bytes().expect("tensor");
-                        t.bytes_mut()[r * n..(r + 1) * n].copy_from_slice(cursors.take(src, n)?);
-                    }
-                    None => var_values[k].push(cursors.take_var(src)?),
-                }
-            }
-        }
-        let field_data = tensors
-            .into_iter()
-            .zip(&rc.parts)
-            .zip(var_values)
-            .map(|((t, p), vals)| t.unwrap_or_else(|| FieldData::var_len(fields[p.field].clone(), rows, &vals)))
-            .collect();
-        debug_assert!(window_rows.iter().all(|&i| i / b == s));
-        out.push(Batch { epoch, step: Step(step), rows: block.rows.clone(), ids, fields: field_data });
-    }
-    cursors.check_consumed()?;
-    Ok(out)
 }
 
 /// Iterator over the batches of one epoch.

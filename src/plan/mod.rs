@@ -4,14 +4,19 @@
 //! which is what makes the exchange deterministic and world-size invariant
 //! (DESIGN.md contracts 2 and 5). Start with [`window::WindowPlan`]: it combines the
 //! epoch's [`permutation::Permutation`], the [`home::HomeRanges`] (who reads a sample)
-//! and the [`placement::Placement`] (who receives which rows of a global batch).
+//! and the [`placement::Placement`] (who receives which rows and slices of a global
+//! batch, derived from a [`mesh::Mesh`] and the fields' [`sharding`]).
 
 pub mod home;
+pub mod mesh;
 pub mod permutation;
 pub mod placement;
+pub mod sharding;
 pub mod window;
 
 pub use home::HomeRanges;
+pub use mesh::Mesh;
 pub use permutation::Permutation;
-pub use placement::Placement;
+pub use placement::{FieldPart, Placement};
+pub use sharding::{FieldSharding, Stage};
 pub use window::{steps_per_window, WindowPlan};

@@ -9,6 +9,9 @@
 
 use std::ops::Range;
 
+use super::sharding::FieldSharding;
+use super::Mesh;
+use crate::dataset::{Field, FieldKind};
 use crate::error::{Error, Result};
 use crate::types::Rank;
 
@@ -17,6 +20,70 @@ use crate::types::Rank;
 pub struct FieldPart {
     /// Index of the field in the dataset's field order.
     pub field: usize,
+    /// For a tensor field split along non-batch dimensions: the range of each field
+    /// dimension this receiver holds. `None`: the whole value.
+    pub slice: Option<Vec<Range<usize>>>,
+}
+
+impl FieldPart {
+    /// The whole value of a field.
+    pub fn whole(field: usize) -> FieldPart {
+        FieldPart { field, slice: None }
+    }
+
+    /// Shape of this part of one value (the field's shape, or the slice's extents).
+    pub fn shape(&self, field: &Field) -> Vec<usize> {
+        match (&self.slice, &field.kind) {
+            (Some(s), _) => s.iter().map(|r| r.len()).collect(),
+            (None, FieldKind::Tensor { shape, .. }) => shape.clone(),
+            (None, FieldKind::Bytes { .. }) => vec![],
+        }
+    }
+
+    /// Bytes of this part of one value; `None` for variable-length fields.
+    pub fn bytes(&self, field: &Field) -> Option<usize> {
+        match &field.kind {
+            FieldKind::Tensor { dtype, .. } => Some(dtype.size() * self.shape(field).iter().product::<usize>()),
+            FieldKind::Bytes { .. } => None,
+        }
+    }
+
+    /// Appends this part of `value` (one value of `field`, C order) to `out`: the whole
+    /// value, or the hyperslab of the slice, copied in contiguous innermost runs.
+    pub fn copy(&self, field: &Field, value: &[u8], out: &mut Vec<u8>) {
+        let (Some(slice), FieldKind::Tensor { dtype, shape }) = (&self.slice, &field.kind) else {
+            out.extend_from_slice(value);
+            return;
+        };
+        // Byte strides of each dimension, and the innermost contiguous run.
+        let mut strides = vec![dtype.size(); shape.len()];
+        for d in (0..shape.len().saturating_sub(1)).rev() {
+            strides[d] = strides[d + 1] * shape[d + 1];
+        }
+        let Some(last) = slice.len().checked_sub(1) else {
+            out.extend_from_slice(value);
+            return;
+        };
+        let run = slice[last].len() * dtype.size();
+        let mut index: Vec<usize> = slice.iter().map(|r| r.start).collect();
+        loop {
+            let at: usize = index.iter().zip(&strides).map(|(i, s)| i * s).sum();
+            out.extend_from_slice(&value[at..at + run]);
+            // Advance the outer dimensions like an odometer.
+            let mut d = last;
+            loop {
+                if d == 0 {
+                    return;
+                }
+                d -= 1;
+                index[d] += 1;
+                if index[d] < slice[d].end {
+                    break;
+                }
+                index[d] = slice[d].start;
+            }
+        }
+    }
 }
 
 /// A rank that receives the rows of a block.
@@ -58,12 +125,60 @@ impl Placement {
         let blocks = (0..world)
             .map(|r| RowBlock {
                 rows: r * per..(r + 1) * per,
-                receivers: vec![Receiver {
-                    rank: Rank(r),
-                    parts: (0..fields).map(|field| FieldPart { field }).collect(),
-                }],
+                receivers: vec![Receiver { rank: Rank(r), parts: (0..fields).map(FieldPart::whole).collect() }],
             })
             .collect();
+        Placement::from_blocks(batch_size, world, blocks)
+    }
+
+    /// The placement of a device mesh: each rank receives the rows of its block of the
+    /// batch dimension and, of every field its pipeline stage receives, the slice its
+    /// coordinate selects. Ranks with equal batch blocks share a [`RowBlock`].
+    pub fn from_mesh(
+        batch_size: usize,
+        mesh: &Mesh,
+        fields: &[Field],
+        sharding: &[FieldSharding],
+    ) -> Result<Placement> {
+        let world = mesh.devices();
+        let batch_axes = &sharding[0].dims[0];
+        let (_, blocks_n) = mesh.block(&vec![0; mesh.names().len()], batch_axes);
+        if batch_size % blocks_n != 0 {
+            return Err(Error::Config(format!(
+                "batch size {batch_size} is not divisible by the {blocks_n} batch blocks"
+            )));
+        }
+        let per = batch_size / blocks_n;
+        let stages = mesh.pipeline_axis().map_or(1, |a| mesh.sizes()[a]);
+        let mut blocks: Vec<RowBlock> =
+            (0..blocks_n).map(|b| RowBlock { rows: b * per..(b + 1) * per, receivers: vec![] }).collect();
+        for r in 0..world {
+            let c = mesh.coords(Rank(r));
+            let stage = mesh.pipeline_axis().map_or(0, |a| c[a]);
+            let parts = fields
+                .iter()
+                .zip(sharding)
+                .enumerate()
+                .filter(|(_, (_, s))| s.stage.includes(stage, stages))
+                .map(|(i, (f, s))| {
+                    let slice = match &f.kind {
+                        FieldKind::Tensor { shape, .. } if s.dims[1..].iter().any(|a| !a.is_empty()) => Some(
+                            shape
+                                .iter()
+                                .zip(&s.dims[1..])
+                                .map(|(&n, axes)| {
+                                    let (k, of) = mesh.block(&c, axes);
+                                    k * n / of..(k + 1) * n / of
+                                })
+                                .collect(),
+                        ),
+                        _ => None,
+                    };
+                    FieldPart { field: i, slice }
+                })
+                .collect();
+            blocks[mesh.block(&c, batch_axes).0].receivers.push(Receiver { rank: Rank(r), parts });
+        }
         Placement::from_blocks(batch_size, world, blocks)
     }
 
@@ -141,8 +256,61 @@ mod tests {
     }
 
     #[test]
+    fn slices_copy_hyperslabs_in_c_order() {
+        use crate::dataset::DType;
+        let f = Field::tensor("x", DType::U8, vec![3, 4]);
+        let value: Vec<u8> = (0..12).collect();
+        let part = FieldPart { field: 0, slice: Some(vec![1..3, 2..4]) };
+        let mut out = Vec::new();
+        part.copy(&f, &value, &mut out);
+        assert_eq!(out, vec![6, 7, 10, 11]);
+        assert_eq!((part.shape(&f), part.bytes(&f)), (vec![2, 2], Some(4)));
+        let f16 = Field::tensor("h", DType::U16, vec![2, 2, 2]);
+        let value: Vec<u8> = (0..16).collect();
+        let mut out = Vec::new();
+        FieldPart { field: 0, slice: Some(vec![0..2, 1..2, 0..2]) }.copy(&f16, &value, &mut out);
+        assert_eq!(out, vec![4, 5, 6, 7, 12, 13, 14, 15]);
+    }
+
+    #[test]
+    fn mesh_placements() {
+        use crate::dataset::DType;
+        use crate::plan::sharding::resolve;
+        let fields = vec![Field::tensor("x", DType::F32, vec![8]), Field::tensor("y", DType::I64, vec![])];
+        let pairs = |p: &[(&str, &str)]| p.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect::<Vec<_>>();
+        // dp=2,tp=2: x's feature dim split over tp, y replicated over tp.
+        let m = Mesh::parse("dp=2,tp=2").unwrap();
+        let s = resolve(&m, &fields, 8, &pairs(&[("x", "dp,tp")]), &[]).unwrap();
+        let p = Placement::from_mesh(8, &m, &fields, &s).unwrap();
+        assert_eq!(p.blocks().len(), 2);
+        let (b, rc) = p.receiver(Rank(3)).unwrap(); // dp 1, tp 1
+        assert_eq!(b.rows, 4..8);
+        assert_eq!(rc.parts[0].slice, Some(vec![4..8]));
+        assert_eq!(rc.parts[1].slice, None);
+        assert_eq!(p.block_of_row(1).receivers.iter().map(|r| r.rank.0).collect::<Vec<_>>(), vec![0, 1]);
+        // tp=4: batch not split over tp when the spec says so; every rank gets all rows.
+        let m = Mesh::parse("tp=4").unwrap();
+        let s = resolve(&m, &fields, 8, &pairs(&[("x", "-,tp"), ("y", "-")]), &[]).unwrap();
+        let p = Placement::from_mesh(8, &m, &fields, &s).unwrap();
+        assert_eq!(p.receiver(Rank(2)).unwrap().0.rows, 0..8);
+        assert_eq!(p.receiver(Rank(2)).unwrap().1.parts[0].slice, Some(vec![4..6]));
+        // dp=2,pp=2 with stages: x on the first stage, y on the last.
+        let m = Mesh::parse("dp=2,pp=2").unwrap();
+        let s = resolve(&m, &fields, 8, &[], &pairs(&[("x", "first"), ("y", "last")])).unwrap();
+        let p = Placement::from_mesh(8, &m, &fields, &s).unwrap();
+        assert_eq!(p.receiver(Rank(2)).unwrap().1.parts, vec![FieldPart::whole(0)]); // dp 1, pp 0
+        assert_eq!(p.receiver(Rank(3)).unwrap().1.parts, vec![FieldPart::whole(1)]); // dp 1, pp 1
+                                                                                     // dp=2,tp=2,pp=4: middle stages receive nothing.
+        let m = Mesh::parse("dp=2,tp=2,pp=4").unwrap();
+        let s = resolve(&m, &fields, 8, &[], &pairs(&[("x", "first"), ("y", "last")])).unwrap();
+        let p = Placement::from_mesh(8, &m, &fields, &s).unwrap();
+        assert!(p.receiver(Rank(1)).is_none() && p.receiver(Rank(2)).is_none());
+        assert!(p.receiver(Rank(0)).is_some() && p.receiver(Rank(3)).is_some());
+    }
+
+    #[test]
     fn blocks_must_tile_the_batch() {
-        let rc = |r| Receiver { rank: Rank(r), parts: vec![FieldPart { field: 0 }] };
+        let rc = |r| Receiver { rank: Rank(r), parts: vec![FieldPart::whole(0)] };
         let gap =
             vec![RowBlock { rows: 0..2, receivers: vec![rc(0)] }, RowBlock { rows: 3..4, receivers: vec![rc(1)] }];
         assert!(Placement::from_blocks(4, 2, gap).unwrap_err().to_string().contains("row 2"));

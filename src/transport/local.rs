@@ -45,4 +45,8 @@ impl Transport for LocalTransport {
     fn barrier(&self) -> Result<()> {
         Ok(())
     }
+
+    fn split(&self, _color: usize) -> Result<Box<dyn Transport>> {
+        Ok(Box::new(LocalTransport))
+    }
 }

@@ -46,6 +46,10 @@ pub trait Transport {
 
     /// Waits until every rank has arrived.
     fn barrier(&self) -> Result<()>;
+
+    /// Splits the ranks into groups of equal `color` (ranks keep their relative order) and
+    /// returns this rank's group. Collective.
+    fn split(&self, color: usize) -> Result<Box<dyn Transport>>;
 }
 
 /// Failure agreement: every rank calls this with the outcome of a local phase. If any rank

@@ -198,4 +198,13 @@ impl Transport for MpiTransport {
         self.comm.barrier();
         Ok(())
     }
+
+    fn split(&self, color: usize) -> Result<Box<dyn Transport>> {
+        let c = i32::try_from(color).map_err(|_| Error::Transport(format!("color {color} does not fit a C int")))?;
+        let comm = self
+            .comm
+            .split_by_color(::mpi::topology::Color::with_value(c))
+            .ok_or_else(|| Error::Transport("MPI_Comm_split returned no communicator".into()))?;
+        Ok(Box::new(MpiTransport { comm, max_round_bytes: self.max_round_bytes }))
+    }
 }

@@ -1,0 +1,407 @@
+//! Device-mesh placement under real `mpirun`: every rank's delivered slices equal the
+//! slices of a reference global batch cut out by an independent oracle (below) from the
+//! bytes numpy wrote (`xyz_rows/*.bin`), for npy, HDF5 and Arrow inputs, with the fused
+//! and the two-phase exchange.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use common::*;
+
+const B: usize = 8;
+
+/// Field shapes and element sizes of the xyz fixtures: x f32[4], y i64[], z u8[2,3].
+fn xyz() -> Vec<(&'static str, Vec<usize>, usize)> {
+    vec![("x", vec![4], 4), ("y", vec![], 8), ("z", vec![2, 3], 1)]
+}
+
+struct Case {
+    np: usize,
+    mesh: &'static str,
+    order: Option<&'static str>,
+    shard: &'static [(&'static str, &'static str)],
+    stages: &'static [(&'static str, &'static str)],
+}
+
+const CASES: &[Case] = &[
+    Case { np: 4, mesh: "dp=4", order: None, shard: &[], stages: &[] },
+    // Sequence/feature dims split over tp, labels (y) replicated over tp.
+    Case { np: 4, mesh: "dp=2,tp=2", order: None, shard: &[("x", "dp,tp"), ("z", "dp,tp")], stages: &[] },
+    Case { np: 4, mesh: "dp=2,tp=2", order: Some("tp,dp"), shard: &[("x", "dp,tp")], stages: &[] },
+    // Batch not split at all.
+    Case { np: 4, mesh: "tp=4", order: None, shard: &[("x", "-,tp"), ("y", "-"), ("z", "-")], stages: &[] },
+    Case {
+        np: 4,
+        mesh: "dp=2,pp=2",
+        order: None,
+        shard: &[],
+        stages: &[("x", "first"), ("z", "first"), ("y", "last")],
+    },
+    // Tuple split of the batch dimension.
+    Case {
+        np: 4,
+        mesh: "dp=2,fsdp=2",
+        order: None,
+        shard: &[("x", "dp+fsdp"), ("y", "dp+fsdp"), ("z", "dp+fsdp")],
+        stages: &[],
+    },
+    Case {
+        np: 8,
+        mesh: "dp=2,tp=2,pp=2",
+        order: None,
+        shard: &[("x", "dp,tp"), ("z", "dp,tp")],
+        stages: &[("x", "first"), ("z", "first"), ("y", "last")],
+    },
+];
+
+/// The oracle: JAX PartitionSpec semantics written out directly.
+struct Oracle {
+    names: Vec<String>,
+    sizes: Vec<usize>,
+    order: Vec<usize>,
+}
+
+impl Oracle {
+    fn new(mesh: &str, order: Option<&str>) -> Oracle {
+        let (names, sizes): (Vec<String>, Vec<usize>) = mesh
+            .split(',')
+            .map(|a| a.split_once('=').unwrap())
+            .map(|(n, s)| (n.to_string(), s.parse::<usize>().unwrap()))
+            .unzip();
+        let order = match order {
+            Some(o) => o.split(',').map(|n| names.iter().position(|m| m == n).unwrap()).collect(),
+            None => (0..names.len()).collect(),
+        };
+        Oracle { names, sizes, order }
+    }
+
+    fn coords(&self, rank: usize) -> Vec<usize> {
+        let mut c = vec![0; self.names.len()];
+        let mut rest = rank;
+        for &a in self.order.iter().rev() {
+            c[a] = rest % self.sizes[a];
+            rest /= self.sizes[a];
+        }
+        c
+    }
+
+    /// (block, blocks) of a dimension split over `axes` ("dp+fsdp", "-").
+    fn block(&self, c: &[usize], axes: &str) -> (usize, usize) {
+        if axes == "-" {
+            return (0, 1);
+        }
+        axes.split('+').fold((0, 1), |(i, n), name| {
+            let a = self.names.iter().position(|m| m == name).unwrap();
+            (i * self.sizes[a] + c[a], n * self.sizes[a])
+        })
+    }
+}
+
+/// The expected dump of one rank at one step: ids and, per field received, the CRC of
+/// each row's slice.
+fn expected_line(
+    o: &Oracle,
+    case: &Case,
+    rank: usize,
+    global_ids: &[u64],
+    rows_bin: &BTreeMap<String, Vec<u8>>,
+) -> (Vec<u64>, BTreeMap<String, Vec<u32>>) {
+    let c = o.coords(rank);
+    let spec_of = |f: &str| {
+        case.shard.iter().find(|(g, _)| *g == f).map(|(_, s)| s.to_string()).unwrap_or_else(|| {
+            if o.names.iter().any(|n| n == "dp") {
+                "dp".into()
+            } else {
+                o.names.iter().filter(|n| *n != "pp").cloned().collect::<Vec<_>>().join("+")
+            }
+        })
+    };
+    let (stage, stages) = match o.names.iter().position(|n| n == "pp") {
+        Some(a) => (c[a], o.sizes[a]),
+        None => (0, 1),
+    };
+    let mut crcs = BTreeMap::new();
+    let mut batch_block = None;
+    for (name, shape, elem) in xyz() {
+        let st = case.stages.iter().find(|(g, _)| *g == name).map_or("all", |(_, s)| s);
+        let included = match st {
+            "first" => stage == 0,
+            "last" => stage + 1 == stages,
+            _ => true,
+        };
+        if !included {
+            continue;
+        }
+        let spec = spec_of(name);
+        let dims: Vec<&str> = spec.split(',').collect();
+        let (k, n) = o.block(&c, dims[0]);
+        batch_block = Some((k, n));
+        let ranges: Vec<std::ops::Range<usize>> = shape
+            .iter()
+            .enumerate()
+            .map(|(d, &len)| {
+                let (k, n) = o.block(&c, dims.get(d + 1).copied().unwrap_or("-"));
+                k * len / n..(k + 1) * len / n
+            })
+            .collect();
+        let value_bytes = shape.iter().product::<usize>() * elem;
+        let rows = k * B / n..(k + 1) * B / n;
+        let list = rows
+            .map(|row| {
+                let id = global_ids[row] as usize;
+                let value = &rows_bin[name][id * value_bytes..(id + 1) * value_bytes];
+                // Select the elements inside the slice, in C order.
+                let mut out = Vec::new();
+                let count: usize = shape.iter().product();
+                for e in 0..count {
+                    let mut rem = e;
+                    let mut idx = vec![0; shape.len()];
+                    for d in (0..shape.len()).rev() {
+                        idx[d] = rem % shape[d];
+                        rem /= shape[d];
+                    }
+                    if idx.iter().zip(&ranges).all(|(i, r)| r.contains(i)) {
+                        out.extend_from_slice(&value[e * elem..(e + 1) * elem]);
+                    }
+                }
+                crc32fast::hash(&out)
+            })
+            .collect();
+        crcs.insert(name.to_string(), list);
+    }
+    let ids = match batch_block {
+        Some((k, n)) => global_ids[k * B / n..(k + 1) * B / n].to_vec(),
+        None => vec![],
+    };
+    (ids, crcs)
+}
+
+fn run_case(data: &Path, case: &Case, exchange: &str, dump: &Path) {
+    let mut args = vec!["run", "--data", data.to_str().unwrap(), "--batch-size", "8", "--seed", "9", "--epochs", "2"];
+    args.extend([
+        "--mesh",
+        case.mesh,
+        "--exchange",
+        exchange,
+        "--window-bytes",
+        "1K",
+        "--dump",
+        dump.to_str().unwrap(),
+    ]);
+    if let Some(o) = case.order {
+        args.extend(["--mesh-order", o]);
+    }
+    let pairs: Vec<String> = case
+        .shard
+        .iter()
+        .map(|(f, s)| format!("{f}={s}"))
+        .chain(case.stages.iter().map(|(f, s)| format!("{f}={s}")))
+        .collect();
+    for (i, p) in pairs.iter().enumerate() {
+        args.push(if i < case.shard.len() { "--shard" } else { "--stages" });
+        args.push(p);
+    }
+    ok(&mpirun(case.np, &args));
+}
+
+fn check_format(format: &str, exchanges: &[&str]) {
+    let fx = fixtures();
+    let data = fx.join(format);
+    let rows_bin: BTreeMap<String, Vec<u8>> = ["x", "y", "z"]
+        .iter()
+        .map(|f| (f.to_string(), std::fs::read(fx.join(format!("xyz_rows/{f}.bin"))).unwrap()))
+        .collect();
+    // The reference global batches: one process, data parallel.
+    let out = tempdir();
+    let refdump = out.path().join("ref");
+    ok(&mpirun(
+        1,
+        &[
+            "run",
+            "--data",
+            data.to_str().unwrap(),
+            "--batch-size",
+            "8",
+            "--seed",
+            "9",
+            "--epochs",
+            "2",
+            "--dump",
+            refdump.to_str().unwrap(),
+        ],
+    ));
+    let reference = read_dump(&refdump, 1).remove(0);
+    assert_eq!(reference.len(), 2 * (101 / B));
+    for case in CASES {
+        let o = Oracle::new(case.mesh, case.order);
+        let mut first: Option<Vec<Vec<u8>>> = None;
+        for &exchange in exchanges {
+            let dump = out.path().join(format!("{}-{}-{exchange}", case.mesh, case.order.unwrap_or("")));
+            run_case(&data, case, exchange, &dump);
+            let lines = read_dump(&dump, case.np);
+            for (rank, rank_lines) in lines.iter().enumerate() {
+                assert_eq!(rank_lines.len(), reference.len(), "{} rank {rank}: one line per step", case.mesh);
+                for (line, reference) in rank_lines.iter().zip(&reference) {
+                    assert_eq!((line.epoch, line.step), (reference.epoch, reference.step));
+                    let (ids, crcs) = expected_line(&o, case, rank, &reference.ids, &rows_bin);
+                    let what = format!(
+                        "{format} {} {exchange} rank {rank} epoch {} step {}",
+                        case.mesh, line.epoch, line.step
+                    );
+                    assert_eq!(line.ids, ids, "{what}: ids");
+                    let got: BTreeMap<String, Vec<u32>> = line.crc32.iter().cloned().collect();
+                    assert_eq!(got, crcs, "{what}: slices");
+                }
+            }
+            let bytes: Vec<Vec<u8>> =
+                (0..case.np).map(|r| std::fs::read(dump.join(format!("rank-{r}.jsonl"))).unwrap()).collect();
+            match &first {
+                None => first = Some(bytes),
+                Some(f) => assert!(f == &bytes, "{} {exchange}: dump differs from the fused exchange's", case.mesh),
+            }
+        }
+    }
+}
+
+#[test]
+fn meshes_on_npy_fused_and_two_phase() {
+    check_format("npy_struct", &["fused", "two-phase"]);
+}
+
+#[test]
+fn meshes_on_hdf5() {
+    check_format("hdf5", &["fused"]);
+}
+
+#[test]
+fn meshes_on_arrow() {
+    check_format("arrow", &["auto"]);
+}
+
+#[test]
+fn verify_with_meshes_on_generated_data() {
+    let out = tempdir();
+    let data = out.path().join("g");
+    ok(&meshfeed(&[
+        "gen",
+        "--format",
+        "arrow",
+        "--samples",
+        "500",
+        "--files",
+        "2",
+        "--field",
+        "x:f32:4x6",
+        "--field",
+        "y:i64",
+        "--field",
+        "t:bytes",
+        "--out",
+        data.to_str().unwrap(),
+    ]));
+    for (np, mesh, specs) in [
+        (4, "dp=2,tp=2", vec!["--shard", "x=dp,-,tp"]),
+        (4, "dp=2,fsdp=2", vec!["--shard", "x=dp+fsdp", "--shard", "y=dp+fsdp", "--shard", "t=dp+fsdp"]),
+        (
+            8,
+            "dp=2,tp=2,pp=2",
+            vec!["--shard", "x=dp,tp,-", "--stages", "x=first", "--stages", "t=first", "--stages", "y=last"],
+        ),
+    ] {
+        for exchange in ["fused", "two-phase"] {
+            let mut args = vec![
+                "run",
+                "--data",
+                data.to_str().unwrap(),
+                "--batch-size",
+                "16",
+                "--mesh",
+                mesh,
+                "--exchange",
+                exchange,
+                "--verify",
+                "--window-bytes",
+                "2K",
+            ];
+            args.extend(&specs);
+            let run = mpirun(np, &args);
+            ok(&run);
+            assert!(run.stdout.contains("contents match the generator"), "{}", run.stdout);
+            assert!(run.stdout.contains(&format!("{exchange} exchange")), "{}", run.stdout);
+        }
+    }
+}
+
+#[test]
+fn invalid_layouts_fail_cleanly_on_every_rank() {
+    let data = fixtures().join("npy_struct");
+    let d = data.to_str().unwrap();
+    for (np, extra, needle) in [
+        (4, vec!["--mesh", "dp=2,tp=3"], "mesh dp=2,tp=3 has 6 devices but the world has 4 ranks"),
+        (4, vec!["--mesh", "dp=2,tp=2", "--shard", "x=dp,zz"], "unknown mesh axis 'zz'"),
+        (4, vec!["--mesh", "dp=2,tp=2", "--shard", "q=dp"], "unknown field 'q'"),
+        (4, vec!["--mesh", "dp=2,tp=2", "--shard", "x=dp,tp+tp"], "axis 'tp' is used twice"),
+        (4, vec!["--mesh", "dp=2,tp=2", "--shard", "z=dp,-,tp"], "dimension 2 (size 3) is not divisible by tp (2)"),
+        (4, vec!["--mesh", "dp=2,tp=2", "--shard", "x=dp+tp"], "split the batch dimension differently"),
+        (4, vec!["--mesh", "dp=2,pp=2", "--stages", "x=middle"], "expected first, last or all"),
+        (4, vec!["--mesh", "dp=4", "--exchange", "magic"], "expected fused, two-phase or auto"),
+    ] {
+        let mut args = vec!["run", "--data", d, "--batch-size", "8"];
+        args.extend(&extra);
+        let run = mpirun(np, &args);
+        assert_ne!(run.code, 0, "{extra:?} must fail");
+        for r in 0..np {
+            let line = run
+                .stderr
+                .lines()
+                .find(|l| l.starts_with(&format!("meshfeed: error on rank {r}: ")))
+                .unwrap_or_else(|| panic!("{extra:?}: rank {r} printed no error:\n{}", run.stderr));
+            assert!(line.contains(needle), "{extra:?}: {line}");
+        }
+    }
+    // A variable-length field split beyond the batch dimension.
+    let var = fixtures().join("arrow_var");
+    let run = mpirun(
+        2,
+        &["run", "--data", var.to_str().unwrap(), "--batch-size", "4", "--mesh", "dp=1,tp=2", "--shard", "t=dp,tp"],
+    );
+    assert_ne!(run.code, 0);
+    assert!(run.stderr.contains("variable-length field can only be split along the batch dimension"), "{}", run.stderr);
+}
+
+#[test]
+fn config_file_and_flag_overrides() {
+    let fx = fixtures();
+    let out = tempdir();
+    let job = out.path().join("job.toml");
+    std::fs::write(
+        &job,
+        format!(
+            "data = [{:?}]\nbatch_size = 8\nepochs = 2\nseed = 9\nwindow_bytes = \"1K\"\nmesh = \"dp=2,tp=2\"\nexchange = \"fused\"\n[shard]\nx = \"dp,tp\"\nz = \"dp,tp\"\n",
+            fx.join("npy_struct").to_str().unwrap()
+        ),
+    )
+    .unwrap();
+    let d1 = out.path().join("from-config");
+    ok(&mpirun(4, &["run", "--config", job.to_str().unwrap(), "--dump", d1.to_str().unwrap()]));
+    let d2 = out.path().join("from-flags");
+    run_case(&fx.join("npy_struct"), &CASES[1], "fused", &d2);
+    for r in 0..4 {
+        let f = format!("rank-{r}.jsonl");
+        assert_eq!(std::fs::read(d1.join(&f)).unwrap(), std::fs::read(d2.join(&f)).unwrap(), "config file = flags");
+    }
+    // Flags override the file: a mesh of 4 ranks run on 2 is rejected, --mesh fixes it.
+    let run = mpirun(2, &["run", "--config", job.to_str().unwrap()]);
+    assert!(run.code != 0 && run.stderr.contains("has 4 devices but the world has 2 ranks"), "{}", run.stderr);
+    ok(&mpirun(2, &["run", "--config", job.to_str().unwrap(), "--mesh", "dp=1,tp=2"]));
+    // The same validation applies to the file.
+    std::fs::write(&job, "data = [\"x\"]\nbatch_size = 8\nmesh = \"dp=4\"\nbogus = 1\n").unwrap();
+    let run = mpirun(2, &["run", "--config", job.to_str().unwrap()]);
+    assert!(
+        run.code != 0 && run.stderr.contains("job.toml: invalid job file") && run.stderr.contains("bogus"),
+        "{}",
+        run.stderr
+    );
+}
