@@ -405,3 +405,57 @@ fn config_file_and_flag_overrides() {
         run.stderr
     );
 }
+
+#[test]
+fn bench_compares_fused_two_phase_and_naive() {
+    let out = tempdir();
+    let data = out.path().join("g");
+    ok(&meshfeed(&[
+        "gen",
+        "--format",
+        "npy",
+        "--samples",
+        "2000",
+        "--files",
+        "2",
+        "--field",
+        "x:f32:8x16",
+        "--field",
+        "y:i64",
+        "--out",
+        data.to_str().unwrap(),
+    ]));
+    let run = mpirun(
+        4,
+        &[
+            "bench",
+            "--data",
+            data.to_str().unwrap(),
+            "--batch-size",
+            "32",
+            "--mesh",
+            "dp=2,tp=2",
+            "--shard",
+            "x=dp,-,tp",
+            "--epochs",
+            "1",
+            "--json",
+        ],
+    );
+    ok(&run);
+    let rows: Vec<serde_json::Value> = run.stdout.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let modes: Vec<&str> = rows.iter().map(|r| r["mode"].as_str().unwrap()).collect();
+    assert_eq!(modes, ["fused", "two-phase", "naive"]);
+    let get = |i: usize, k: &str| rows[i][k].as_u64().unwrap();
+    // Every mode delivers the same bytes: 62 steps × 32 rows × (512 bytes of x split in two + 8 of y) × 2 replicas.
+    let delivered = 62 * 32 * (256 + 8) * 2;
+    for i in 0..3 {
+        assert_eq!(get(i, "delivered_bytes"), delivered, "{}", modes[i]);
+        assert!(rows[i]["epoch_s"].as_f64().unwrap() > 0.0);
+    }
+    // Fused moves each slice once; two-phase moves whole rows to leaders first; naive
+    // sends every batch from rank 0 to every rank.
+    assert!(get(0, "total_sent") < get(1, "total_sent"));
+    assert!(get(1, "total_sent") < get(2, "total_sent"));
+    assert_eq!(get(2, "max_sent_per_rank"), 3 * get(2, "max_received_per_rank"));
+}

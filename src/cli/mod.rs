@@ -3,6 +3,7 @@
 //! Parsing (clap) and validation into real configuration are separate steps; `main` only
 //! calls [`main_with_args`], which prints errors in one place and picks the exit code.
 
+pub mod bench;
 pub mod dump;
 pub mod gen;
 pub mod inspect;
@@ -31,6 +32,8 @@ pub enum Command {
     Inspect(inspect::InspectArgs),
     /// Load a dataset with a global shuffle (launch with mpirun -np P).
     Run(run::RunArgs),
+    /// Compare the fused and two-phase exchanges with a naive single-loader baseline.
+    Bench(bench::BenchArgs),
 }
 
 /// Dataset arguments shared by `inspect` and `run`.
@@ -87,6 +90,7 @@ pub fn main_with_args(args: impl IntoIterator<Item = std::ffi::OsString>) -> i32
         Command::Gen(a) => gen::run(a),
         Command::Inspect(a) => inspect::run(a),
         Command::Run(a) => return run::main(a),
+        Command::Bench(a) => return bench::main(a),
     };
     match result {
         Ok(()) => 0,

@@ -19,8 +19,9 @@ use crate::plan::HomeRanges;
 use crate::transport::{agree, MpiTransport, ReduceOp, Transport};
 use crate::types::Epoch;
 
+/// What to load and how: shared by `run` and `bench`.
 #[derive(clap::Args, Debug)]
-pub struct RunArgs {
+pub struct JobArgs {
     /// TOML job file: dataset, loader options, mesh, specs, stages. Flags override it.
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
@@ -60,6 +61,12 @@ pub struct RunArgs {
     /// Exchange algorithm: fused, two-phase, or auto (cost model) [default: auto].
     #[arg(long)]
     pub exchange: Option<String>,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub job: JobArgs,
     /// Check collectively that every sample arrived exactly once (per receiving rank), in
     /// order, with the right contents (contents: for datasets written by `meshfeed gen`).
     #[arg(long)]
@@ -98,7 +105,7 @@ pub struct Job {
     pub epochs: u64,
 }
 
-impl RunArgs {
+impl JobArgs {
     /// Merges the config file (if any) and the flags into a job; flags win.
     pub fn job(&self) -> Result<Job> {
         let file = match &self.config {
@@ -163,8 +170,9 @@ impl RunArgs {
     }
 }
 
-/// Initialises MPI, runs the job, prints any error once per rank, finalises MPI.
-pub fn main(args: RunArgs) -> i32 {
+/// Initialises MPI, runs `job` on the world, prints any error once per rank, finalises
+/// MPI; returns the exit code.
+pub fn with_mpi(max_round_bytes: Option<u64>, job: impl FnOnce(MpiTransport) -> Result<()>) -> i32 {
     let Some(universe) = ::mpi::initialize() else {
         eprintln!("meshfeed: error: MPI was already initialised");
         return 1;
@@ -177,10 +185,10 @@ pub fn main(args: RunArgs) -> i32 {
         ::mpi::topology::SimpleCommunicator::world().abort(101);
     }));
     let mut transport = MpiTransport::new(world);
-    if let Some(cap) = args.max_round_bytes {
+    if let Some(cap) = max_round_bytes {
         transport = transport.with_max_round_bytes(cap as usize);
     }
-    let code = match run(args, transport) {
+    let code = match job(transport) {
         Ok(()) => 0,
         Err(e) => {
             super::print_error(Some(rank), &e);
@@ -189,6 +197,12 @@ pub fn main(args: RunArgs) -> i32 {
     };
     drop(universe); // MPI_Finalize
     code
+}
+
+/// `meshfeed run`.
+pub fn main(args: RunArgs) -> i32 {
+    let cap = args.max_round_bytes;
+    with_mpi(cap, |t| run(args, t))
 }
 
 /// Per-epoch summary, reduced over ranks.
@@ -214,7 +228,7 @@ struct EpochSummary {
 fn run(args: RunArgs, transport: MpiTransport) -> Result<()> {
     transport.check_launcher()?;
     let rank = transport.rank().0;
-    let job = args.job()?;
+    let job = args.job.job()?;
     let batch_size = job.options.batch_size;
     let seed = job.options.seed;
     let mut loader = Loader::open(transport, &job.data, job.dataset.clone(), job.options)?;

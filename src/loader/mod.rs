@@ -418,6 +418,107 @@ impl<T: Transport> Loader<T> {
     }
 }
 
+impl<T: Transport> Loader<T> {
+    /// The benchmarks' baseline, the common single-loader design: rank 0 reads every row
+    /// of each window and broadcasts whole batches to every rank (an all-gather to which
+    /// only rank 0 contributes); each rank then copies out its own rows and slices. Gives
+    /// `consume` the same batches as [`Loader::epoch`], at `P`× the traffic.
+    pub fn naive_epoch(&mut self, epoch: Epoch, mut consume: impl FnMut(Batch)) -> Result<()> {
+        let perm = Permutation::new(self.dataset.len(), self.options.seed, epoch.0);
+        let (b, world, me) = (self.options.batch_size, self.transport.size(), self.transport.rank());
+        let all_parts: Vec<FieldPart> = (0..self.dataset.fields().len()).map(FieldPart::whole).collect();
+        let mut step = 0;
+        while step < self.steps_per_epoch {
+            let steps = step..(step + self.steps_per_window).min(self.steps_per_epoch);
+            step = steps.end;
+            let ids: Vec<SampleId> = self.metrics.timed(Phase::Plan, || {
+                (steps.start * b as u64..steps.end * b as u64).map(|p| SampleId(perm.apply(p))).collect()
+            });
+            let mut buf = Vec::new();
+            if me.0 == 0 {
+                let mut sorted = ids.clone();
+                sorted.sort_unstable();
+                let start = std::time::Instant::now();
+                let read = self.read(&sorted);
+                self.metrics.phase[Phase::Read as usize] += start.elapsed();
+                let read = agree(&self.transport, read)?;
+                let source = FromReads { ids: &ids, read: &read };
+                let rows: Vec<usize> = (0..ids.len()).collect();
+                let fields = self.dataset.fields();
+                buf = self.metrics.timed(Phase::Pack, || pack(&[rows], &[Some(&all_parts[..])], fields, &source)).0;
+                self.metrics.bytes_sent += (buf.len() * (world - 1)) as u64;
+            } else {
+                agree(&self.transport, Ok(()))?;
+            }
+            let t = &self.transport;
+            let mut all = self.metrics.timed(Phase::Exchange, || t.all_gather(&buf))?;
+            let data = std::mem::take(&mut all[0]);
+            if me.0 != 0 {
+                self.metrics.bytes_received += data.len() as u64;
+            }
+            let receipt =
+                Receipt { epoch, steps, batch_size: b, ids: &ids, rows: 0..b, parts: &all_parts, coords: &self.coords };
+            let fields = self.dataset.fields();
+            let (placement, coords) = (&self.placement, &self.coords);
+            let batches = self.metrics.timed(Phase::Assemble, || -> Result<Vec<Batch>> {
+                let full = assemble(&receipt, fields, &data, &[data.len()], |_| 0)?;
+                Ok(full.iter().map(|f| cut(f, placement, me, fields, coords)).collect())
+            });
+            let batches = agree(&self.transport, batches)?;
+            self.metrics.windows += 1;
+            batches.into_iter().for_each(&mut consume);
+        }
+        Ok(())
+    }
+}
+
+/// This rank's rows and slices of a whole batch.
+fn cut(full: &Batch, placement: &Placement, me: Rank, fields: &[dataset::Field], coords: &[usize]) -> Batch {
+    let Some((block, rc)) = placement.receiver(me) else {
+        return Batch {
+            coords: coords.to_vec(),
+            epoch: full.epoch,
+            step: full.step,
+            rows: 0..0,
+            ids: vec![],
+            fields: vec![],
+        };
+    };
+    let n = block.rows.len();
+    let field_data = rc
+        .parts
+        .iter()
+        .map(|p| {
+            let f = &fields[p.field];
+            let whole = &full.fields[p.field];
+            match p.bytes(f) {
+                Some(len) => {
+                    let mut out = FieldData::tensor(f.clone(), p.clone(), n);
+                    let mut tmp = Vec::with_capacity(len);
+                    for (i, row) in block.rows.clone().enumerate() {
+                        tmp.clear();
+                        p.copy(f, whole.row(row), &mut tmp);
+                        out.bytes_mut()[i * len..(i + 1) * len].copy_from_slice(&tmp);
+                    }
+                    out
+                }
+                None => {
+                    let values: Vec<&[u8]> = block.rows.clone().map(|r| whole.row(r)).collect();
+                    FieldData::var_len(f.clone(), p.clone(), n, &values)
+                }
+            }
+        })
+        .collect();
+    Batch {
+        coords: coords.to_vec(),
+        epoch: full.epoch,
+        step: full.step,
+        rows: block.rows.clone(),
+        ids: full.ids[block.rows.clone()].to_vec(),
+        fields: field_data,
+    }
+}
+
 /// Values for packing straight from the rows this rank read.
 struct FromReads<'a> {
     ids: &'a [SampleId],

@@ -52,6 +52,32 @@ pub trait Transport {
     fn split(&self, color: usize) -> Result<Box<dyn Transport>>;
 }
 
+/// A borrowed transport is a transport: several loaders (e.g. the modes of a benchmark)
+/// can share one communicator.
+impl<T: Transport + ?Sized> Transport for &T {
+    fn rank(&self) -> Rank {
+        (**self).rank()
+    }
+    fn size(&self) -> usize {
+        (**self).size()
+    }
+    fn all_to_all_v(&self, send: &[u8], send_counts: &[usize]) -> Result<(Vec<u8>, Vec<usize>)> {
+        (**self).all_to_all_v(send, send_counts)
+    }
+    fn all_gather(&self, mine: &[u8]) -> Result<Vec<Vec<u8>>> {
+        (**self).all_gather(mine)
+    }
+    fn all_reduce_u64(&self, values: &mut [u64], op: ReduceOp) -> Result<()> {
+        (**self).all_reduce_u64(values, op)
+    }
+    fn barrier(&self) -> Result<()> {
+        (**self).barrier()
+    }
+    fn split(&self, color: usize) -> Result<Box<dyn Transport>> {
+        (**self).split(color)
+    }
+}
+
 /// Failure agreement: every rank calls this with the outcome of a local phase. If any rank
 /// failed, every rank returns [`Error::Remote`] naming the first failing rank and its
 /// message, so that no rank goes on into a collective the others will never join
