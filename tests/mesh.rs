@@ -47,6 +47,8 @@ const CASES: &[Case] = &[
         shard: &[("x", "dp+fsdp"), ("y", "dp+fsdp"), ("z", "dp+fsdp")],
         stages: &[],
     },
+    // Middle pipeline stages receive nothing but step in lockstep.
+    Case { np: 8, mesh: "dp=2,pp=4", order: None, shard: &[], stages: &[("x", "first"), ("z", "first"), ("y", "last")] },
     Case {
         np: 8,
         mesh: "dp=2,tp=2,pp=2",
@@ -253,6 +255,9 @@ fn check_format(format: &str, exchanges: &[&str]) {
                     assert_eq!(line.ids, ids, "{what}: ids");
                     let got: BTreeMap<String, Vec<u32>> = line.crc32.iter().cloned().collect();
                     assert_eq!(got, crcs, "{what}: slices");
+                    if case.mesh == "dp=2,pp=4" && ![0, 3].contains(&(rank % 4)) {
+                        assert!(line.ids.is_empty() && line.crc32.is_empty(), "{what}: middle stage gets nothing");
+                    }
                 }
             }
             let bytes: Vec<Vec<u8>> =
