@@ -48,7 +48,13 @@ const CASES: &[Case] = &[
         stages: &[],
     },
     // Middle pipeline stages receive nothing but step in lockstep.
-    Case { np: 8, mesh: "dp=2,pp=4", order: None, shard: &[], stages: &[("x", "first"), ("z", "first"), ("y", "last")] },
+    Case {
+        np: 8,
+        mesh: "dp=2,pp=4",
+        order: None,
+        shard: &[],
+        stages: &[("x", "first"), ("z", "first"), ("y", "last")],
+    },
     Case {
         np: 8,
         mesh: "dp=2,tp=2,pp=2",

@@ -43,7 +43,6 @@ pub fn main(args: BenchArgs) -> i32 {
 }
 
 fn bench(args: BenchArgs, transport: MpiTransport) -> Result<()> {
-    transport.check_launcher()?;
     let job = args.job.job()?;
     let dataset = open_dataset(&transport, &job.data, job.dataset.clone())?;
     let rank = transport.rank().0;

@@ -7,6 +7,7 @@ pub mod bench;
 pub mod dump;
 pub mod gen;
 pub mod inspect;
+pub mod launch;
 pub mod run;
 pub mod verify;
 
@@ -34,6 +35,8 @@ pub enum Command {
     Run(run::RunArgs),
     /// Compare the fused and two-phase exchanges with a naive single-loader baseline.
     Bench(bench::BenchArgs),
+    /// Start N ranks on this host with the rendezvous environment (for --transport ucx).
+    Launch(launch::LaunchArgs),
 }
 
 /// Dataset arguments shared by `inspect` and `run`.
@@ -91,6 +94,10 @@ pub fn main_with_args(args: impl IntoIterator<Item = std::ffi::OsString>) -> i32
         Command::Inspect(a) => inspect::run(a),
         Command::Run(a) => return run::main(a),
         Command::Bench(a) => return bench::main(a),
+        Command::Launch(a) => match launch::run(a) {
+            Ok(code) => return code,
+            Err(e) => Err(e),
+        },
     };
     match result {
         Ok(()) => 0,

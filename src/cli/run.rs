@@ -61,6 +61,10 @@ pub struct JobArgs {
     /// Exchange algorithm: fused, two-phase, or auto (cost model) [default: auto].
     #[arg(long)]
     pub exchange: Option<String>,
+    /// Transport: mpi (launch with mpirun/srun) or ucx (launch with `meshfeed launch`, Ray or
+    /// Kubernetes: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, MESHFEED_JOB_TOKEN).
+    #[arg(long, default_value = "mpi", value_parser = ["mpi", "ucx"])]
+    pub transport: String,
 }
 
 #[derive(clap::Args, Debug)]
@@ -77,6 +81,10 @@ pub struct RunArgs {
     /// Print the per-epoch summary as JSON lines on stdout.
     #[arg(long)]
     pub json: bool,
+    /// Sleep this long after each batch, like a training step (for tests of failures
+    /// mid-epoch and of overlap).
+    #[arg(long, hide = true, default_value_t = 0)]
+    pub throttle_ms: u64,
     /// Cap on bytes per MPI_Alltoallv round (larger exchanges are chunked); for testing.
     #[arg(long, hide = true, value_parser = super::parse_bytes)]
     pub max_round_bytes: Option<u64>,
@@ -188,7 +196,7 @@ pub fn with_mpi(max_round_bytes: Option<u64>, job: impl FnOnce(MpiTransport) -> 
     if let Some(cap) = max_round_bytes {
         transport = transport.with_max_round_bytes(cap as usize);
     }
-    let code = match job(transport) {
+    let code = match transport.check_launcher().and_then(|()| job(transport)) {
         Ok(()) => 0,
         Err(e) => {
             super::print_error(Some(rank), &e);
@@ -199,10 +207,71 @@ pub fn with_mpi(max_round_bytes: Option<u64>, job: impl FnOnce(MpiTransport) -> 
     code
 }
 
+/// Seconds a UCX peer may stay silent inside a collective (`MESHFEED_PEER_TIMEOUT`).
+#[cfg(feature = "ucx")]
+fn peer_timeout() -> Result<std::time::Duration> {
+    match std::env::var("MESHFEED_PEER_TIMEOUT") {
+        Ok(v) => {
+            v.parse::<f64>().ok().filter(|s| *s > 0.0).map(std::time::Duration::from_secs_f64).ok_or_else(|| {
+                Error::Config(format!("MESHFEED_PEER_TIMEOUT='{v}' is not a positive number of seconds"))
+            })
+        }
+        Err(_) => Ok(crate::transport::ucx::DEFAULT_PEER_TIMEOUT),
+    }
+}
+
+/// Connects the UCX transport through the TCP rendezvous described by the environment,
+/// runs `job`, prints any error once; returns the exit code.
+#[cfg(feature = "ucx")]
+pub fn with_ucx(job: impl FnOnce(crate::transport::ucx::UcxTransport) -> Result<()>) -> i32 {
+    use crate::transport::rendezvous::{self, RendezvousConfig};
+    // A panic leaves the other ranks to notice the lost peer (peer timeout).
+    std::panic::set_hook(Box::new(|info| {
+        eprintln!("meshfeed: internal error (panic): {info}");
+        std::process::exit(101);
+    }));
+    let cfg = match RendezvousConfig::from_env() {
+        Ok(c) => c,
+        Err(e) => {
+            super::print_error(None, &e);
+            return 1;
+        }
+    };
+    let result = peer_timeout()
+        .and_then(|timeout| {
+            crate::transport::ucx::UcxTransport::connect(cfg.rank, cfg.world, None, timeout, |addr| {
+                rendezvous::exchange(&cfg, addr)
+            })
+        })
+        .and_then(job);
+    match result {
+        Ok(()) => 0,
+        Err(e) => {
+            super::print_error(Some(cfg.rank), &e);
+            1
+        }
+    }
+}
+
+/// Without the `ucx` feature, selecting UCX is a clear error.
+#[cfg(not(feature = "ucx"))]
+pub fn with_ucx<F>(_job: F) -> i32 {
+    super::print_error(
+        None,
+        &Error::Config(
+            "meshfeed was built without the `ucx` feature; rebuild with default features (needs libucx-dev)".into(),
+        ),
+    );
+    1
+}
+
 /// `meshfeed run`.
 pub fn main(args: RunArgs) -> i32 {
     let cap = args.max_round_bytes;
-    with_mpi(cap, |t| run(args, t))
+    match args.job.transport.as_str() {
+        "ucx" => with_ucx(|t| run(args, t)),
+        _ => with_mpi(cap, |t| run(args, t)),
+    }
 }
 
 /// Per-epoch summary, reduced over ranks.
@@ -225,8 +294,7 @@ struct EpochSummary {
     verified: Option<bool>,
 }
 
-fn run(args: RunArgs, transport: MpiTransport) -> Result<()> {
-    transport.check_launcher()?;
+fn run<T: Transport>(args: RunArgs, transport: T) -> Result<()> {
     let rank = transport.rank().0;
     let job = args.job.job()?;
     let batch_size = job.options.batch_size;
@@ -289,6 +357,9 @@ fn run(args: RunArgs, transport: MpiTransport) -> Result<()> {
                 local = d.write(&batch);
             }
             bar.inc(1);
+            if args.throttle_ms > 0 {
+                std::thread::sleep(std::time::Duration::from_millis(args.throttle_ms));
+            }
         }
         agree(loader.transport(), local)?;
         let seconds = start.elapsed().as_secs_f64();

@@ -4,12 +4,16 @@
 //! The interface is deliberately narrow (rank, size, all-to-all-v, all-gather, all-reduce
 //! of small values, barrier; DESIGN.md "Transports") so that every backend implements all
 //! of it. Backends: [`mpi::MpiTransport`] (rsmpi) and [`local::LocalTransport`] (one
-//! process, no communication; for tests, examples and single-process use). Count tables
-//! are validated in [`counts`] before any C call.
+//! process, no communication; for tests, examples and single-process use) and, with the
+//! `ucx` feature, `ucx::UcxTransport` (UCP tagged messages, bootstrapped by the TCP
+//! [`rendezvous`] or by MPI). Count tables are validated in [`counts`] before any C call.
 
 pub mod counts;
 pub mod local;
 pub mod mpi;
+pub mod rendezvous;
+#[cfg(feature = "ucx")]
+pub mod ucx;
 
 use crate::error::{Error, Result};
 use crate::types::Rank;

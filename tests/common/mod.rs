@@ -214,3 +214,66 @@ pub fn global_batches(dump: &[Vec<DumpLine>]) -> Vec<((u64, u64), Vec<(u64, BTre
 pub fn tempdir() -> tempfile::TempDir {
     tempfile::tempdir().unwrap()
 }
+
+/// `meshfeed launch -n NP -- ARGS` (the local launcher, UCX transport).
+pub fn launch(np: usize, args: &[&str]) -> Run {
+    let mut cmd = Command::new(BIN);
+    cmd.args(["launch", "-n", &np.to_string(), "--"]);
+    cmd.args(args);
+    cmd.env("HDF5_USE_FILE_LOCKING", "FALSE").env("UCX_NET_DEVICES", "lo").env_remove("MESHFEED_JOB_TOKEN");
+    wait_bounded(cmd, &format!("meshfeed launch -n {np} -- {}", args.join(" ")))
+}
+
+/// A free TCP port on loopback.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// Starts one rank of a UCX job by hand (as a Ray actor or a pod would).
+pub fn spawn_rank(
+    rank: usize,
+    world: usize,
+    port: u16,
+    token: &str,
+    args: &[&str],
+    extra_env: &[(&str, &str)],
+) -> std::process::Child {
+    let mut cmd = Command::new(BIN);
+    cmd.args(args)
+        .env("RANK", rank.to_string())
+        .env("WORLD_SIZE", world.to_string())
+        .env("MASTER_ADDR", "127.0.0.1")
+        .env("MASTER_PORT", port.to_string())
+        .env("MESHFEED_JOB_TOKEN", token)
+        .env("HDF5_USE_FILE_LOCKING", "FALSE")
+        .env("UCX_NET_DEVICES", "lo")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for (k, v) in extra_env {
+        cmd.env(k, v);
+    }
+    cmd.spawn().unwrap()
+}
+
+/// Waits for a spawned process with the hang limit; returns its result.
+pub fn finish(mut child: std::process::Child, what: &str) -> Run {
+    let start = Instant::now();
+    loop {
+        if child.try_wait().unwrap().is_some() {
+            break;
+        }
+        if start.elapsed() > HANG_LIMIT {
+            let _ = child.kill();
+            panic!("{what} hung for more than {HANG_LIMIT:?}: this is a failure (contract 7: no hangs)");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().unwrap();
+    Run {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        elapsed: start.elapsed(),
+    }
+}

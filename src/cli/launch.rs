@@ -1,0 +1,116 @@
+//! `meshfeed launch -n N -- run --transport ucx ...`: the local launcher. Starts N copies
+//! of this binary on this host with `RANK`, `WORLD_SIZE`, `MASTER_ADDR=127.0.0.1`, a free
+//! `MASTER_PORT` and a fresh `MESHFEED_JOB_TOKEN` (the convention Ray and Kubernetes
+//! launchers follow too). When any rank fails, the others are stopped (SIGTERM, then
+//! SIGKILL after a grace period) and the launcher exits with the failing rank's code.
+
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+use crate::error::{Error, Result};
+
+#[derive(clap::Args, Debug)]
+pub struct LaunchArgs {
+    /// Number of ranks.
+    #[arg(short = 'n', long)]
+    pub ranks: usize,
+    /// Rendezvous port (default: a free port).
+    #[arg(long)]
+    pub port: Option<u16>,
+    /// Seconds the other ranks get to exit after SIGTERM before SIGKILL.
+    #[arg(long, default_value_t = 5.0)]
+    pub grace: f64,
+    /// The meshfeed command every rank runs, e.g. `run --transport ucx --data ...`.
+    #[arg(last = true, required = true)]
+    pub command: Vec<String>,
+}
+
+fn free_port() -> Result<u16> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| Error::Transport(format!("no free port: {e}")))?;
+    Ok(l.local_addr().map_err(|e| Error::Transport(e.to_string()))?.port())
+}
+
+fn token() -> Result<String> {
+    let mut b = [0u8; 16];
+    std::io::Read::read_exact(
+        &mut std::fs::File::open("/dev/urandom").map_err(|e| Error::io("/dev/urandom", e))?,
+        &mut b,
+    )
+    .map_err(|e| Error::io("/dev/urandom", e))?;
+    Ok(b.iter().map(|x| format!("{x:02x}")).collect())
+}
+
+fn terminate(children: &mut [(usize, Child)], grace: Duration) {
+    // Ranks that agreed on a failure exit on their own within moments (and print their
+    // error line first): give them that before signalling.
+    let settle = Instant::now() + grace.min(Duration::from_secs(3));
+    while Instant::now() < settle && children.iter_mut().any(|(_, c)| c.try_wait().ok().flatten().is_none()) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    for (_, c) in children.iter_mut() {
+        if c.try_wait().ok().flatten().is_some() {
+            continue;
+        }
+        // SAFETY: kill(2) on the pid of a child we spawned and have not yet reaped.
+        unsafe { libc::kill(c.id() as libc::pid_t, libc::SIGTERM) };
+    }
+    let deadline = Instant::now() + grace;
+    for (_, c) in children.iter_mut() {
+        while c.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+}
+
+pub fn run(args: LaunchArgs) -> Result<i32> {
+    if args.ranks == 0 {
+        return Err(Error::Config("-n must be at least 1".into()));
+    }
+    let exe = std::env::current_exe().map_err(|e| Error::Config(format!("cannot find the meshfeed binary: {e}")))?;
+    let port = match args.port {
+        Some(p) => p,
+        None => free_port()?,
+    };
+    let token = std::env::var("MESHFEED_JOB_TOKEN").or_else(|_| token())?;
+    let mut children: Vec<(usize, Child)> = Vec::new();
+    for rank in 0..args.ranks {
+        let child = Command::new(&exe)
+            .args(&args.command)
+            .env("RANK", rank.to_string())
+            .env("WORLD_SIZE", args.ranks.to_string())
+            .env("MASTER_ADDR", "127.0.0.1")
+            .env("MASTER_PORT", port.to_string())
+            .env("MESHFEED_JOB_TOKEN", &token)
+            .spawn();
+        match child {
+            Ok(c) => children.push((rank, c)),
+            Err(e) => {
+                terminate(&mut children, Duration::from_secs_f64(args.grace));
+                return Err(Error::Config(format!("cannot start rank {rank}: {e}")));
+            }
+        }
+    }
+    let grace = Duration::from_secs_f64(args.grace.max(0.0));
+    while !children.is_empty() {
+        let mut failed = None;
+        children.retain_mut(|(rank, c)| match c.try_wait() {
+            Ok(Some(status)) => {
+                if !status.success() && failed.is_none() {
+                    failed = Some((*rank, status.code().unwrap_or(128 + libc::SIGKILL)));
+                }
+                false
+            }
+            Ok(None) => true,
+            Err(_) => false,
+        });
+        if let Some((rank, code)) = failed {
+            eprintln!("meshfeed launch: rank {rank} exited with code {code}; stopping the other ranks");
+            terminate(&mut children, grace);
+            return Ok(code.max(1));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(0)
+}

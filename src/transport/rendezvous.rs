@@ -1,0 +1,418 @@
+//! TCP rendezvous: how ranks started without an MPI launcher (Ray actors, Kubernetes pods,
+//! the local launcher) find each other.
+//!
+//! Every process gets `RANK`, `WORLD_SIZE`, `MASTER_ADDR`, `MASTER_PORT` (the convention of
+//! torchrun, Ray Train and Kubernetes training operators) and `MESHFEED_JOB_TOKEN`, a
+//! secret shared by the job's processes. Rank 0 listens on `MASTER_PORT` (all addresses)
+//! and acts as a small store; every other rank connects to `MASTER_ADDR:MASTER_PORT`,
+//! retrying until the deadline, and publishes a payload (its UCP worker address). When all
+//! `WORLD_SIZE` ranks have registered, rank 0 sends every rank the table of all payloads
+//! and closes the connections.
+//!
+//! ## Protocol (all integers little-endian)
+//!
+//! ```text
+//! client → server  HELLO  "MFRV" | version u8 = 1 | token_len u16 | token
+//!                         | rank u32 | world u32 | payload_len u32 | payload
+//! server → client  OK     "OK" | world u32 | world × (len u32 | payload)
+//!                  NO     "NO" | reason_len u32 | reason (UTF-8)
+//! ```
+//!
+//! A connection is refused — answered with `NO` where possible, logged on rank 0, and
+//! closed, without disturbing the job — when it sends the wrong magic (e.g. an HTTP
+//! request), nothing within [`HELLO_TIMEOUT`], a wrong token (compared in constant time),
+//! a `WORLD_SIZE` other than the job's, a rank out of range or already registered, or
+//! oversized fields (token over 1 KiB, payload over 1 MiB). A process that is refused
+//! gets an error and exits non-zero. Every wait has a deadline
+//! (`MESHFEED_RENDEZVOUS_TIMEOUT`, default 120 s); on expiry rank 0 names the ranks that
+//! never arrived, and tells the registered ones. Two jobs on one host use different ports
+//! and tokens, so they never mix.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream, ToSocketAddrs};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use crate::error::{Error, Result};
+
+const MAGIC: &[u8; 4] = b"MFRV";
+const VERSION: u8 = 1;
+const MAX_TOKEN: usize = 1024;
+const MAX_PAYLOAD: usize = 1 << 20;
+/// How long a new connection may take to send its HELLO.
+pub const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Where and how to rendezvous.
+#[derive(Clone, Debug)]
+pub struct RendezvousConfig {
+    pub rank: usize,
+    pub world: usize,
+    pub master_addr: String,
+    pub master_port: u16,
+    pub token: String,
+    pub timeout: Duration,
+}
+
+fn env(name: &str) -> Result<String> {
+    std::env::var(name)
+        .map_err(|_| Error::Config(format!("{name} is not set (needed by --transport ucx without mpirun)")))
+}
+
+fn env_num<T: std::str::FromStr>(name: &str) -> Result<T> {
+    let v = env(name)?;
+    v.parse().map_err(|_| Error::Config(format!("{name}='{v}' is not a valid number")))
+}
+
+impl RendezvousConfig {
+    /// Reads `RANK`, `WORLD_SIZE`, `MASTER_ADDR`, `MASTER_PORT`, `MESHFEED_JOB_TOKEN` and
+    /// the optional `MESHFEED_RENDEZVOUS_TIMEOUT` (seconds).
+    pub fn from_env() -> Result<RendezvousConfig> {
+        let rank: usize = env_num("RANK")?;
+        let world: usize = env_num("WORLD_SIZE")?;
+        if world == 0 || rank >= world {
+            return Err(Error::Config(format!("RANK {rank} is not below WORLD_SIZE {world}")));
+        }
+        let token = env("MESHFEED_JOB_TOKEN")?;
+        if token.is_empty() || token.len() > MAX_TOKEN {
+            return Err(Error::Config(format!("MESHFEED_JOB_TOKEN must have 1 to {MAX_TOKEN} bytes")));
+        }
+        let timeout = match std::env::var("MESHFEED_RENDEZVOUS_TIMEOUT") {
+            Ok(v) => Duration::from_secs_f64(v.parse::<f64>().ok().filter(|s| *s > 0.0).ok_or_else(|| {
+                Error::Config(format!("MESHFEED_RENDEZVOUS_TIMEOUT='{v}' is not a positive number of seconds"))
+            })?),
+            Err(_) => Duration::from_secs(120),
+        };
+        Ok(RendezvousConfig {
+            rank,
+            world,
+            master_addr: env("MASTER_ADDR")?,
+            master_port: env_num("MASTER_PORT")?,
+            token,
+            timeout,
+        })
+    }
+}
+
+/// Publishes `payload` and returns every rank's payload, in rank order.
+pub fn exchange(cfg: &RendezvousConfig, payload: Vec<u8>) -> Result<Vec<Vec<u8>>> {
+    if payload.len() > MAX_PAYLOAD {
+        return Err(Error::Transport(format!("rendezvous payload of {} bytes exceeds {MAX_PAYLOAD}", payload.len())));
+    }
+    if cfg.rank == 0 {
+        let listener = TcpListener::bind(("0.0.0.0", cfg.master_port)).map_err(|e| {
+            Error::Transport(format!("rendezvous: rank 0 cannot listen on port {}: {e}", cfg.master_port))
+        })?;
+        serve(cfg, listener, payload, &mut |line| eprintln!("{line}"))
+    } else {
+        join(cfg, &payload)
+    }
+}
+
+fn put_u32(out: &mut Vec<u8>, v: usize) {
+    out.extend((v as u32).to_le_bytes());
+}
+
+fn hello(cfg: &RendezvousConfig, payload: &[u8]) -> Vec<u8> {
+    let mut m = MAGIC.to_vec();
+    m.push(VERSION);
+    m.extend((cfg.token.len() as u16).to_le_bytes());
+    m.extend(cfg.token.as_bytes());
+    put_u32(&mut m, cfg.rank);
+    put_u32(&mut m, cfg.world);
+    put_u32(&mut m, payload.len());
+    m.extend(payload);
+    m
+}
+
+fn read_u32(s: &mut impl Read) -> std::io::Result<usize> {
+    let mut b = [0u8; 4];
+    s.read_exact(&mut b)?;
+    Ok(u32::from_le_bytes(b) as usize)
+}
+
+fn refuse(stream: &mut TcpStream, reason: &str) {
+    let mut m = b"NO".to_vec();
+    put_u32(&mut m, reason.len());
+    m.extend(reason.as_bytes());
+    let _ = stream.write_all(&m);
+}
+
+/// A client that registered.
+struct Registration {
+    rank: usize,
+    payload: Vec<u8>,
+    stream: TcpStream,
+}
+
+/// Reads and checks one HELLO. `Err` carries the reason for the refusal.
+fn read_hello(stream: &mut TcpStream, cfg: &RendezvousConfig) -> std::result::Result<(usize, Vec<u8>), String> {
+    let io = |e: std::io::Error| match e.kind() {
+        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
+            format!("sent no complete hello within {} s", HELLO_TIMEOUT.as_secs())
+        }
+        std::io::ErrorKind::UnexpectedEof => "closed the connection before a complete hello".to_string(),
+        _ => format!("read failed: {e}"),
+    };
+    let mut head = [0u8; 7];
+    stream.read_exact(&mut head).map_err(io)?;
+    if &head[..4] != MAGIC {
+        let shown: String =
+            head.iter().map(|&b| if b.is_ascii_graphic() || b == b' ' { b as char } else { '.' }).collect();
+        return Err(format!("not a meshfeed rendezvous client (bad magic {shown:?})"));
+    }
+    if head[4] != VERSION {
+        return Err(format!("protocol version {} (expected {VERSION})", head[4]));
+    }
+    let token_len = u16::from_le_bytes([head[5], head[6]]) as usize;
+    if token_len > MAX_TOKEN {
+        return Err(format!("token of {token_len} bytes is too long"));
+    }
+    let mut token = vec![0u8; token_len];
+    stream.read_exact(&mut token).map_err(io)?;
+    // Constant-time comparison: do not leak how much of the token matched.
+    let expected = cfg.token.as_bytes();
+    let same = token.len() == expected.len() && token.iter().zip(expected).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0;
+    if !same {
+        return Err("wrong job token".into());
+    }
+    let rank = read_u32(stream).map_err(io)?;
+    let world = read_u32(stream).map_err(io)?;
+    if world != cfg.world {
+        return Err(format!("WORLD_SIZE {world} does not match the job's {}", cfg.world));
+    }
+    if rank == 0 || rank >= cfg.world {
+        return Err(format!("rank {rank} is not a client rank of a {}-rank job", cfg.world));
+    }
+    let len = read_u32(stream).map_err(io)?;
+    if len > MAX_PAYLOAD {
+        return Err(format!("payload of {len} bytes is too large"));
+    }
+    let mut payload = vec![0u8; len];
+    stream.read_exact(&mut payload).map_err(io)?;
+    Ok((rank, payload))
+}
+
+/// Rank 0: accepts connections until every rank registered or the deadline passed.
+/// `log` receives one line per refused connection.
+fn serve(
+    cfg: &RendezvousConfig,
+    listener: TcpListener,
+    payload: Vec<u8>,
+    log: &mut dyn FnMut(String),
+) -> Result<Vec<Vec<u8>>> {
+    let deadline = Instant::now() + cfg.timeout;
+    listener.set_nonblocking(true).map_err(|e| Error::Transport(format!("rendezvous: {e}")))?;
+    let (tx, rx) = mpsc::channel::<std::result::Result<Registration, String>>();
+    let mut slots: Vec<Option<Registration>> = (0..cfg.world).map(|_| None).collect();
+    let mut registered = 1; // rank 0 itself
+    while registered < cfg.world {
+        if Instant::now() > deadline {
+            let missing: Vec<usize> = (1..cfg.world).filter(|&r| slots[r].is_none()).collect();
+            let reason =
+                format!("rendezvous timed out after {} s: rank(s) {missing:?} never arrived", cfg.timeout.as_secs());
+            for r in slots.iter_mut().flatten() {
+                refuse(&mut r.stream, &reason);
+            }
+            return Err(Error::Transport(reason));
+        }
+        match listener.accept() {
+            Ok((mut stream, peer)) => {
+                // Each hello is read on its own thread, so a silent client cannot stall
+                // the others.
+                let (tx, cfg) = (tx.clone(), cfg.clone());
+                std::thread::spawn(move || {
+                    let _ = stream.set_nonblocking(false);
+                    let _ = stream.set_read_timeout(Some(HELLO_TIMEOUT));
+                    let r = match read_hello(&mut stream, &cfg) {
+                        Ok((rank, payload)) => Ok(Registration { rank, payload, stream }),
+                        Err(reason) => {
+                            refuse(&mut stream, &reason);
+                            Err(format!("meshfeed: rendezvous: refused connection from {peer}: {reason}"))
+                        }
+                    };
+                    let _ = tx.send(r);
+                });
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) => log(format!("meshfeed: rendezvous: accept failed: {e}")),
+        }
+        while let Ok(r) = rx.try_recv() {
+            match r {
+                Ok(mut reg) if slots[reg.rank].is_some() => {
+                    let reason = format!("rank {} is already registered", reg.rank);
+                    refuse(&mut reg.stream, &reason);
+                    log(format!("meshfeed: rendezvous: refused a second rank {}: {reason}", reg.rank));
+                }
+                Ok(reg) => {
+                    let r = reg.rank;
+                    slots[r] = Some(reg);
+                    registered += 1;
+                }
+                Err(line) => log(line),
+            }
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let mut table = vec![payload];
+    table.extend(slots[1..].iter().map(|s| s.as_ref().expect("all registered").payload.clone()));
+    let mut reply = b"OK".to_vec();
+    put_u32(&mut reply, cfg.world);
+    for p in &table {
+        put_u32(&mut reply, p.len());
+        reply.extend(p);
+    }
+    for reg in slots.iter_mut().flatten() {
+        reg.stream
+            .write_all(&reply)
+            .map_err(|e| Error::Transport(format!("rendezvous: cannot answer rank {}: {e}", reg.rank)))?;
+    }
+    Ok(table)
+}
+
+/// Ranks other than 0: registers with rank 0 and waits for the table.
+fn join(cfg: &RendezvousConfig, payload: &[u8]) -> Result<Vec<Vec<u8>>> {
+    let deadline = Instant::now() + cfg.timeout;
+    let target = format!("{}:{}", cfg.master_addr, cfg.master_port);
+    let mut stream = loop {
+        let attempt = target
+            .to_socket_addrs()
+            .map_err(|e| e.to_string())
+            .and_then(|mut a| a.next().ok_or_else(|| "no address".to_string()))
+            .and_then(|a| TcpStream::connect_timeout(&a, Duration::from_secs(2)).map_err(|e| e.to_string()));
+        match attempt {
+            Ok(s) => break s,
+            Err(e) if Instant::now() > deadline => {
+                return Err(Error::Transport(format!(
+                    "rendezvous: cannot reach rank 0 at {target} within {} s: {e}",
+                    cfg.timeout.as_secs()
+                )))
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(100)),
+        }
+    };
+    let fail = |e: std::io::Error| match e.kind() {
+        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => Error::Transport(format!(
+            "rendezvous at {target}: no answer within {} s (the other ranks never arrived?)",
+            cfg.timeout.as_secs()
+        )),
+        _ => Error::Transport(format!("rendezvous at {target}: {e}")),
+    };
+    stream.write_all(&hello(cfg, payload)).map_err(fail)?;
+    stream
+        .set_read_timeout(Some(deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1))))
+        .map_err(fail)?;
+    let mut kind = [0u8; 2];
+    stream.read_exact(&mut kind).map_err(fail)?;
+    match &kind {
+        b"OK" => {
+            let world = read_u32(&mut stream).map_err(fail)?;
+            if world != cfg.world {
+                return Err(Error::Transport(format!(
+                    "rendezvous at {target} answered for {world} ranks, not {}",
+                    cfg.world
+                )));
+            }
+            (0..world)
+                .map(|_| {
+                    let len = read_u32(&mut stream).map_err(fail)?;
+                    if len > MAX_PAYLOAD {
+                        return Err(Error::Transport(format!("rendezvous at {target}: oversized entry ({len} bytes)")));
+                    }
+                    let mut p = vec![0u8; len];
+                    stream.read_exact(&mut p).map_err(fail)?;
+                    Ok(p)
+                })
+                .collect()
+        }
+        b"NO" => {
+            let len = read_u32(&mut stream).map_err(fail)?.min(4096);
+            let mut reason = vec![0u8; len];
+            stream.read_exact(&mut reason).map_err(fail)?;
+            Err(Error::Transport(format!(
+                "rendezvous at {target} refused rank {}: {}",
+                cfg.rank,
+                String::from_utf8_lossy(&reason)
+            )))
+        }
+        other => Err(Error::Transport(format!("rendezvous at {target}: unexpected answer {other:?}"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(rank: usize, world: usize, port: u16, token: &str) -> RendezvousConfig {
+        RendezvousConfig {
+            rank,
+            world,
+            master_addr: "127.0.0.1".into(),
+            master_port: port,
+            token: token.into(),
+            timeout: Duration::from_secs(20),
+        }
+    }
+
+    fn listener() -> (TcpListener, u16) {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        (l, port)
+    }
+
+    #[test]
+    fn ranks_exchange_payloads_despite_hostile_connections() {
+        let (l, port) = listener();
+        let server = std::thread::spawn(move || {
+            let mut log = Vec::new();
+            let table = serve(&cfg(0, 3, port, "s3cret"), l, b"zero".to_vec(), &mut |line| log.push(line));
+            (table, log)
+        });
+        // Hostile traffic first: HTTP, garbage, a silent connection, a wrong token.
+        let mut http = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        http.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+        let mut garbage = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        garbage.write_all(&[0xde, 0xad, 0xbe, 0xef, 1, 2, 3, 4]).unwrap();
+        let _silent = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        let wrong = join(&cfg(1, 3, port, "guess"), b"intruder").unwrap_err().to_string();
+        assert!(wrong.contains("refused rank 1: wrong job token"), "{wrong}");
+        let wrong_world = join(&cfg(2, 4, port, "s3cret"), b"x").unwrap_err().to_string();
+        assert!(wrong_world.contains("WORLD_SIZE 4 does not match the job's 3"), "{wrong_world}");
+        // The real ranks still get through.
+        let c1 = std::thread::spawn(move || join(&cfg(1, 3, port, "s3cret"), b"one"));
+        let c2 = std::thread::spawn(move || join(&cfg(2, 3, port, "s3cret"), b"two"));
+        let want: Vec<Vec<u8>> = vec![b"zero".to_vec(), b"one".to_vec(), b"two".to_vec()];
+        assert_eq!(c1.join().unwrap().unwrap(), want);
+        assert_eq!(c2.join().unwrap().unwrap(), want);
+        let (table, log) = server.join().unwrap();
+        assert_eq!(table.unwrap(), want);
+        let log = log.join("\n");
+        assert!(log.contains("bad magic \"GET /"), "{log}");
+        assert!(log.contains("not a meshfeed rendezvous client"), "{log}");
+        assert!(log.contains("wrong job token"), "{log}");
+        assert!(log.contains("does not match"), "{log}");
+    }
+
+    #[test]
+    fn missing_ranks_are_named_on_timeout() {
+        let (l, port) = listener();
+        let mut c = cfg(0, 3, port, "t");
+        c.timeout = Duration::from_millis(1500);
+        let server = std::thread::spawn(move || serve(&c, l, vec![], &mut |_| {}));
+        let mut c1 = cfg(1, 3, port, "t");
+        c1.timeout = Duration::from_secs(10);
+        let err1 = join(&c1, b"one").unwrap_err().to_string();
+        let err0 = server.join().unwrap().unwrap_err().to_string();
+        assert!(err0.contains("rank(s) [2] never arrived"), "{err0}");
+        assert!(err1.contains("never arrived"), "{err1}");
+    }
+
+    #[test]
+    fn clients_give_up_when_rank_zero_never_listens() {
+        let (l, port) = listener();
+        drop(l);
+        let mut c = cfg(1, 2, port, "t");
+        c.timeout = Duration::from_millis(500);
+        let err = join(&c, b"x").unwrap_err().to_string();
+        assert!(err.contains("cannot reach rank 0 at 127.0.0.1:"), "{err}");
+    }
+}

@@ -1,0 +1,260 @@
+//! The UCX transport: equivalence with MPI (byte-identical dumps), the local launcher,
+//! hostile rendezvous traffic, wrong tokens, concurrent jobs and a rank killed mid-epoch.
+
+mod common;
+
+use std::io::Write;
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use common::*;
+
+fn dump_files(dir: &std::path::Path, np: usize) -> Vec<Vec<u8>> {
+    (0..np).map(|r| std::fs::read(dir.join(format!("rank-{r}.jsonl"))).unwrap()).collect()
+}
+
+/// Runs the same job over MPI and over UCX and compares the dumps byte for byte.
+fn same_dump(np: usize, data: &str, extra: &[&str]) {
+    let out = tempdir();
+    let (dm, du) = (out.path().join("mpi"), out.path().join("ucx"));
+    let mut base =
+        vec!["run", "--data", data, "--batch-size", "12", "--epochs", "2", "--seed", "4", "--window-bytes", "2K"];
+    base.extend(extra);
+    let mut a = base.clone();
+    a.extend(["--dump", dm.to_str().unwrap()]);
+    ok(&mpirun(np, &a));
+    let mut b = base.clone();
+    b.extend(["--transport", "ucx", "--dump", du.to_str().unwrap()]);
+    ok(&launch(np, &b));
+    let (m, u) = (dump_files(&dm, np), dump_files(&du, np));
+    assert!(m.iter().all(|f| !f.is_empty()));
+    assert!(m == u, "{data} {extra:?} at {np} ranks: UCX dump differs from MPI dump");
+}
+
+#[test]
+fn ucx_dumps_equal_mpi_dumps_for_every_format() {
+    let fx = fixtures();
+    for np in [1, 2, 3, 4] {
+        for d in ["npy_struct", "hdf5", "arrow", "raw", "arrow_var"] {
+            same_dump(np, fx.join(d).to_str().unwrap(), &[]);
+        }
+    }
+}
+
+#[test]
+fn ucx_dumps_equal_mpi_dumps_with_replication_and_two_phase() {
+    let data = fixtures().join("npy_struct");
+    let d = data.to_str().unwrap();
+    same_dump(4, d, &["--mesh", "dp=2,tp=2", "--shard", "x=dp,tp", "--shard", "z=dp,tp"]);
+    same_dump(4, d, &["--mesh", "dp=2,tp=2", "--shard", "x=dp,tp", "--exchange", "two-phase"]);
+}
+
+#[test]
+fn launcher_verifies_and_fails_the_job_when_a_rank_fails() {
+    let out = tempdir();
+    let data = out.path().join("g");
+    ok(&meshfeed(&[
+        "gen",
+        "--format",
+        "arrow",
+        "--samples",
+        "300",
+        "--files",
+        "3",
+        "--field",
+        "x:f32:4",
+        "--field",
+        "t:bytes",
+        "--out",
+        data.to_str().unwrap(),
+    ]));
+    let run = launch(
+        3,
+        &[
+            "run",
+            "--transport",
+            "ucx",
+            "--data",
+            data.to_str().unwrap(),
+            "--batch-size",
+            "12",
+            "--epochs",
+            "2",
+            "--verify",
+        ],
+    );
+    ok(&run);
+    assert_eq!(run.stdout.matches("contents match the generator").count(), 2, "{}", run.stdout);
+    // A bad file seen by one rank: every rank reports it, the launcher fails the job.
+    let bad = out.path().join("bad");
+    std::fs::create_dir(&bad).unwrap();
+    for f in ["part-0.npy", "part-1.npy", "part-2.npy"] {
+        std::fs::copy(fixtures().join("npy_struct").join(f), bad.join(f)).unwrap();
+    }
+    let p = bad.join("part-1.npy");
+    let bytes = std::fs::read(&p).unwrap();
+    std::fs::write(&p, &bytes[..bytes.len() - 5]).unwrap();
+    let run = launch(3, &["run", "--transport", "ucx", "--data", bad.to_str().unwrap(), "--batch-size", "3"]);
+    assert_ne!(run.code, 0);
+    for r in 0..3 {
+        let line = run
+            .stderr
+            .lines()
+            .find(|l| l.starts_with(&format!("meshfeed: error on rank {r}: ")))
+            .unwrap_or_else(|| panic!("{}", run.stderr));
+        assert!(line.contains("rank 1: ") && line.contains("part-1.npy") && line.contains("truncated"), "{line}");
+    }
+}
+
+#[test]
+fn hostile_rendezvous_traffic_and_wrong_tokens_are_refused_with_the_job_intact() {
+    let data = fixtures().join("npy_plain");
+    let out = tempdir();
+    let dump = out.path().join("d");
+    let port = free_port();
+    let args = [
+        "run",
+        "--transport",
+        "ucx",
+        "--data",
+        data.to_str().unwrap(),
+        "--batch-size",
+        "8",
+        "--dump",
+        dump.to_str().unwrap(),
+    ];
+    let rank0 = spawn_rank(0, 2, port, "the-token", &args, &[]);
+    // Wait for rank 0 to listen, then send it junk.
+    let start = Instant::now();
+    let mut http = loop {
+        match TcpStream::connect(("127.0.0.1", port)) {
+            Ok(s) => break s,
+            Err(_) if start.elapsed() < Duration::from_secs(30) => std::thread::sleep(Duration::from_millis(50)),
+            Err(e) => panic!("rank 0 never listened: {e}"),
+        }
+    };
+    http.write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n").unwrap();
+    let mut garbage = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    garbage.write_all(&[0u8, 255, 1, 254, 2, 253, 3, 252, 4]).unwrap();
+    let _silent = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    // An intruder with the wrong token never joins and exits non-zero.
+    let intruder = finish(spawn_rank(1, 2, port, "not-the-token", &args, &[]), "intruder");
+    assert_ne!(intruder.code, 0);
+    assert!(intruder.stderr.contains("refused rank 1: wrong job token"), "{}", intruder.stderr);
+    // The real rank 1 joins and the job completes.
+    let rank1 = finish(spawn_rank(1, 2, port, "the-token", &args, &[]), "rank 1");
+    let rank0 = finish(rank0, "rank 0");
+    ok(&rank0);
+    ok(&rank1);
+    for needle in ["bad magic \"GET /", "not a meshfeed rendezvous client", "wrong job token"] {
+        assert!(rank0.stderr.contains(needle), "rank 0 should log '{needle}':\n{}", rank0.stderr);
+    }
+    // Nothing of the intruder reached the job: the dump equals a clean run's.
+    let clean = out.path().join("clean");
+    ok(&launch(
+        2,
+        &[
+            "run",
+            "--transport",
+            "ucx",
+            "--data",
+            data.to_str().unwrap(),
+            "--batch-size",
+            "8",
+            "--dump",
+            clean.to_str().unwrap(),
+        ],
+    ));
+    assert!(dump_files(&dump, 2) == dump_files(&clean, 2));
+}
+
+#[test]
+fn two_jobs_on_one_host_do_not_mix() {
+    let fx = fixtures();
+    let out = tempdir();
+    let jobs: Vec<_> = [("npy_struct", "a"), ("arrow_var", "b")]
+        .into_iter()
+        .map(|(d, name)| {
+            let data = fx.join(d);
+            let dump = out.path().join(name);
+            let (data, dump2) = (data.to_str().unwrap().to_string(), dump.to_str().unwrap().to_string());
+            (
+                std::thread::spawn(move || {
+                    launch(
+                        3,
+                        &[
+                            "run",
+                            "--transport",
+                            "ucx",
+                            "--data",
+                            &data,
+                            "--batch-size",
+                            "6",
+                            "--epochs",
+                            "3",
+                            "--dump",
+                            &dump2,
+                        ],
+                    )
+                }),
+                dump,
+            )
+        })
+        .collect();
+    for (j, dump) in jobs {
+        ok(&j.join().unwrap());
+        let lines = read_dump(&dump, 3);
+        assert!(lines.iter().all(|l| !l.is_empty()));
+    }
+    assert_eq!(read_dump(&out.path().join("b"), 3)[0][0].crc32.len(), 3, "job b has its own fields x, t, s");
+}
+
+#[test]
+fn a_rank_killed_mid_epoch_stops_the_others_naming_it() {
+    let out = tempdir();
+    let data = out.path().join("g");
+    ok(&meshfeed(&[
+        "gen",
+        "--format",
+        "npy",
+        "--samples",
+        "4000",
+        "--field",
+        "data:f32:16",
+        "--out",
+        data.to_str().unwrap(),
+    ]));
+    let port = free_port();
+    let args = [
+        "run",
+        "--transport",
+        "ucx",
+        "--data",
+        data.to_str().unwrap(),
+        "--batch-size",
+        "12",
+        "--window-bytes",
+        "2K",
+        "--throttle-ms",
+        "20",
+    ];
+    let env = [("MESHFEED_PEER_TIMEOUT", "4")];
+    let mut ranks: Vec<_> = (0..3).map(|r| spawn_rank(r, 3, port, "tok", &args, &env)).collect();
+    std::thread::sleep(Duration::from_millis(2500));
+    let mut victim = ranks.remove(2);
+    assert!(victim.try_wait().unwrap().is_none(), "rank 2 must still be running when killed");
+    victim.kill().unwrap(); // SIGKILL
+    let killed_at = Instant::now();
+    victim.wait().unwrap();
+    for (r, child) in ranks.into_iter().enumerate() {
+        let run = finish(child, &format!("rank {r}"));
+        assert_ne!(run.code, 0, "rank {r} must fail when rank 2 dies");
+        assert!(killed_at.elapsed() < Duration::from_secs(30), "rank {r} took {:?} to stop", killed_at.elapsed());
+        let line = run
+            .stderr
+            .lines()
+            .find(|l| l.starts_with(&format!("meshfeed: error on rank {r}: ")))
+            .unwrap_or_else(|| panic!("rank {r}:\n{}", run.stderr));
+        assert!(line.contains("lost rank") && line.contains('2'), "rank {r}: {line}");
+    }
+}
