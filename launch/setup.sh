@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-packages=(libopenmpi-dev openmpi-bin libhdf5-dev libucx-dev ucx-utils libclang-dev pkg-config gcc)
+packages=(libopenmpi-dev openmpi-bin libhdf5-dev libucx-dev ucx-utils libclang-dev pkg-config gcc util-linux)
 if [[ "${1:-}" == "--test" ]]; then
     packages+=(python3 python3-venv)
 fi
@@ -31,10 +31,12 @@ if ! command -v cargo >/dev/null; then
 fi
 
 if [[ "${1:-}" == "--test" ]]; then
-    if ! .venv/bin/python -c "import numpy, h5py, pyarrow" 2>/dev/null; then
-        echo "setup: creating .venv with numpy, h5py, pyarrow (test fixtures)"
+    # numpy/h5py/pyarrow write the test fixtures; ray and kubernetes-validate test the
+    # Ray launcher and the Kubernetes manifests.
+    if ! .venv/bin/python -c "import numpy, h5py, pyarrow, ray, kubernetes_validate" 2>/dev/null; then
+        echo "setup: creating .venv with numpy, h5py, pyarrow, ray, kubernetes-validate (tests)"
         python3 -m venv .venv
-        .venv/bin/pip install -q --disable-pip-version-check numpy h5py pyarrow
+        .venv/bin/pip install -q --disable-pip-version-check numpy h5py pyarrow ray kubernetes-validate
     fi
 fi
 echo "setup: OK"

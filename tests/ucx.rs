@@ -258,3 +258,21 @@ fn a_rank_killed_mid_epoch_stops_the_others_naming_it() {
         assert!(line.contains("lost rank") && line.contains('2'), "rank {r}: {line}");
     }
 }
+
+#[test]
+fn bench_compares_mpi_and_ucx_in_one_run() {
+    let data = fixtures().join("npy_struct");
+    let mut cmd = std::process::Command::new("mpirun");
+    cmd.args(["--allow-run-as-root", "--oversubscribe", "--mca", "mpi_yield_when_idle", "1", "-x", "UCX_NET_DEVICES", "-np", "4", BIN]);
+    cmd.args(["bench", "--data", data.to_str().unwrap(), "--batch-size", "8", "--epochs", "1", "--modes", "fused", "--transports", "mpi,ucx-shm,ucx-tcp", "--json"]);
+    let out = cmd.env("UCX_NET_DEVICES", "lo").output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    let rows: Vec<serde_json::Value> = stdout.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let names: Vec<&str> = rows.iter().map(|r| r["transport"].as_str().unwrap()).collect();
+    assert_eq!(names, ["mpi", "ucx-shm", "ucx-tcp"]);
+    for r in &rows {
+        assert_eq!(r["delivered_bytes"], 12 * 8 * 30, "every transport delivers 12 steps × 8 rows × 30 bytes");
+        assert!(r["exchange_gb_per_s"].as_f64().unwrap() > 0.0);
+    }
+}

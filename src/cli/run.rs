@@ -255,7 +255,7 @@ pub fn with_ucx(job: impl FnOnce(crate::transport::ucx::UcxTransport) -> Result<
 
 /// Without the `ucx` feature, selecting UCX is a clear error.
 #[cfg(not(feature = "ucx"))]
-pub fn with_ucx<F>(_job: F) -> i32 {
+pub fn with_ucx(_job: impl FnOnce(crate::transport::LocalTransport) -> Result<()>) -> i32 {
     super::print_error(
         None,
         &Error::Config(

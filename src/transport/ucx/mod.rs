@@ -69,6 +69,10 @@ pub struct UcxTransport {
 impl UcxTransport {
     /// Creates the worker, publishes its address through `bootstrap` (which must return
     /// every rank's address in rank order) and connects to every peer.
+    ///
+    /// Lost peers are detected by `peer_timeout` and the abort messages; UCX's own peer
+    /// failure reporting (`MESHFEED_UCX_PEER_ERRORS=1`) is off by default because it rules
+    /// out the shared-memory transports.
     pub fn connect(
         rank: usize,
         world: usize,
@@ -76,6 +80,7 @@ impl UcxTransport {
         peer_timeout: Duration,
         bootstrap: impl FnOnce(Vec<u8>) -> Result<Vec<Vec<u8>>>,
     ) -> Result<UcxTransport> {
+        let peer_errors = std::env::var("MESHFEED_UCX_PEER_ERRORS").is_ok_and(|v| v == "1");
         if world >= 1 << 20 {
             return Err(Error::Config(format!("UCX transport supports up to {} ranks", (1 << 20) - 1)));
         }
@@ -91,7 +96,9 @@ impl UcxTransport {
         let endpoints = addresses
             .iter()
             .enumerate()
-            .map(|(r, a)| if r == rank { Ok(None) } else { Endpoint::connect(worker.clone(), a).map(Some) })
+            .map(
+                |(r, a)| if r == rank { Ok(None) } else { Endpoint::connect(worker.clone(), a, peer_errors).map(Some) },
+            )
             .collect::<Result<Vec<_>>>()?;
         let aborts = (0..world)
             .map(|r| {

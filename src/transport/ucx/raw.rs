@@ -138,15 +138,21 @@ pub struct Endpoint {
 }
 
 impl Endpoint {
-    /// Connects to the worker whose address is `address`.
-    pub fn connect(worker: Rc<Worker>, address: &[u8]) -> Result<Endpoint> {
+    /// Connects to the worker whose address is `address`. With `peer_errors`, UCX reports
+    /// peer failures on this endpoint (error handling mode PEER); UCX then only selects
+    /// transports that support it, which excludes shared memory (posix, sysv, cma).
+    pub fn connect(worker: Rc<Worker>, address: &[u8], peer_errors: bool) -> Result<Endpoint> {
         let error = Box::new(std::cell::Cell::new(None));
         let params = sys::ucp_ep_params_t {
             field_mask: (sys::ucp_ep_params_field_UCP_EP_PARAM_FIELD_REMOTE_ADDRESS
                 | sys::ucp_ep_params_field_UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE
                 | sys::ucp_ep_params_field_UCP_EP_PARAM_FIELD_ERR_HANDLER) as u64,
             address: address.as_ptr() as *const sys::ucp_address_t,
-            err_mode: sys::ucp_err_handling_mode_t_UCP_ERR_HANDLING_MODE_PEER,
+            err_mode: if peer_errors {
+                sys::ucp_err_handling_mode_t_UCP_ERR_HANDLING_MODE_PEER
+            } else {
+                sys::ucp_err_handling_mode_t_UCP_ERR_HANDLING_MODE_NONE
+            },
             err_handler: sys::ucp_err_handler_t {
                 cb: Some(on_endpoint_error),
                 arg: &*error as *const _ as *mut std::ffi::c_void,

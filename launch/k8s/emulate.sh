@@ -1,0 +1,235 @@
+#!/usr/bin/env bash
+# Emulates launch/k8s/meshfeed-job.yaml (an Indexed Job of N pods behind a headless
+# Service) on one machine, without Kubernetes. Usage:
+#
+#   MESHFEED_BIN=target/release/meshfeed \
+#       launch/k8s/emulate.sh -n 4 -- run --transport ucx --data DIR --batch-size 64
+#
+# Options (before `--`; everything after it goes to entrypoint.sh, i.e. to meshfeed):
+#   -n N         number of pods = completions = WORLD_SIZE (1..254; required)
+#   -p PORT      MASTER_PORT (default: $MASTER_PORT if set, else a free port)
+#   -t SECONDS   deadline, like the Job's activeDeadlineSeconds: kill every pod and fail
+#                when the job has not finished by then (default: none)
+#   -o DIR       write pod i's stdout and stderr to DIR/meshfeed-<i>.out and .err instead
+#                of the terminal (default: the terminal, each line prefixed `[meshfeed-<i>] `)
+#   -h           this help
+# MESHFEED_JOB_TOKEN is taken from the environment if set, else random (never printed).
+# MESHFEED_BIN is passed through to entrypoint.sh (default there: `meshfeed` on PATH).
+#
+# What each "pod" i (0 <= i < N) gets:
+#   * its own mount and UTS namespaces (`unshare --mount --uts`): hostname `meshfeed-<i>`
+#     (the Indexed Job's pod hostname) and a private /etc/hosts, bind-mounted over the
+#     host's inside the pod's mount namespace only, that maps `meshfeed-<j>.meshfeed` and
+#     `meshfeed-<j>` to 127.0.10.<j+1> for every pod j: what the headless Service's DNS
+#     gives a real pod. Linux answers every 127.0.0.0/8 address on `lo`, so no address
+#     needs configuring. The host's hostname and /etc/hosts are untouched.
+#   * the Job's environment: JOB_COMPLETION_INDEX=i (RANK left unset, so entrypoint.sh
+#     maps it), WORLD_SIZE=N, MASTER_ADDR=meshfeed-0.meshfeed, MASTER_PORT,
+#     MESHFEED_JOB_TOKEN, UCX_TLS=tcp, UCX_NET_DEVICES=lo; the rest of the caller's
+#     environment is passed through, less RANK/LOCAL_RANK and MPI launcher variables
+#     (OMPI_*, PMIX_*, PMI_*), which would otherwise leak into every pod.
+#   * the command `launch/k8s/entrypoint.sh ARGS...`.
+# Every pod checks, before starting the entrypoint, that its hostname is meshfeed-<i> and
+# that `getent hosts meshfeed-<i>.meshfeed` gives its address.
+#
+# NOT emulated: network isolation. The pods share the host's network namespace: rank 0's
+# rendezvous listens on the host's ports (MASTER_PORT must be free on the host), and UCX
+# over TCP on `lo` reaches every pod whatever address it names. What this exercises is
+# name resolution of the pod names, the index -> rank mapping and the environment
+# contract, with real separate processes and real TCP.
+#
+# Like the Job's `backoffLimit: 0`: the first pod that exits non-zero fails the job; the
+# others are then terminated (SIGTERM to each pod's process group, SIGKILL after 5 s).
+# Exit status: 0 when every pod exited 0; 1 when a pod failed or the deadline passed;
+# 2 for a bad command line or environment. Needs root (CAP_SYS_ADMIN for the namespaces,
+# the bind mount and sethostname), util-linux (unshare, setsid), getent, bash >= 5.1.
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+entrypoint=$here/entrypoint.sh
+grace=5
+
+usage() { sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "${BASH_SOURCE[0]}"; }
+die() { echo "emulate.sh: $*" >&2; exit 2; }
+
+n='' port=${MASTER_PORT:-} deadline='' outdir=''
+while getopts ':n:p:t:o:h' opt; do
+    case $opt in
+        n) n=$OPTARG ;;
+        p) port=$OPTARG ;;
+        t) deadline=$OPTARG ;;
+        o) outdir=$OPTARG ;;
+        h) usage; exit 0 ;;
+        :) die "option -$OPTARG needs a value (see -h)" ;;
+        *) die "unknown option -$OPTARG (see -h)" ;;
+    esac
+done
+shift $((OPTIND - 1)) # getopts consumed the `--`
+[[ -n $n ]] || die "missing -n N (the number of pods; see -h)"
+if ! [[ $n =~ ^[0-9]{1,3}$ ]] || ((10#$n < 1 || 10#$n > 254)); then die "-n must be 1..254, got '$n'"; fi
+n=$((10#$n))
+[[ -z $deadline || $deadline =~ ^[0-9]+$ ]] || die "-t must be a number of seconds, got '$deadline'"
+[[ $(id -u) == 0 ]] || die "needs root: each pod gets its own mount and UTS namespaces (unshare --mount --uts)"
+for tool in unshare setsid getent mount hostname; do
+    command -v "$tool" >/dev/null || die "'$tool' not found (util-linux, libc-bin, hostname)"
+done
+[[ -x $entrypoint ]] || die "$entrypoint is not executable"
+if [[ -n $outdir ]]; then
+    mkdir -p "$outdir" || die "cannot create $outdir"
+fi
+
+free_port() {
+    # A port nothing listens on now (the rendezvous binds all addresses). Racy by nature,
+    # as any picked port is; pass -p to choose one.
+    if command -v python3 >/dev/null; then
+        python3 -c 'import socket; s = socket.socket(); s.bind(("", 0)); print(s.getsockname()[1])'
+        return
+    fi
+    local p
+    for _ in $(seq 100); do
+        p=$((20000 + RANDOM % 30000))
+        if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then echo "$p"; return; fi
+    done
+    return 1
+}
+if [[ -z $port ]]; then
+    port=$(free_port) || die "could not find a free port; pass -p PORT"
+fi
+if ! [[ $port =~ ^[0-9]{1,5}$ ]] || ((10#$port < 1 || 10#$port > 65535)); then die "bad MASTER_PORT '$port'"; fi
+# Exported, not passed on a command line, where `ps` would show it.
+export MESHFEED_JOB_TOKEN=${MESHFEED_JOB_TOKEN:-$(od -An -N32 -tx1 /dev/urandom | tr -d ' \n')}
+
+# The cluster's "DNS": one hosts file per pod, as each pod's /etc/hosts is its own.
+work=$(mktemp -d "${TMPDIR:-/tmp}/meshfeed-emulate.XXXXXX")
+{
+    printf '127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n'
+    for ((j = 0; j < n; j++)); do
+        printf '127.0.10.%d\tmeshfeed-%d.meshfeed meshfeed-%d\n' $((j + 1)) "$j" "$j"
+    done
+} >"$work/hosts"
+for ((i = 0; i < n; i++)); do cp "$work/hosts" "$work/hosts.$i"; done
+
+# Runs inside the pod's namespaces as `bash -c "$pod_script" meshfeed-<i> ENTRYPOINT ARGS...`.
+# shellcheck disable=SC2016
+pod_script='
+set -eu
+hostname "$POD_HOSTNAME"
+mount --bind "$POD_HOSTS" /etc/hosts
+[ "$(hostname)" = "$POD_HOSTNAME" ] || { echo "emulate.sh: pod $POD_HOSTNAME: hostname is $(hostname)" >&2; exit 2; }
+got=$(getent hosts "$POD_HOSTNAME.meshfeed" | cut -d" " -f1)
+[ "$got" = "$POD_ADDR" ] || { echo "emulate.sh: pod $POD_HOSTNAME: $POD_HOSTNAME.meshfeed resolves to \"$got\", not $POD_ADDR" >&2; exit 2; }
+unset POD_HOSTNAME POD_HOSTS POD_ADDR
+exec "$@"
+'
+
+# Variables of the caller that must not reach the pods.
+scrub=(-u RANK -u LOCAL_RANK)
+while IFS= read -r var; do
+    case $var in OMPI_* | PMIX_* | PMI_*) scrub+=(-u "$var") ;; esac
+done < <(compgen -e)
+
+pids=() names=() sedpids=() watchdog=
+kill_pods() {
+    local sig=$1 pid
+    for pid in "${pids[@]}"; do kill "-$sig" -- "-$pid" 2>/dev/null || true; done
+}
+pods_alive() {
+    # Is any process of the pods' groups still running? Not `kill -0`, which succeeds on
+    # zombies: killed processes orphaned to an init that reaps slowly would look alive.
+    local f line fields pid
+    for f in /proc/[0-9]*/stat; do
+        { read -r line <"$f"; } 2>/dev/null || continue
+        read -ra fields <<<"${line##*) }" # state ppid pgrp ...
+        [[ ${fields[0]} == Z ]] && continue
+        for pid in "${pids[@]}"; do [[ ${fields[2]} == "$pid" ]] && return 0; done
+    done
+    return 1
+}
+stop_all() {
+    # TERM every pod's process group, give them $grace seconds, then KILL what is left.
+    kill_pods TERM
+    local t
+    for ((t = 0; t < grace * 10; t++)); do
+        pods_alive || break
+        sleep 0.1
+    done
+    kill_pods KILL
+    wait "${pids[@]}" 2>/dev/null || true
+}
+finish() {
+    # Let the output prefixers drain (they end when the pods' ends of their pipes close).
+    local pid
+    for pid in "${sedpids[@]}"; do wait "$pid" 2>/dev/null || true; done
+}
+cleanup() {
+    [[ -n $watchdog ]] && kill "$watchdog" 2>/dev/null
+    rm -rf "$work"
+}
+trap cleanup EXIT
+trap 'echo "emulate.sh: interrupted: terminating the pods" >&2; stop_all; exit 130' INT
+trap 'echo "emulate.sh: terminated: terminating the pods" >&2; stop_all; exit 143' TERM
+
+for ((i = 0; i < n; i++)); do
+    name=meshfeed-$i
+    if [[ -n $outdir ]]; then
+        exec {ofd}>"$outdir/$name.out" {efd}>"$outdir/$name.err"
+    else
+        exec {ofd}> >(sed -u "s/^/[$name] /")
+        sedpids+=($!)
+        exec {efd}> >(sed -u "s/^/[$name] /" >&2)
+        sedpids+=($!)
+    fi
+    # setsid: each pod is its own process group (pgid = its pid, as a background job of
+    # a shell without job control is no group leader, so setsid does not fork), so that
+    # killing a pod kills whatever it started too; unshare execs too (no --fork).
+    env "${scrub[@]}" \
+        POD_HOSTNAME="$name" POD_HOSTS="$work/hosts.$i" POD_ADDR="127.0.10.$((i + 1))" \
+        JOB_COMPLETION_INDEX="$i" WORLD_SIZE="$n" \
+        MASTER_ADDR=meshfeed-0.meshfeed MASTER_PORT="$port" \
+        UCX_TLS=tcp UCX_NET_DEVICES=lo \
+        setsid unshare --mount --uts --propagation private \
+        bash -c "$pod_script" "$name" "$entrypoint" "$@" \
+        </dev/null >&"$ofd" 2>&"$efd" {ofd}>&- {efd}>&- &
+    pids+=($!)
+    names[$!]=$name
+    exec {ofd}>&- {efd}>&-
+done
+echo "emulate.sh: started $n pod(s) (MASTER_ADDR=meshfeed-0.meshfeed MASTER_PORT=$port)" >&2
+
+if [[ -n $deadline ]]; then
+    sleep "$deadline" &
+    watchdog=$!
+fi
+
+remaining=$n failed=
+while ((remaining > 0)); do
+    set +e
+    wait -n -p done_pid "${pids[@]}" ${watchdog:+"$watchdog"}
+    status=$?
+    set -e
+    if [[ -n $watchdog && ${done_pid:-} == "$watchdog" ]]; then
+        watchdog=
+        failed="deadline of ${deadline}s exceeded with $remaining pod(s) still running"
+        break
+    fi
+    [[ -n ${done_pid:-} ]] || continue
+    remaining=$((remaining - 1))
+    # As when a container's main process ends: nothing it started outlives it.
+    kill -KILL -- "-$done_pid" 2>/dev/null || true
+    if ((status != 0)); then
+        failed="pod ${names[$done_pid]} failed with exit status $status"
+        break
+    fi
+    # Drop the finished pod from the wait set.
+    for k in "${!pids[@]}"; do [[ ${pids[$k]} == "$done_pid" ]] && unset "pids[$k]"; done
+    pids=("${pids[@]}")
+done
+
+if [[ -n $failed ]]; then
+    echo "emulate.sh: job failed: $failed; terminating the pods still running" >&2
+    stop_all
+    finish
+    exit 1
+fi
+finish
+echo "emulate.sh: job succeeded: $n pod(s) exited 0" >&2

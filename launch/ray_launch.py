@@ -1,0 +1,456 @@
+#!/usr/bin/env python3
+"""Launch a meshfeed job on a local Ray instance: one Ray actor per rank.
+
+Usage
+-----
+
+    python launch/ray_launch.py -n N [--master-addr 127.0.0.1] [--master-port 0]
+        [--num-cpus C] [--timeout SECONDS] [--split-stderr] -- COMMAND [ARGS...]
+
+for example
+
+    python launch/ray_launch.py -n 4 -- \\
+        target/release/meshfeed run --transport ucx --data /tmp/ds --batch-size 8
+
+The launcher starts a Ray instance of its own (``ray.init(address="local")``; it
+never joins an existing cluster and never runs ``ray stop``), with
+``num_cpus = --num-cpus`` (default ``max(N, 2)``), no dashboard,
+``RAY_AUTH_MODE=disabled`` and usage statistics off. It creates N actors (each
+reserves 0 CPUs, so any N fits on a small machine); actor ``r`` runs COMMAND as a
+subprocess in the launcher's working directory with the launcher's environment
+plus
+
+    RANK=r  WORLD_SIZE=N  MASTER_ADDR=<--master-addr>  MASTER_PORT=<port>
+    MESHFEED_JOB_TOKEN=<secret shared by the job's ranks>
+
+which is the contract of a meshfeed rank started without mpirun (rank 0 hosts the
+TCP rendezvous at MASTER_ADDR:MASTER_PORT). ``--master-port 0`` (the default)
+picks a free port by binding port 0 on MASTER_ADDR just before the ranks start.
+The token is ``$MESHFEED_JOB_TOKEN`` when that is set, else
+``secrets.token_hex(16)`` (32 hex characters).
+
+Output
+------
+
+Each actor reads its subprocess's output line by line in a background thread;
+the launcher polls every actor (``RankRunner.poll``, which returns the lines
+gathered so far, waiting up to 0.5 s for some) and prints each line as soon as
+it arrives, prefixed with ``[rank r] ``. By default a rank's stderr is merged into
+its stdout (order within a rank is preserved) and everything goes to the
+launcher's stdout; with ``--split-stderr`` a rank's stderr lines go to the
+launcher's stderr instead. The launcher's own messages are lines starting with
+``ray_launch: `` on stdout. Ray's own diagnostics, if any, go to stderr.
+
+Failure semantics
+-----------------
+
+* When every rank exits 0, the launcher prints
+  ``ray_launch: all N ranks succeeded`` and exits 0.
+* As soon as any rank exits non-zero, it prints
+  ``ray_launch: rank R exited with code C; stopping the job`` (a rank killed by
+  signal S is reported as code 128+S, after a line naming the signal; a command
+  that cannot be executed is reported as code 127), stops the other ranks
+  (SIGTERM to each rank's process group, SIGKILL after 5 s), prints what they
+  wrote meanwhile, kills the actors, shuts Ray down and exits with C.
+* If a rank's actor dies (its Ray worker crashed), that is a failure with code 1.
+* After ``--timeout`` seconds (default 600; 0 = none; counted from when Ray is
+  up and the actors are being created) the job is stopped the same
+  way and the launcher exits 124.
+* On SIGINT or SIGTERM the job is stopped the same way and the launcher exits
+  130 or 143.
+* A bad command line exits 2 (argparse's message on stderr); Ray failing to
+  start prints ``ray_launch: error: cannot start Ray: ...`` and exits 1.
+
+Each rank runs in a session (process group) of its own, so stopping a rank also
+stops any processes it started, and it gets SIGKILL if its actor's process dies
+(Linux parent-death signal), so a crashed launcher leaves no rank behind.
+"""
+
+import argparse
+import os
+import signal
+import socket
+import sys
+import time
+
+# Must be set before ray is imported.
+os.environ["RAY_AUTH_MODE"] = "disabled"
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+
+POLL_WAIT_S = 0.5  # how long one RankRunner.poll waits for output
+TERM_GRACE_S = 5.0  # SIGTERM -> SIGKILL delay when stopping ranks
+EXIT_TIMEOUT = 124
+
+# Run in front of COMMAND by every rank: asks Linux to SIGKILL the rank when
+# the actor process that started it dies, then execs COMMAND (argv[2:]).
+_EXEC_SHIM = r"""
+import ctypes, os, signal, sys
+try:
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+except Exception:
+    pass
+if os.getppid() != int(sys.argv[1]):
+    sys.exit(137)  # the actor died before prctl took effect
+try:
+    os.execvp(sys.argv[2], sys.argv[2:])
+except OSError as e:
+    sys.stderr.write("ray_launch: cannot execute %r: %s\n" % (sys.argv[2], e.strerror))
+    sys.exit(127)
+"""
+
+
+class RankRunner:
+    """Ray actor body: runs one rank's subprocess and buffers its output lines."""
+
+    def __init__(self, rank):
+        import collections
+        import threading
+
+        self.rank = rank
+        self.proc = None
+        self.lines = collections.deque()  # (is_stderr, text)
+        self.cond = threading.Condition()
+        self.readers = []
+        self.exit_seen_at = None
+
+    def start(self, argv, env, cwd, split_stderr):
+        import subprocess
+        import threading
+
+        shim = [sys.executable, "-c", _EXEC_SHIM, str(os.getpid())]
+        try:
+            self.proc = subprocess.Popen(
+                shim + list(argv),
+                env=env,
+                cwd=cwd,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE if split_stderr else subprocess.STDOUT,
+                start_new_session=True,
+            )
+        except OSError as e:
+            return "cannot start rank %d: %s" % (self.rank, e)
+        streams = [(self.proc.stdout, False)]
+        if split_stderr:
+            streams.append((self.proc.stderr, True))
+        for pipe, is_err in streams:
+            t = threading.Thread(target=self._read, args=(pipe, is_err), daemon=True)
+            t.start()
+            self.readers.append(t)
+        return None
+
+    def _read(self, pipe, is_err):
+        for raw in iter(pipe.readline, b""):
+            text = raw.decode("utf-8", errors="replace").rstrip("\r\n")
+            with self.cond:
+                self.lines.append((is_err, text))
+                self.cond.notify_all()
+        pipe.close()
+        with self.cond:
+            self.cond.notify_all()
+
+    def _drain(self, max_lines=20000):
+        out = []
+        while self.lines and len(out) < max_lines:
+            out.append(self.lines.popleft())
+        return out
+
+    def _exit_code(self):
+        """The exit code once the process exited and its output was read
+        (or 2 s after exit if a leftover child keeps the pipe open)."""
+        rc = self.proc.poll()
+        if rc is None:
+            return None
+        now = time.monotonic()
+        if self.exit_seen_at is None:
+            self.exit_seen_at = now
+        if any(t.is_alive() for t in self.readers) and now - self.exit_seen_at < 2.0:
+            return None
+        return rc
+
+    def poll(self, wait_s):
+        """Returns (lines, exit code or None); waits up to wait_s for either."""
+        deadline = time.monotonic() + wait_s
+        with self.cond:
+            while True:
+                if self.lines:
+                    break
+                rc = self._exit_code()
+                if rc is not None:
+                    break
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self.cond.wait(min(left, 0.1))
+            rc = self._exit_code() if not self.lines else None
+            return self._drain(), rc
+
+    def stop(self, grace_s):
+        """SIGTERM the rank's process group, SIGKILL after grace_s; returns
+        (remaining lines, exit code)."""
+        import subprocess
+
+        if self.proc is None:
+            return [], None
+        pgid = self.proc.pid  # start_new_session: the rank leads its own group
+
+        def signal_group(sig):
+            try:
+                os.killpg(pgid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+        if self.proc.poll() is None:
+            signal_group(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                pass
+        signal_group(signal.SIGKILL)  # the rank if still there, and its leftovers
+        rc = self.proc.wait()
+        for t in self.readers:
+            t.join(timeout=1.0)
+        with self.cond:
+            return self._drain(), rc
+
+
+def free_port(addr):
+    """A port that is free now on addr (on every address if addr is not local)."""
+    family = socket.AF_INET6 if ":" in addr else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((addr, 0))
+        except OSError:
+            s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+class Stop(Exception):
+    """Raised by the SIGINT/SIGTERM handler."""
+
+    def __init__(self, signum):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def say(msg):
+    sys.stdout.write("ray_launch: %s\n" % msg)
+    sys.stdout.flush()
+
+
+def emit(rank, lines):
+    if not lines:
+        return
+    out = []
+    err = []
+    for is_err, text in lines:
+        (err if is_err else out).append("[rank %d] %s\n" % (rank, text))
+    if out:
+        sys.stdout.write("".join(out))
+        sys.stdout.flush()
+    if err:
+        sys.stderr.write("".join(err))
+        sys.stderr.flush()
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(
+        prog="ray_launch.py",
+        description="Run N ranks of COMMAND as Ray actors on a local Ray instance.",
+        usage="%(prog)s -n N [options] -- COMMAND [ARGS...]",
+    )
+    p.add_argument("-n", "--np", dest="n", type=int, required=True, help="number of ranks")
+    p.add_argument("--master-addr", default="127.0.0.1", help="rendezvous address (rank 0)")
+    p.add_argument("--master-port", type=int, default=0, help="rendezvous port; 0 picks a free one")
+    p.add_argument("--num-cpus", type=int, default=None, help="CPUs of the Ray instance (default max(N, 2))")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds before the job is stopped; 0 = none")
+    p.add_argument("--split-stderr", action="store_true", help="send ranks' stderr lines to stderr")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="the rank command, after --")
+    args = p.parse_args(argv)
+    if args.command and args.command[0] == "--":
+        args.command = args.command[1:]
+    if not args.command:
+        p.error("no COMMAND given (put it after --)")
+    if args.n < 1:
+        p.error("-n must be at least 1")
+    if not 0 <= args.master_port <= 65535:
+        p.error("--master-port must be in 0..65535")
+    if args.num_cpus is not None and args.num_cpus < 1:
+        p.error("--num-cpus must be at least 1")
+    if args.timeout < 0:
+        p.error("--timeout must be >= 0")
+    return args
+
+
+def run_job(ray, args):
+    """Runs the job on an initialised Ray; returns the launcher's exit code."""
+    from ray.exceptions import RayActorError
+
+    n = args.n
+    token = os.environ.get("MESHFEED_JOB_TOKEN") or __import__("secrets").token_hex(16)
+    port = args.master_port or free_port(args.master_addr)
+    base_env = dict(os.environ)
+    cwd = os.getcwd()
+    deadline = time.monotonic() + args.timeout if args.timeout > 0 else None
+
+    Runner = ray.remote(num_cpus=0, max_restarts=0)(RankRunner)
+    actors = [Runner.remote(r) for r in range(n)]
+    finished = {}  # rank -> exit code
+    failure = None  # (rank, code)
+    code = 0
+
+    def fail_rank(rank, rc):
+        nonlocal failure, code
+        if rc < 0:
+            try:
+                name = signal.Signals(-rc).name
+            except ValueError:
+                name = "signal %d" % -rc
+            say("rank %d was killed by %s" % (rank, name))
+            rc = 128 - rc
+        failure = (rank, rc)
+        code = rc
+        say("rank %d exited with code %d; stopping the job" % (rank, rc))
+
+    pending = {}  # poll ref -> rank
+
+    def actor_died(rank, e):
+        first = str(e).strip().splitlines()
+        say("rank %d: its actor died: %s" % (rank, first[0] if first else type(e).__name__))
+        fail_rank(rank, 1)
+
+    def time_left():
+        return None if deadline is None else max(0.0, deadline - time.monotonic())
+
+    try:
+        starts = []
+        for r, a in enumerate(actors):
+            env = dict(base_env)
+            env.update(
+                RANK=str(r),
+                WORLD_SIZE=str(n),
+                MASTER_ADDR=args.master_addr,
+                MASTER_PORT=str(port),
+                MESHFEED_JOB_TOKEN=token,
+            )
+            starts.append(a.start.remote(args.command, env, cwd, args.split_stderr))
+        ready, _ = ray.wait(starts, num_returns=n, timeout=time_left())
+        ready = set(ready)
+        for r, ref in enumerate(starts):
+            if ref not in ready:
+                continue
+            try:
+                err = ray.get(ref)
+            except RayActorError as e:
+                actor_died(r, e)
+                break
+            if err:
+                say(err)
+                fail_rank(r, 127)
+                break
+            pending[actors[r].poll.remote(POLL_WAIT_S)] = r
+        if failure is None and len(ready) < n:
+            say("timeout after %g s while starting the ranks; stopping the job" % args.timeout)
+            code = EXIT_TIMEOUT
+
+        while code == 0 and pending:
+            if deadline is not None and time.monotonic() >= deadline:
+                say("timeout after %g s with %d of %d ranks still running; stopping the job"
+                    % (args.timeout, n - len(finished), n))
+                code = EXIT_TIMEOUT
+                break
+            ready, _ = ray.wait(list(pending), num_returns=1, timeout=1.0)
+            if ready:
+                ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=0)
+            failed = []  # (rank, code or exception)
+            # Print every ready batch first, then act on the failures.
+            for ref in sorted(ready, key=lambda x: pending[x]):
+                r = pending.pop(ref)
+                try:
+                    lines, rc = ray.get(ref)
+                except RayActorError as e:
+                    failed.append((r, e))
+                    continue
+                emit(r, lines)
+                if rc is None:
+                    pending[actors[r].poll.remote(POLL_WAIT_S)] = r
+                else:
+                    finished[r] = rc
+                    if rc != 0:
+                        failed.append((r, rc))
+            if failed:
+                r, what = failed[0]
+                if isinstance(what, Exception):
+                    actor_died(r, what)
+                else:
+                    fail_rank(r, what)
+        if code == 0:
+            say("all %d ranks succeeded" % n)
+    except Stop as s:
+        say("got %s; stopping the job" % signal.Signals(s.signum).name)
+        code = 128 + s.signum
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        # Stop every rank that may still run (and leftovers of finished ones).
+        # Each actor runs its methods in order, so its stop() comes after any
+        # poll() in flight: print those polls' lines first, then stop()'s.
+        stops = {a.stop.remote(TERM_GRACE_S): r for r, a in enumerate(actors)}
+        for refs in (pending, stops):
+            try:
+                ready, _ = ray.wait(list(refs), num_returns=len(refs),
+                                    timeout=TERM_GRACE_S + POLL_WAIT_S + 5)
+            except Exception:
+                ready = []
+            for ref in sorted(ready, key=lambda x: refs[x]):
+                try:
+                    lines, _rc = ray.get(ref)
+                except Exception:
+                    continue
+                emit(refs[ref], lines)
+        for a in actors:
+            try:
+                ray.kill(a)
+            except Exception:
+                pass
+    return code
+
+
+def main(argv=None):
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+
+    def on_signal(signum, _frame):
+        raise Stop(signum)
+
+    import logging
+
+    import ray
+
+    try:
+        ray.init(
+            address="local",
+            num_cpus=args.num_cpus or max(args.n, 2),
+            include_dashboard=False,
+            _node_ip_address="127.0.0.1",  # a private instance: keep Ray on loopback
+            logging_level=logging.WARNING,
+            log_to_driver=True,
+            configure_logging=True,
+        )
+    except Exception as e:
+        say("error: cannot start Ray: %s" % e)
+        return 1
+    try:
+        signal.signal(signal.SIGINT, on_signal)
+        signal.signal(signal.SIGTERM, on_signal)
+        return run_job(ray, args)
+    except Stop as s:  # a signal between ray.init and run_job's own handling
+        say("got %s; stopping the job" % signal.Signals(s.signum).name)
+        return 128 + s.signum
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        ray.shutdown()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
