@@ -16,11 +16,7 @@ fn fails(np: usize, args: &[&str], needles: &[&str]) -> Run {
     assert!(!run.stderr.contains("panicked") && !run.stderr.contains("internal error"), "{}", run.stderr);
     assert!(!run.stdout.contains("done:"), "no success line: {}", run.stdout);
     for r in 0..np {
-        let line = run
-            .stderr
-            .lines()
-            .find(|l| l.starts_with(&format!("meshfeed: error on rank {r}: ")))
-            .unwrap_or_else(|| panic!("rank {r} printed no error line:\n{}", run.stderr));
+        let line = error_line(&run, r);
         for n in needles {
             assert!(line.contains(n), "rank {r}'s error lacks '{n}': {line}");
         }

@@ -28,7 +28,7 @@ fn mpirun_dump(np: usize, args: &[&str], dir: &Path) -> Vec<Vec<u8>> {
     let mut a = args.to_vec();
     a.extend(["--dump", dir.to_str().unwrap()]);
     ok(&mpirun(np, &a));
-    (0..np).map(|r| std::fs::read(dir.join(format!("rank-{r}.jsonl"))).unwrap()).collect()
+    dump_bytes(dir, np)
 }
 
 fn job_args(data: &Path) -> Vec<String> {
@@ -82,7 +82,7 @@ fn ray_job_produces_the_mpirun_dump() {
     assert!(run.status.success(), "ray job failed:\n{stdout}\n{}", String::from_utf8_lossy(&run.stderr));
     assert!(stdout.contains("ray_launch: all 4 ranks succeeded"), "{stdout}");
     assert!(stdout.contains("[rank 0] meshfeed: done: 2 epoch(s) on 4 ranks"), "{stdout}");
-    let got: Vec<Vec<u8>> = (0..4).map(|r| std::fs::read(dump.join(format!("rank-{r}.jsonl"))).unwrap()).collect();
+    let got = dump_bytes(&dump, 4);
     assert!(got == want, "Ray job dump differs from mpirun's");
 }
 
@@ -110,6 +110,6 @@ fn emulated_indexed_job_produces_the_mpirun_dump() {
         String::from_utf8_lossy(&run.stdout),
         String::from_utf8_lossy(&run.stderr)
     );
-    let got: Vec<Vec<u8>> = (0..4).map(|r| std::fs::read(dump.join(format!("rank-{r}.jsonl"))).unwrap()).collect();
+    let got = dump_bytes(&dump, 4);
     assert!(got == want, "emulated Indexed Job dump differs from mpirun's");
 }

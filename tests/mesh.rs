@@ -266,8 +266,7 @@ fn check_format(format: &str, exchanges: &[&str]) {
                     }
                 }
             }
-            let bytes: Vec<Vec<u8>> =
-                (0..case.np).map(|r| std::fs::read(dump.join(format!("rank-{r}.jsonl"))).unwrap()).collect();
+            let bytes: Vec<Vec<u8>> = dump_bytes(&dump, case.np);
             match &first {
                 None => first = Some(bytes),
                 Some(f) => assert!(f == &bytes, "{} {exchange}: dump differs from the fused exchange's", case.mesh),
@@ -364,11 +363,7 @@ fn invalid_layouts_fail_cleanly_on_every_rank() {
         let run = mpirun(np, &args);
         assert_ne!(run.code, 0, "{extra:?} must fail");
         for r in 0..np {
-            let line = run
-                .stderr
-                .lines()
-                .find(|l| l.starts_with(&format!("meshfeed: error on rank {r}: ")))
-                .unwrap_or_else(|| panic!("{extra:?}: rank {r} printed no error:\n{}", run.stderr));
+            let line = error_line(&run, r);
             assert!(line.contains(needle), "{extra:?}: {line}");
         }
     }

@@ -103,7 +103,7 @@ fn dumps_are_byte_identical_across_formats() {
                 dump.to_str().unwrap(),
             ],
         ));
-        (0..2).map(|r| std::fs::read(dump.join(format!("rank-{r}.jsonl"))).unwrap()).collect::<Vec<_>>()
+        dump_bytes(&dump, 2)
     };
     let npy = dump_of("npy_struct");
     for other in ["hdf5", "arrow", "raw"] {
@@ -155,7 +155,7 @@ fn chunked_exchange_equals_direct_exchange() {
             args.extend(["--max-round-bytes", c]);
         }
         ok(&mpirun(4, &args));
-        (0..4).map(|r| std::fs::read(d.join(format!("rank-{r}.jsonl"))).unwrap()).collect::<Vec<_>>()
+        dump_bytes(&d, 4)
     };
     // 64 bytes per round over 4 ranks: 16-byte pieces, many rounds per window.
     assert!(dump(Some("64")) == dump(None));

@@ -9,10 +9,6 @@ use std::time::{Duration, Instant};
 
 use common::*;
 
-fn dump_files(dir: &std::path::Path, np: usize) -> Vec<Vec<u8>> {
-    (0..np).map(|r| std::fs::read(dir.join(format!("rank-{r}.jsonl"))).unwrap()).collect()
-}
-
 /// Runs the same job over MPI and over UCX and compares the dumps byte for byte.
 fn same_dump(np: usize, data: &str, extra: &[&str]) {
     let out = tempdir();
@@ -26,7 +22,7 @@ fn same_dump(np: usize, data: &str, extra: &[&str]) {
     let mut b = base.clone();
     b.extend(["--transport", "ucx", "--dump", du.to_str().unwrap()]);
     ok(&launch(np, &b));
-    let (m, u) = (dump_files(&dm, np), dump_files(&du, np));
+    let (m, u) = (dump_bytes(&dm, np), dump_bytes(&du, np));
     assert!(m.iter().all(|f| !f.is_empty()));
     assert!(m == u, "{data} {extra:?} at {np} ranks: UCX dump differs from MPI dump");
 }
@@ -97,11 +93,7 @@ fn launcher_verifies_and_fails_the_job_when_a_rank_fails() {
     let run = launch(3, &["run", "--transport", "ucx", "--data", bad.to_str().unwrap(), "--batch-size", "3"]);
     assert_ne!(run.code, 0);
     for r in 0..3 {
-        let line = run
-            .stderr
-            .lines()
-            .find(|l| l.starts_with(&format!("meshfeed: error on rank {r}: ")))
-            .unwrap_or_else(|| panic!("{}", run.stderr));
+        let line = error_line(&run, r);
         assert!(line.contains("rank 1: ") && line.contains("part-1.npy") && line.contains("truncated"), "{line}");
     }
 }
@@ -165,7 +157,7 @@ fn hostile_rendezvous_traffic_and_wrong_tokens_are_refused_with_the_job_intact()
             clean.to_str().unwrap(),
         ],
     ));
-    assert!(dump_files(&dump, 2) == dump_files(&clean, 2));
+    assert!(dump_bytes(&dump, 2) == dump_bytes(&clean, 2));
 }
 
 #[test]
@@ -250,11 +242,7 @@ fn a_rank_killed_mid_epoch_stops_the_others_naming_it() {
         let run = finish(child, &format!("rank {r}"));
         assert_ne!(run.code, 0, "rank {r} must fail when rank 2 dies");
         assert!(killed_at.elapsed() < Duration::from_secs(30), "rank {r} took {:?} to stop", killed_at.elapsed());
-        let line = run
-            .stderr
-            .lines()
-            .find(|l| l.starts_with(&format!("meshfeed: error on rank {r}: ")))
-            .unwrap_or_else(|| panic!("rank {r}:\n{}", run.stderr));
+        let line = error_line(&run, r);
         assert!(line.contains("lost rank") && line.contains('2'), "rank {r}: {line}");
     }
 }
@@ -263,8 +251,32 @@ fn a_rank_killed_mid_epoch_stops_the_others_naming_it() {
 fn bench_compares_mpi_and_ucx_in_one_run() {
     let data = fixtures().join("npy_struct");
     let mut cmd = std::process::Command::new("mpirun");
-    cmd.args(["--allow-run-as-root", "--oversubscribe", "--mca", "mpi_yield_when_idle", "1", "-x", "UCX_NET_DEVICES", "-np", "4", BIN]);
-    cmd.args(["bench", "--data", data.to_str().unwrap(), "--batch-size", "8", "--epochs", "1", "--modes", "fused", "--transports", "mpi,ucx-shm,ucx-tcp", "--json"]);
+    cmd.args([
+        "--allow-run-as-root",
+        "--oversubscribe",
+        "--mca",
+        "mpi_yield_when_idle",
+        "1",
+        "-x",
+        "UCX_NET_DEVICES",
+        "-np",
+        "4",
+        BIN,
+    ]);
+    cmd.args([
+        "bench",
+        "--data",
+        data.to_str().unwrap(),
+        "--batch-size",
+        "8",
+        "--epochs",
+        "1",
+        "--modes",
+        "fused",
+        "--transports",
+        "mpi,ucx-shm,ucx-tcp",
+        "--json",
+    ]);
     let out = cmd.env("UCX_NET_DEVICES", "lo").output().unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));

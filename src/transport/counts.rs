@@ -6,6 +6,20 @@
 
 use crate::error::{Error, Result};
 
+/// Checks that `send_counts` describes a send buffer of `send_len` bytes for `world`
+/// ranks: one count per rank, adding up to the buffer's length. Every transport checks
+/// this before communicating.
+pub fn check_send_table(send_len: usize, send_counts: &[usize], world: usize) -> Result<()> {
+    let total: usize = send_counts.iter().sum();
+    if send_counts.len() != world || total != send_len {
+        return Err(Error::Transport(format!(
+            "count table ({} entries, {total} bytes) does not describe the {send_len}-byte send buffer for {world} ranks",
+            send_counts.len()
+        )));
+    }
+    Ok(())
+}
+
 /// Counts and displacements of one side of an exchange, as C ints.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CountTable {
@@ -89,6 +103,13 @@ mod tests {
         let big = i32::MAX as usize + 1;
         assert!(CountTable::new(&[big], 1, big).unwrap_err().to_string().contains("does not fit a C int"));
         assert!(CountTable::new(&[1, big], 2, big + 1).unwrap_err().to_string().contains("for rank 1"));
+    }
+
+    #[test]
+    fn send_tables_must_describe_the_buffer() {
+        assert!(check_send_table(8, &[3, 5], 2).is_ok());
+        assert!(check_send_table(8, &[3, 5], 3).unwrap_err().to_string().contains("2 entries, 8 bytes"));
+        assert!(check_send_table(9, &[3, 5], 2).unwrap_err().to_string().contains("9-byte send buffer"));
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! A transport for a single process: every collective is the identity.
 
 use super::{ReduceOp, Transport};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::types::Rank;
 
 /// World of one rank, no communication.
@@ -25,12 +25,7 @@ impl Transport for LocalTransport {
     }
 
     fn all_to_all_v(&self, send: &[u8], send_counts: &[usize]) -> Result<(Vec<u8>, Vec<usize>)> {
-        if send_counts.len() != 1 || send_counts[0] != send.len() {
-            return Err(Error::Transport(format!(
-                "count table {send_counts:?} does not describe {} bytes for 1 rank",
-                send.len()
-            )));
-        }
+        super::counts::check_send_table(send.len(), send_counts, 1)?;
         Ok((send.to_vec(), send_counts.to_vec()))
     }
 

@@ -10,7 +10,7 @@ use ::mpi::datatype::{Partition, PartitionMut};
 use ::mpi::topology::SimpleCommunicator;
 use ::mpi::traits::*;
 
-use super::counts::{CountTable, Rounds};
+use super::counts::{check_send_table, CountTable, Rounds};
 use super::{ReduceOp, Transport};
 use crate::error::{Error, Result};
 use crate::types::Rank;
@@ -100,14 +100,7 @@ impl Transport for MpiTransport {
 
     fn all_to_all_v(&self, send: &[u8], send_counts: &[usize]) -> Result<(Vec<u8>, Vec<usize>)> {
         let world = self.size();
-        if send_counts.len() != world || send_counts.iter().sum::<usize>() != send.len() {
-            return Err(Error::Transport(format!(
-                "count table ({} entries, {} bytes) does not describe the {}-byte send buffer for {world} ranks",
-                send_counts.len(),
-                send_counts.iter().sum::<usize>(),
-                send.len()
-            )));
-        }
+        check_send_table(send.len(), send_counts, world)?;
         let counts_out: Vec<u64> = send_counts.iter().map(|&c| c as u64).collect();
         let mut counts_in = vec![0u64; world];
         self.comm.all_to_all_into(&counts_out[..], &mut counts_in[..]);

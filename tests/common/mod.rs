@@ -210,6 +210,19 @@ pub fn global_batches(dump: &[Vec<DumpLine>]) -> Vec<((u64, u64), Vec<(u64, BTre
         .collect()
 }
 
+/// The raw bytes of every rank's dump file, in rank order.
+pub fn dump_bytes(dir: &Path, np: usize) -> Vec<Vec<u8>> {
+    (0..np).map(|r| std::fs::read(dir.join(format!("rank-{r}.jsonl"))).unwrap()).collect()
+}
+
+/// Rank `r`'s error line in a failed run's stderr (panics, showing stderr, if missing).
+pub fn error_line(run: &Run, r: usize) -> &str {
+    run.stderr
+        .lines()
+        .find(|l| l.starts_with(&format!("meshfeed: error on rank {r}: ")))
+        .unwrap_or_else(|| panic!("rank {r} printed no error line:\n{}", run.stderr))
+}
+
 /// A fresh temporary directory.
 pub fn tempdir() -> tempfile::TempDir {
     tempfile::tempdir().unwrap()

@@ -21,6 +21,7 @@ use std::cell::Cell;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
+use super::counts::check_send_table;
 use super::{ReduceOp, Transport};
 use crate::error::{Error, Result};
 use crate::types::Rank;
@@ -299,14 +300,7 @@ impl Transport for UcxTransport {
 
     fn all_to_all_v(&self, send: &[u8], send_counts: &[usize]) -> Result<(Vec<u8>, Vec<usize>)> {
         let n = self.size();
-        if send_counts.len() != n || send_counts.iter().sum::<usize>() != send.len() {
-            return Err(Error::Transport(format!(
-                "count table ({} entries, {} bytes) does not describe the {}-byte send buffer for {n} ranks",
-                send_counts.len(),
-                send_counts.iter().sum::<usize>(),
-                send.len()
-            )));
-        }
+        check_send_table(send.len(), send_counts, n)?;
         let recv_counts = self.exchange_sizes(send_counts)?;
         let mut recv = vec![0u8; recv_counts.iter().sum()];
         let mut sends = Vec::with_capacity(n);
