@@ -36,12 +36,6 @@ pub fn run(args: GenArgs) -> Result<()> {
     let format = Format::parse(&args.format)
         .ok_or_else(|| Error::Config(format!("unknown --format '{}' (npy, hdf5, arrow, raw)", args.format)))?;
     let fields = args.fields.iter().map(|f| gen::parse_field(f)).collect::<Result<Vec<_>>>()?;
-    if format == Format::Npy && fields.len() == 1 && fields[0].name != "data" {
-        return Err(Error::Config(format!(
-            "a single-field .npy dataset is a plain array whose field is called 'data' (got '{}')",
-            fields[0].name
-        )));
-    }
     let spec = GenSpec {
         format,
         samples: args.samples,

@@ -3,6 +3,8 @@
 //! `MASTER_PORT` and a fresh `MESHFEED_JOB_TOKEN` (the convention Ray and Kubernetes
 //! launchers follow too). When any rank fails, the others are stopped (SIGTERM, then
 //! SIGKILL after a grace period) and the launcher exits with the failing rank's code.
+//! SIGTERM or SIGINT to the launcher is passed on to every rank, which then stop together
+//! at a step boundary (exit code 75, see `run --resume-from`).
 
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
@@ -38,6 +40,13 @@ fn token() -> Result<String> {
     )
     .map_err(|e| Error::io("/dev/urandom", e))?;
     Ok(b.iter().map(|x| format!("{x:02x}")).collect())
+}
+
+/// The signal the launcher received, to pass on to the ranks.
+static FORWARD: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+
+extern "C" fn on_signal(signal: libc::c_int) {
+    FORWARD.store(signal, std::sync::atomic::Ordering::SeqCst);
 }
 
 fn terminate(children: &mut [(usize, Child)], grace: Duration) {
@@ -93,7 +102,21 @@ pub fn run(args: LaunchArgs) -> Result<i32> {
         }
     }
     let grace = Duration::from_secs_f64(args.grace.max(0.0));
+    for sig in [libc::SIGTERM, libc::SIGINT] {
+        // SAFETY: the handler only stores into an atomic (async-signal-safe).
+        unsafe { libc::signal(sig, on_signal as *const () as libc::sighandler_t) };
+    }
+    let mut forwarded = false;
+    let mut exit = 0;
     while !children.is_empty() {
+        let signal = FORWARD.load(std::sync::atomic::Ordering::SeqCst);
+        if signal != 0 && !forwarded {
+            for (_, c) in &children {
+                // SAFETY: kill(2) on the pid of a child we spawned and have not yet reaped.
+                unsafe { libc::kill(c.id() as libc::pid_t, signal) };
+            }
+            forwarded = true;
+        }
         let mut failed = None;
         children.retain_mut(|(rank, c)| match c.try_wait() {
             Ok(Some(status)) => {
@@ -105,6 +128,11 @@ pub fn run(args: LaunchArgs) -> Result<i32> {
             Ok(None) => true,
             Err(_) => false,
         });
+        if let (Some((_, code)), true) = (failed, forwarded) {
+            // Stopped on request: the ranks stop together; report their code.
+            exit = if exit == 0 { code } else { exit };
+            continue;
+        }
         if let Some((rank, code)) = failed {
             eprintln!("meshfeed launch: rank {rank} exited with code {code}; stopping the other ranks");
             terminate(&mut children, grace);
@@ -112,5 +140,5 @@ pub fn run(args: LaunchArgs) -> Result<i32> {
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    Ok(0)
+    Ok(exit)
 }

@@ -81,6 +81,13 @@ pub struct RunArgs {
     /// Print the per-epoch summary as JSON lines on stdout.
     #[arg(long)]
     pub json: bool,
+    /// Resume a stream: `EPOCH:STEP`, or a state file written by `--state`. The stream
+    /// continues exactly, also on another number of ranks or mesh.
+    #[arg(long, value_name = "EPOCH:STEP|FILE")]
+    pub resume_from: Option<String>,
+    /// Write the loader state here (JSON) when stopped by SIGTERM/SIGINT or at the end.
+    #[arg(long, value_name = "FILE")]
+    pub state: Option<PathBuf>,
     /// Sleep this long after each batch, like a training step (for tests of failures
     /// mid-epoch and of overlap).
     #[arg(long, hide = true, default_value_t = 0)]
@@ -180,7 +187,7 @@ impl JobArgs {
 
 /// Initialises MPI, runs `job` on the world, prints any error once per rank, finalises
 /// MPI; returns the exit code.
-pub fn with_mpi(max_round_bytes: Option<u64>, job: impl FnOnce(MpiTransport) -> Result<()>) -> i32 {
+pub fn with_mpi(max_round_bytes: Option<u64>, job: impl FnOnce(MpiTransport) -> Result<i32>) -> i32 {
     let Some(universe) = ::mpi::initialize() else {
         eprintln!("meshfeed: error: MPI was already initialised");
         return 1;
@@ -197,7 +204,7 @@ pub fn with_mpi(max_round_bytes: Option<u64>, job: impl FnOnce(MpiTransport) -> 
         transport = transport.with_max_round_bytes(cap as usize);
     }
     let code = match transport.check_launcher().and_then(|()| job(transport)) {
-        Ok(()) => 0,
+        Ok(code) => code,
         Err(e) => {
             super::print_error(Some(rank), &e);
             1
@@ -223,7 +230,7 @@ fn peer_timeout() -> Result<std::time::Duration> {
 /// Connects the UCX transport through the TCP rendezvous described by the environment,
 /// runs `job`, prints any error once; returns the exit code.
 #[cfg(feature = "ucx")]
-pub fn with_ucx(job: impl FnOnce(crate::transport::ucx::UcxTransport) -> Result<()>) -> i32 {
+pub fn with_ucx(job: impl FnOnce(crate::transport::ucx::UcxTransport) -> Result<i32>) -> i32 {
     use crate::transport::rendezvous::{self, RendezvousConfig};
     // A panic leaves the other ranks to notice the lost peer (peer timeout).
     std::panic::set_hook(Box::new(|info| {
@@ -245,7 +252,7 @@ pub fn with_ucx(job: impl FnOnce(crate::transport::ucx::UcxTransport) -> Result<
         })
         .and_then(job);
     match result {
-        Ok(()) => 0,
+        Ok(code) => code,
         Err(e) => {
             super::print_error(Some(cfg.rank), &e);
             1
@@ -255,7 +262,7 @@ pub fn with_ucx(job: impl FnOnce(crate::transport::ucx::UcxTransport) -> Result<
 
 /// Without the `ucx` feature, selecting UCX is a clear error.
 #[cfg(not(feature = "ucx"))]
-pub fn with_ucx(_job: impl FnOnce(crate::transport::LocalTransport) -> Result<()>) -> i32 {
+pub fn with_ucx(_job: impl FnOnce(crate::transport::LocalTransport) -> Result<i32>) -> i32 {
     super::print_error(
         None,
         &Error::Config(
@@ -290,11 +297,44 @@ struct EpochSummary {
     bytes_exchanged: u64,
     bytes_delivered: u64,
     windows: u64,
+    /// Peak resident set size of the largest rank so far (getrusage).
+    max_rss_bytes: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
     verified: Option<bool>,
 }
 
-fn run<T: Transport>(args: RunArgs, transport: T) -> Result<()> {
+/// Exit code of a run stopped by SIGTERM/SIGINT at a step boundary (EX_TEMPFAIL: resume it).
+pub const EXIT_STOPPED: i32 = 75;
+
+/// Set by the SIGTERM/SIGINT handler; read at every step.
+static STOP: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+
+extern "C" fn on_stop_signal(signal: libc::c_int) {
+    STOP.store(signal, std::sync::atomic::Ordering::SeqCst);
+}
+
+/// Lets SIGTERM (Slurm preemption) and SIGINT end the run at the next step boundary.
+fn install_stop_handlers() {
+    for sig in [libc::SIGTERM, libc::SIGINT] {
+        // SAFETY: the handler only stores into an atomic, which is async-signal-safe.
+        unsafe { libc::signal(sig, on_stop_signal as *const () as libc::sighandler_t) };
+    }
+}
+
+/// Parses `--resume-from`: `EPOCH:STEP`, or the path of a state file.
+fn parse_resume(s: &str) -> Result<std::result::Result<(u64, u64), crate::loader::LoaderState>> {
+    if let Some((e, k)) = s.split_once(':') {
+        if let (Ok(e), Ok(k)) = (e.parse(), k.parse()) {
+            return Ok(Ok((e, k)));
+        }
+    }
+    let text = std::fs::read_to_string(s)
+        .map_err(|e| Error::Config(format!("--resume-from '{s}': expected EPOCH:STEP or a state file ({e})")))?;
+    Ok(Err(crate::loader::LoaderState::from_json(&text).map_err(|e| Error::file(s, e.to_string()))?))
+}
+
+fn run<T: Transport>(args: RunArgs, transport: T) -> Result<i32> {
+    install_stop_handlers();
     let rank = transport.rank().0;
     let job = args.job.job()?;
     let batch_size = job.options.batch_size;
@@ -304,6 +344,21 @@ fn run<T: Transport>(args: RunArgs, transport: T) -> Result<()> {
     let n = loader.dataset().len();
     let steps = loader.steps_per_epoch();
     let home = HomeRanges::new(n, world);
+    let (first_epoch, mut first_step) = match args.resume_from.as_deref().map(parse_resume).transpose()? {
+        None => (0, 0),
+        Some(Ok((e, k))) => {
+            let state = loader.state(Epoch(e), crate::types::Step(k));
+            let (e, k) = loader.resume_point(&state)?;
+            (e.0, k.0)
+        }
+        Some(Err(state)) => {
+            let (e, k) = loader.resume_point(&state)?;
+            (e.0, k.0)
+        }
+    };
+    if rank == 0 && !args.json && (first_epoch, first_step) != (0, 0) {
+        println!("meshfeed: resuming at epoch {first_epoch} step {first_step}");
+    }
 
     let mut verifier = match args.verify {
         true => Some(agree(
@@ -335,9 +390,12 @@ fn run<T: Transport>(args: RunArgs, transport: T) -> Result<()> {
     }
 
     let mut all_ok = true;
-    for e in 0..job.epochs {
+    let mut stopped = None;
+    for e in first_epoch..job.epochs {
         let epoch = Epoch(e);
+        let first = std::mem::take(&mut first_step);
         let bar = progress_bar(rank == 0 && !args.json, steps, e);
+        bar.set_position(first);
         if let Some(v) = verifier.as_mut() {
             v.begin_epoch(n, epoch);
         }
@@ -347,7 +405,9 @@ fn run<T: Transport>(args: RunArgs, transport: T) -> Result<()> {
         // rank from taking part in the remaining windows: remember it, agree at the end.
         let mut local: Result<()> = Ok(());
         let dataset = loader.dataset().clone();
-        for batch in loader.epoch(epoch) {
+        let mut batches = loader.epoch_from(epoch, crate::types::Step(first));
+        let mut end = steps;
+        while let Some(batch) = batches.next() {
             let batch = batch?;
             delivered_bytes += batch.fields().iter().map(|f| f.bytes().len() as u64).sum::<u64>();
             if let Some(v) = verifier.as_mut() {
@@ -360,15 +420,32 @@ fn run<T: Transport>(args: RunArgs, transport: T) -> Result<()> {
             if args.throttle_ms > 0 {
                 std::thread::sleep(std::time::Duration::from_millis(args.throttle_ms));
             }
+            // Every rank asks at every step, so all stop at the same step boundary.
+            let signal = STOP.load(std::sync::atomic::Ordering::SeqCst);
+            if batches.any_rank_stops(signal != 0)? && batches.next_step().0 < steps {
+                end = batches.next_step().0;
+                stopped = Some(if signal == libc::SIGINT { "SIGINT" } else { "SIGTERM" });
+                break;
+            }
         }
+        drop(batches);
         agree(loader.transport(), local)?;
         let seconds = start.elapsed().as_secs_f64();
         bar.finish_and_clear();
         let metrics = loader.take_metrics();
-        let mut summary =
-            summarize(loader.transport(), e, steps * batch_size as u64, steps, seconds, delivered_bytes, &metrics)?;
+        let delivered_steps = end - first;
+        let mut summary = summarize(
+            loader.transport(),
+            e,
+            delivered_steps * batch_size as u64,
+            delivered_steps,
+            seconds,
+            delivered_bytes,
+            &metrics,
+        )?;
         if let Some(v) = verifier.as_mut() {
-            let (report, first) = v.finish_epoch(loader.transport(), &home, steps * batch_size as u64)?;
+            let b = batch_size as u64;
+            let (report, first) = v.finish_epoch(loader.transport(), &home, first * b..end * b)?;
             summary.verified = Some(report.ok());
             all_ok &= report.ok();
             if rank == 0 && !args.json {
@@ -388,15 +465,38 @@ fn run<T: Transport>(args: RunArgs, transport: T) -> Result<()> {
                 print_summary(&summary);
             }
         }
+        if let Some(signal) = stopped {
+            // Stopped at a step boundary: report where to resume, flush, exit 75.
+            let state = loader.state(epoch, crate::types::Step(end));
+            if let Some(d) = dump.take() {
+                agree(loader.transport(), d.finish())?;
+            }
+            if rank == 0 {
+                if let Some(path) = &args.state {
+                    std::fs::write(path, state.to_json()).map_err(|e| Error::io(path, e))?;
+                }
+                eprintln!(
+                    "meshfeed: stopped by {signal} at epoch {} step {} (earlier steps were delivered); resume with --resume-from {}:{}",
+                    state.epoch, state.step, state.epoch, state.step
+                );
+            }
+            return Ok(EXIT_STOPPED);
+        }
     }
     if let Some(d) = dump.take() {
         agree(loader.transport(), d.finish())?;
+    }
+    if rank == 0 {
+        if let Some(path) = &args.state {
+            let state = loader.state(Epoch(job.epochs), crate::types::Step(0));
+            std::fs::write(path, state.to_json()).map_err(|e| Error::io(path, e))?;
+        }
     }
     if rank == 0 && !args.json {
         let verified = if verifier.is_some() && all_ok { ", verified" } else { "" };
         println!("meshfeed: done: {} epoch(s) on {world} ranks{verified}", job.epochs);
     }
-    Ok(())
+    Ok(0)
 }
 
 fn progress_bar(visible: bool, steps: u64, epoch: u64) -> ProgressBar {
@@ -425,6 +525,7 @@ fn summarize(
     let mut maxes: Vec<u64> = Phase::ALL.iter().map(|&p| m.time(p).as_nanos() as u64).collect();
     maxes.push((seconds * 1e9) as u64);
     t.all_reduce_u64(&mut maxes, ReduceOp::Max)?;
+    maxes.push(peak_rss_bytes());
     let mut sums = [m.bytes_read, m.bytes_sent, delivered];
     t.all_reduce_u64(&mut sums, ReduceOp::Sum)?;
     let seconds = maxes[Phase::ALL.len()] as f64 / 1e9;
@@ -441,14 +542,26 @@ fn summarize(
         bytes_exchanged: sums[1],
         bytes_delivered: sums[2],
         windows: m.windows,
+        max_rss_bytes: maxes[Phase::ALL.len() + 1],
         verified: None,
     })
+}
+
+/// Peak resident set size of this process.
+fn peak_rss_bytes() -> u64 {
+    // SAFETY: getrusage fills the zeroed struct it is given.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: RUSAGE_SELF with a valid out-pointer.
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) } != 0 {
+        return 0;
+    }
+    usage.ru_maxrss as u64 * 1024 // Linux reports kilobytes
 }
 
 fn print_summary(s: &EpochSummary) {
     let phases: Vec<String> = Phase::ALL.iter().map(|p| format!("{} {:.3}s", p.name(), s.phase_s[p.name()])).collect();
     println!(
-        "epoch {}: {} samples in {:.3} s — {:.0} samples/s, {:.3} GB/s | {} (max over {} ranks) | {} windows, {:.1} MB exchanged",
+        "epoch {}: {} samples in {:.3} s — {:.0} samples/s, {:.3} GB/s | {} (max over {} ranks) | {} windows, {:.1} MB exchanged, peak RSS {:.0} MB",
         s.epoch,
         s.samples,
         s.seconds,
@@ -457,7 +570,8 @@ fn print_summary(s: &EpochSummary) {
         phases.join(", "),
         s.ranks,
         s.windows,
-        s.bytes_exchanged as f64 / 1e6
+        s.bytes_exchanged as f64 / 1e6,
+        s.max_rss_bytes as f64 / 1e6
     );
 }
 

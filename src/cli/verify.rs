@@ -172,7 +172,7 @@ impl Verifier {
         &mut self,
         transport: &dyn Transport,
         home: &HomeRanges,
-        delivered_positions: u64,
+        delivered_positions: std::ops::Range<u64>,
     ) -> Result<(Report, Option<String>)> {
         let world = transport.size();
         let me = transport.rank();
@@ -197,7 +197,7 @@ impl Verifier {
         for (o, &count) in seen.iter().enumerate() {
             let id = range.start + o as u64;
             let position = perm.invert(id);
-            let expected = position < delivered_positions;
+            let expected = delivered_positions.contains(&position);
             let copies = self.copies_per_row[(position % self.batch_size as u64) as usize];
             match (expected, count) {
                 (true, 0) => {
@@ -217,7 +217,9 @@ impl Verifier {
                 }
                 (false, _) => {
                     r.unexpected += 1;
-                    self.first_problem.get_or_insert(format!("sample {id} is in the dropped tail but was delivered"));
+                    self.first_problem.get_or_insert(format!(
+                        "sample {id} (position {position}) was delivered but is outside the steps delivered"
+                    ));
                 }
             }
         }

@@ -155,10 +155,6 @@ impl GenSpec {
                 return Err(Error::Config(format!("variable-length field '{}' needs --format arrow", f.name)));
             }
         }
-        if self.format == Format::Npy && self.fields.len() == 1 && self.fields[0].name != "data" {
-            // A plain .npy array has exactly one field called `data`; a single named field is
-            // written as a one-member structured array instead, which keeps the name.
-        }
         Ok(())
     }
 

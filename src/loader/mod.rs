@@ -41,6 +41,7 @@ pub mod batch;
 mod exchange;
 pub mod layout;
 pub mod metrics;
+pub mod state;
 
 use std::collections::{HashMap, VecDeque};
 use std::path::PathBuf;
@@ -49,11 +50,12 @@ use crate::dataset::{self, Dataset, DatasetOptions, FileInfo, FileReader, RowChu
 use crate::error::{Error, Result};
 use crate::plan::{steps_per_window, FieldPart, HomeRanges, Mesh, Permutation, Placement, WindowPlan};
 use crate::transport::{agree, ReduceOp, Transport};
-use crate::types::{Epoch, Rank, SampleId};
+use crate::types::{Epoch, Rank, SampleId, Step};
 pub use batch::{Batch, Element, FieldData};
 use exchange::{assemble, pack, Receipt, ValueSource};
 pub use layout::{ExchangeMode, Layout};
 pub use metrics::{Metrics, Phase};
+pub use state::{Fingerprint, LoaderState};
 
 /// How the loader batches, shuffles and places data.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -260,8 +262,41 @@ impl<T: Transport> Loader<T> {
     /// The batches of one epoch, in step order. Every rank must drive the iterator to the
     /// same point: each window is a collective.
     pub fn epoch(&mut self, epoch: Epoch) -> EpochIter<'_, T> {
+        self.epoch_from(epoch, Step(0))
+    }
+
+    /// The batches of one epoch from step `first` on: exactly the batches `epoch` would
+    /// give from that step, on any number of ranks and any mesh.
+    pub fn epoch_from(&mut self, epoch: Epoch, first: Step) -> EpochIter<'_, T> {
         let perm = Permutation::new(self.dataset.len(), self.options.seed, epoch.0);
-        EpochIter { loader: self, epoch, perm, next_step: 0, queue: VecDeque::new(), failed: false }
+        EpochIter { loader: self, epoch, perm, next_step: first.0, queue: VecDeque::new(), failed: false }
+    }
+
+    /// What defines this loader's stream.
+    pub fn fingerprint(&self) -> Fingerprint {
+        Fingerprint::of(&self.dataset, self.options.batch_size, self.options.seed)
+    }
+
+    /// The state to resume from before step `step` of `epoch` (a step equal to
+    /// [`Loader::steps_per_epoch`] means the start of the next epoch).
+    pub fn state(&self, epoch: Epoch, step: Step) -> LoaderState {
+        let (epoch, step) = if step.0 >= self.steps_per_epoch { (epoch.0 + 1, 0) } else { (epoch.0, step.0) };
+        LoaderState { seed: self.options.seed, epoch, step, fingerprint: self.fingerprint() }
+    }
+
+    /// Checks that `state` belongs to this loader's stream (same dataset, seed and batch
+    /// size; the ranks and mesh may differ) and returns where to resume.
+    pub fn resume_point(&self, state: &LoaderState) -> Result<(Epoch, Step)> {
+        if let Some(what) = state.fingerprint.differences(&self.fingerprint()) {
+            return Err(Error::Config(format!("cannot resume: the stream changed since the state was saved: {what}")));
+        }
+        if state.step >= self.steps_per_epoch {
+            return Err(Error::Config(format!(
+                "cannot resume at step {}: an epoch has {} steps",
+                state.step, self.steps_per_epoch
+            )));
+        }
+        Ok((Epoch(state.epoch), Step(state.step)))
     }
 
     fn read(&mut self, ids: &[SampleId]) -> Result<ReadSet> {
@@ -573,6 +608,21 @@ pub struct EpochIter<'a, T: Transport> {
     failed: bool,
 }
 
+impl<T: Transport> EpochIter<'_, T> {
+    /// The step the next batch will have.
+    pub fn next_step(&self) -> Step {
+        Step(self.next_step - self.queue.len() as u64)
+    }
+
+    /// Collective: whether any rank asks to stop (e.g. it received SIGTERM). Every rank
+    /// must call this at the same step; all then stop there together.
+    pub fn any_rank_stops(&mut self, stop: bool) -> Result<bool> {
+        let mut flag = [u64::from(stop)];
+        self.loader.transport.all_reduce_u64(&mut flag, ReduceOp::Max)?;
+        Ok(flag[0] != 0)
+    }
+}
+
 impl<T: Transport> Iterator for EpochIter<'_, T> {
     type Item = Result<Batch>;
 
@@ -596,5 +646,49 @@ impl<T: Transport> Iterator for EpochIter<'_, T> {
             self.next_step = end;
         }
         self.queue.pop_front().map(Ok)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dataset::{gen, DType, Field, Format};
+    use crate::transport::LocalTransport;
+
+    fn loader(dir: &std::path::Path, batch_size: usize) -> Loader<LocalTransport> {
+        let dataset = Dataset::open_local(&[dir.into()], Default::default()).unwrap();
+        let options = LoaderOptions { batch_size, seed: 7, window_bytes: 64, ..Default::default() };
+        Loader::new(LocalTransport::new(), dataset, options).unwrap()
+    }
+
+    #[test]
+    fn saved_state_resumes_the_same_batches() {
+        let dir = tempfile::tempdir().unwrap();
+        let spec = gen::GenSpec {
+            format: Format::Raw,
+            samples: 50,
+            files: 2,
+            out: dir.path().into(),
+            arrow_batch_rows: 4,
+            fields: vec![Field::tensor("x", DType::U16, vec![2])],
+        };
+        for i in 0..2 {
+            gen::write_file(&spec, i).unwrap();
+        }
+        gen::write_side_files(&spec).unwrap();
+        let mut a = loader(dir.path(), 4);
+        let all: Vec<Vec<SampleId>> = a.epoch(Epoch(1)).map(|b| b.unwrap().ids.clone()).collect();
+        assert_eq!(all.len(), 12);
+        let state = LoaderState::from_json(&a.state(Epoch(1), Step(5)).to_json()).unwrap();
+        let mut b = loader(dir.path(), 4);
+        let (e, k) = b.resume_point(&state).unwrap();
+        let rest: Vec<Vec<SampleId>> = b.epoch_from(e, k).map(|b| b.unwrap().ids.clone()).collect();
+        assert_eq!(rest, all[5..].to_vec());
+        // The end of an epoch is the start of the next.
+        assert_eq!((a.state(Epoch(1), Step(12)).epoch, a.state(Epoch(1), Step(12)).step), (2, 0));
+        // Another batch size is another stream.
+        let c = loader(dir.path(), 5);
+        let err = c.resume_point(&state).unwrap_err().to_string();
+        assert!(err.contains("batch size 4 → 5"), "{err}");
     }
 }

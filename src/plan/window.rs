@@ -75,11 +75,13 @@ impl WindowPlan {
     }
 }
 
-/// Steps per window so that a rank's receive and send buffers (about `2 ×
-/// bytes_per_step` per step, where `bytes_per_step` is the most any rank receives per
-/// step) stay within `window_bytes`; at least one step.
+/// Steps per window so that a rank's buffers stay within `window_bytes`; at least one
+/// step. `bytes_per_step` is the most any rank receives per step. The peak is while
+/// packing: read buffers (at most twice what is sent, see `dataset::rows::coalesce`) plus
+/// the send buffer, about `3 × bytes_per_step` per step; exchanging (send + receive) and
+/// assembling (receive + batches) hold less.
 pub fn steps_per_window(window_bytes: u64, bytes_per_step: u64, steps_in_epoch: u64) -> u64 {
-    let per_step = bytes_per_step.saturating_mul(2).max(1);
+    let per_step = bytes_per_step.saturating_mul(3).max(1);
     (window_bytes / per_step).clamp(1, steps_in_epoch.max(1))
 }
 
@@ -121,7 +123,7 @@ mod tests {
 
     #[test]
     fn window_length_respects_the_budget() {
-        assert_eq!(steps_per_window(1000, 100, 50), 5);
+        assert_eq!(steps_per_window(1500, 100, 50), 5);
         assert_eq!(steps_per_window(10, 100, 50), 1);
         assert_eq!(steps_per_window(u64::MAX, 1, 7), 7);
         assert_eq!(steps_per_window(100, 0, 0), 1);

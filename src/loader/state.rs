@@ -1,0 +1,94 @@
+//! Loader state: where a stream stands, and what defines the stream.
+//!
+//! The stream is a pure function of (dataset, seed, epoch, batch size, mesh, spec)
+//! (DESIGN.md contract 5), and the global batches do not depend on the number of ranks or
+//! the mesh (contract 2). So `(seed, epoch, step)` is all it takes to resume, on any
+//! number of ranks and any mesh, provided the dataset, seed and batch size are the same:
+//! the [`Fingerprint`] records those, and a mismatch is refused naming what changed.
+
+use crate::dataset::Dataset;
+use crate::error::{Error, Result};
+
+/// What defines the global batch stream (not the ranks or the mesh).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Fingerprint {
+    /// Per file: name (not the full path, which may differ between machines), samples,
+    /// bytes.
+    pub files: Vec<(String, u64, u64)>,
+    /// Field names and kinds, as text.
+    pub fields: Vec<String>,
+    pub samples: u64,
+    pub batch_size: usize,
+    pub seed: u64,
+}
+
+impl Fingerprint {
+    /// The fingerprint of a dataset loaded with `batch_size` and `seed`.
+    pub fn of(dataset: &Dataset, batch_size: usize, seed: u64) -> Fingerprint {
+        Fingerprint {
+            files: dataset
+                .files()
+                .iter()
+                .map(|f| {
+                    let name = f
+                        .path
+                        .file_name()
+                        .map_or_else(|| f.path.display().to_string(), |n| n.to_string_lossy().into_owned());
+                    (name, f.samples, f.bytes)
+                })
+                .collect(),
+            fields: dataset.fields().iter().map(|f| format!("{}: {}", f.name, f.kind)).collect(),
+            samples: dataset.len(),
+            batch_size,
+            seed,
+        }
+    }
+
+    /// What differs between a saved fingerprint (`self`) and the current one, if anything.
+    pub fn differences(&self, now: &Fingerprint) -> Option<String> {
+        let mut what = Vec::new();
+        if self.seed != now.seed {
+            what.push(format!("seed {} → {}", self.seed, now.seed));
+        }
+        if self.batch_size != now.batch_size {
+            what.push(format!("batch size {} → {}", self.batch_size, now.batch_size));
+        }
+        if self.samples != now.samples {
+            what.push(format!("dataset samples {} → {}", self.samples, now.samples));
+        }
+        if self.fields != now.fields {
+            what.push(format!("fields [{}] → [{}]", self.fields.join(", "), now.fields.join(", ")));
+        }
+        if self.files != now.files {
+            let first = self.files.iter().zip(&now.files).find(|(a, b)| a != b);
+            what.push(match first {
+                Some((a, b)) => {
+                    format!("file {} ({} samples, {} bytes) → {} ({} samples, {} bytes)", a.0, a.1, a.2, b.0, b.1, b.2)
+                }
+                None => format!("{} files → {} files", self.files.len(), now.files.len()),
+            });
+        }
+        (!what.is_empty()).then(|| what.join("; "))
+    }
+}
+
+/// The state to resume a stream from: the next step to deliver.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct LoaderState {
+    pub seed: u64,
+    pub epoch: u64,
+    pub step: u64,
+    pub fingerprint: Fingerprint,
+}
+
+impl LoaderState {
+    /// JSON text of the state.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).expect("state serialises")
+    }
+
+    /// Parses a state written by [`LoaderState::to_json`].
+    pub fn from_json(text: &str) -> Result<LoaderState> {
+        serde_json::from_str(text).map_err(|e| Error::Config(format!("invalid loader state: {e}")))
+    }
+}

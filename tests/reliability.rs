@@ -1,0 +1,290 @@
+//! Reliability (DESIGN.md contracts 5-7): clean stops on SIGTERM at a step boundary,
+//! exact resumption across rank counts and meshes, fingerprint checks, bounded memory,
+//! a soak test, and a rank SIGKILLed under mpirun.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use common::*;
+
+/// Global batches of a dump as (epoch, step) → ids of the given ranks' rows, in rank order.
+fn ids_by_step(dir: &std::path::Path, np: usize, ranks: &[usize]) -> BTreeMap<(u64, u64), Vec<u64>> {
+    let dump = read_dump(dir, np);
+    let mut out: BTreeMap<(u64, u64), Vec<u64>> = BTreeMap::new();
+    for &r in ranks {
+        for l in &dump[r] {
+            out.entry((l.epoch, l.step)).or_default().extend(&l.ids);
+        }
+    }
+    out
+}
+
+fn gen(dir: &std::path::Path, samples: &str, field: &str) {
+    ok(&meshfeed(&[
+        "gen",
+        "--format",
+        "npy",
+        "--samples",
+        samples,
+        "--files",
+        "3",
+        "--field",
+        field,
+        "--out",
+        dir.to_str().unwrap(),
+    ]));
+}
+
+#[test]
+fn sigterm_stops_every_rank_at_one_step_and_the_stream_resumes_exactly_elsewhere() {
+    let out = tempdir();
+    let data = out.path().join("d");
+    gen(&data, "3000", "data:f32:8");
+    let d = data.to_str().unwrap();
+    // The uninterrupted reference, one process.
+    let reference = out.path().join("ref");
+    ok(&mpirun(1, &["run", "--data", d, "--batch-size", "12", "--epochs", "2", "--dump", reference.to_str().unwrap()]));
+    let reference = ids_by_step(&reference, 1, &[0]);
+    assert_eq!(reference.len(), 2 * 250);
+
+    // Three UCX ranks, stopped by SIGTERM mid-epoch (as Slurm preempts a job).
+    let first = out.path().join("first");
+    let state = out.path().join("state.json");
+    let args = [
+        "run",
+        "--transport",
+        "ucx",
+        "--data",
+        d,
+        "--batch-size",
+        "12",
+        "--epochs",
+        "2",
+        "--throttle-ms",
+        "5",
+        "--dump",
+        first.to_str().unwrap(),
+        "--state",
+        state.to_str().unwrap(),
+    ];
+    let port = free_port();
+    let ranks: Vec<_> = (0..3).map(|r| spawn_rank(r, 3, port, "tok", &args, &[])).collect();
+    std::thread::sleep(Duration::from_millis(2000));
+    for c in &ranks {
+        // SAFETY: kill(2) on our own child.
+        unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+    }
+    let runs: Vec<Run> = ranks.into_iter().enumerate().map(|(r, c)| finish(c, &format!("rank {r}"))).collect();
+    for (r, run) in runs.iter().enumerate() {
+        assert_eq!(run.code, 75, "rank {r} exits with 75 (stopped, resumable):\n{}", run.stderr);
+    }
+    let line = runs[0]
+        .stderr
+        .lines()
+        .find(|l| l.contains("stopped by SIGTERM"))
+        .unwrap_or_else(|| panic!("{}", runs[0].stderr));
+    let resume = line.rsplit("--resume-from ").next().unwrap().trim().to_string();
+    let (e, k): (u64, u64) = {
+        let (a, b) = resume.split_once(':').unwrap();
+        (a.parse().unwrap(), b.parse().unwrap())
+    };
+    assert!(k > 0 && (e, k) < (2, 0), "stopped mid-run: {resume}");
+    let saved: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&state).unwrap()).unwrap();
+    assert_eq!((saved["epoch"].as_u64().unwrap(), saved["step"].as_u64().unwrap()), (e, k));
+    let before = ids_by_step(&first, 3, &[0, 1, 2]);
+    assert_eq!(before.keys().last(), Some(&(e, k - 1)), "every rank stopped after the same step");
+
+    // Resume from the state file on 2 ranks (MPI), and from EPOCH:STEP on a 4-rank mesh.
+    let second = out.path().join("second");
+    let r = mpirun(
+        2,
+        &[
+            "run",
+            "--data",
+            d,
+            "--batch-size",
+            "12",
+            "--epochs",
+            "2",
+            "--resume-from",
+            state.to_str().unwrap(),
+            "--dump",
+            second.to_str().unwrap(),
+            "--verify",
+        ],
+    );
+    ok(&r);
+    assert!(r.stdout.contains(&format!("resuming at epoch {e} step {k}")), "{}", r.stdout);
+    let mut joined = before.clone();
+    joined.extend(ids_by_step(&second, 2, &[0, 1]));
+    assert_eq!(joined, reference, "stopped + resumed stream equals the uninterrupted one");
+
+    let third = out.path().join("third");
+    ok(&mpirun(
+        4,
+        &[
+            "run",
+            "--data",
+            d,
+            "--batch-size",
+            "12",
+            "--epochs",
+            "2",
+            "--resume-from",
+            &resume,
+            "--mesh",
+            "dp=2,tp=2",
+            "--shard",
+            "data=dp,tp",
+            "--dump",
+            third.to_str().unwrap(),
+        ],
+    ));
+    // Ranks 0 and 2 (tp = 0) hold the two halves of every batch's rows.
+    let mut joined = before;
+    joined.extend(ids_by_step(&third, 4, &[0, 2]));
+    assert_eq!(joined, reference, "resumed on another mesh");
+}
+
+#[test]
+fn a_state_from_another_stream_is_refused_naming_the_change() {
+    let out = tempdir();
+    let data = out.path().join("d");
+    gen(&data, "500", "data:u8:4");
+    let state = out.path().join("s.json");
+    let d = data.to_str().unwrap();
+    ok(&mpirun(2, &["run", "--data", d, "--batch-size", "10", "--seed", "3", "--state", state.to_str().unwrap()]));
+    let s = state.to_str().unwrap();
+    for (args, needle) in [
+        (vec!["--batch-size", "20", "--seed", "3"], "batch size 10 → 20"),
+        (vec!["--batch-size", "10", "--seed", "4"], "seed 3 → 4"),
+    ] {
+        let mut a = vec!["run", "--data", d, "--resume-from", s];
+        a.extend(args);
+        let run = mpirun(2, &a);
+        assert_ne!(run.code, 0);
+        for r in 0..2 {
+            assert!(error_line(&run, r).contains(needle), "{}", error_line(&run, r));
+        }
+    }
+    // Another dataset.
+    let other = out.path().join("o");
+    gen(&other, "600", "data:u8:4");
+    let run =
+        mpirun(2, &["run", "--data", other.to_str().unwrap(), "--batch-size", "10", "--seed", "3", "--resume-from", s]);
+    assert!(run.code != 0 && error_line(&run, 0).contains("dataset samples 500 → 600"), "{}", run.stderr);
+    // The state of a finished run resumes to nothing more; a state one epoch further on runs it.
+    let run = mpirun(
+        2,
+        &["run", "--data", d, "--batch-size", "10", "--seed", "3", "--epochs", "2", "--resume-from", s, "--verify"],
+    );
+    ok(&run);
+    assert_eq!(run.stdout.matches("delivered exactly once").count(), 1, "only epoch 1 remains: {}", run.stdout);
+}
+
+#[test]
+fn soak_many_epochs_small_windows_prime_sizes() {
+    let out = tempdir();
+    let data = out.path().join("d");
+    gen(&data, "1009", "x:f32:3");
+    let run = mpirun(
+        4,
+        &[
+            "run",
+            "--data",
+            data.to_str().unwrap(),
+            "--batch-size",
+            "28",
+            "--epochs",
+            "25",
+            "--window-bytes",
+            "911",
+            "--verify",
+        ],
+    );
+    ok(&run);
+    let verified = run
+        .stdout
+        .lines()
+        .filter(|l| l.contains("1008 samples delivered exactly once, in permutation order; contents match"))
+        .count();
+    assert_eq!(verified, 25, "{}", run.stdout);
+}
+
+/// Peak RSS (max over ranks) of one epoch.
+fn peak_rss(data: &std::path::Path, window: &str) -> u64 {
+    let run =
+        mpirun(4, &["run", "--data", data.to_str().unwrap(), "--batch-size", "32", "--window-bytes", window, "--json"]);
+    ok(&run);
+    let last: serde_json::Value = serde_json::from_str(run.stdout.lines().last().unwrap()).unwrap();
+    last["max_rss_bytes"].as_u64().unwrap()
+}
+
+#[test]
+fn memory_is_bounded_by_the_window_not_the_dataset() {
+    let out = tempdir();
+    let (tiny, big, bigger) = (out.path().join("tiny"), out.path().join("big"), out.path().join("bigger"));
+    gen(&tiny, "200", "data:f32:1024");
+    gen(&big, "8000", "data:f32:1024"); // 32 MB: 8 MB per rank, 4x the window
+    gen(&bigger, "32000", "data:f32:1024"); // 128 MB: 32 MB per rank, 16x the window
+    let window = 2u64 << 20;
+    let base = peak_rss(&tiny, "2M");
+    let (b1, b2) = (peak_rss(&big, "2M"), peak_rss(&bigger, "2M"));
+    // Documented bound: peak RSS ≤ baseline process + 1.5 × --window-bytes (allocator
+    // slack) + 2 MB.
+    let bound = base + window * 3 / 2 + (2 << 20);
+    assert!(b1 <= bound && b2 <= bound, "peak RSS {b1} / {b2} bytes exceeds {bound} (baseline {base})");
+    assert!(b2 <= b1 + (2 << 20), "4x the data must not need more memory: {b1} → {b2}");
+}
+
+#[test]
+fn a_rank_killed_under_mpirun_ends_the_job_naming_it() {
+    let out = tempdir();
+    let data = out.path().join("d");
+    gen(&data, "4000", "data:f32:16");
+    let mut cmd = std::process::Command::new("mpirun");
+    cmd.args(["--allow-run-as-root", "--oversubscribe", "--mca", "mpi_yield_when_idle", "1", "-np", "3", BIN]);
+    cmd.args([
+        "run",
+        "--data",
+        data.to_str().unwrap(),
+        "--batch-size",
+        "12",
+        "--throttle-ms",
+        "20",
+        "--window-bytes",
+        "2K",
+    ]);
+    let child = cmd.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn().unwrap();
+    std::thread::sleep(Duration::from_millis(2500));
+    // Find rank 2 among mpirun's children by its OMPI_COMM_WORLD_RANK.
+    let victim = std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .find(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            let ppid: i32 = stat
+                .rsplit(')')
+                .next()
+                .and_then(|s| s.split_whitespace().nth(1))
+                .and_then(|p| p.parse().ok())
+                .unwrap_or(-1);
+            let env = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+            ppid == child.id() as i32 && env.split(|&b| b == 0).any(|v| v == b"OMPI_COMM_WORLD_RANK=2")
+        })
+        .expect("rank 2 is running under mpirun");
+    // SAFETY: kill(2) with SIGKILL on rank 2 of our own job.
+    unsafe { libc::kill(victim, libc::SIGKILL) };
+    let killed = Instant::now();
+    let run = finish(child, "mpirun");
+    assert_ne!(run.code, 0);
+    assert!(killed.elapsed() < Duration::from_secs(30), "the job took {:?} to stop", killed.elapsed());
+    assert!(
+        run.stderr.contains("rank 2") && run.stderr.contains("signal 9"),
+        "mpirun names the lost rank:\n{}",
+        run.stderr
+    );
+    assert!(!run.stdout.contains("done:"));
+}
