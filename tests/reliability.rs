@@ -288,3 +288,86 @@ fn a_rank_killed_under_mpirun_ends_the_job_naming_it() {
     );
     assert!(!run.stdout.contains("done:"));
 }
+
+#[test]
+fn tail_policies_at_several_rank_counts() {
+    let out = tempdir();
+    let data = out.path().join("d");
+    gen(&data, "103", "x:f32:4");
+    let d = data.to_str().unwrap();
+    for tail in ["drop", "pad", "partial"] {
+        let mut reference: Option<BTreeMap<(u64, u64), Vec<u64>>> = None;
+        for np in [1, 3, 4] {
+            let dump = out.path().join(format!("{tail}-{np}"));
+            let run = mpirun(
+                np,
+                &[
+                    "run",
+                    "--data",
+                    d,
+                    "--batch-size",
+                    "12",
+                    "--epochs",
+                    "2",
+                    "--tail",
+                    tail,
+                    "--window-bytes",
+                    "300",
+                    "--verify",
+                    "--dump",
+                    dump.to_str().unwrap(),
+                ],
+            );
+            ok(&run);
+            assert_eq!(run.stdout.matches("delivered exactly once").count(), 2, "{tail} np {np}: {}", run.stdout);
+            let ranks: Vec<usize> = (0..np).collect();
+            let batches = ids_by_step(&dump, np, &ranks);
+            let (steps, last_len) = match tail {
+                "drop" => (8, 12),
+                "pad" => (9, 12),
+                _ => (9, 7),
+            };
+            assert_eq!(batches.len(), 2 * steps, "{tail} np {np}");
+            assert_eq!(batches[&(0, steps as u64 - 1)].len(), last_len, "{tail} np {np}: last batch");
+            if tail == "pad" {
+                // The padding is the start of the epoch's order: the first batch's first 5 ids.
+                assert_eq!(batches[&(0, 8)][7..], batches[&(0, 0)][..5]);
+            }
+            if tail == "partial" && np == 4 {
+                // 7 rows over 4 ranks: blocks of 1, 2, 2, 2 rows.
+                let lines = read_dump(&dump, 4);
+                let sizes: Vec<usize> = lines.iter().map(|l| l[8].ids.len()).collect();
+                assert_eq!(sizes, vec![1, 2, 2, 2]);
+            }
+            match &reference {
+                None => reference = Some(batches),
+                Some(r) => assert_eq!(&batches, r, "{tail}: np {np} differs from np 1"),
+            }
+        }
+    }
+    // A partial batch on a mesh with replication: 7 rows over dp=2 blocks, tp replicas.
+    let dump = out.path().join("mesh");
+    ok(&mpirun(
+        4,
+        &[
+            "run",
+            "--data",
+            d,
+            "--batch-size",
+            "12",
+            "--tail",
+            "partial",
+            "--mesh",
+            "dp=2,tp=2",
+            "--shard",
+            "x=dp,tp",
+            "--verify",
+            "--dump",
+            dump.to_str().unwrap(),
+        ],
+    ));
+    let lines = read_dump(&dump, 4);
+    let sizes: Vec<usize> = lines.iter().map(|l| l[8].ids.len()).collect();
+    assert_eq!(sizes, vec![3, 3, 4, 4]);
+    assert_eq!(lines[0][8].ids, lines[1][8].ids, "tp replicas get the same rows");
+}

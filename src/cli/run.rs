@@ -14,7 +14,7 @@ use super::dump::DumpWriter;
 use super::verify::{Report, Verifier};
 use crate::dataset::{gen, DatasetOptions};
 use crate::error::{Error, Result};
-use crate::loader::{layout, ExchangeMode, Layout, Loader, LoaderOptions, Metrics, Phase};
+use crate::loader::{layout, ExchangeMode, Layout, Loader, LoaderOptions, Metrics, Phase, TailPolicy};
 use crate::plan::HomeRanges;
 use crate::transport::{agree, MpiTransport, ReduceOp, Transport};
 use crate::types::Epoch;
@@ -61,6 +61,10 @@ pub struct JobArgs {
     /// Exchange algorithm: fused, two-phase, or auto (cost model) [default: auto].
     #[arg(long)]
     pub exchange: Option<String>,
+    /// Last incomplete batch of an epoch: drop, pad (with the epoch's first samples) or
+    /// partial (a short batch) [default: drop].
+    #[arg(long, value_parser = ["drop", "pad", "partial"])]
+    pub tail: Option<String>,
     /// Transport: mpi (launch with mpirun/srun) or ucx (launch with `meshfeed launch`, Ray or
     /// Kubernetes: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, MESHFEED_JOB_TOKEN).
     #[arg(long, default_value = "mpi", value_parser = ["mpi", "ucx"])]
@@ -107,6 +111,7 @@ struct JobFile {
     epochs: Option<u64>,
     seed: Option<u64>,
     window_bytes: Option<toml::Value>,
+    tail: Option<String>,
     #[serde(flatten)]
     layout: Layout,
 }
@@ -179,7 +184,17 @@ impl JobArgs {
         Ok(Job {
             data,
             dataset: DatasetOptions { hdf5_group: self.group.clone().or(file.group) },
-            options: LoaderOptions { batch_size, seed: self.seed.or(file.seed).unwrap_or(0), window_bytes, layout },
+            options: LoaderOptions {
+                batch_size,
+                seed: self.seed.or(file.seed).unwrap_or(0),
+                window_bytes,
+                layout,
+                tail: match self.tail.as_ref().or(file.tail.as_ref()) {
+                    None => TailPolicy::Drop,
+                    Some(t) => TailPolicy::parse(t)
+                        .ok_or_else(|| Error::Config(format!("tail '{t}': expected drop, pad or partial")))?,
+                },
+            },
             epochs: self.epochs.or(file.epochs).unwrap_or(1),
         })
     }
@@ -363,7 +378,9 @@ fn run<T: Transport>(args: RunArgs, transport: T) -> Result<i32> {
     let mut verifier = match args.verify {
         true => Some(agree(
             loader.transport(),
-            gen::find_manifest(&job.data).and_then(|m| Verifier::new(loader.dataset(), loader.placement(), seed, m)),
+            gen::find_manifest(&job.data).and_then(|m| {
+                Verifier::new(loader.dataset(), loader.placement(), loader.tail_placement(), steps, seed, m)
+            }),
         )?),
         false => None,
     };
@@ -384,7 +401,7 @@ fn run<T: Transport>(args: RunArgs, transport: T) -> Result<i32> {
             },
             batch_size,
             steps,
-            n - steps * batch_size as u64,
+            loader.dropped_per_epoch(),
             loader.steps_per_window()
         );
     }
@@ -437,7 +454,7 @@ fn run<T: Transport>(args: RunArgs, transport: T) -> Result<i32> {
         let mut summary = summarize(
             loader.transport(),
             e,
-            delivered_steps * batch_size as u64,
+            loader.rows_in_steps(first..end),
             delivered_steps,
             seconds,
             delivered_bytes,
@@ -449,7 +466,7 @@ fn run<T: Transport>(args: RunArgs, transport: T) -> Result<i32> {
             summary.verified = Some(report.ok());
             all_ok &= report.ok();
             if rank == 0 && !args.json {
-                print_report(e, summary.samples, &report, v.checks_contents(), first.as_deref());
+                print_report(e, summary.samples, n, &report, v.checks_contents(), first.as_deref());
             }
             if !report.ok() {
                 if rank == 0 && args.json {
@@ -575,18 +592,21 @@ fn print_summary(s: &EpochSummary) {
     );
 }
 
-fn print_report(epoch: u64, samples: u64, r: &Report, contents: bool, first: Option<&str>) {
+fn print_report(epoch: u64, samples: u64, dataset: u64, r: &Report, contents: bool, first: Option<&str>) {
     if r.ok() {
         let what = if contents {
             format!("contents match the generator ({} values checked)", r.values_checked)
         } else {
             "contents not checked (no meshfeed-gen manifest)".to_string()
         };
-        let copies = if r.delivered > samples {
+        let mut copies = if r.delivered > samples {
             format!(" to each of its ranks ({} deliveries)", r.delivered)
         } else {
             String::new()
         };
+        if samples > dataset {
+            copies.push_str(&format!(", the last batch padded with the epoch's first {} samples", samples - dataset));
+        }
         println!(
             "verify: epoch {epoch}: {samples} samples delivered exactly once{copies}, in permutation order; {what}"
         );

@@ -42,6 +42,9 @@ pub struct Verifier {
     batch_size: usize,
     /// Ranks receiving something, per row of the global batch.
     copies_per_row: Vec<u16>,
+    /// The same for a partial last batch (step `last_step`), if the tail policy makes one.
+    tail_copies_per_row: Option<Vec<u16>>,
+    last_step: u64,
     seed: u64,
     manifest: Option<(Manifest, Vec<usize>)>,
     perm: Option<Permutation>,
@@ -55,11 +58,22 @@ pub struct Verifier {
 impl Verifier {
     /// A verifier for `dataset`; `manifest` (when the data was generated) enables the
     /// content check.
-    pub fn new(dataset: &Dataset, placement: &Placement, seed: u64, manifest: Option<Manifest>) -> Result<Verifier> {
+    pub fn new(
+        dataset: &Dataset,
+        placement: &Placement,
+        tail: Option<&Placement>,
+        steps_per_epoch: u64,
+        seed: u64,
+        manifest: Option<Manifest>,
+    ) -> Result<Verifier> {
         let batch_size = placement.batch_size();
-        let copies_per_row = (0..batch_size)
-            .map(|r| placement.block_of_row(r).receivers.iter().filter(|rc| !rc.parts.is_empty()).count() as u16)
-            .collect();
+        let copies = |p: &Placement| -> Vec<u16> {
+            (0..p.batch_size())
+                .map(|r| p.block_of_row(r).receivers.iter().filter(|rc| !rc.parts.is_empty()).count() as u16)
+                .collect()
+        };
+        let copies_per_row = copies(placement);
+        let tail_copies_per_row = tail.map(copies);
         let manifest = match manifest {
             None => None,
             Some(m) => {
@@ -85,6 +99,8 @@ impl Verifier {
         Ok(Verifier {
             batch_size,
             copies_per_row,
+            tail_copies_per_row,
+            last_step: steps_per_epoch.saturating_sub(1),
             seed,
             manifest,
             perm: None,
@@ -121,7 +137,7 @@ impl Verifier {
         let mut wrong_order = Vec::new();
         for (r, id) in batch.ids().iter().enumerate() {
             self.delivered.push(id.0);
-            let want = perm.apply(base + r as u64);
+            let want = perm.apply((base + r as u64) % perm.len());
             if id.0 != want {
                 wrong_order.push((r, id.0, want));
             }
@@ -194,11 +210,29 @@ impl Verifier {
                 None => r.unexpected += 1,
             }
         }
+        let n = perm.len();
+        let b = self.batch_size as u64;
+        // Ranks that receive position q: by the placement of q's step (the tail policy's
+        // partial last batch has its own), zero past its rows.
+        let copies_at = |q: u64| -> u16 {
+            let row = (q % b) as usize;
+            let per_row = match &self.tail_copies_per_row {
+                Some(t) if q / b == self.last_step => t,
+                _ => &self.copies_per_row,
+            };
+            per_row.get(row).copied().unwrap_or(0)
+        };
         for (o, &count) in seen.iter().enumerate() {
             let id = range.start + o as u64;
             let position = perm.invert(id);
-            let expected = delivered_positions.contains(&position);
-            let copies = self.copies_per_row[(position % self.batch_size as u64) as usize];
+            // Padding wraps positions past N to the start, so an id can sit at p and p + N.
+            let copies: u16 = (0..)
+                .map(|k| position + k * n)
+                .take_while(|&q| q < delivered_positions.end)
+                .filter(|q| delivered_positions.contains(q))
+                .map(copies_at)
+                .sum();
+            let expected = copies > 0;
             match (expected, count) {
                 (true, 0) => {
                     r.missing += 1;

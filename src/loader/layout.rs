@@ -83,11 +83,15 @@ impl Layout {
         Ok(mesh)
     }
 
+    /// Validates the specs against the mesh, the fields and the batch size.
+    pub fn sharding(&self, mesh: &Mesh, fields: &[Field], batch_size: usize) -> Result<Vec<sharding::FieldSharding>> {
+        let pairs = |m: &BTreeMap<String, String>| m.iter().map(|(k, v)| (k.clone(), v.clone())).collect::<Vec<_>>();
+        sharding::resolve(mesh, fields, batch_size, &pairs(&self.shard), &pairs(&self.stages))
+    }
+
     /// Validates the layout against the fields and batch size and builds the placement.
     pub fn placement(&self, mesh: &Mesh, fields: &[Field], batch_size: usize) -> Result<Placement> {
-        let pairs = |m: &BTreeMap<String, String>| m.iter().map(|(k, v)| (k.clone(), v.clone())).collect::<Vec<_>>();
-        let sharding = sharding::resolve(mesh, fields, batch_size, &pairs(&self.shard), &pairs(&self.stages))?;
-        Placement::from_mesh(batch_size, mesh, fields, &sharding)
+        Placement::from_mesh(batch_size, mesh, fields, &self.sharding(mesh, fields, batch_size)?)
     }
 }
 

@@ -68,11 +68,47 @@ pub struct LoaderOptions {
     pub window_bytes: u64,
     /// Device mesh, sharding specs and pipeline stages (default: data parallel).
     pub layout: Layout,
+    /// What happens to the last, incomplete batch of an epoch.
+    pub tail: TailPolicy,
+}
+
+/// What happens to the last batch of an epoch when `B` does not divide `N`. Every rank
+/// derives the same steps from `N` and `B`, so no rank waits for a batch others skip.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TailPolicy {
+    /// Drop the incomplete batch: `⌊N/B⌋` steps.
+    #[default]
+    Drop,
+    /// Complete it with the first samples of the epoch's order (positions `N, N+1, ...`
+    /// wrap to `0, 1, ...`): `⌈N/B⌉` full steps; those samples appear twice in the epoch.
+    Pad,
+    /// Deliver a short last batch of `N mod B` rows, split over the batch blocks as evenly
+    /// as the mesh allows (block sizes differ by at most one; some may be empty).
+    Partial,
+}
+
+impl TailPolicy {
+    /// Parses `drop`, `pad` or `partial`.
+    pub fn parse(s: &str) -> Option<TailPolicy> {
+        match s {
+            "drop" => Some(TailPolicy::Drop),
+            "pad" => Some(TailPolicy::Pad),
+            "partial" => Some(TailPolicy::Partial),
+            _ => None,
+        }
+    }
 }
 
 impl Default for LoaderOptions {
     fn default() -> Self {
-        LoaderOptions { batch_size: 32, seed: 0, window_bytes: 64 << 20, layout: Layout::default() }
+        LoaderOptions {
+            batch_size: 32,
+            seed: 0,
+            window_bytes: 64 << 20,
+            layout: Layout::default(),
+            tail: TailPolicy::Drop,
+        }
     }
 }
 
@@ -128,6 +164,8 @@ pub struct Loader<T: Transport> {
     mesh: Mesh,
     coords: Vec<usize>,
     placement: Placement,
+    /// The placement of a partial last batch (tail policy `partial`).
+    tail_placement: Option<Placement>,
     mode: ExchangeMode,
     two_phase: Option<TwoPhase>,
     steps_per_epoch: u64,
@@ -178,7 +216,20 @@ impl<T: Transport> Loader<T> {
             }
             _ => None,
         };
-        let steps_per_epoch = n / b as u64;
+        let remainder = (n % b as u64) as usize;
+        let steps_per_epoch = match options.tail {
+            TailPolicy::Drop => n / b as u64,
+            TailPolicy::Pad | TailPolicy::Partial => n.div_ceil(b as u64),
+        };
+        let tail_placement = match (options.tail, remainder) {
+            (TailPolicy::Partial, r) if r > 0 => Some(Placement::from_mesh(
+                r,
+                &mesh,
+                dataset.fields(),
+                &options.layout.sharding(&mesh, dataset.fields(), b)?,
+            )?),
+            _ => None,
+        };
         // The busiest rank's receive buffer per step; two-phase leaders hold whole rows.
         let per_step =
             layout::recv_bytes_per_step(two_phase.as_ref().map_or(&placement, |t| &t.leaders), dataset.fields())
@@ -195,6 +246,7 @@ impl<T: Transport> Loader<T> {
             dataset,
             options,
             placement,
+            tail_placement,
             mode,
             two_phase,
             steps_per_epoch,
@@ -232,6 +284,29 @@ impl<T: Transport> Loader<T> {
     /// The placement of batch rows and slices on ranks.
     pub fn placement(&self) -> &Placement {
         &self.placement
+    }
+
+    /// The placement of step `step` (the last step of a `partial` epoch has its own).
+    pub fn placement_for_step(&self, step: Step) -> &Placement {
+        match &self.tail_placement {
+            Some(t) if step.0 + 1 == self.steps_per_epoch => t,
+            _ => &self.placement,
+        }
+    }
+
+    /// The placement of the partial last batch, if the tail policy makes one.
+    pub fn tail_placement(&self) -> Option<&Placement> {
+        self.tail_placement.as_ref()
+    }
+
+    /// Rows of the global batches of steps `steps`.
+    pub fn rows_in_steps(&self, steps: std::ops::Range<u64>) -> u64 {
+        steps.map(|k| self.placement_for_step(Step(k)).batch_size() as u64).sum()
+    }
+
+    /// Samples per epoch that no batch delivers (tail policy `drop`).
+    pub fn dropped_per_epoch(&self) -> u64 {
+        self.dataset.len().saturating_sub(self.rows_in_steps(0..self.steps_per_epoch))
     }
 
     /// The exchange in use (`Auto` resolved).
@@ -274,7 +349,7 @@ impl<T: Transport> Loader<T> {
 
     /// What defines this loader's stream.
     pub fn fingerprint(&self) -> Fingerprint {
-        Fingerprint::of(&self.dataset, self.options.batch_size, self.options.seed)
+        Fingerprint::of(&self.dataset, self.options.batch_size, self.options.seed, self.options.tail)
     }
 
     /// The state to resume from before step `step` of `epoch` (a step equal to
@@ -337,7 +412,8 @@ impl<T: Transport> Loader<T> {
     ) -> Result<(WindowPlan, Vec<u8>, Vec<usize>)> {
         let me = self.transport.rank();
         let home = &self.home;
-        let plan = self.metrics.timed(Phase::Plan, || WindowPlan::new(perm, home, placement, me, steps));
+        let stride = self.options.batch_size;
+        let plan = self.metrics.timed(Phase::Plan, || WindowPlan::new(perm, home, placement, me, steps, stride));
 
         let start = std::time::Instant::now();
         let read = self.read(&plan.reads);
@@ -358,9 +434,14 @@ impl<T: Transport> Loader<T> {
     }
 
     fn run_window(&mut self, perm: &Permutation, epoch: Epoch, steps: std::ops::Range<u64>) -> Result<Vec<Batch>> {
-        let batches = match self.mode {
-            ExchangeMode::TwoPhase => self.run_two_phase(perm, epoch, steps),
-            _ => self.run_fused(perm, epoch, steps),
+        // A partial last batch is its own window, always exchanged fused.
+        let batches = match (&self.tail_placement, self.mode) {
+            (Some(tail), _) if steps.end == self.steps_per_epoch => {
+                debug_assert_eq!(steps.end - steps.start, 1);
+                self.run_fused(perm, epoch, steps, tail.clone())
+            }
+            (_, ExchangeMode::TwoPhase) => self.run_two_phase(perm, epoch, steps),
+            _ => self.run_fused(perm, epoch, steps, self.placement.clone()),
         };
         let batches = self.metrics.timed(Phase::Exchange, || agree(&self.transport, batches))?;
         self.metrics.windows += 1;
@@ -369,8 +450,13 @@ impl<T: Transport> Loader<T> {
     }
 
     /// One fused exchange: home ranks send every needed slice straight to its receivers.
-    fn run_fused(&mut self, perm: &Permutation, epoch: Epoch, steps: std::ops::Range<u64>) -> Result<Vec<Batch>> {
-        let placement = self.placement.clone();
+    fn run_fused(
+        &mut self,
+        perm: &Permutation,
+        epoch: Epoch,
+        steps: std::ops::Range<u64>,
+        placement: Placement,
+    ) -> Result<Vec<Batch>> {
         let (plan, recv, recv_counts) = self.shuffle(perm, &placement, steps.clone())?;
         let me = self.transport.rank();
         let (rows, parts) = match placement.receiver(me) {
@@ -459,6 +545,10 @@ impl<T: Transport> Loader<T> {
     /// only rank 0 contributes); each rank then copies out its own rows and slices. Gives
     /// `consume` the same batches as [`Loader::epoch`], at `P`× the traffic.
     pub fn naive_epoch(&mut self, epoch: Epoch, mut consume: impl FnMut(Batch)) -> Result<()> {
+        if self.tail_placement.is_some() {
+            return Err(Error::Config("the naive baseline supports the drop and pad tail policies only".into()));
+        }
+        let n = self.dataset.len();
         let perm = Permutation::new(self.dataset.len(), self.options.seed, epoch.0);
         let (b, world, me) = (self.options.batch_size, self.transport.size(), self.transport.rank());
         let all_parts: Vec<FieldPart> = (0..self.dataset.fields().len()).map(FieldPart::whole).collect();
@@ -467,7 +557,7 @@ impl<T: Transport> Loader<T> {
             let steps = step..(step + self.steps_per_window).min(self.steps_per_epoch);
             step = steps.end;
             let ids: Vec<SampleId> = self.metrics.timed(Phase::Plan, || {
-                (steps.start * b as u64..steps.end * b as u64).map(|p| SampleId(perm.apply(p))).collect()
+                (steps.start * b as u64..steps.end * b as u64).map(|p| SampleId(perm.apply(p % n))).collect()
             });
             let mut buf = Vec::new();
             if me.0 == 0 {
@@ -635,7 +725,10 @@ impl<T: Transport> Iterator for EpochIter<'_, T> {
             if self.next_step >= total {
                 return None;
             }
-            let end = (self.next_step + self.loader.steps_per_window).min(total);
+            let mut end = (self.next_step + self.loader.steps_per_window).min(total);
+            if self.loader.tail_placement.is_some() && end == total && self.next_step + 1 < total {
+                end = total - 1; // the partial last batch gets a window of its own
+            }
             match self.loader.run_window(&self.perm, self.epoch, self.next_step..end) {
                 Ok(batches) => self.queue.extend(batches),
                 Err(e) => {

@@ -20,11 +20,12 @@ pub struct Fingerprint {
     pub samples: u64,
     pub batch_size: usize,
     pub seed: u64,
+    pub tail: super::TailPolicy,
 }
 
 impl Fingerprint {
     /// The fingerprint of a dataset loaded with `batch_size` and `seed`.
-    pub fn of(dataset: &Dataset, batch_size: usize, seed: u64) -> Fingerprint {
+    pub fn of(dataset: &Dataset, batch_size: usize, seed: u64, tail: super::TailPolicy) -> Fingerprint {
         Fingerprint {
             files: dataset
                 .files()
@@ -41,6 +42,7 @@ impl Fingerprint {
             samples: dataset.len(),
             batch_size,
             seed,
+            tail,
         }
     }
 
@@ -52,6 +54,9 @@ impl Fingerprint {
         }
         if self.batch_size != now.batch_size {
             what.push(format!("batch size {} → {}", self.batch_size, now.batch_size));
+        }
+        if self.tail != now.tail {
+            what.push(format!("tail policy {:?} → {:?}", self.tail, now.tail).to_lowercase());
         }
         if self.samples != now.samples {
             what.push(format!("dataset samples {} → {}", self.samples, now.samples));

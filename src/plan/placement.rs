@@ -143,15 +143,13 @@ impl Placement {
         let world = mesh.devices();
         let batch_axes = &sharding[0].dims[0];
         let (_, blocks_n) = mesh.block(&vec![0; mesh.names().len()], batch_axes);
-        if batch_size % blocks_n != 0 {
-            return Err(Error::Config(format!(
-                "batch size {batch_size} is not divisible by the {blocks_n} batch blocks"
-            )));
-        }
-        let per = batch_size / blocks_n;
+        // Block b holds rows [b·B/n, (b+1)·B/n): equal blocks when n divides B (checked
+        // for the batch size by the sharding), as even as possible otherwise (a partial
+        // last batch).
         let stages = mesh.pipeline_axis().map_or(1, |a| mesh.sizes()[a]);
-        let mut blocks: Vec<RowBlock> =
-            (0..blocks_n).map(|b| RowBlock { rows: b * per..(b + 1) * per, receivers: vec![] }).collect();
+        let mut blocks: Vec<RowBlock> = (0..blocks_n)
+            .map(|b| RowBlock { rows: b * batch_size / blocks_n..(b + 1) * batch_size / blocks_n, receivers: vec![] })
+            .collect();
         for r in 0..world {
             let c = mesh.coords(Rank(r));
             let stage = mesh.pipeline_axis().map_or(0, |a| c[a]);

@@ -32,19 +32,24 @@ pub struct WindowPlan {
 }
 
 impl WindowPlan {
-    /// Plans steps `steps` of the epoch whose order is `perm`, for rank `me`.
+    /// Plans steps `steps` of the epoch whose order is `perm`, for rank `me`. Row `j` of
+    /// step `k` is position `k·stride + j` of the order (`stride` is the global batch size;
+    /// `placement` may cover fewer rows, for a partial last batch); positions at or past
+    /// the dataset's end wrap to its start (the `pad` tail policy).
     pub fn new(
         perm: &Permutation,
         home: &HomeRanges,
         placement: &Placement,
         me: Rank,
         steps: Range<u64>,
+        stride: usize,
     ) -> WindowPlan {
         let b = placement.batch_size();
-        let first = steps.start * b as u64;
-        let last = steps.end * b as u64;
+        let n = perm.len();
+        let positions =
+            steps.clone().flat_map(|k| (0..b as u64).map(move |j| k * stride as u64 + j)).collect::<Vec<_>>();
         // The permutation is the one O(rows) computation of the plan; spread it over cores.
-        let ids: Vec<SampleId> = (first..last).into_par_iter().map(|p| SampleId(perm.apply(p))).collect();
+        let ids: Vec<SampleId> = positions.into_par_iter().map(|p| SampleId(perm.apply(p % n))).collect();
 
         let mut sends = vec![Vec::new(); placement.world()];
         let mut reads = Vec::new();
@@ -95,7 +100,8 @@ mod tests {
         let perm = Permutation::new(n, 7, 1);
         let home = HomeRanges::new(n, p);
         let placement = Placement::data_parallel(b, p, 2).unwrap();
-        let plans: Vec<WindowPlan> = (0..p).map(|r| WindowPlan::new(&perm, &home, &placement, Rank(r), 2..5)).collect();
+        let plans: Vec<WindowPlan> =
+            (0..p).map(|r| WindowPlan::new(&perm, &home, &placement, Rank(r), 2..5, b)).collect();
         // All ranks agree on the ids; the ids are the permutation's.
         for plan in &plans {
             assert_eq!(plan.ids, plans[0].ids);
@@ -119,6 +125,22 @@ mod tests {
         assert!(seen.iter().all(|&c| c == 1));
         // Rank 1 receives rows 3..6 of each of the three steps.
         assert_eq!(plans[1].recvs, vec![3, 4, 5, 15, 16, 17, 27, 28, 29]);
+    }
+
+    #[test]
+    fn partial_and_padded_steps() {
+        let (n, b) = (10u64, 4usize);
+        let perm = Permutation::new(n, 1, 0);
+        let home = HomeRanges::new(n, 2);
+        // The partial last step (rows 8, 9) with a 2-row placement.
+        let tail = Placement::data_parallel(2, 2, 1).unwrap();
+        let plan = WindowPlan::new(&perm, &home, &tail, Rank(0), 2..3, b);
+        assert_eq!(plan.ids, vec![SampleId(perm.apply(8)), SampleId(perm.apply(9))]);
+        // A padded last step wraps to the start of the order.
+        let full = Placement::data_parallel(b, 2, 1).unwrap();
+        let plan = WindowPlan::new(&perm, &home, &full, Rank(0), 2..3, b);
+        let want: Vec<SampleId> = [8, 9, 0, 1].iter().map(|&p| SampleId(perm.apply(p))).collect();
+        assert_eq!(plan.ids, want);
     }
 
     #[test]
