@@ -87,7 +87,33 @@ fn read_footer(file: &File, path: &Path) -> Result<Footer> {
         .ok_or_else(|| corrupt(format!("batch {i}: header too short")))?;
         let msg = arrow_ipc::root_as_message(body).map_err(|e| corrupt(format!("batch {i} header: {e}")))?;
         let rb = msg.header_as_record_batch().ok_or_else(|| corrupt(format!("batch {i} is not a record batch")))?;
-        batch_rows.push(u64::try_from(rb.length()).map_err(|_| corrupt(format!("batch {i}: negative length")))?);
+        let rows = u64::try_from(rb.length()).map_err(|_| corrupt(format!("batch {i}: negative length")))?;
+        // Never trust a row count beyond what the body could hold (every column takes at
+        // least one bit per row): it sizes the id space and the verifier's bitmap.
+        let body =
+            u64::try_from(block.bodyLength()).map_err(|_| corrupt(format!("batch {i}: negative body length")))?;
+        if rows > body.saturating_mul(8).max(64) {
+            return Err(corrupt(format!("batch {i} claims {rows} rows in a {body}-byte body")));
+        }
+        // arrow-ipc slices the body at the offsets the header gives and panics when they
+        // lie outside it: check every buffer here, so a corrupt header is an error.
+        for (k, buf) in rb.buffers().into_iter().flatten().enumerate() {
+            let end = buf.offset().checked_add(buf.length());
+            if buf.offset() < 0 || buf.length() < 0 || end.is_none_or(|e| e as u64 > body) {
+                return Err(corrupt(format!(
+                    "batch {i} buffer {k} ({} bytes at {}) lies outside the {body}-byte body",
+                    buf.length(),
+                    buf.offset()
+                )));
+            }
+        }
+        for (k, node) in rb.nodes().into_iter().flatten().enumerate() {
+            // Every value takes at least one bit of the body.
+            if node.length() < 0 || node.null_count() < 0 || node.length() as u64 > body.saturating_mul(8).max(64) {
+                return Err(corrupt(format!("batch {i} field node {k} has a bad length {}", node.length())));
+            }
+        }
+        batch_rows.push(rows);
     }
     Ok(Footer { schema: Arc::new(schema), version: footer.version(), blocks, batch_rows })
 }

@@ -1,0 +1,181 @@
+//! Bodies of the fuzz targets in `fuzz_targets/`, one public function per target.
+//!
+//! Each is a thin call into meshfeed's public API that must never panic, whatever the
+//! input: errors are fine, panics (including arithmetic overflow, which fuzz builds check)
+//! are bugs. They live in a library so that `tests/replay.rs` can replay the kept corpus
+//! and the crash artifacts on stable Rust with plain `cargo test`.
+//!
+//! The file targets write the input to a fixed path under [`std::env::temp_dir`] that
+//! includes the process id (`meshfeed-fuzz-<pid>/<target>/`), so parallel fuzzing jobs (`-jobs`,
+//! `-fork`) do not overwrite each other's files. [`cleanup`] removes it.
+
+use std::path::{Path, PathBuf};
+
+use meshfeed::dataset::npy_header::{parse_preamble, parse_py_literal};
+use meshfeed::dataset::{gen, raw, scan_file, Dataset, DatasetOptions, DType, Field, FieldKind, Format};
+use meshfeed::plan::{sharding, Mesh};
+use meshfeed::types::Rank;
+
+/// Names of the targets, in the order of `fuzz_targets/`.
+pub const TARGETS: [(&str, fn(&[u8])); 5] = [
+    ("npy_header", npy_header),
+    ("npy_file", npy_file),
+    ("arrow_file", arrow_file),
+    ("raw_schema", raw_schema),
+    ("specs", specs),
+];
+
+/// `.npy` preamble parser and the Python-literal parser, on the bytes as given.
+pub fn npy_header(data: &[u8]) {
+    if let Ok(p) = parse_preamble(data) {
+        // Documented contract: the data starts inside what was given (the header is
+        // bound-checked against the bytes supplied).
+        assert!(p.data_offset <= data.len() as u64, "data_offset {} > {} bytes", p.data_offset, data.len());
+    }
+    if let Ok(text) = std::str::from_utf8(data) {
+        let _ = parse_py_literal(text);
+    }
+}
+
+/// The whole `.npy` path: scan, open, read rows 0, middle and last.
+pub fn npy_file(data: &[u8]) {
+    let path = work_dir("npy_file").join("x.npy");
+    write(&path, data);
+    read_file(&path, Format::Npy);
+}
+
+/// The whole Arrow IPC path: scan (footer, batch headers), open, read rows 0, middle, last.
+pub fn arrow_file(data: &[u8]) {
+    let path = work_dir("arrow_file").join("x.arrow");
+    write(&path, data);
+    read_file(&path, Format::Arrow);
+}
+
+/// Contents of the fixed raw file used by [`raw_schema`]: 120 bytes, a whole number of
+/// records for every record size dividing 120 (1, 2, 3, 4, 5, 6, 8, 10, 12, 15, 20, 24,
+/// 30, 40, 60, 120), so most valid schemas get rows to read.
+pub const RAW_FILE: [u8; 120] = {
+    let mut b = [0u8; 120];
+    let mut i = 0;
+    while i < 120 {
+        b[i] = i as u8;
+        i += 1;
+    }
+    b
+};
+
+/// The input as `schema.json` next to a fixed 120-byte `x.raw`, then scan, open and read.
+pub fn raw_schema(data: &[u8]) {
+    let dir = work_dir("raw_schema");
+    let path = dir.join("x.raw");
+    if std::fs::metadata(&path).map(|m| m.len()) != Ok(RAW_FILE.len() as u64) {
+        write(&path, &RAW_FILE);
+    }
+    write(&dir.join(raw::SCHEMA_FILE), data);
+    read_file(&path, Format::Raw);
+}
+
+/// Command-line spec parsers, one input line at a time: `--mesh` ([`Mesh::parse`]),
+/// `--field` ([`gen::parse_field`]), byte sizes ([`meshfeed::cli::parse_bytes`]), and
+/// [`sharding::resolve`] on the mesh `dp=2,tp=2,pp=2` with a few fixed fields plus every
+/// field a line parsed to, the `--shard` pairs from lines `f=spec` and the `--stages`
+/// pairs from lines `@f=stage`. The batch size is the first line that parses as a byte
+/// size (default 64).
+pub fn specs(data: &[u8]) {
+    let Ok(text) = std::str::from_utf8(data) else { return };
+    let mesh = Mesh::parse("dp=2,tp=2,pp=2").expect("fixed mesh parses");
+    let mut fields = vec![
+        Field::tensor("x", DType::F32, vec![8, 6]),
+        Field::tensor("y", DType::I64, vec![]),
+        Field { name: "t".into(), kind: FieldKind::Bytes { utf8: false } },
+        Field::tensor("z", DType::U8, vec![4, 2, 6]),
+    ];
+    let (mut shards, mut stages) = (Vec::new(), Vec::new());
+    let mut batch: Option<usize> = None;
+    for line in text.lines() {
+        if let Ok(m) = Mesh::parse(line) {
+            // Cheap, total accessors of a parsed mesh (not `devices()`, whose product of
+            // the sizes is unchecked; see README "Findings").
+            let _ = m.to_string();
+            let _ = m.coords(Rank(0));
+            let reversed: Vec<String> = m.names().iter().rev().cloned().collect();
+            let m = m.with_rank_order(&reversed).expect("every axis once");
+            let _ = m.coords(Rank(1));
+            let _ = m.with_pipeline_axis(&reversed[0]).expect("an axis of the mesh");
+        }
+        if let Ok(f) = gen::parse_field(line) {
+            if fields.len() < 12 {
+                fields.push(f);
+            }
+        }
+        if let Ok(n) = meshfeed::cli::parse_bytes(line) {
+            if batch.is_none() {
+                batch = usize::try_from(n).ok();
+            }
+        }
+        if let Some((name, spec)) = line.split_once('=') {
+            match name.strip_prefix('@') {
+                Some(name) => stages.push((name.to_string(), spec.to_string())),
+                None => shards.push((name.to_string(), spec.to_string())),
+            }
+        }
+    }
+    if let Ok(out) = sharding::resolve(&mesh, &fields, batch.unwrap_or(64), &shards, &stages) {
+        assert_eq!(out.len(), fields.len());
+        for (f, s) in fields.iter().zip(&out) {
+            let ndim = match &f.kind {
+                FieldKind::Tensor { shape, .. } => shape.len() + 1,
+                FieldKind::Bytes { .. } => 1,
+            };
+            // Documented: `dims` is always as long as the batch array has dimensions.
+            assert_eq!(s.dims.len(), ndim, "field {}: {:?}", f.name, s.dims);
+        }
+    }
+}
+
+/// Removes this process's scratch files of one target (`meshfeed-fuzz-<pid>/<target>/`),
+/// and the process's directory once it is empty.
+pub fn cleanup(target: &str) {
+    let _ = std::fs::remove_dir_all(base_dir().join(target));
+    let _ = std::fs::remove_dir(base_dir());
+}
+
+fn base_dir() -> PathBuf {
+    std::env::temp_dir().join(format!("meshfeed-fuzz-{}", std::process::id()))
+}
+
+fn work_dir(kind: &str) -> PathBuf {
+    let dir = base_dir().join(kind);
+    std::fs::create_dir_all(&dir).expect("create the fuzz scratch directory");
+    dir
+}
+
+fn write(path: &Path, data: &[u8]) {
+    std::fs::write(path, data).expect("write the fuzz input file");
+}
+
+/// Scan a file; if that works, build a one-file dataset, open a reader and read rows 0,
+/// middle and last, checking what the reader contract promises about the returned chunk.
+fn read_file(path: &Path, format: Format) {
+    let Ok(info) = scan_file(path, format, &DatasetOptions::default()) else { return };
+    let samples = info.samples;
+    let Ok(ds) = Dataset::from_files(vec![info], DatasetOptions::default()) else { return };
+    let Ok(mut reader) = ds.open_reader(0) else { return };
+    let mut rows: Vec<u64> = if samples == 0 { vec![] } else { vec![0, samples / 2, samples - 1] };
+    rows.dedup();
+    let Ok(chunk) = reader.read_rows(&rows) else { return };
+    let fields = ds.fields();
+    if fields.is_empty() {
+        return;
+    }
+    // "The returned chunk holds them in the same order."
+    assert_eq!(chunk.rows(), rows.len(), "rows {rows:?}");
+    for r in 0..chunk.rows() {
+        for (fi, f) in fields.iter().enumerate() {
+            let v = chunk.value(r, fi);
+            if let Some(n) = f.fixed_bytes() {
+                assert_eq!(v.len(), n, "row {} field {}", rows[r], f.name);
+            }
+        }
+    }
+}

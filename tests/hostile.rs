@@ -1,0 +1,225 @@
+//! Hostile input: truncated, bit-flipped and oversized-header files of every format, and
+//! arbitrary strings for every spec parser. Nothing may panic, hang or allocate what a
+//! file merely claims; every failure is an error naming the file.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use meshfeed::dataset::{gen, DType, Dataset, Field, FieldKind, Format};
+use proptest::prelude::*;
+
+/// A small valid dataset of one file in `format`; returns its path.
+fn valid_file(dir: &Path, format: Format) -> PathBuf {
+    let mut fields = vec![Field::tensor("x", DType::F32, vec![3]), Field::tensor("y", DType::I64, vec![])];
+    if format == Format::Arrow {
+        fields.push(Field { name: "t".into(), kind: FieldKind::Bytes { utf8: false } });
+    }
+    let spec = gen::GenSpec { format, samples: 40, files: 1, fields, out: dir.into(), arrow_batch_rows: 16 };
+    gen::write_file(&spec, 0).unwrap();
+    gen::write_side_files(&spec).unwrap();
+    spec.file_path(0)
+}
+
+/// Opens and reads every row; returns the error text, if any. Must not panic.
+fn open_and_read(dir: &Path) -> Option<String> {
+    let result = (|| -> meshfeed::Result<()> {
+        let ds = Dataset::open_local(&[dir.into()], Default::default())?;
+        for f in 0..ds.files().len() {
+            let mut r = ds.open_reader(f)?;
+            let n = ds.files()[f].samples;
+            // Read in bounded slices: a file's claimed size is not trusted.
+            let mut start = 0;
+            while start < n {
+                let rows: Vec<u64> = (start..(start + 64).min(n)).collect();
+                r.read_rows(&rows)?;
+                start += 64;
+            }
+        }
+        Ok(())
+    })();
+    result.err().map(|e| e.to_string())
+}
+
+#[derive(Clone, Debug)]
+enum Mutation {
+    Flip { at: usize, bit: u8 },
+    Truncate { keep: usize },
+    Overwrite { at: usize, bytes: [u8; 4] },
+}
+
+fn mutation() -> impl Strategy<Value = Mutation> {
+    prop_oneof![
+        (any::<usize>(), 0u8..8).prop_map(|(at, bit)| Mutation::Flip { at, bit }),
+        any::<usize>().prop_map(|keep| Mutation::Truncate { keep }),
+        (any::<usize>(), any::<[u8; 4]>()).prop_map(|(at, bytes)| Mutation::Overwrite { at, bytes }),
+    ]
+}
+
+fn apply(bytes: &mut Vec<u8>, muts: &[Mutation]) {
+    for m in muts {
+        if bytes.is_empty() {
+            return;
+        }
+        let len = bytes.len();
+        match m {
+            Mutation::Flip { at, bit } => bytes[at % len] ^= 1 << bit,
+            Mutation::Truncate { keep } => bytes.truncate(keep % len),
+            Mutation::Overwrite { at, bytes: b } => {
+                let at = at % len;
+                let end = (at + 4).min(len);
+                bytes[at..end].copy_from_slice(&b[..end - at]);
+            }
+        }
+    }
+}
+
+fn mutated_reads_never_panic(format: Format, muts: &[Mutation]) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = valid_file(dir.path(), format);
+    let mut bytes = std::fs::read(&path).unwrap();
+    apply(&mut bytes, muts);
+    std::fs::write(&path, &bytes).unwrap();
+    if let Some(err) = open_and_read(dir.path()) {
+        let name = path.file_name().unwrap().to_str().unwrap();
+        assert!(err.contains(name) || err.contains("schema.json"), "error does not name the file: {err}");
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(96))]
+
+    #[test]
+    fn mutated_npy_files(muts in prop::collection::vec(mutation(), 1..4)) {
+        mutated_reads_never_panic(Format::Npy, &muts);
+    }
+
+    #[test]
+    fn mutated_arrow_files(muts in prop::collection::vec(mutation(), 1..4)) {
+        mutated_reads_never_panic(Format::Arrow, &muts);
+    }
+
+    #[test]
+    fn mutated_raw_files(muts in prop::collection::vec(mutation(), 1..3)) {
+        mutated_reads_never_panic(Format::Raw, &muts);
+    }
+
+    #[test]
+    fn raw_schemas_are_parsed_safely(text in ".{0,200}") {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("a.raw"), [0u8; 64]).unwrap();
+        std::fs::write(dir.path().join("schema.json"), &text).unwrap();
+        if let Some(err) = open_and_read(dir.path()) {
+            prop_assert!(err.contains("schema.json") || err.contains("a.raw"), "{}", err);
+        }
+    }
+
+    #[test]
+    fn spec_parsers_never_panic(s in "\\PC{0,40}", t in "[a-z+,=0-9\\-]{0,30}") {
+        let _ = meshfeed::plan::Mesh::parse(&s);
+        let _ = meshfeed::plan::Mesh::parse(&t);
+        let _ = gen::parse_field(&s);
+        let _ = gen::parse_field(&t);
+        let _ = meshfeed::cli::parse_bytes(&s);
+        let _ = meshfeed::dataset::npy_header::parse_py_literal(&s);
+        let mesh = meshfeed::plan::Mesh::parse("dp=2,tp=2,pp=2").unwrap();
+        let fields = vec![Field::tensor("x", DType::F32, vec![4, 6]), Field { name: "t".into(), kind: FieldKind::Bytes { utf8: true } }];
+        for f in ["x", "t", "q"] {
+            let _ = meshfeed::plan::sharding::resolve(&mesh, &fields, 8, &[(f.to_string(), t.clone())], &[]);
+            let _ = meshfeed::plan::sharding::resolve(&mesh, &fields, 8, &[], &[(f.to_string(), s.clone())]);
+        }
+    }
+
+    #[test]
+    fn npy_preambles_never_panic(bytes in prop::collection::vec(any::<u8>(), 0..300)) {
+        let mut with_magic = b"\x93NUMPY\x01\x00".to_vec();
+        with_magic.extend(&bytes);
+        let _ = meshfeed::dataset::npy_header::parse_preamble(&bytes);
+        let _ = meshfeed::dataset::npy_header::parse_preamble(&with_magic);
+    }
+}
+
+/// Fixed fixtures: the classic corruptions of each format give a clear error.
+#[test]
+fn truncated_flipped_and_oversized_headers_of_every_format() {
+    let cases: Vec<(Format, &str, Box<dyn Fn(&mut Vec<u8>)>, &str)> = vec![
+        (Format::Npy, "truncated data", Box::new(|b: &mut Vec<u8>| b.truncate(b.len() - 3)), "truncated"),
+        (Format::Npy, "truncated header", Box::new(|b: &mut Vec<u8>| b.truncate(20)), "truncated header"),
+        (Format::Npy, "flipped magic", Box::new(|b: &mut Vec<u8>| b[1] ^= 0x20), "not a .npy file"),
+        (
+            Format::Npy,
+            "oversized header length",
+            Box::new(|b: &mut Vec<u8>| {
+                b[6] = 2;
+                b[8..12].copy_from_slice(&u32::MAX.to_le_bytes());
+            }),
+            "exceeds",
+        ),
+        (
+            Format::Npy,
+            "header claims too many samples",
+            Box::new(|b: &mut Vec<u8>| {
+                let text = String::from_utf8_lossy(&b[10..]).into_owned();
+                let pos = text.find("(40,)").unwrap() + 10;
+                b[pos..pos + 5].copy_from_slice(b"(99,)");
+            }),
+            "truncated",
+        ),
+        (Format::Arrow, "truncated", Box::new(|b: &mut Vec<u8>| b.truncate(b.len() / 2)), "corrupt"),
+        (Format::Arrow, "flipped magic", Box::new(|b: &mut Vec<u8>| b[0] ^= 1), "not an Arrow IPC file"),
+        (
+            Format::Arrow,
+            "oversized footer length",
+            Box::new(|b: &mut Vec<u8>| {
+                let n = b.len();
+                b[n - 10..n - 6].copy_from_slice(&i32::MAX.to_le_bytes());
+            }),
+            "footer length",
+        ),
+        (Format::Raw, "truncated", Box::new(|b: &mut Vec<u8>| b.truncate(b.len() - 1)), "not a whole number"),
+        (Format::Hdf5, "truncated", Box::new(|b: &mut Vec<u8>| b.truncate(b.len() / 3)), "part-00000.h5"),
+        (Format::Hdf5, "flipped signature", Box::new(|b: &mut Vec<u8>| b[1] ^= 0x40), "cannot open as HDF5"),
+    ];
+    for (format, what, corrupt, needle) in cases {
+        let dir = tempfile::tempdir().unwrap();
+        let path = valid_file(dir.path(), format);
+        let mut bytes = std::fs::read(&path).unwrap();
+        corrupt(&mut bytes);
+        std::fs::write(&path, &bytes).unwrap();
+        let err = open_and_read(dir.path()).unwrap_or_else(|| panic!("{format:?} {what}: no error"));
+        assert!(err.contains(needle), "{format:?} {what}: {err}");
+        assert!(err.contains(path.file_name().unwrap().to_str().unwrap()), "{format:?} {what}: {err}");
+    }
+}
+
+/// HDF5 is parsed by the C library: mutated files go through the binary in a separate
+/// process, so that a crash would show as a failure here instead of killing the tests.
+#[test]
+fn mutated_hdf5_files_fail_cleanly() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = valid_file(dir.path(), Format::Hdf5);
+    let clean = std::fs::read(&path).unwrap();
+    let mut rng = 0x9e3779b97f4a7c15u64;
+    let mut next = || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng
+    };
+    for case in 0..40 {
+        let mut bytes = clean.clone();
+        for _ in 0..1 + next() % 4 {
+            let at = (next() % bytes.len() as u64) as usize;
+            bytes[at] ^= 1 << (next() % 8);
+        }
+        if case % 5 == 0 {
+            bytes.truncate((next() % bytes.len() as u64) as usize);
+        }
+        std::fs::write(&path, &bytes).unwrap();
+        let run = common::meshfeed(&["inspect", "--data", dir.path().to_str().unwrap()]);
+        assert!(run.code == 0 || run.code == 1, "case {case}: exit {} (crash?)\n{}", run.code, run.stderr);
+        if run.code == 1 {
+            assert!(run.stderr.contains("part-00000.h5"), "case {case}: {}", run.stderr);
+        }
+    }
+}
