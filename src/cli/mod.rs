@@ -109,7 +109,18 @@ pub fn main_with_args(args: impl IntoIterator<Item = std::ffi::OsString>) -> i32
 }
 
 /// Prints an error with its source chain on one line, prefixed by the rank when known.
+///
+/// A failure all ranks agreed on ([`Error::Remote`]) is printed in full once, by rank 0;
+/// the other ranks print one short line saying why they stop (so per-rank logs still
+/// explain every exit) instead of N copies of the same message.
 pub fn print_error(rank: Option<usize>, e: &Error) {
+    if let (Some(r), Error::Remote { rank: origin, .. }) = (rank, e) {
+        if r != 0 {
+            let line = format!("meshfeed: rank {r} stopped: rank {origin} failed (the error is printed by rank 0)\n");
+            let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
+            return;
+        }
+    }
     let mut msg = e.to_string();
     let mut source = std::error::Error::source(e);
     while let Some(s) = source {

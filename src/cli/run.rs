@@ -351,26 +351,21 @@ fn parse_resume(s: &str) -> Result<std::result::Result<(u64, u64), crate::loader
 fn run<T: Transport>(args: RunArgs, transport: T) -> Result<i32> {
     install_stop_handlers();
     let rank = transport.rank().0;
-    let job = args.job.job()?;
+    let job = agree(&transport, args.job.job())?;
     let batch_size = job.options.batch_size;
     let seed = job.options.seed;
-    let mut loader = Loader::open(transport, &job.data, job.dataset.clone(), job.options)?;
+    let dataset = crate::loader::open_dataset(&transport, &job.data, job.dataset.clone())?;
+    let mut loader = agree(&transport, Loader::new(&transport, dataset, job.options))?;
     let world = loader.transport().size();
     let n = loader.dataset().len();
     let steps = loader.steps_per_epoch();
     let home = HomeRanges::new(n, world);
-    let (first_epoch, mut first_step) = match args.resume_from.as_deref().map(parse_resume).transpose()? {
-        None => (0, 0),
-        Some(Ok((e, k))) => {
-            let state = loader.state(Epoch(e), crate::types::Step(k));
-            let (e, k) = loader.resume_point(&state)?;
-            (e.0, k.0)
-        }
-        Some(Err(state)) => {
-            let (e, k) = loader.resume_point(&state)?;
-            (e.0, k.0)
-        }
-    };
+    let resume = args.resume_from.as_deref().map(parse_resume).transpose().and_then(|r| match r {
+        None => Ok((Epoch(0), crate::types::Step(0))),
+        Some(Ok((e, k))) => loader.resume_point(&loader.state(Epoch(e), crate::types::Step(k))),
+        Some(Err(state)) => loader.resume_point(&state),
+    });
+    let (first_epoch, mut first_step) = agree(loader.transport(), resume).map(|(e, k)| (e.0, k.0))?;
     if rank == 0 && !args.json && (first_epoch, first_step) != (0, 0) {
         println!("meshfeed: resuming at epoch {first_epoch} step {first_step}");
     }

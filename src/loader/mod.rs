@@ -143,7 +143,7 @@ pub fn open_dataset(transport: &dyn Transport, paths: &[PathBuf], options: Datas
     let infos = (0..files.len())
         .map(|i| per_rank[i % world].next().ok_or_else(|| Error::Transport("missing file header in exchange".into())))
         .collect::<Result<Vec<_>>>()?;
-    Dataset::from_files(infos, options)
+    agree(transport, Dataset::from_files(infos, options))
 }
 
 /// The two-phase exchange's state: the leaders' placement and this rank's group.

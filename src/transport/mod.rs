@@ -105,7 +105,9 @@ pub fn agree<T>(transport: &dyn Transport, local: Result<T>) -> Result<T> {
         .map(|(r, m)| (r, String::from_utf8_lossy(&m).into_owned()))
         .collect();
     let (rank, mut message) = failures.first().cloned().unwrap_or((0, "unknown failure".into()));
-    if failures.len() > 1 {
+    if failures.len() == transport.size() && failures.len() > 1 && failures.iter().all(|(_, m)| *m == message) {
+        message.push_str(" (on every rank)");
+    } else if failures.len() > 1 {
         message.push_str(&format!(" (and {} more rank(s) failed)", failures.len() - 1));
     }
     Err(Error::Remote { rank, message })

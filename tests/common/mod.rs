@@ -223,6 +223,28 @@ pub fn error_line(run: &Run, r: usize) -> &str {
         .unwrap_or_else(|| panic!("rank {r} printed no error line:\n{}", run.stderr))
 }
 
+/// Checks the report of a failure all `np` ranks agreed on: rank 0 prints the root cause
+/// once; every other rank prints one line saying it stopped because of rank `origin`.
+/// Returns rank 0's line.
+pub fn agreed_failure(run: &Run, np: usize) -> &str {
+    let root = error_line(run, 0);
+    let origin = root
+        .strip_prefix("meshfeed: error on rank 0: rank ")
+        .and_then(|s| s.split(':').next())
+        .unwrap_or_else(|| panic!("no origin rank in {root}"));
+    assert_eq!(
+        run.stderr.matches("meshfeed: error on rank").count(),
+        1,
+        "the root cause is printed once:\n{}",
+        run.stderr
+    );
+    for r in 1..np {
+        let want = format!("meshfeed: rank {r} stopped: rank {origin} failed");
+        assert!(run.stderr.lines().any(|l| l.starts_with(&want)), "rank {r} should print '{want}':\n{}", run.stderr);
+    }
+    root
+}
+
 /// A fresh temporary directory.
 pub fn tempdir() -> tempfile::TempDir {
     tempfile::tempdir().unwrap()
