@@ -370,3 +370,42 @@ fn tail_policies_at_several_rank_counts() {
     assert_eq!(sizes, vec![3, 3, 4, 4]);
     assert_eq!(lines[0][8].ids, lines[1][8].ids, "tp replicas get the same rows");
 }
+
+#[test]
+fn home_range_cache_reads_each_sample_once() {
+    let out = tempdir();
+    let data = out.path().join("d");
+    gen(&data, "4000", "data:f32:256"); // 4 MB, 1 MB per rank
+    let epochs = |cache: &str| -> Vec<serde_json::Value> {
+        let run = mpirun(
+            4,
+            &[
+                "run",
+                "--data",
+                data.to_str().unwrap(),
+                "--batch-size",
+                "32",
+                "--epochs",
+                "3",
+                "--window-bytes",
+                "256K",
+                "--cache-bytes",
+                cache,
+                "--verify",
+                "--json",
+            ],
+        );
+        ok(&run);
+        run.stdout.lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+    };
+    let cached = epochs("2M");
+    assert!(cached.iter().all(|e| e["verified"] == true));
+    assert_eq!(cached[0]["bytes_read"], 4000 * 1024, "the first epoch reads the dataset exactly once");
+    assert_eq!((cached[1]["bytes_read"].as_u64(), cached[2]["bytes_read"].as_u64()), (Some(0), Some(0)));
+    // A cache too small for the home range stays off: reads every epoch, memory bounded.
+    let uncached = epochs("512K");
+    assert!(uncached.iter().all(|e| e["bytes_read"].as_u64().unwrap() >= 4000 * 1024 && e["verified"] == true));
+    let off = epochs("0");
+    let rss = |v: &[serde_json::Value]| v[2]["max_rss_bytes"].as_u64().unwrap();
+    assert!(rss(&uncached) <= rss(&off) + (1 << 20), "{} vs {}", rss(&uncached), rss(&off));
+}

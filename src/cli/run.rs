@@ -65,6 +65,10 @@ pub struct JobArgs {
     /// partial (a short batch) [default: drop].
     #[arg(long, value_parser = ["drop", "pad", "partial"])]
     pub tail: Option<String>,
+    /// Keep each rank's home range in memory when it fits in this many bytes (K/M/G), so
+    /// that epochs after the first read nothing from disk [default: 0, off].
+    #[arg(long, value_parser = super::parse_bytes)]
+    pub cache_bytes: Option<u64>,
     /// Transport: mpi (launch with mpirun/srun) or ucx (launch with `meshfeed launch`, Ray or
     /// Kubernetes: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, MESHFEED_JOB_TOKEN).
     #[arg(long, default_value = "mpi", value_parser = ["mpi", "ucx"])]
@@ -112,6 +116,7 @@ struct JobFile {
     seed: Option<u64>,
     window_bytes: Option<toml::Value>,
     tail: Option<String>,
+    cache_bytes: Option<u64>,
     #[serde(flatten)]
     layout: Layout,
 }
@@ -189,6 +194,7 @@ impl JobArgs {
                 seed: self.seed.or(file.seed).unwrap_or(0),
                 window_bytes,
                 layout,
+                cache_bytes: self.cache_bytes.or(file.cache_bytes).unwrap_or(0),
                 tail: match self.tail.as_ref().or(file.tail.as_ref()) {
                     None => TailPolicy::Drop,
                     Some(t) => TailPolicy::parse(t)

@@ -70,6 +70,9 @@ pub struct LoaderOptions {
     pub layout: Layout,
     /// What happens to the last, incomplete batch of an epoch.
     pub tail: TailPolicy,
+    /// Keep this rank's home range in memory when it fits in this many bytes (0: off), so
+    /// that epochs after the first read nothing from disk.
+    pub cache_bytes: u64,
 }
 
 /// What happens to the last batch of an epoch when `B` does not divide `N`. Every rank
@@ -108,6 +111,7 @@ impl Default for LoaderOptions {
             window_bytes: 64 << 20,
             layout: Layout::default(),
             tail: TailPolicy::Drop,
+            cache_bytes: 0,
         }
     }
 }
@@ -171,6 +175,8 @@ pub struct Loader<T: Transport> {
     steps_per_epoch: u64,
     steps_per_window: u64,
     readers: HashMap<usize, Box<dyn FileReader>>,
+    /// With the home-range cache: per file, this rank's home rows of it, once read.
+    cache: Option<HashMap<usize, std::rc::Rc<RowChunk>>>,
     metrics: Metrics,
 }
 
@@ -252,8 +258,29 @@ impl<T: Transport> Loader<T> {
             steps_per_epoch,
             steps_per_window,
             readers: HashMap::new(),
+            cache: None,
             metrics: Metrics::default(),
-        })
+        }
+        .with_cache())
+    }
+
+    /// Turns the home-range cache on when the home range fits in `cache_bytes`
+    /// (variable-length values counted at an estimate); otherwise it stays off and memory
+    /// stays bounded by the window.
+    fn with_cache(mut self) -> Self {
+        let range = self.home_range();
+        let per_sample: u64 =
+            self.dataset.fields().iter().map(|f| f.fixed_bytes().map_or(layout::VAR_LEN_ESTIMATE, |b| b as u64)).sum();
+        let need = (range.end - range.start).saturating_mul(per_sample);
+        if self.options.cache_bytes > 0 && need <= self.options.cache_bytes {
+            self.cache = Some(HashMap::new());
+        }
+        self
+    }
+
+    /// Whether this rank keeps its home range in memory.
+    pub fn caches_home_range(&self) -> bool {
+        self.cache.is_some()
     }
 
     /// The dataset.
@@ -382,24 +409,46 @@ impl<T: Transport> Loader<T> {
             let (file, _) = self.dataset.locate(ids[i]);
             let end_id = self.dataset.file_start(file + 1);
             let j = i + ids[i..].partition_point(|id| id.0 < end_id);
-            let rows: Vec<u64> = ids[i..j].iter().map(|id| id.0 - self.dataset.file_start(file)).collect();
-            let reader = match self.readers.entry(file) {
-                std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
-                std::collections::hash_map::Entry::Vacant(e) => e.insert(self.dataset.open_reader(file)?),
-            };
-            let chunk = reader.read_rows(&rows)?;
-            if chunk.rows() != rows.len() {
-                return Err(Error::file(
-                    &self.dataset.files()[file].path,
-                    format!("reader returned {} of {} rows", chunk.rows(), rows.len()),
-                ));
+            let file_start = self.dataset.file_start(file);
+            if self.cache.is_some() {
+                // Serve from (or fill) the cache of this file's home rows.
+                let home = self.home_range();
+                let first = home.start.max(file_start);
+                if !self.cache.as_ref().is_some_and(|c| c.contains_key(&file)) {
+                    let rows: Vec<u64> = (first..home.end.min(end_id)).map(|id| id - file_start).collect();
+                    let chunk = self.read_file_rows(file, &rows)?;
+                    self.cache.as_mut().expect("cache on").insert(file, std::rc::Rc::new(chunk));
+                }
+                let chunk = self.cache.as_ref().expect("cache on")[&file].clone();
+                starts.push(i);
+                chunks.push(ReadChunk { chunk, first_id: Some(first) });
+                i = j;
+                continue;
             }
-            self.metrics.bytes_read += chunk.bytes_read();
+            let rows: Vec<u64> = ids[i..j].iter().map(|id| id.0 - file_start).collect();
+            let chunk = self.read_file_rows(file, &rows)?;
             starts.push(i);
-            chunks.push(chunk);
+            chunks.push(ReadChunk { chunk: std::rc::Rc::new(chunk), first_id: None });
             i = j;
         }
         Ok(ReadSet { ids: ids.to_vec(), starts, chunks })
+    }
+
+    /// Reads rows (sorted, local to the file) of file `file`.
+    fn read_file_rows(&mut self, file: usize, rows: &[u64]) -> Result<RowChunk> {
+        let reader = match self.readers.entry(file) {
+            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::hash_map::Entry::Vacant(e) => e.insert(self.dataset.open_reader(file)?),
+        };
+        let chunk = reader.read_rows(rows)?;
+        if chunk.rows() != rows.len() {
+            return Err(Error::file(
+                &self.dataset.files()[file].path,
+                format!("reader returned {} of {} rows", chunk.rows(), rows.len()),
+            ));
+        }
+        self.metrics.bytes_read += chunk.bytes_read();
+        Ok(chunk)
     }
 
     /// Plans, reads, packs and exchanges one window under `placement` over the world;
@@ -677,14 +726,25 @@ impl ValueSource for FromLeader<'_> {
 struct ReadSet {
     ids: Vec<SampleId>,
     starts: Vec<usize>,
-    chunks: Vec<RowChunk>,
+    chunks: Vec<ReadChunk>,
+}
+
+/// Rows read for a window: exactly the ids asked for, or (from the home-range cache) all
+/// home rows of a file starting at global id `first_id`.
+struct ReadChunk {
+    chunk: std::rc::Rc<RowChunk>,
+    first_id: Option<u64>,
 }
 
 impl ReadSet {
     fn value(&self, id: SampleId, field: usize) -> &[u8] {
         let i = self.ids.binary_search(&id).expect("planned reads cover every sent id");
         let k = self.starts.partition_point(|&s| s <= i) - 1;
-        self.chunks[k].value(i - self.starts[k], field)
+        let c = &self.chunks[k];
+        match c.first_id {
+            Some(first) => c.chunk.value((id.0 - first) as usize, field),
+            None => c.chunk.value(i - self.starts[k], field),
+        }
     }
 }
 
