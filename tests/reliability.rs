@@ -409,3 +409,23 @@ fn home_range_cache_reads_each_sample_once() {
     let rss = |v: &[serde_json::Value]| v[2]["max_rss_bytes"].as_u64().unwrap();
     assert!(rss(&uncached) <= rss(&off) + (1 << 20), "{} vs {}", rss(&uncached), rss(&off));
 }
+
+#[test]
+fn an_invalid_option_on_one_rank_only_stops_every_rank() {
+    let out = tempdir();
+    let data = out.path().join("d");
+    gen(&data, "200", "x:u8:4");
+    let d = data.to_str().unwrap();
+    // MPMD launch: ranks 0-1 get a valid mesh, rank 2 a mesh that does not fit the world.
+    let mut cmd = std::process::Command::new("mpirun");
+    cmd.args(["--allow-run-as-root", "--oversubscribe", "--mca", "mpi_yield_when_idle", "1"]);
+    cmd.args(["-np", "2", BIN, "run", "--data", d, "--batch-size", "6", "--mesh", "dp=3", ":"]);
+    cmd.args(["-np", "1", BIN, "run", "--data", d, "--batch-size", "6", "--mesh", "dp=2,tp=2"]);
+    let start = Instant::now();
+    let run = finish(cmd.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn().unwrap(), "mpmd");
+    assert_ne!(run.code, 0);
+    assert!(start.elapsed() < Duration::from_secs(30));
+    let line = agreed_failure(&run, 3);
+    assert!(line.contains("rank 2: ") && line.contains("mesh dp=2,tp=2 has 4 devices but the world has 3 ranks"), "{line}");
+    assert!(!line.contains("on every rank"), "{line}");
+}
