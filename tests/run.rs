@@ -4,7 +4,7 @@
 
 mod common;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::path::Path;
 
 use common::*;
@@ -13,7 +13,7 @@ const NPS: [usize; 4] = [1, 2, 3, 4];
 
 /// Runs `dataset` at 1..4 ranks and checks every delivered row against expected.json.
 /// Returns the global batch sequence (identical at every rank count).
-fn check_dataset(dataset: &Path, extra: &[&str]) -> Vec<((u64, u64), Vec<(u64, BTreeMap<String, u32>)>)> {
+fn check_dataset(dataset: &Path, extra: &[&str]) -> GlobalBatches {
     let exp = expected(dataset);
     let (b, epochs) = (12u64, 2u64);
     let steps = exp.samples / b;

@@ -167,6 +167,12 @@ fn fields_of(path: &Path, schema: &Schema) -> Result<Vec<Field>> {
             field_kind(f.name(), f.data_type())
                 .map(|kind| Field { name: f.name().clone(), kind })
                 .map_err(|r| Error::file(path, r))
+                .and_then(|field| match (&field.kind, field.fixed_bytes()) {
+                    (FieldKind::Tensor { .. }, None) => {
+                        Err(Error::file(path, format!("column '{}' has values too large to address", field.name)))
+                    }
+                    _ => Ok(field),
+                })
         })
         .collect()
 }

@@ -77,7 +77,11 @@ fn fields_of(path: &Path, file: &hdf5::File, group: Option<&str>) -> Result<(u64
         }
         let td = ds.dtype().and_then(|t| t.to_descriptor()).map_err(h5err)?;
         let dtype = dtype_of(&name, &td).map_err(|r| Error::file(path, r))?;
-        fields.push(Field::tensor(name, dtype, rest.to_vec()));
+        let field = Field::tensor(name, dtype, rest.to_vec());
+        if field.fixed_bytes().is_none() {
+            return Err(Error::file(path, format!("dataset '{}' has samples too large to address", field.name)));
+        }
+        fields.push(field);
     }
     Ok((samples.map_or(0, |s| s.0), fields, datasets))
 }

@@ -10,19 +10,9 @@ use std::ops::Range;
 use std::path::Path;
 
 use super::npy_header::{parse_preamble, PyValue, MAX_PREAMBLE_LEN};
-use super::rows::RecordFile;
+use super::rows::{RecordFile, RecordLayout};
 use super::schema::{DType, Field};
 use crate::error::{Error, Result};
-
-/// The layout of a `.npy` file as far as meshfeed needs it.
-#[derive(Debug)]
-struct Layout {
-    samples: u64,
-    data_offset: u64,
-    record_bytes: u64,
-    fields: Vec<Field>,
-    ranges: Vec<Range<usize>>,
-}
 
 /// Reads the header: sample count and fields.
 pub fn scan(path: &Path) -> Result<(u64, Vec<Field>)> {
@@ -32,14 +22,10 @@ pub fn scan(path: &Path) -> Result<(u64, Vec<Field>)> {
 
 /// Opens a `.npy` file for reading rows, checking that its fields are `expected`.
 pub fn open(path: &Path, expected: &[Field]) -> Result<RecordFile> {
-    let l = layout(path)?;
-    if l.fields != expected {
-        return Err(Error::file(path, "fields changed since the dataset was scanned"));
-    }
-    RecordFile::open(path, l.data_offset, l.record_bytes, l.ranges)
+    layout(path)?.open(path, expected)
 }
 
-fn layout(path: &Path) -> Result<Layout> {
+fn layout(path: &Path) -> Result<RecordLayout> {
     let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
     let file_len = file.metadata().map_err(|e| Error::io(path, e))?.len();
     let mut head = Vec::new();
@@ -63,7 +49,7 @@ fn layout(path: &Path) -> Result<Layout> {
         PyValue::Str(s) => {
             let dtype = parse_typestr(s).map_err(bad)?;
             let field = Field::tensor("data", dtype, sample_shape);
-            let n = checked_bytes(&field).ok_or_else(|| bad("sample size overflows".into()))?;
+            let n = field.fixed_bytes().ok_or_else(|| bad("sample size overflows".into()))?;
             (vec![field], vec![0..n], n)
         }
         PyValue::List(members) => {
@@ -84,14 +70,7 @@ fn layout(path: &Path) -> Result<Layout> {
             "truncated: the header promises {samples} samples of {record_bytes} bytes ({data_bytes} bytes of data) but the file holds only {have}"
         )));
     }
-    Ok(Layout { samples, data_offset: pre.data_offset, record_bytes, fields, ranges })
-}
-
-fn checked_bytes(field: &Field) -> Option<usize> {
-    match &field.kind {
-        super::FieldKind::Tensor { dtype, shape } => shape.iter().try_fold(dtype.size(), |acc, &d| acc.checked_mul(d)),
-        super::FieldKind::Bytes { .. } => None,
-    }
+    Ok(RecordLayout { samples, data_offset: pre.data_offset, record_bytes, fields, ranges })
 }
 
 /// Fields, their byte ranges in a record, and the record size (padding included).
@@ -136,7 +115,7 @@ fn structured_fields(members: &[PyValue]) -> std::result::Result<(Vec<Field>, Ve
         }
         let dtype = parse_typestr(typestr).map_err(|e| format!("member '{name}': {e}"))?;
         let field = Field::tensor(name.clone(), dtype, shape);
-        let len = checked_bytes(&field).ok_or_else(|| format!("member '{name}' is too large"))?;
+        let len = field.fixed_bytes().ok_or_else(|| format!("member '{name}' is too large"))?;
         ranges.push(offset..offset + len);
         offset = offset.checked_add(len).ok_or("record too large")?;
         fields.push(field);

@@ -10,7 +10,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::rows::RecordFile;
+use super::rows::{RecordFile, RecordLayout};
 use super::schema::{DType, Field};
 use crate::error::{Error, Result};
 
@@ -56,7 +56,7 @@ pub fn read_schema(path: &Path) -> Result<Vec<Field>> {
             return Err(Error::file(&sp, format!("invalid schema: field name '{}' is empty or repeated", f.name)));
         }
         let field = Field::tensor(f.name, dtype, f.shape);
-        if f_bytes(&field).is_none() {
+        if field.fixed_bytes().is_none() {
             return Err(Error::file(&sp, format!("invalid schema: field '{}' is too large", field.name)));
         }
         fields.push(field);
@@ -84,19 +84,12 @@ pub fn write_schema(dir: &Path, fields: &[Field]) -> Result<()> {
     std::fs::write(&p, text + "\n").map_err(|e| Error::io(&p, e))
 }
 
-fn f_bytes(f: &Field) -> Option<usize> {
-    match &f.kind {
-        super::FieldKind::Tensor { dtype, shape } => shape.iter().try_fold(dtype.size(), |a, &d| a.checked_mul(d)),
-        super::FieldKind::Bytes { .. } => None,
-    }
-}
-
-fn layout(path: &Path) -> Result<(u64, Vec<Field>, u64, Vec<std::ops::Range<usize>>)> {
+fn layout(path: &Path) -> Result<RecordLayout> {
     let fields = read_schema(path)?;
     let mut ranges = Vec::new();
     let mut offset = 0usize;
     for f in &fields {
-        let n = f_bytes(f).expect("checked by read_schema");
+        let n = f.fixed_bytes().expect("checked by read_schema");
         let end = offset.checked_add(n).ok_or_else(|| Error::file(path, "record too large"))?;
         ranges.push(offset..end);
         offset = end;
@@ -112,22 +105,18 @@ fn layout(path: &Path) -> Result<(u64, Vec<Field>, u64, Vec<std::ops::Range<usiz
             format!("truncated: {len} bytes is not a whole number of {record}-byte records"),
         ));
     }
-    Ok((len / record, fields, record, ranges))
+    Ok(RecordLayout { samples: len / record, data_offset: 0, record_bytes: record, fields, ranges })
 }
 
 /// Reads the sample count (file size / record size) and the fields.
 pub fn scan(path: &Path) -> Result<(u64, Vec<Field>)> {
-    let (n, fields, _, _) = layout(path)?;
-    Ok((n, fields))
+    let l = layout(path)?;
+    Ok((l.samples, l.fields))
 }
 
 /// Opens a raw file for reading rows.
 pub fn open(path: &Path, expected: &[Field]) -> Result<RecordFile> {
-    let (_, fields, record, ranges) = layout(path)?;
-    if fields != expected {
-        return Err(Error::file(path, "fields changed since the dataset was scanned"));
-    }
-    RecordFile::open(path, 0, record, ranges)
+    layout(path)?.open(path, expected)
 }
 
 #[cfg(test)]
@@ -142,7 +131,7 @@ mod tests {
         assert!(scan(&p).unwrap_err().to_string().contains("schema file"));
         let fields = vec![Field::tensor("x", DType::F32, vec![2]), Field::tensor("y", DType::U16, vec![])];
         write_schema(dir.path(), &fields).unwrap();
-        assert_eq!(scan(&p).unwrap_err().to_string().contains("not a whole number of 10-byte records"), true);
+        assert!(scan(&p).unwrap_err().to_string().contains("not a whole number of 10-byte records"));
         std::fs::write(&p, [0u8; 30]).unwrap();
         assert_eq!(scan(&p).unwrap(), (3, fields));
         std::fs::write(dir.path().join(SCHEMA_FILE), r#"{"fields":[{"name":"x","dtype":"c64"}]}"#).unwrap();

@@ -99,6 +99,28 @@ pub fn coalesce(rows: &[u64], row_bytes: u64, max_gap_bytes: u64) -> Vec<Range<u
     spans
 }
 
+/// Where the records of a `.npy` or `.raw` file are and what they hold.
+#[derive(Debug)]
+pub struct RecordLayout {
+    pub samples: u64,
+    /// Byte offset of the first record.
+    pub data_offset: u64,
+    pub record_bytes: u64,
+    pub fields: Vec<super::Field>,
+    /// Byte range of each field inside a record, in field order.
+    pub ranges: Vec<Range<usize>>,
+}
+
+impl RecordLayout {
+    /// Opens the file for reading rows, checking that its fields are still `expected`.
+    pub fn open(self, path: &Path, expected: &[super::Field]) -> Result<RecordFile> {
+        if self.fields != expected {
+            return Err(Error::file(path, "fields changed since the dataset was scanned"));
+        }
+        RecordFile::open(path, self.data_offset, self.record_bytes, self.ranges)
+    }
+}
+
 /// A file of fixed-size records after a header: `.npy` and `.raw`.
 pub struct RecordFile {
     file: File,

@@ -120,10 +120,11 @@ impl Field {
         Field { name: name.into(), kind: FieldKind::Tensor { dtype, shape } }
     }
 
-    /// Bytes per sample for a tensor field, `None` for variable length.
+    /// Bytes per sample for a tensor field; `None` for variable length, or when the size
+    /// does not fit a `usize` (readers reject such fields when they scan a file).
     pub fn fixed_bytes(&self) -> Option<usize> {
         match &self.kind {
-            FieldKind::Tensor { dtype, shape } => Some(dtype.size() * shape.iter().product::<usize>()),
+            FieldKind::Tensor { dtype, shape } => shape.iter().try_fold(dtype.size(), |a, &d| a.checked_mul(d)),
             FieldKind::Bytes { .. } => None,
         }
     }

@@ -187,9 +187,12 @@ pub fn read_dump(dir: &Path, np: usize) -> Vec<Vec<DumpLine>> {
         .collect()
 }
 
+/// Global batches in order: `((epoch, step), [(id, field → crc)])`.
+pub type GlobalBatches = Vec<((u64, u64), Vec<(u64, BTreeMap<String, u32>)>)>;
+
 /// Global batches in order: for each (epoch, step), the concatenation of every rank's
 /// rows in rank order, as (id, field → crc).
-pub fn global_batches(dump: &[Vec<DumpLine>]) -> Vec<((u64, u64), Vec<(u64, BTreeMap<String, u32>)>)> {
+pub fn global_batches(dump: &[Vec<DumpLine>]) -> GlobalBatches {
     let steps = dump[0].len();
     for (r, lines) in dump.iter().enumerate() {
         assert_eq!(lines.len(), steps, "rank {r} wrote {} lines, rank 0 wrote {steps}", lines.len());
