@@ -217,7 +217,10 @@ pub fn with_mpi(max_round_bytes: Option<u64>, job: impl FnOnce(MpiTransport) -> 
     let rank = world.rank() as usize;
     // A panic on one rank must not leave the others waiting in a collective.
     std::panic::set_hook(Box::new(|info| {
-        eprintln!("meshfeed: internal error (panic): {info}");
+        if crate::dataset::arrow::decoding_untrusted_input() {
+            return; // caught and reported as a corrupt file
+        }
+        eprintln!("meshfeed: internal error (panic): {info}\n{}", std::backtrace::Backtrace::capture());
         ::mpi::topology::SimpleCommunicator::world().abort(101);
     }));
     let mut transport = MpiTransport::new(world);
@@ -255,7 +258,10 @@ pub fn with_ucx(job: impl FnOnce(crate::transport::ucx::UcxTransport) -> Result<
     use crate::transport::rendezvous::{self, RendezvousConfig};
     // A panic leaves the other ranks to notice the lost peer (peer timeout).
     std::panic::set_hook(Box::new(|info| {
-        eprintln!("meshfeed: internal error (panic): {info}");
+        if crate::dataset::arrow::decoding_untrusted_input() {
+            return; // caught and reported as a corrupt file
+        }
+        eprintln!("meshfeed: internal error (panic): {info}\n{}", std::backtrace::Backtrace::capture());
         std::process::exit(101);
     }));
     let cfg = match RendezvousConfig::from_env() {

@@ -25,6 +25,31 @@ use super::rows::RowChunk;
 use super::schema::{DType, Field, FieldKind};
 use crate::error::{Error, Result};
 
+thread_local! {
+    static DECODING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Whether this thread is inside arrow-ipc's record batch decoder. Some corrupt inputs
+/// make the decoder panic (failed asserts on buffer alignment) instead of returning an
+/// error; those panics are caught and turned into errors naming the file, and panic hooks
+/// (which abort the MPI job) must let them pass: they check this first.
+pub fn decoding_untrusted_input() -> bool {
+    DECODING.with(|d| d.get())
+}
+
+/// Runs `f` (a decoder call), turning a panic into `Err(message)`.
+fn decode_guarded<R>(f: impl FnOnce() -> R) -> std::result::Result<R, String> {
+    DECODING.with(|d| d.set(true));
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+    DECODING.with(|d| d.set(false));
+    result.map_err(|p| {
+        p.downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| p.downcast_ref::<String>().cloned())
+            .unwrap_or_default()
+    })
+}
+
 /// What the footer of an Arrow file says.
 struct Footer {
     schema: Arc<Schema>,
@@ -219,9 +244,11 @@ impl ArrowReader {
             .and_then(|l| u64::try_from(l).ok())
             .ok_or_else(|| Error::file(&self.path, format!("corrupt: batch {i} has a bad length")))?;
         let bytes = read_at(&self.file, &self.path, block.offset() as u64, len, &format!("batch {i}"))?;
-        let batch = self
-            .decoder
-            .read_record_batch(block, &Buffer::from_vec(bytes))
+        let buffer = Buffer::from_vec(bytes);
+        let batch = decode_guarded(|| self.decoder.read_record_batch(block, &buffer))
+            .map_err(|panic| {
+                Error::file(&self.path, format!("corrupt record batch {i}: the decoder failed ({panic})"))
+            })?
             .map_err(|e| Error::file(&self.path, format!("corrupt record batch {i}: {e}")))?
             .ok_or_else(|| Error::file(&self.path, format!("record batch {i} is empty")))?;
         if batch.num_rows() as u64 != self.footer.batch_rows[i] {
@@ -245,9 +272,9 @@ fn push_value(
     col: usize,
     data: &arrow_data::ArrayData,
     row: usize,
-) {
+) -> std::result::Result<(), String> {
     // `buffers` caches the chunk buffer index of each column's values buffer.
-    let values_buffer = |chunk: &mut RowChunk, buffers: &mut Vec<(usize, u32)>, buf: &Buffer| -> u32 {
+    let mut values_buffer = |chunk: &mut RowChunk, buf: &Buffer| -> u32 {
         if let Some(&(_, b)) = buffers.iter().find(|(c, _)| *c == col) {
             return b;
         }
@@ -255,18 +282,29 @@ fn push_value(
         buffers.push((col, b));
         b
     };
-    match data.data_type() {
-        DataType::Binary | DataType::Utf8 => {
-            let offs: &[i32] = data.buffer(0);
-            let (s, e) = (offs[row] as usize, offs[row + 1] as usize);
-            let b = values_buffer(chunk, buffers, &data.buffers()[1]);
-            chunk.push_value(b, s, e - s);
+    // Offsets and values are read from the bytes with bounds checks: a corrupt file can
+    // hold misaligned or short buffers, on which arrow's typed accessors panic.
+    let offsets = |width: usize| -> std::result::Result<(usize, usize), String> {
+        let raw = data.buffers().first().ok_or("missing offsets buffer")?.as_slice();
+        let at = (data.offset() + row) * width;
+        let read = |i: usize| -> Option<i64> {
+            let b = raw.get(i..i + width)?;
+            Some(if width == 4 {
+                i32::from_le_bytes(b.try_into().ok()?) as i64
+            } else {
+                i64::from_le_bytes(b.try_into().ok()?)
+            })
+        };
+        match (read(at), read(at + width)) {
+            (Some(s), Some(e)) if 0 <= s && s <= e => Ok((s as usize, e as usize)),
+            _ => Err(format!("bad offsets for row {row}")),
         }
-        DataType::LargeBinary | DataType::LargeUtf8 => {
-            let offs: &[i64] = data.buffer(0);
-            let (s, e) = (offs[row] as usize, offs[row + 1] as usize);
-            let b = values_buffer(chunk, buffers, &data.buffers()[1]);
-            chunk.push_value(b, s, e - s);
+    };
+    let (buf, start, len) = match data.data_type() {
+        DataType::Binary | DataType::Utf8 | DataType::LargeBinary | DataType::LargeUtf8 => {
+            let width = if matches!(data.data_type(), DataType::Binary | DataType::Utf8) { 4 } else { 8 };
+            let (s, e) = offsets(width)?;
+            (data.buffers().get(1).ok_or("missing values buffer")?, s, e - s)
         }
         _ => {
             // Fixed width: walk down fixed-size lists to the values buffer. `first` is the
@@ -275,7 +313,7 @@ fn push_value(
             let width = loop {
                 match d.data_type() {
                     DataType::FixedSizeList(_, n) => {
-                        let child = &d.child_data()[0];
+                        let child = d.child_data().first().ok_or("missing list values")?;
                         first = child.offset() + first * *n as usize;
                         count *= *n as usize;
                         d = child;
@@ -284,10 +322,15 @@ fn push_value(
                     dt => break primitive(dt).expect("checked at scan").size(),
                 }
             };
-            let b = values_buffer(chunk, buffers, &d.buffers()[0]);
-            chunk.push_value(b, first * width, count * width);
+            (d.buffers().first().ok_or("missing values buffer")?, first * width, count * width)
         }
+    };
+    if start.checked_add(len).is_none_or(|end| end > buf.len()) {
+        return Err(format!("row {row} lies outside its values buffer"));
     }
+    let b = values_buffer(chunk, buf);
+    chunk.push_value(b, start, len);
+    Ok(())
 }
 
 fn has_nulls(d: &arrow_data::ArrayData) -> bool {
@@ -320,7 +363,10 @@ impl super::FileReader for ArrowReader {
             while i < rows.len() && rows[i] < self.starts[b + 1] {
                 let row = (rows[i] - self.starts[b]) as usize;
                 for (c, d) in data.iter().enumerate() {
-                    push_value(&mut chunk, &mut buffers, c, d, row);
+                    push_value(&mut chunk, &mut buffers, c, d, row).map_err(|r| {
+                        let name = self.footer.schema.field(c).name();
+                        Error::file(&self.path, format!("corrupt record batch {b}, column '{name}': {r}"))
+                    })?;
                 }
                 i += 1;
             }

@@ -110,7 +110,8 @@ fn structured_fields(members: &[PyValue]) -> std::result::Result<(Vec<Field>, Ve
                 .strip_prefix('V')
                 .and_then(|n| n.parse().ok())
                 .ok_or_else(|| format!("unnamed member of type {typestr} is not padding"))?;
-            offset = offset.checked_add(n * shape.iter().product::<usize>()).ok_or("record too large")?;
+            let pad = shape.iter().try_fold(n, |a, &d| a.checked_mul(d)).ok_or("record too large")?;
+            offset = offset.checked_add(pad).ok_or("record too large")?;
             continue;
         }
         let dtype = parse_typestr(typestr).map_err(|e| format!("member '{name}': {e}"))?;
@@ -249,6 +250,13 @@ mod tests {
             let err = scan(&p).unwrap_err().to_string();
             assert!(err.contains("t.npy") && err.contains("truncated"), "{err}");
         }
+    }
+
+    #[test]
+    fn oversized_padding_is_an_error_not_an_overflow() {
+        let text = "[('a', '|u1'), ('', '|V18446744073709551615', (2,))]";
+        let PyValue::List(members) = super::super::npy_header::parse_py_literal(text).unwrap() else { unreachable!() };
+        assert_eq!(structured_fields(&members).unwrap_err(), "record too large");
     }
 
     #[test]

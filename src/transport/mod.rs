@@ -98,6 +98,11 @@ pub fn agree<T>(transport: &dyn Transport, local: Result<T>) -> Result<T> {
         Ok(_) => String::new(),
     };
     let all = transport.all_gather(message.as_bytes())?;
+    if let Err(Error::Remote { .. }) = local {
+        // Already agreed (an earlier agreement failed on every rank alike): keep its
+        // origin and text rather than attributing it again.
+        return local;
+    }
     let failures: Vec<(usize, String)> = all
         .into_iter()
         .enumerate()
@@ -123,5 +128,8 @@ mod tests {
         assert_eq!(agree(&t, Ok(5)).unwrap(), 5);
         let err = agree::<()>(&t, Err(Error::file("/d/x.npy", "truncated"))).unwrap_err();
         assert_eq!(err.to_string(), "rank 0: /d/x.npy: truncated");
+        // Agreeing on an agreed failure keeps it as it is.
+        let again = agree::<()>(&t, Err(Error::Remote { rank: 3, message: "m".into() })).unwrap_err();
+        assert_eq!(again.to_string(), "rank 3: m");
     }
 }
