@@ -245,3 +245,30 @@ fn fuzz_corpus_and_crash_inputs_replay_cleanly() {
     }
     assert!(replayed >= 10, "expected the kept corpus to be replayed, found {replayed} inputs");
 }
+
+/// The spec fuzzer's kept and crashing inputs, line by line, through every parser.
+#[test]
+fn fuzz_spec_inputs_replay_cleanly() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fuzz");
+    let mesh = meshfeed::plan::Mesh::parse("dp=2,tp=2,pp=2").unwrap();
+    let fields = vec![
+        Field::tensor("x", DType::F32, vec![4, 6]),
+        Field { name: "t".into(), kind: FieldKind::Bytes { utf8: true } },
+    ];
+    let mut lines = 0;
+    for kind in ["corpus", "artifacts"] {
+        let Ok(entries) = std::fs::read_dir(root.join(kind).join("specs")) else { continue };
+        for entry in entries {
+            let text = String::from_utf8_lossy(&std::fs::read(entry.unwrap().path()).unwrap()).into_owned();
+            for line in text.lines() {
+                let _ = meshfeed::plan::Mesh::parse(line);
+                let _ = gen::parse_field(line);
+                let _ = meshfeed::cli::parse_bytes(line);
+                let (f, spec) = line.split_once('=').unwrap_or(("x", line));
+                let _ = meshfeed::plan::sharding::resolve(&mesh, &fields, 8, &[(f.into(), spec.into())], &[]);
+                lines += 1;
+            }
+        }
+    }
+    assert!(lines > 0, "no spec inputs found");
+}

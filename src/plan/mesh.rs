@@ -44,6 +44,9 @@ impl Mesh {
             names.push(name.to_string());
             sizes.push(size);
         }
+        if sizes.iter().try_fold(1usize, |a, &s| a.checked_mul(s)).is_none() {
+            return Err(bad("the product of the sizes overflows".into()));
+        }
         let pipeline = names.iter().position(|n| n == "pp");
         Ok(Mesh { rank_order: (0..names.len()).collect(), names, sizes, pipeline })
     }
