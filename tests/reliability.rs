@@ -422,10 +422,14 @@ fn an_invalid_option_on_one_rank_only_stops_every_rank() {
     cmd.args(["-np", "2", BIN, "run", "--data", d, "--batch-size", "6", "--mesh", "dp=3", ":"]);
     cmd.args(["-np", "1", BIN, "run", "--data", d, "--batch-size", "6", "--mesh", "dp=2,tp=2"]);
     let start = Instant::now();
-    let run = finish(cmd.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn().unwrap(), "mpmd");
+    let run =
+        finish(cmd.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn().unwrap(), "mpmd");
     assert_ne!(run.code, 0);
     assert!(start.elapsed() < Duration::from_secs(30));
     let line = agreed_failure(&run, 3);
-    assert!(line.contains("rank 2: ") && line.contains("mesh dp=2,tp=2 has 4 devices but the world has 3 ranks"), "{line}");
+    assert!(
+        line.contains("rank 2: ") && line.contains("mesh dp=2,tp=2 has 4 devices but the world has 3 ranks"),
+        "{line}"
+    );
     assert!(!line.contains("on every rank"), "{line}");
 }
