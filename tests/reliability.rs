@@ -244,7 +244,8 @@ fn a_rank_killed_under_mpirun_ends_the_job_naming_it() {
     let data = out.path().join("d");
     gen(&data, "4000", "data:f32:16");
     let mut cmd = std::process::Command::new("mpirun");
-    cmd.args(["--allow-run-as-root", "--oversubscribe", "--mca", "mpi_yield_when_idle", "1", "-np", "3", BIN]);
+    cmd.args(MPIRUN_FLAGS);
+    cmd.args(["-np", "3", BIN]);
     cmd.args([
         "run",
         "--data",
@@ -418,7 +419,7 @@ fn an_invalid_option_on_one_rank_only_stops_every_rank() {
     let d = data.to_str().unwrap();
     // MPMD launch: ranks 0-1 get a valid mesh, rank 2 a mesh that does not fit the world.
     let mut cmd = std::process::Command::new("mpirun");
-    cmd.args(["--allow-run-as-root", "--oversubscribe", "--mca", "mpi_yield_when_idle", "1"]);
+    cmd.args(MPIRUN_FLAGS);
     cmd.args(["-np", "2", BIN, "run", "--data", d, "--batch-size", "6", "--mesh", "dp=3", ":"]);
     cmd.args(["-np", "1", BIN, "run", "--data", d, "--batch-size", "6", "--mesh", "dp=2,tp=2"]);
     let start = Instant::now();

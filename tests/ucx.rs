@@ -256,18 +256,8 @@ fn a_rank_killed_mid_epoch_stops_the_others_naming_it() {
 fn bench_compares_mpi_and_ucx_in_one_run() {
     let data = fixtures().join("npy_struct");
     let mut cmd = std::process::Command::new("mpirun");
-    cmd.args([
-        "--allow-run-as-root",
-        "--oversubscribe",
-        "--mca",
-        "mpi_yield_when_idle",
-        "1",
-        "-x",
-        "UCX_NET_DEVICES",
-        "-np",
-        "4",
-        BIN,
-    ]);
+    cmd.args(MPIRUN_FLAGS);
+    cmd.args(["-x", "UCX_NET_DEVICES", "-np", "4", BIN]);
     cmd.args([
         "bench",
         "--data",

@@ -70,19 +70,14 @@ pub fn meshfeed(args: &[&str]) -> Run {
     wait_bounded(cmd, &format!("meshfeed {}", args.join(" ")))
 }
 
+/// mpirun flags of every multi-rank test: as root, more ranks than cores, ranks that
+/// yield instead of busy-polling (PLATFORM.md).
+pub const MPIRUN_FLAGS: [&str; 5] = ["--allow-run-as-root", "--oversubscribe", "--mca", "mpi_yield_when_idle", "1"];
+
 /// `mpirun -np NP meshfeed ARGS` under real OpenMPI (as root, oversubscribed).
 pub fn mpirun(np: usize, args: &[&str]) -> Run {
     let mut cmd = Command::new("mpirun");
-    cmd.args([
-        "--allow-run-as-root",
-        "--oversubscribe",
-        "--mca",
-        "mpi_yield_when_idle",
-        "1",
-        "-np",
-        &np.to_string(),
-        BIN,
-    ]);
+    cmd.args(MPIRUN_FLAGS).args(["-np", &np.to_string(), BIN]);
     cmd.args(args);
     cmd.env("HDF5_USE_FILE_LOCKING", "FALSE");
     wait_bounded(cmd, &format!("mpirun -np {np} meshfeed {}", args.join(" ")))
