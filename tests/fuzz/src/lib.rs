@@ -7,7 +7,8 @@
 //!
 //! The file targets write the input to a fixed path under [`std::env::temp_dir`] that
 //! includes the process id (`meshfeed-fuzz-<pid>/<target>/`), so parallel fuzzing jobs (`-jobs`,
-//! `-fork`) do not overwrite each other's files. [`cleanup`] removes it.
+//! `-fork`) do not overwrite each other's files. It is removed at exit (not after a
+//! crash, so the crashing file can be looked at); [`cleanup`] removes one target's files.
 
 use std::path::{Path, PathBuf};
 
@@ -24,6 +25,24 @@ pub const TARGETS: [(&str, fn(&[u8])); 5] = [
     ("raw_schema", raw_schema),
     ("specs", specs),
 ];
+
+/// libfuzzer-sys installs a panic hook that aborts on every panic, also on one that
+/// would be caught. meshfeed deliberately catches the panics of arrow-ipc's record batch
+/// decoder (corrupt batches it asserts on instead of returning an error) and turns them
+/// into errors; its own panic hooks (`cli::run`) let those pass by checking
+/// [`meshfeed::dataset::arrow::decoding_untrusted_input`]. Do the same here, so that only
+/// panics that would reach the caller count as crashes.
+fn let_caught_decoder_panics_pass() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if !meshfeed::dataset::arrow::decoding_untrusted_input() {
+                previous(info);
+            }
+        }));
+    });
+}
 
 /// `.npy` preamble parser and the Python-literal parser, on the bytes as given.
 pub fn npy_header(data: &[u8]) {
@@ -46,6 +65,7 @@ pub fn npy_file(data: &[u8]) {
 
 /// The whole Arrow IPC path: scan (footer, batch headers), open, read rows 0, middle, last.
 pub fn arrow_file(data: &[u8]) {
+    let_caught_decoder_panics_pass();
     let path = work_dir("arrow_file").join("x.arrow");
     write(&path, data);
     read_file(&path, Format::Arrow);
@@ -68,7 +88,7 @@ pub const RAW_FILE: [u8; 120] = {
 pub fn raw_schema(data: &[u8]) {
     let dir = work_dir("raw_schema");
     let path = dir.join("x.raw");
-    if std::fs::metadata(&path).map(|m| m.len()) != Ok(RAW_FILE.len() as u64) {
+    if std::fs::metadata(&path).map(|m| m.len()).ok() != Some(RAW_FILE.len() as u64) {
         write(&path, &RAW_FILE);
     }
     write(&dir.join(raw::SCHEMA_FILE), data);
@@ -77,13 +97,16 @@ pub fn raw_schema(data: &[u8]) {
 
 /// Command-line spec parsers, one input line at a time: `--mesh` ([`Mesh::parse`]),
 /// `--field` ([`gen::parse_field`]), byte sizes ([`meshfeed::cli::parse_bytes`]), and
-/// [`sharding::resolve`] on the mesh `dp=2,tp=2,pp=2` with a few fixed fields plus every
-/// field a line parsed to, the `--shard` pairs from lines `f=spec` and the `--stages`
-/// pairs from lines `@f=stage`. The batch size is the first line that parses as a byte
-/// size (default 64).
+/// [`sharding::resolve`] with a few fixed fields plus every field a line parsed to, the
+/// `--shard` pairs from lines `f=spec` and the `--stages` pairs from lines `@f=stage`, on
+/// the mesh `dp=2,tp=2,pp=2` and on every line's mesh that passes the checks `meshfeed run`
+/// makes on an 8-rank world (`--mesh-order` reversed, `--pipeline-axis`, `check_world`, as
+/// in `loader::layout`). The batch size is the first line that parses as a byte size
+/// (default 64).
 pub fn specs(data: &[u8]) {
+    const WORLD: usize = 8;
     let Ok(text) = std::str::from_utf8(data) else { return };
-    let mesh = Mesh::parse("dp=2,tp=2,pp=2").expect("fixed mesh parses");
+    let mut meshes = vec![Mesh::parse("dp=2,tp=2,pp=2").expect("fixed mesh parses")];
     let mut fields = vec![
         Field::tensor("x", DType::F32, vec![8, 6]),
         Field::tensor("y", DType::I64, vec![]),
@@ -94,14 +117,16 @@ pub fn specs(data: &[u8]) {
     let mut batch: Option<usize> = None;
     for line in text.lines() {
         if let Ok(m) = Mesh::parse(line) {
-            // Cheap, total accessors of a parsed mesh (not `devices()`, whose product of
-            // the sizes is unchecked; see README "Findings").
             let _ = m.to_string();
-            let _ = m.coords(Rank(0));
             let reversed: Vec<String> = m.names().iter().rev().cloned().collect();
             let m = m.with_rank_order(&reversed).expect("every axis once");
-            let _ = m.coords(Rank(1));
-            let _ = m.with_pipeline_axis(&reversed[0]).expect("an axis of the mesh");
+            let m = m.with_pipeline_axis(&reversed[0]).expect("an axis of the mesh");
+            if m.check_world(WORLD).is_ok() {
+                let _ = m.coords(Rank(WORLD - 1));
+                if meshes.len() < 4 {
+                    meshes.push(m);
+                }
+            }
         }
         if let Ok(f) = gen::parse_field(line) {
             if fields.len() < 12 {
@@ -120,7 +145,8 @@ pub fn specs(data: &[u8]) {
             }
         }
     }
-    if let Ok(out) = sharding::resolve(&mesh, &fields, batch.unwrap_or(64), &shards, &stages) {
+    for mesh in &meshes {
+        let Ok(out) = sharding::resolve(mesh, &fields, batch.unwrap_or(64), &shards, &stages) else { continue };
         assert_eq!(out.len(), fields.len());
         for (f, s) in fields.iter().zip(&out) {
             let ndim = match &f.kind {
@@ -144,7 +170,22 @@ fn base_dir() -> PathBuf {
     std::env::temp_dir().join(format!("meshfeed-fuzz-{}", std::process::id()))
 }
 
+extern "C" {
+    fn atexit(callback: extern "C" fn()) -> std::os::raw::c_int;
+}
+
+extern "C" fn remove_scratch() {
+    let _ = std::fs::remove_dir_all(base_dir());
+}
+
 fn work_dir(kind: &str) -> PathBuf {
+    // libFuzzer leaves through exit() at the end of a run (and in every -fork/-merge
+    // child): remove the scratch files then. A crash leaves them for inspection.
+    static AT_EXIT: std::sync::Once = std::sync::Once::new();
+    // SAFETY: registers a plain extern "C" function taking no arguments.
+    AT_EXIT.call_once(|| unsafe {
+        atexit(remove_scratch);
+    });
     let dir = base_dir().join(kind);
     std::fs::create_dir_all(&dir).expect("create the fuzz scratch directory");
     dir

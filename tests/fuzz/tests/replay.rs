@@ -8,9 +8,10 @@
 //!   cargo test --manifest-path tests/fuzz/Cargo.toml --test replay one_input -- --nocapture
 //! ```
 //!
-//! Every input of `corpus/<target>/` must run without a panic. `artifacts/<target>/` holds
-//! inputs that crashed the fuzzer: that test is ignored while the bugs they show are open
-//! (README.md "Findings"); once fixed, it should pass and lose its `#[ignore]`.
+//! Every input of `corpus/<target>/` and `seeds/<target>/` must run without a panic.
+//! `artifacts/<target>/` holds inputs that crash meshfeed: that test is ignored while the
+//! bugs they show are open (README.md "Findings"); once fixed, it should pass and lose
+//! its `#[ignore]`.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
@@ -54,12 +55,15 @@ fn replay(kind: &str, name: &str) -> (usize, Vec<String>) {
     (files.len(), failed)
 }
 
+/// The kept (minimized) corpus and the hand-written seeds of one target.
 fn corpus(name: &str) {
-    let (n, failed) = replay("corpus", name);
+    let (n, mut failed) = replay("corpus", name);
+    let (s, seed_failed) = replay("seeds", name);
     meshfeed_fuzz::cleanup(name);
-    assert!(n > 0, "corpus/{name} is empty");
-    assert!(failed.is_empty(), "{} of {n} corpus inputs panicked:\n{}", failed.len(), failed.join("\n"));
-    eprintln!("corpus/{name}: {n} inputs ok");
+    failed.extend(seed_failed);
+    assert!(n > 0 && s > 0, "corpus/{name} or seeds/{name} is empty");
+    assert!(failed.is_empty(), "{} of {} inputs panicked:\n{}", failed.len(), n + s, failed.join("\n"));
+    eprintln!("{name}: {n} corpus + {s} seed inputs ok");
 }
 
 #[test]
