@@ -117,8 +117,9 @@ fn structured_fields(members: &[PyValue]) -> std::result::Result<(Vec<Field>, Ve
         let dtype = parse_typestr(typestr).map_err(|e| format!("member '{name}': {e}"))?;
         let field = Field::tensor(name.clone(), dtype, shape);
         let len = field.fixed_bytes().ok_or_else(|| format!("member '{name}' is too large"))?;
-        ranges.push(offset..offset + len);
-        offset = offset.checked_add(len).ok_or("record too large")?;
+        let end = offset.checked_add(len).ok_or("record too large")?;
+        ranges.push(offset..end);
+        offset = end;
         fields.push(field);
     }
     if fields.is_empty() {
@@ -254,9 +255,14 @@ mod tests {
 
     #[test]
     fn oversized_padding_is_an_error_not_an_overflow() {
-        let text = "[('a', '|u1'), ('', '|V18446744073709551615', (2,))]";
-        let PyValue::List(members) = super::super::npy_header::parse_py_literal(text).unwrap() else { unreachable!() };
-        assert_eq!(structured_fields(&members).unwrap_err(), "record too large");
+        for text in
+            ["[('a', '|u1'), ('', '|V18446744073709551615', (2,))]", "[('', '|V18446744073709551615'), ('a', '|u1')]"]
+        {
+            let PyValue::List(members) = super::super::npy_header::parse_py_literal(text).unwrap() else {
+                unreachable!()
+            };
+            assert_eq!(structured_fields(&members).unwrap_err(), "record too large", "{text}");
+        }
     }
 
     #[test]

@@ -3,15 +3,13 @@
 //!
 //! ```sh
 //! cargo test --manifest-path tests/fuzz/Cargo.toml --test replay            # corpus
-//! cargo test --manifest-path tests/fuzz/Cargo.toml --test replay -- --ignored   # crashes
 //! FUZZ_REPLAY=path/to/input FUZZ_TARGET=npy_file \
 //!   cargo test --manifest-path tests/fuzz/Cargo.toml --test replay one_input -- --nocapture
 //! ```
 //!
 //! Every input of `corpus/<target>/` and `seeds/<target>/` must run without a panic.
-//! `artifacts/<target>/` holds inputs that crash meshfeed: that test is ignored while the
-//! bugs they show are open (README.md "Findings"); once fixed, it should pass and lose
-//! its `#[ignore]`.
+//! `artifacts/<target>/` holds inputs that crashed meshfeed (README.md "Findings"); all
+//! are fixed, and they stay here as regression inputs.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
@@ -91,9 +89,8 @@ fn corpus_specs() {
     corpus("specs");
 }
 
-/// The saved crash inputs; fails (naming each input and its panic) until src is fixed.
+/// The saved crash inputs (regressions): each must now run without a panic.
 #[test]
-#[ignore = "known crashes in meshfeed (tests/fuzz/README.md, Findings); run with --ignored"]
 fn artifacts_do_not_panic() {
     let mut all = Vec::new();
     let mut total = 0;
