@@ -102,17 +102,13 @@ fn hostile_rendezvous_traffic_and_wrong_tokens_are_refused_with_the_job_intact()
     let out = tempdir();
     let dump = out.path().join("d");
     let port = free_port();
-    let args = [
-        "run",
-        "--transport",
-        "ucx",
-        "--data",
-        data.to_str().unwrap(),
-        "--batch-size",
-        "8",
-        "--dump",
-        dump.to_str().unwrap(),
-    ];
+    // The job's command line, dumping to `dir`.
+    let job = |dir: &std::path::Path| -> Vec<String> {
+        let d = [data.to_str().unwrap(), "--batch-size", "8", "--dump", dir.to_str().unwrap()];
+        ["run", "--transport", "ucx", "--data"].iter().chain(&d).map(|s| s.to_string()).collect()
+    };
+    let argv = job(&dump);
+    let args: Vec<&str> = argv.iter().map(String::as_str).collect();
     let rank0 = spawn_rank(0, 2, port, "the-token", &args, &[]);
     // Wait for rank 0 to listen, then send it junk.
     let start = Instant::now();
@@ -141,20 +137,9 @@ fn hostile_rendezvous_traffic_and_wrong_tokens_are_refused_with_the_job_intact()
     }
     // Nothing of the intruder reached the job: the dump equals a clean run's.
     let clean = out.path().join("clean");
-    ok(&launch(
-        2,
-        &[
-            "run",
-            "--transport",
-            "ucx",
-            "--data",
-            data.to_str().unwrap(),
-            "--batch-size",
-            "8",
-            "--dump",
-            clean.to_str().unwrap(),
-        ],
-    ));
+    let clean_argv = job(&clean);
+    ok(&launch(2, &clean_argv.iter().map(String::as_str).collect::<Vec<_>>()));
+
     assert!(dump_bytes(&dump, 2) == dump_bytes(&clean, 2));
 }
 

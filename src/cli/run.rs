@@ -206,6 +206,19 @@ impl JobArgs {
     }
 }
 
+/// Reports a panic (with a backtrace when `RUST_BACKTRACE` is set) and then calls `stop`,
+/// so that a panic on one rank never leaves the others waiting in a collective. Panics of
+/// the Arrow decoder on corrupt input are caught and reported as a corrupt file: they pass.
+fn on_panic(stop: fn() -> !) {
+    std::panic::set_hook(Box::new(move |info| {
+        if crate::dataset::arrow::decoding_untrusted_input() {
+            return;
+        }
+        eprintln!("meshfeed: internal error (panic): {info}\n{}", std::backtrace::Backtrace::capture());
+        stop();
+    }));
+}
+
 /// Initialises MPI, runs `job` on the world, prints any error once per rank, finalises
 /// MPI; returns the exit code.
 pub fn with_mpi(max_round_bytes: Option<u64>, job: impl FnOnce(MpiTransport) -> Result<i32>) -> i32 {
@@ -216,13 +229,7 @@ pub fn with_mpi(max_round_bytes: Option<u64>, job: impl FnOnce(MpiTransport) -> 
     let world = universe.world();
     let rank = world.rank() as usize;
     // A panic on one rank must not leave the others waiting in a collective.
-    std::panic::set_hook(Box::new(|info| {
-        if crate::dataset::arrow::decoding_untrusted_input() {
-            return; // caught and reported as a corrupt file
-        }
-        eprintln!("meshfeed: internal error (panic): {info}\n{}", std::backtrace::Backtrace::capture());
-        ::mpi::topology::SimpleCommunicator::world().abort(101);
-    }));
+    on_panic(|| ::mpi::topology::SimpleCommunicator::world().abort(101));
     let mut transport = MpiTransport::new(world);
     if let Some(cap) = max_round_bytes {
         transport = transport.with_max_round_bytes(cap as usize);
@@ -257,13 +264,7 @@ fn peer_timeout() -> Result<std::time::Duration> {
 pub fn with_ucx(job: impl FnOnce(crate::transport::ucx::UcxTransport) -> Result<i32>) -> i32 {
     use crate::transport::rendezvous::{self, RendezvousConfig};
     // A panic leaves the other ranks to notice the lost peer (peer timeout).
-    std::panic::set_hook(Box::new(|info| {
-        if crate::dataset::arrow::decoding_untrusted_input() {
-            return; // caught and reported as a corrupt file
-        }
-        eprintln!("meshfeed: internal error (panic): {info}\n{}", std::backtrace::Backtrace::capture());
-        std::process::exit(101);
-    }));
+    on_panic(|| std::process::exit(101));
     let cfg = match RendezvousConfig::from_env() {
         Ok(c) => c,
         Err(e) => {
