@@ -200,7 +200,7 @@ impl Verifier {
         }
         let counts: Vec<usize> = by_owner.iter().map(Vec::len).collect();
         let send: Vec<u8> = by_owner.concat();
-        let (recv, _) = transport.all_to_all_v(&send, &counts)?;
+        let (recv, _) = transport.all_to_all_v(send, &counts)?;
         let range = home.range(me);
         let mut seen = vec![0u16; (range.end - range.start) as usize];
         let mut r = Report { delivered: self.delivered.len() as u64, ..Default::default() };

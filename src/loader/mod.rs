@@ -477,7 +477,7 @@ impl<T: Transport> Loader<T> {
         drop(read);
         self.metrics.bytes_sent += send.len() as u64;
         let t = &self.transport;
-        let (recv, recv_counts) = self.metrics.timed(Phase::Exchange, || t.all_to_all_v(&send, &counts))?;
+        let (recv, recv_counts) = self.metrics.timed(Phase::Exchange, || t.all_to_all_v(send, &counts))?;
         self.metrics.bytes_received += recv.len() as u64;
         Ok((plan, recv, recv_counts))
     }
@@ -578,7 +578,7 @@ impl<T: Transport> Loader<T> {
             let source = FromLeader { batches: &full, batch_size: b, first_row: lrows.start, fields: lparts };
             let (send, counts) = self.metrics.timed(Phase::Pack, || pack(&sends, &member_parts, fields, &source));
             self.metrics.bytes_sent += send.len() as u64;
-            let (recv, recv_counts) = self.metrics.timed(Phase::Exchange, || group.all_to_all_v(&send, &counts))?;
+            let (recv, recv_counts) = self.metrics.timed(Phase::Exchange, || group.all_to_all_v(send, &counts))?;
             self.metrics.bytes_received += recv.len() as u64;
             let receipt = Receipt { epoch, steps, batch_size: b, ids: &plan.ids, rows, parts, coords: &self.coords };
             self.metrics.timed(Phase::Assemble, || assemble(&receipt, fields, &recv, &recv_counts, |_| 0))

@@ -24,9 +24,9 @@ impl Transport for LocalTransport {
         1
     }
 
-    fn all_to_all_v(&self, send: &[u8], send_counts: &[usize]) -> Result<(Vec<u8>, Vec<usize>)> {
+    fn all_to_all_v(&self, send: Vec<u8>, send_counts: &[usize]) -> Result<(Vec<u8>, Vec<usize>)> {
         super::counts::check_send_table(send.len(), send_counts, 1)?;
-        Ok((send.to_vec(), send_counts.to_vec()))
+        Ok((send, send_counts.to_vec()))
     }
 
     fn all_gather(&self, mine: &[u8]) -> Result<Vec<Vec<u8>>> {
@@ -42,6 +42,10 @@ impl Transport for LocalTransport {
     }
 
     fn split(&self, _color: usize) -> Result<Box<dyn Transport>> {
+        Ok(Box::new(LocalTransport))
+    }
+
+    fn dup(&self) -> Result<Box<dyn Transport>> {
         Ok(Box::new(LocalTransport))
     }
 }

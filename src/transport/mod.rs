@@ -40,7 +40,26 @@ pub trait Transport {
     /// All-to-all with variable counts. `send` is the concatenation of one segment per
     /// destination rank, `send_counts[d]` bytes for rank `d`. Returns the concatenation of
     /// the segments received from every source rank and their lengths.
-    fn all_to_all_v(&self, send: &[u8], send_counts: &[usize]) -> Result<(Vec<u8>, Vec<usize>)>;
+    ///
+    /// The send buffer is given, not lent: a transport may keep it until every peer has
+    /// read it, even past a failure (see the UCX transport's cancellation rule).
+    fn all_to_all_v(&self, send: Vec<u8>, send_counts: &[usize]) -> Result<(Vec<u8>, Vec<usize>)>;
+
+    /// The non-blocking all-to-all-v: starts the exchange of `send`, runs `during` while
+    /// it is in flight, then waits for it. `during` may run collectives of its own on this
+    /// transport; every rank orders them after this exchange. The default is the blocking
+    /// exchange followed by `during` (no overlap); MPI (`MPI_Ialltoallv`) and UCX overlap.
+    /// On an error `during` may not have run.
+    fn all_to_all_v_overlapped(
+        &self,
+        send: Vec<u8>,
+        send_counts: &[usize],
+        during: &mut dyn FnMut(),
+    ) -> Result<(Vec<u8>, Vec<usize>)> {
+        let exchanged = self.all_to_all_v(send, send_counts)?;
+        during();
+        Ok(exchanged)
+    }
 
     /// Every rank contributes `mine`; every rank gets all contributions in rank order.
     fn all_gather(&self, mine: &[u8]) -> Result<Vec<Vec<u8>>>;
@@ -54,6 +73,11 @@ pub trait Transport {
     /// Splits the ranks into groups of equal `color` (ranks keep their relative order) and
     /// returns this rank's group. Collective.
     fn split(&self, color: usize) -> Result<Box<dyn Transport>>;
+
+    /// A new communicator over the same ranks (`MPI_Comm_dup`), whose collectives never
+    /// match this one's: a loader runs on its own duplicate so that its collectives cannot
+    /// interleave with the caller's. Collective.
+    fn dup(&self) -> Result<Box<dyn Transport>>;
 }
 
 /// A borrowed transport is a transport: several loaders (e.g. the modes of a benchmark)
@@ -65,8 +89,16 @@ impl<T: Transport + ?Sized> Transport for &T {
     fn size(&self) -> usize {
         (**self).size()
     }
-    fn all_to_all_v(&self, send: &[u8], send_counts: &[usize]) -> Result<(Vec<u8>, Vec<usize>)> {
+    fn all_to_all_v(&self, send: Vec<u8>, send_counts: &[usize]) -> Result<(Vec<u8>, Vec<usize>)> {
         (**self).all_to_all_v(send, send_counts)
+    }
+    fn all_to_all_v_overlapped(
+        &self,
+        send: Vec<u8>,
+        send_counts: &[usize],
+        during: &mut dyn FnMut(),
+    ) -> Result<(Vec<u8>, Vec<usize>)> {
+        (**self).all_to_all_v_overlapped(send, send_counts, during)
     }
     fn all_gather(&self, mine: &[u8]) -> Result<Vec<Vec<u8>>> {
         (**self).all_gather(mine)
@@ -79,6 +111,9 @@ impl<T: Transport + ?Sized> Transport for &T {
     }
     fn split(&self, color: usize) -> Result<Box<dyn Transport>> {
         (**self).split(color)
+    }
+    fn dup(&self) -> Result<Box<dyn Transport>> {
+        (**self).dup()
     }
 }
 

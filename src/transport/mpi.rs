@@ -1,7 +1,8 @@
 //! The MPI transport, over rsmpi.
 //!
 //! Thin by design: counts are validated and converted in [`super::counts`], then handed
-//! to `MPI_Alltoallv` / `MPI_Allgatherv` / `MPI_Allreduce`. Exchanges whose buffers do
+//! to `MPI_Alltoallv` (`MPI_Ialltoallv` for the overlapped exchange) / `MPI_Allgatherv` /
+//! `MPI_Allreduce`. Exchanges whose buffers do
 //! not fit C int counts are split into rounds. MPI errors are fatal (the default error
 //! handler), which aborts the whole job rather than leaving ranks waiting.
 
@@ -55,7 +56,16 @@ impl MpiTransport {
         Ok(())
     }
 
-    fn exchange_once(&self, send: &[u8], send_counts: &[usize], recv: &mut [u8], recv_counts: &[usize]) -> Result<()> {
+    /// One `MPI_Alltoallv` (or, with `during`, one `MPI_Ialltoallv` that runs `during`
+    /// while it is in flight) of buffers whose counts fit C ints.
+    fn exchange_once(
+        &self,
+        send: &[u8],
+        send_counts: &[usize],
+        recv: &mut [u8],
+        recv_counts: &[usize],
+        during: Option<&mut dyn FnMut()>,
+    ) -> Result<()> {
         let world = self.size();
         let (mut send_dummy, mut recv_dummy) = ([0u8; 1], [0u8; 1]);
         let send = non_dangling(send, &mut send_dummy);
@@ -64,8 +74,82 @@ impl MpiTransport {
         let r = CountTable::new(recv_counts, world, recv.len())?;
         let partition = Partition::new(send, &s.counts[..], &s.displs[..]);
         let mut partition_mut = PartitionMut::new(recv, &r.counts[..], &r.displs[..]);
-        self.comm.all_to_all_varcount_into(&partition, &mut partition_mut);
+        match during {
+            None => self.comm.all_to_all_varcount_into(&partition, &mut partition_mut),
+            Some(during) => ::mpi::request::scope(|scope| {
+                let request = self.comm.immediate_all_to_all_varcount_into(scope, &partition, &mut partition_mut);
+                during();
+                request.wait_without_status();
+            }),
+        }
         Ok(())
+    }
+
+    /// The all-to-all-v behind both trait methods: counts first (every rank learns what
+    /// it receives), then one direct exchange, overlapped with `during` when given, or
+    /// rounds of pieces when the buffers exceed the round cap (`during` then runs after).
+    fn exchange(
+        &self,
+        send: &[u8],
+        send_counts: &[usize],
+        during: Option<&mut dyn FnMut()>,
+    ) -> Result<(Vec<u8>, Vec<usize>)> {
+        let world = self.size();
+        check_send_table(send.len(), send_counts, world)?;
+        let counts_out: Vec<u64> = send_counts.iter().map(|&c| c as u64).collect();
+        let mut counts_in = vec![0u64; world];
+        self.comm.all_to_all_into(&counts_out[..], &mut counts_in[..]);
+        let recv_counts: Vec<usize> = counts_in
+            .iter()
+            .map(|&c| {
+                usize::try_from(c).map_err(|_| Error::Transport(format!("received count {c} does not fit usize")))
+            })
+            .collect::<Result<_>>()?;
+        let total: usize = recv_counts.iter().sum();
+        let mut recv = vec![0u8; total];
+
+        let mut rounds = [Rounds::local_need(send_counts, &recv_counts, world, self.max_round_bytes) as u64];
+        self.all_reduce_u64(&mut rounds, ReduceOp::Max)?;
+        if rounds[0] == 1 {
+            self.exchange_once(send, send_counts, &mut recv, &recv_counts, during)?;
+            return Ok((recv, recv_counts));
+        }
+        // Chunked path: stage each round's pieces contiguously (one extra copy, only for
+        // exchanges too large for C int counts or the configured cap).
+        let plan = Rounds { chunk: Rounds::chunk(world, self.max_round_bytes), rounds: rounds[0] as usize };
+        let offsets = |counts: &[usize]| -> Vec<usize> {
+            counts
+                .iter()
+                .scan(0, |at, &c| {
+                    let o = *at;
+                    *at += c;
+                    Some(o)
+                })
+                .collect()
+        };
+        let (send_at, recv_at) = (offsets(send_counts), offsets(&recv_counts));
+        for k in 0..plan.rounds {
+            let mut stage = Vec::new();
+            let mut piece_counts = Vec::with_capacity(world);
+            for d in 0..world {
+                let p = plan.piece(send_counts[d], k);
+                piece_counts.push(p.len());
+                stage.extend_from_slice(&send[send_at[d] + p.start..send_at[d] + p.end]);
+            }
+            let recv_pieces: Vec<_> = (0..world).map(|s| plan.piece(recv_counts[s], k)).collect();
+            let recv_piece_counts: Vec<usize> = recv_pieces.iter().map(|p| p.len()).collect();
+            let mut stage_in = vec![0u8; recv_piece_counts.iter().sum()];
+            self.exchange_once(&stage, &piece_counts, &mut stage_in, &recv_piece_counts, None)?;
+            let mut at = 0;
+            for (s, p) in recv_pieces.iter().enumerate() {
+                recv[recv_at[s] + p.start..recv_at[s] + p.end].copy_from_slice(&stage_in[at..at + p.len()]);
+                at += p.len();
+            }
+        }
+        if let Some(during) = during {
+            during();
+        }
+        Ok((recv, recv_counts))
     }
 }
 
@@ -98,60 +182,17 @@ impl Transport for MpiTransport {
         self.comm.size() as usize
     }
 
-    fn all_to_all_v(&self, send: &[u8], send_counts: &[usize]) -> Result<(Vec<u8>, Vec<usize>)> {
-        let world = self.size();
-        check_send_table(send.len(), send_counts, world)?;
-        let counts_out: Vec<u64> = send_counts.iter().map(|&c| c as u64).collect();
-        let mut counts_in = vec![0u64; world];
-        self.comm.all_to_all_into(&counts_out[..], &mut counts_in[..]);
-        let recv_counts: Vec<usize> = counts_in
-            .iter()
-            .map(|&c| {
-                usize::try_from(c).map_err(|_| Error::Transport(format!("received count {c} does not fit usize")))
-            })
-            .collect::<Result<_>>()?;
-        let total: usize = recv_counts.iter().sum();
-        let mut recv = vec![0u8; total];
+    fn all_to_all_v(&self, send: Vec<u8>, send_counts: &[usize]) -> Result<(Vec<u8>, Vec<usize>)> {
+        self.exchange(&send, send_counts, None)
+    }
 
-        let mut rounds = [Rounds::local_need(send_counts, &recv_counts, world, self.max_round_bytes) as u64];
-        self.all_reduce_u64(&mut rounds, ReduceOp::Max)?;
-        if rounds[0] == 1 {
-            self.exchange_once(send, send_counts, &mut recv, &recv_counts)?;
-            return Ok((recv, recv_counts));
-        }
-        // Chunked path: stage each round's pieces contiguously (one extra copy, only for
-        // exchanges too large for C int counts or the configured cap).
-        let plan = Rounds { chunk: Rounds::chunk(world, self.max_round_bytes), rounds: rounds[0] as usize };
-        let offsets = |counts: &[usize]| -> Vec<usize> {
-            counts
-                .iter()
-                .scan(0, |at, &c| {
-                    let o = *at;
-                    *at += c;
-                    Some(o)
-                })
-                .collect()
-        };
-        let (send_at, recv_at) = (offsets(send_counts), offsets(&recv_counts));
-        for k in 0..plan.rounds {
-            let mut stage = Vec::new();
-            let mut piece_counts = Vec::with_capacity(world);
-            for d in 0..world {
-                let p = plan.piece(send_counts[d], k);
-                piece_counts.push(p.len());
-                stage.extend_from_slice(&send[send_at[d] + p.start..send_at[d] + p.end]);
-            }
-            let recv_pieces: Vec<_> = (0..world).map(|s| plan.piece(recv_counts[s], k)).collect();
-            let recv_piece_counts: Vec<usize> = recv_pieces.iter().map(|p| p.len()).collect();
-            let mut stage_in = vec![0u8; recv_piece_counts.iter().sum()];
-            self.exchange_once(&stage, &piece_counts, &mut stage_in, &recv_piece_counts)?;
-            let mut at = 0;
-            for (s, p) in recv_pieces.iter().enumerate() {
-                recv[recv_at[s] + p.start..recv_at[s] + p.end].copy_from_slice(&stage_in[at..at + p.len()]);
-                at += p.len();
-            }
-        }
-        Ok((recv, recv_counts))
+    fn all_to_all_v_overlapped(
+        &self,
+        send: Vec<u8>,
+        send_counts: &[usize],
+        during: &mut dyn FnMut(),
+    ) -> Result<(Vec<u8>, Vec<usize>)> {
+        self.exchange(&send, send_counts, Some(during))
     }
 
     fn all_gather(&self, mine: &[u8]) -> Result<Vec<Vec<u8>>> {
@@ -199,5 +240,9 @@ impl Transport for MpiTransport {
             .split_by_color(::mpi::topology::Color::with_value(c))
             .ok_or_else(|| Error::Transport("MPI_Comm_split returned no communicator".into()))?;
         Ok(Box::new(MpiTransport { comm, max_round_bytes: self.max_round_bytes }))
+    }
+
+    fn dup(&self) -> Result<Box<dyn Transport>> {
+        Ok(Box::new(MpiTransport { comm: self.comm.duplicate(), max_round_bytes: self.max_round_bytes }))
     }
 }

@@ -298,7 +298,7 @@ impl Transport for UcxTransport {
         self.members.len()
     }
 
-    fn all_to_all_v(&self, send: &[u8], send_counts: &[usize]) -> Result<(Vec<u8>, Vec<usize>)> {
+    fn all_to_all_v(&self, send: Vec<u8>, send_counts: &[usize]) -> Result<(Vec<u8>, Vec<usize>)> {
         let n = self.size();
         check_send_table(send.len(), send_counts, n)?;
         let recv_counts = self.exchange_sizes(send_counts)?;
@@ -372,5 +372,9 @@ impl Transport for UcxTransport {
             seq: Cell::new(0),
             splits: Cell::new(0),
         }))
+    }
+
+    fn dup(&self) -> Result<Box<dyn Transport>> {
+        self.split(0)
     }
 }
