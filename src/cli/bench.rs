@@ -68,9 +68,9 @@ fn make_transport<'a>(name: &str, mpi: &'a MpiTransport) -> Result<Box<dyn Trans
 
 #[cfg(feature = "ucx")]
 fn ucx_over_mpi<'a>(tls: &str, mpi: &'a MpiTransport) -> Result<Box<dyn Transport + 'a>> {
-    use crate::transport::ucx::{UcxTransport, DEFAULT_PEER_TIMEOUT};
-    let t =
-        UcxTransport::connect(mpi.rank().0, mpi.size(), Some(tls), DEFAULT_PEER_TIMEOUT, |addr| mpi.all_gather(&addr))?;
+    use crate::transport::ucx::{UcxConfig, UcxTransport};
+    let config = UcxConfig { tls: Some(tls.into()), ..Default::default() };
+    let t = UcxTransport::connect(mpi.rank().0, mpi.size(), &config, |addr| mpi.all_gather(&addr))?;
     Ok(Box::new(t))
 }
 

@@ -245,24 +245,12 @@ pub fn with_mpi(max_round_bytes: Option<u64>, job: impl FnOnce(MpiTransport) -> 
     code
 }
 
-/// Seconds a UCX peer may stay silent inside a collective (`MESHFEED_PEER_TIMEOUT`).
-#[cfg(feature = "ucx")]
-fn peer_timeout() -> Result<std::time::Duration> {
-    match std::env::var("MESHFEED_PEER_TIMEOUT") {
-        Ok(v) => {
-            v.parse::<f64>().ok().filter(|s| *s > 0.0).map(std::time::Duration::from_secs_f64).ok_or_else(|| {
-                Error::Config(format!("MESHFEED_PEER_TIMEOUT='{v}' is not a positive number of seconds"))
-            })
-        }
-        Err(_) => Ok(crate::transport::ucx::DEFAULT_PEER_TIMEOUT),
-    }
-}
-
 /// Connects the UCX transport through the TCP rendezvous described by the environment,
 /// runs `job`, prints any error once; returns the exit code.
 #[cfg(feature = "ucx")]
 pub fn with_ucx(job: impl FnOnce(crate::transport::ucx::UcxTransport) -> Result<i32>) -> i32 {
     use crate::transport::rendezvous::{self, RendezvousConfig};
+    use crate::transport::ucx::{UcxConfig, UcxTransport};
     // A panic leaves the other ranks to notice the lost peer (peer timeout).
     on_panic(|| std::process::exit(101));
     let cfg = match RendezvousConfig::from_env() {
@@ -272,12 +260,9 @@ pub fn with_ucx(job: impl FnOnce(crate::transport::ucx::UcxTransport) -> Result<
             return 1;
         }
     };
-    let result = peer_timeout()
-        .and_then(|timeout| {
-            crate::transport::ucx::UcxTransport::connect(cfg.rank, cfg.world, None, timeout, |addr| {
-                rendezvous::exchange(&cfg, addr)
-            })
-        })
+    // The edge that reads the transport's settings from the environment.
+    let result = UcxConfig::from_env()
+        .and_then(|config| UcxTransport::connect(cfg.rank, cfg.world, &config, |addr| rendezvous::exchange(&cfg, addr)))
         .and_then(job);
     match result {
         Ok(code) => code,
