@@ -3,7 +3,7 @@
 //! Every variant carries the context a user needs to act on it: the file, the rank, the
 //! option. Errors raised on one rank are turned into [`Error::Remote`] on every other rank
 //! by the failure agreement in [`crate::transport::agree`], so that all ranks exit with
-//! the same root cause instead of waiting in a collective (DESIGN.md contract 7).
+//! the same root cause instead of waiting in a collective (docs/design.md, "No hangs").
 
 use std::path::PathBuf;
 
@@ -44,6 +44,21 @@ pub enum Error {
     /// Another rank failed; this rank stops with the same cause.
     #[error("rank {rank}: {message}")]
     Remote { rank: usize, message: String },
+
+    /// The API was used in a way it does not allow (e.g. ranks that diverged, a loader
+    /// used after it failed).
+    #[error("{0}")]
+    Misuse(String),
+
+    /// A capability this build does not have.
+    #[error(
+        "meshfeed was built without the `{feature}` feature, needed for {needed_for}; rebuild with default features"
+    )]
+    FeatureDisabled { feature: &'static str, needed_for: String },
+
+    /// A bug in meshfeed: please report it.
+    #[error("internal error: {0}")]
+    Internal(String),
 }
 
 impl Error {
@@ -56,4 +71,15 @@ impl Error {
     pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
         Error::Io { path: path.into(), source }
     }
+
+    /// A capability of a feature this build lacks.
+    pub fn feature_disabled(feature: &'static str, needed_for: impl Into<String>) -> Self {
+        Error::FeatureDisabled { feature, needed_for: needed_for.into() }
+    }
 }
+
+// Errors cross from the producer thread to the consumer.
+const _: fn() = || {
+    fn send_sync<T: Send + Sync>() {}
+    send_sync::<Error>();
+};

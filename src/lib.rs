@@ -2,27 +2,47 @@
 //!
 //! A data loader for distributed deep-learning training on HPC clusters: every rank reads
 //! a disjoint range of the dataset files, the ranks perform an exact global shuffle by
-//! exchanging samples with `MPI_Alltoallv`, and each rank receives exactly its rows of
-//! every global batch.
+//! exchanging samples with `MPI_Alltoallv` (or the same exchange over UCX), and each rank
+//! receives exactly its shard of every global batch under the job's device mesh.
 //!
 //! The modules follow the pipeline:
 //!
 //! ```text
-//! dataset (files → rows) ─► plan (permutation, home ranges, placement, windows)
-//!        ─► transport (all-to-all-v over MPI) ─► loader (read, pack, exchange, assemble)
-//!        ─► cli (gen, inspect, run)
+//! config (typed job description) ─► dataset (files → rows)
+//!   ─► plan (permutation, home ranges, placement, windows, budget; pure)
+//!   ─► transport (all-to-all-v over MPI or UCX; thin)
+//!   ─► loader (producer: read, pack, exchange, assemble; consumer: batches)
+//!   ─► verify (exactly-once checks, the dump format)
+//! runtime: how a process joins its job (MPI initialised or adopted, UCX rendezvous),
+//!          stop signals, panics
 //! ```
 //!
-//! Start with [`loader::Loader`]. The contracts (exactly once, world-size invariance,
-//! byte exactness, bounded memory, no hangs, the `--dump` format) are described in the
-//! README and in DESIGN.md.
+//! Start with [`loader::Loader`] and [`runtime::Runtime`]. The contracts (exactly once,
+//! world-size invariance, placement, byte exactness, resumption, bounded memory, no hangs,
+//! the dump format) are described in `docs/design.md`.
+//!
+//! ## Features
+//!
+//! `mpi` (the MPI transport), `hdf5` (HDF5 files) and `ucx` (the UCX transport) are on by
+//! default and additive; a build without one compiles, and selecting what it provides is a
+//! clear error naming the feature.
 
-pub mod cli;
+pub mod config;
 pub mod dataset;
 pub mod error;
 pub mod loader;
 pub mod plan;
+pub mod runtime;
 pub mod transport;
 pub mod types;
+pub mod verify;
 
 pub use error::{Error, Result};
+
+/// This build's version, with the git revision it was built from.
+pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (", env!("MESHFEED_GIT_REV"), ")");
+
+// The README's examples compile (and run, unless marked otherwise) as doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

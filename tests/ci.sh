@@ -1,18 +1,36 @@
 #!/usr/bin/env bash
-# The whole test suite, from a fresh Debian 12 machine: install, build once in release
-# mode, run unit, doc and multi-rank (real mpirun) tests. `.ci/run` calls exactly this.
+# The whole test suite, from a fresh Debian 12 machine: install, build the workspace once
+# in release mode, run unit, doc and multi-rank (real mpirun, meshfeed launch) tests and
+# the examples; then check that the library builds without each optional feature and that
+# the command line names a missing feature. `.ci/run` calls exactly this.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash launch/setup.sh --test
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 HDF5_USE_FILE_LOCKING=FALSE
-cargo build --release --all-targets
+cargo build --release --workspace --all-targets
 # Two test threads: multi-rank tests oversubscribe the 2 cores already.
-cargo test --release -- --test-threads=2
-# Without UCX development files the crate still builds with the ucx feature off, and
-# selecting UCX is a clear error (built last: it replaces target/release/meshfeed).
-cargo build --release --no-default-features
-if RANK=0 WORLD_SIZE=1 target/release/meshfeed run --transport ucx --data x --batch-size 1 2>/tmp/meshfeed-noucx.err; then
-    echo "FAIL: --transport ucx without the ucx feature succeeded"; exit 1
+cargo test --release --workspace --no-fail-fast -- --test-threads=2
+
+# The library does not depend on the command line's crates.
+if cargo tree -p meshfeed --edges normal --prefix none | grep -E "^(clap|indicatif|toml) "; then
+    echo "FAIL: the meshfeed library depends on a command-line crate"; exit 1
 fi
-grep -q "built without the \`ucx\` feature" /tmp/meshfeed-noucx.err || { cat /tmp/meshfeed-noucx.err; echo "FAIL: unclear error without ucx"; exit 1; }
-echo "no-ucx build check: OK"
+# Each optional capability can be left out: the library builds without all of them, and a
+# command line built without one says which feature is missing when asked for it. (Built
+# last: each build replaces target/release/meshfeed.)
+cargo build --release -p meshfeed --no-default-features
+err=$(mktemp)
+expect_missing() { # FEATURE COMMAND...: the command fails naming the feature
+    local feature=$1; shift
+    if "$@" >/dev/null 2>"$err"; then echo "FAIL: '$*' succeeded without the $feature feature"; exit 1; fi
+    grep -q "built without the \`$feature\` feature" "$err" || { cat "$err"; echo "FAIL: unclear error without $feature"; exit 1; }
+    echo "without $feature: '$*' names the feature: OK"
+}
+bin=target/release/meshfeed
+cargo build --release -p meshfeed-cli --no-default-features --features hdf5,ucx
+expect_missing mpi "$bin" run --data x --batch-size 1
+cargo build --release -p meshfeed-cli --no-default-features --features mpi,ucx
+expect_missing hdf5 "$bin" gen --format hdf5 --samples 4 --field x:u8 --out "$(mktemp -d)"
+cargo build --release -p meshfeed-cli --no-default-features --features mpi,hdf5
+expect_missing ucx env RANK=0 WORLD_SIZE=1 "$bin" run --transport ucx --data x --batch-size 1
+echo "feature checks: OK"

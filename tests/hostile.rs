@@ -116,17 +116,11 @@ proptest! {
 
     #[test]
     fn spec_parsers_never_panic(s in "\\PC{0,40}", t in "[a-z+,=0-9\\-]{0,30}") {
-        let _ = meshfeed::plan::Mesh::parse(&s);
-        let _ = meshfeed::plan::Mesh::parse(&t);
-        let _ = gen::parse_field(&s);
-        let _ = gen::parse_field(&t);
-        let _ = meshfeed::cli::parse_bytes(&s);
-        let _ = meshfeed::dataset::npy_header::parse_py_literal(&s);
-        let mesh = meshfeed::plan::Mesh::parse("dp=2,tp=2,pp=2").unwrap();
-        let fields = vec![Field::tensor("x", DType::F32, vec![4, 6]), Field { name: "t".into(), kind: FieldKind::Bytes { utf8: true } }];
-        for f in ["x", "t", "q"] {
-            let _ = meshfeed::plan::sharding::resolve(&mesh, &fields, 8, &[(f.to_string(), t.clone())], &[]);
-            let _ = meshfeed::plan::sharding::resolve(&mesh, &fields, 8, &[], &[(f.to_string(), s.clone())]);
+        for line in [&s, &t] {
+            specs_never_panic(line);
+            for f in ["x", "t", "q"] {
+                specs_never_panic(&format!("{f}={line}"));
+            }
         }
     }
 
@@ -246,26 +240,45 @@ fn fuzz_corpus_and_crash_inputs_replay_cleanly() {
     assert!(replayed >= 10, "expected the kept corpus to be replayed, found {replayed} inputs");
 }
 
-/// The spec fuzzer's kept and crashing inputs, line by line, through every parser.
-#[test]
-fn fuzz_spec_inputs_replay_cleanly() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fuzz");
-    let mesh = meshfeed::plan::Mesh::parse("dp=2,tp=2,pp=2").unwrap();
+/// Every spec parser on one input line (as a flag value or a job file value would give
+/// it), then what parses through validation against a mesh and fields.
+fn specs_never_panic(line: &str) {
+    use meshfeed::config::{parse_pair, ByteSize, MeshSpec, ShardSpec, Stage};
+    use meshfeed::plan::{sharding, Mesh};
+    use std::collections::BTreeMap;
     let fields = vec![
         Field::tensor("x", DType::F32, vec![4, 6]),
         Field { name: "t".into(), kind: FieldKind::Bytes { utf8: true } },
     ];
+    let fixed = Mesh::from_spec(&"dp=2,tp=2,pp=2".parse::<MeshSpec>().unwrap());
+    let mut meshes = vec![fixed];
+    if let Ok(m) = line.parse::<MeshSpec>() {
+        let mesh = Mesh::from_spec(&m);
+        if mesh.check_world(8).is_ok() {
+            meshes.push(mesh);
+        }
+    }
+    let _ = gen::parse_field(line);
+    let _ = line.parse::<ByteSize>();
+    let _ = meshfeed::dataset::npy_header::parse_py_literal(line);
+    let stages: BTreeMap<String, Stage> = parse_pair::<Stage>(line).into_iter().collect();
+    let shards: BTreeMap<String, ShardSpec> = parse_pair::<ShardSpec>(line).into_iter().collect();
+    for mesh in &meshes {
+        let _ = sharding::resolve(mesh, &fields, 8, &shards, &stages);
+    }
+}
+
+/// The spec fuzzer's kept and crashing inputs, line by line, through every parser.
+#[test]
+fn fuzz_spec_inputs_replay_cleanly() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fuzz");
     let mut lines = 0;
     for kind in ["corpus", "artifacts"] {
         let Ok(entries) = std::fs::read_dir(root.join(kind).join("specs")) else { continue };
         for entry in entries {
             let text = String::from_utf8_lossy(&std::fs::read(entry.unwrap().path()).unwrap()).into_owned();
             for line in text.lines() {
-                let _ = meshfeed::plan::Mesh::parse(line);
-                let _ = gen::parse_field(line);
-                let _ = meshfeed::cli::parse_bytes(line);
-                let (f, spec) = line.split_once('=').unwrap_or(("x", line));
-                let _ = meshfeed::plan::sharding::resolve(&mesh, &fields, 8, &[(f.into(), spec.into())], &[]);
+                specs_never_panic(line);
                 lines += 1;
             }
         }

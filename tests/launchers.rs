@@ -57,7 +57,7 @@ fn ray_launcher_checker() {
 
 #[test]
 fn kubernetes_manifest_and_emulation_checker() {
-    checker("tests/launch/check_k8s.py", &["--meshfeed", BIN]);
+    checker("tests/launch/check_k8s.py", &["--meshfeed", bin()]);
 }
 
 #[test]
@@ -70,7 +70,7 @@ fn ray_job_produces_the_mpirun_dump() {
     let dump = out.path().join("ray");
     let run = Command::new(python())
         .arg(repo("launch/ray_launch.py"))
-        .args(["-n", "4", "--timeout", "120", "--", BIN])
+        .args(["-n", "4", "--timeout", "120", "--", bin()])
         .args(&args)
         .args(["--transport", "ucx", "--dump", dump.to_str().unwrap()])
         .env("UCX_NET_DEVICES", "lo")
@@ -99,7 +99,7 @@ fn emulated_indexed_job_produces_the_mpirun_dump() {
         .args(["-n", "4", "-t", "120", "--"])
         .args(&args)
         .args(["--transport", "ucx", "--dump", dump.to_str().unwrap()])
-        .env("MESHFEED_BIN", BIN)
+        .env("MESHFEED_BIN", bin())
         .env("HDF5_USE_FILE_LOCKING", "FALSE")
         .env_remove("MESHFEED_JOB_TOKEN")
         .output()

@@ -355,8 +355,6 @@ fn invalid_layouts_fail_cleanly_on_every_rank() {
         (4, vec!["--mesh", "dp=2,tp=2", "--shard", "x=dp,tp+tp"], "axis 'tp' is used twice"),
         (4, vec!["--mesh", "dp=2,tp=2", "--shard", "z=dp,-,tp"], "dimension 2 (size 3) is not divisible by tp (2)"),
         (4, vec!["--mesh", "dp=2,tp=2", "--shard", "x=dp+tp"], "split the batch dimension differently"),
-        (4, vec!["--mesh", "dp=2,pp=2", "--stages", "x=middle"], "expected first, last or all"),
-        (4, vec!["--mesh", "dp=4", "--exchange", "magic"], "expected fused, two-phase or auto"),
     ] {
         let mut args = vec!["run", "--data", d, "--batch-size", "8"];
         args.extend(&extra);
@@ -364,6 +362,21 @@ fn invalid_layouts_fail_cleanly_on_every_rank() {
         assert_ne!(run.code, 0, "{extra:?} must fail");
         let line = agreed_failure(&run, np);
         assert!(line.contains(needle), "{extra:?}: {line}");
+    }
+    // What the command line itself can tell is wrong stops the job before MPI starts, with
+    // the parser's message and exit code 2 (mpirun stops the other ranks as soon as the
+    // first one exits, so the message may appear fewer than 4 times).
+    for (extra, needle) in [
+        (vec!["--mesh", "dp=2,pp=2", "--stages", "x=middle"], "stage 'middle': expected first, last or all"),
+        (vec!["--mesh", "dp=4", "--exchange", "magic"], "[possible values: auto, fused, two-phase, broadcast]"),
+        (vec!["--mesh", "dp=2,dp=2"], "axis 'dp' appears twice"),
+        (vec!["--shard", "x=dp,t p"], "bad axis name 't p'"),
+    ] {
+        let mut args = vec!["run", "--data", d, "--batch-size", "8"];
+        args.extend(&extra);
+        let run = mpirun(4, &args);
+        assert_eq!(run.code, 2, "{extra:?} is a command-line error:\n{}", run.stderr);
+        assert!(run.stderr.contains(needle), "{extra:?}: the parser says why:\n{}", run.stderr);
     }
     // A variable-length field split beyond the batch dimension.
     let var = fixtures().join("arrow_var");

@@ -62,7 +62,7 @@ fn sigterm_stops_every_rank_at_one_step_and_the_stream_resumes_exactly_elsewhere
         "12",
         "--epochs",
         "2",
-        "--throttle-ms",
+        "--compute-ms",
         "5",
         "--dump",
         first.to_str().unwrap(),
@@ -213,29 +213,38 @@ fn soak_many_epochs_small_windows_prime_sizes() {
 }
 
 /// Peak RSS (max over ranks) of one epoch.
-fn peak_rss(data: &std::path::Path, window: &str) -> u64 {
+fn peak_rss(data: &std::path::Path, window: &str, prefetch: usize) -> u64 {
+    let d = data.to_str().unwrap();
+    let p = prefetch.to_string();
     let run =
-        mpirun(4, &["run", "--data", data.to_str().unwrap(), "--batch-size", "32", "--window-bytes", window, "--json"]);
+        mpirun(4, &["run", "--data", d, "--batch-size", "32", "--window-bytes", window, "--prefetch", &p, "--json"]);
     ok(&run);
     let last: serde_json::Value = serde_json::from_str(run.stdout.lines().last().unwrap()).unwrap();
     last["max_rss_bytes"].as_u64().unwrap()
 }
 
 #[test]
-fn memory_is_bounded_by_the_window_not_the_dataset() {
+fn memory_is_bounded_by_the_window_and_prefetch_not_the_dataset() {
     let out = tempdir();
     let (tiny, big, bigger) = (out.path().join("tiny"), out.path().join("big"), out.path().join("bigger"));
+    // Big enough that the window budget, not the minimum number of windows per epoch,
+    // sets the window length in both.
     gen(&tiny, "200", "data:f32:1024");
-    gen(&big, "8000", "data:f32:1024"); // 32 MB: 8 MB per rank, 4x the window
-    gen(&bigger, "32000", "data:f32:1024"); // 128 MB: 32 MB per rank, 16x the window
-    let window = 2u64 << 20;
-    let base = peak_rss(&tiny, "2M");
-    let (b1, b2) = (peak_rss(&big, "2M"), peak_rss(&bigger, "2M"));
-    // Documented bound: peak RSS ≤ baseline process + 1.5 × --window-bytes (allocator
-    // slack) + 2 MB.
-    let bound = base + window * 3 / 2 + (2 << 20);
-    assert!(b1 <= bound && b2 <= bound, "peak RSS {b1} / {b2} bytes exceeds {bound} (baseline {base})");
-    assert!(b2 <= b1 + (2 << 20), "4x the data must not need more memory: {b1} → {b2}");
+    gen(&big, "12000", "data:f32:1024"); // 48 MB: 12 MB per rank, 12x the window
+    gen(&bigger, "48000", "data:f32:1024"); // 192 MB: 48 MB per rank, 48x the window
+    let window = 1u64 << 20;
+    for prefetch in [0, 2] {
+        let base = peak_rss(&tiny, "1M", prefetch);
+        let (b1, b2) = (peak_rss(&big, "1M", prefetch), peak_rss(&bigger, "1M", prefetch));
+        // Documented bound: the pipeline holds at most (prefetch + 1) × --window-bytes;
+        // peak RSS ≤ baseline process + 1.5 × that (allocator slack) + 2 MB.
+        let bound = base + (prefetch as u64 + 1) * window * 3 / 2 + (2 << 20);
+        assert!(
+            b1 <= bound && b2 <= bound,
+            "prefetch {prefetch}: peak RSS {b1} / {b2} bytes exceeds {bound} (baseline {base})"
+        );
+        assert!(b2 <= b1 + (2 << 20), "prefetch {prefetch}: 4x the data must not need more memory: {b1} → {b2}");
+    }
 }
 
 #[test]
@@ -245,14 +254,14 @@ fn a_rank_killed_under_mpirun_ends_the_job_naming_it() {
     gen(&data, "4000", "data:f32:16");
     let mut cmd = std::process::Command::new("mpirun");
     cmd.args(MPIRUN_FLAGS);
-    cmd.args(["-np", "3", BIN]);
+    cmd.args(["-np", "3", bin()]);
     cmd.args([
         "run",
         "--data",
         data.to_str().unwrap(),
         "--batch-size",
         "12",
-        "--throttle-ms",
+        "--compute-ms",
         "20",
         "--window-bytes",
         "2K",
@@ -420,8 +429,8 @@ fn an_invalid_option_on_one_rank_only_stops_every_rank() {
     // MPMD launch: ranks 0-1 get a valid mesh, rank 2 a mesh that does not fit the world.
     let mut cmd = std::process::Command::new("mpirun");
     cmd.args(MPIRUN_FLAGS);
-    cmd.args(["-np", "2", BIN, "run", "--data", d, "--batch-size", "6", "--mesh", "dp=3", ":"]);
-    cmd.args(["-np", "1", BIN, "run", "--data", d, "--batch-size", "6", "--mesh", "dp=2,tp=2"]);
+    cmd.args(["-np", "2", bin(), "run", "--data", d, "--batch-size", "6", "--mesh", "dp=3", ":"]);
+    cmd.args(["-np", "1", bin(), "run", "--data", d, "--batch-size", "6", "--mesh", "dp=2,tp=2"]);
     let start = Instant::now();
     let run =
         finish(cmd.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn().unwrap(), "mpmd");

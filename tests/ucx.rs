@@ -210,7 +210,7 @@ fn a_rank_killed_mid_epoch_stops_the_others_naming_it() {
         "12",
         "--window-bytes",
         "2K",
-        "--throttle-ms",
+        "--compute-ms",
         "20",
     ];
     let env = [("MESHFEED_PEER_TIMEOUT", "4")];
@@ -242,7 +242,7 @@ fn bench_compares_mpi_and_ucx_in_one_run() {
     let data = fixtures().join("npy_struct");
     let mut cmd = std::process::Command::new("mpirun");
     cmd.args(MPIRUN_FLAGS);
-    cmd.args(["-x", "UCX_NET_DEVICES", "-np", "4", BIN]);
+    cmd.args(["-x", "UCX_NET_DEVICES", "-np", "4", bin()]);
     cmd.args([
         "bench",
         "--data",

@@ -15,8 +15,10 @@
 
 use std::path::{Path, PathBuf};
 
+#[cfg(feature = "hdf5")]
+use super::hdf5;
 use super::schema::{DType, Field, FieldKind};
-use super::{hdf5, npy, raw, Format};
+use super::{npy, raw, Format};
 use crate::error::{Error, Result};
 
 /// Name of the manifest written next to generated files.
@@ -178,7 +180,10 @@ pub fn write_file(spec: &GenSpec, i: u64) -> Result<u64> {
     let value = |local: u64, fi: usize, out: &mut Vec<u8>| value(fields, first + local, fi, out);
     match spec.format {
         Format::Npy | Format::Raw => write_records(&path, spec.format, fields, n, value)?,
+        #[cfg(feature = "hdf5")]
         Format::Hdf5 => hdf5::write(&path, fields, n, value)?,
+        #[cfg(not(feature = "hdf5"))]
+        Format::Hdf5 => return Err(super::hdf5_disabled(&path)),
         Format::Arrow => super::arrow::write(&path, fields, n, spec.arrow_batch_rows, value)?,
     }
     Ok(std::fs::metadata(&path).map_err(|e| Error::io(&path, e))?.len())

@@ -1,18 +1,19 @@
 //! Datasets: an ordered list of files whose samples form the global id space `[0, N)`.
 //!
-//! Global sample ids run in file order, then row order (DESIGN.md "Dataset"). This module
+//! Global sample ids run in file order, then row order (docs/design.md, "Dataset"). This module
 //! knows how to find the files of a dataset ([`resolve_paths`]), how to read the header of
 //! one file ([`scan_file`]: sample count and fields, without reading the data), and how to
 //! read rows of a file ([`FileReader`]). It has no communication in it: the collective
 //! open, where each header is scanned by one rank and the results are shared, lives in
 //! [`crate::loader`].
 //!
-//! Formats: NumPy `.npy` ([`npy`]), HDF5 `.h5`/`.hdf5` ([`hdf5`]), Arrow IPC files
+//! Formats: NumPy `.npy` ([`npy`]), HDF5 `.h5`/`.hdf5` (`hdf5`, with the feature of that name), Arrow IPC files
 //! `.arrow`/`.feather`/`.ipc` ([`arrow`]) and raw fixed-size records `.raw` with a
 //! `schema.json` beside them ([`raw`]).
 
 pub mod arrow;
 pub mod gen;
+#[cfg(feature = "hdf5")]
 pub mod hdf5;
 pub mod npy;
 pub mod npy_header;
@@ -126,12 +127,24 @@ pub fn resolve_paths(paths: &[PathBuf]) -> Result<Vec<(PathBuf, Format)>> {
     Ok(files)
 }
 
+/// Without the `hdf5` feature, an HDF5 file is a clear error naming it.
+#[cfg(not(feature = "hdf5"))]
+pub(crate) fn hdf5_disabled(path: &Path) -> Error {
+    Error::feature_disabled("hdf5", format!("HDF5 file {}", path.display()))
+}
+
 /// Reads the header of one file: its sample count and fields.
 pub fn scan_file(path: &Path, format: Format, options: &DatasetOptions) -> Result<FileInfo> {
     let bytes = std::fs::metadata(path).map_err(|e| Error::io(path, e))?.len();
     let (samples, fields) = match format {
         Format::Npy => npy::scan(path)?,
+        #[cfg(feature = "hdf5")]
         Format::Hdf5 => hdf5::scan(path, options.hdf5_group.as_deref())?,
+        #[cfg(not(feature = "hdf5"))]
+        Format::Hdf5 => {
+            let _ = options; // only HDF5 files have options (the group)
+            return Err(hdf5_disabled(path));
+        }
         Format::Arrow => arrow::scan(path)?,
         Format::Raw => raw::scan(path)?,
     };
@@ -227,7 +240,10 @@ impl Dataset {
         Ok(match info.format {
             Format::Npy => Box::new(npy::open(&info.path, &self.fields)?),
             Format::Raw => Box::new(raw::open(&info.path, &self.fields)?),
+            #[cfg(feature = "hdf5")]
             Format::Hdf5 => Box::new(hdf5::Hdf5Reader::open(&info.path, &self.options, &self.fields)?),
+            #[cfg(not(feature = "hdf5"))]
+            Format::Hdf5 => return Err(hdf5_disabled(&info.path)),
             Format::Arrow => Box::new(arrow::ArrowReader::open(&info.path, &self.fields)?),
         })
     }

@@ -1,5 +1,5 @@
-//! Layout options (mesh, sharding specs, pipeline stages, exchange mode) and the choice
-//! between the fused and the two-phase exchange.
+//! From a [`Layout`] (mesh, sharding specs, pipeline stages, exchange mode) to the mesh and
+//! placement of a world, and the choice between the fused and the two-phase exchange.
 //!
 //! * **Fused**: every home rank sends each needed slice of a sample straight to every rank
 //!   that needs it, in one all-to-all-v.
@@ -10,10 +10,10 @@
 //! The cost model compares, for one step, the most any rank sends plus receives, and the
 //! messages it exchanges: `cost = bytes / BANDWIDTH + messages · LATENCY`.
 
-use std::collections::BTreeMap;
-
+use crate::config::{ExchangeMode, Layout};
 use crate::dataset::{Field, FieldKind};
-use crate::error::{Error, Result};
+use crate::error::Result;
+use crate::plan::budget::VAR_LEN_ESTIMATE;
 use crate::plan::placement::{Receiver, RowBlock};
 use crate::plan::{sharding, FieldPart, Mesh, Placement};
 
@@ -21,78 +21,31 @@ use crate::plan::{sharding, FieldPart, Mesh, Placement};
 const BANDWIDTH: f64 = 10e9;
 /// Per-message latency assumed by the cost model (s).
 const LATENCY: f64 = 5e-6;
-/// Bytes assumed per variable-length value where sizes are not known yet.
-pub(crate) const VAR_LEN_ESTIMATE: u64 = 256;
 
-/// Which exchange to use.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum ExchangeMode {
-    /// The cheaper of the two by the cost model.
-    #[default]
-    Auto,
-    Fused,
-    TwoPhase,
+/// The mesh a layout gives a world of `world` ranks.
+pub fn mesh(layout: &Layout, world: usize) -> Result<Mesh> {
+    let mut mesh = match &layout.mesh {
+        Some(spec) => Mesh::from_spec(spec),
+        None => Mesh::data_parallel(world),
+    };
+    if !layout.mesh_order.is_empty() {
+        mesh = mesh.with_rank_order(&layout.mesh_order)?;
+    }
+    if let Some(p) = &layout.pipeline_axis {
+        mesh = mesh.with_pipeline_axis(p)?;
+    }
+    mesh.check_world(world)?;
+    Ok(mesh)
 }
 
-impl ExchangeMode {
-    /// Parses `auto`, `fused` or `two-phase`.
-    pub fn parse(s: &str) -> Option<ExchangeMode> {
-        match s {
-            "auto" => Some(ExchangeMode::Auto),
-            "fused" => Some(ExchangeMode::Fused),
-            "two-phase" => Some(ExchangeMode::TwoPhase),
-            _ => None,
-        }
-    }
-}
-
-/// How batches are laid out over a device mesh. The default is data parallelism over all
-/// ranks (`dp=<world>`, batch split over `dp`).
-#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct Layout {
-    /// Mesh axes, e.g. `dp=2,tp=2,pp=2`; `None`: `dp=<world>`.
-    pub mesh: Option<String>,
-    /// Axes from slowest to fastest in the rank numbering (default: as written).
-    pub mesh_order: Vec<String>,
-    /// The pipeline axis (default: the axis called `pp`).
-    pub pipeline_axis: Option<String>,
-    /// Sharding spec per field, e.g. `x = "dp,-,tp"`.
-    pub shard: BTreeMap<String, String>,
-    /// Pipeline stages per field: `first`, `last` or `all` (default `all`).
-    pub stages: BTreeMap<String, String>,
-    /// Exchange algorithm.
-    pub exchange: ExchangeMode,
-}
-
-impl Layout {
-    /// The mesh for a world of `world` ranks.
-    pub fn mesh(&self, world: usize) -> Result<Mesh> {
-        let mut mesh = match &self.mesh {
-            Some(spec) => Mesh::parse(spec)?,
-            None => Mesh::data_parallel(world),
-        };
-        if !self.mesh_order.is_empty() {
-            mesh = mesh.with_rank_order(&self.mesh_order)?;
-        }
-        if let Some(p) = &self.pipeline_axis {
-            mesh = mesh.with_pipeline_axis(p)?;
-        }
-        mesh.check_world(world)?;
-        Ok(mesh)
-    }
-
-    /// Validates the specs against the mesh, the fields and the batch size.
-    pub fn sharding(&self, mesh: &Mesh, fields: &[Field], batch_size: usize) -> Result<Vec<sharding::FieldSharding>> {
-        let pairs = |m: &BTreeMap<String, String>| m.iter().map(|(k, v)| (k.clone(), v.clone())).collect::<Vec<_>>();
-        sharding::resolve(mesh, fields, batch_size, &pairs(&self.shard), &pairs(&self.stages))
-    }
-
-    /// Validates the layout against the fields and batch size and builds the placement.
-    pub fn placement(&self, mesh: &Mesh, fields: &[Field], batch_size: usize) -> Result<Placement> {
-        Placement::from_mesh(batch_size, mesh, fields, &self.sharding(mesh, fields, batch_size)?)
-    }
+/// Validates a layout's specs against the mesh, the fields and the batch size.
+pub fn sharding(
+    layout: &Layout,
+    mesh: &Mesh,
+    fields: &[Field],
+    batch_size: usize,
+) -> Result<Vec<sharding::FieldSharding>> {
+    sharding::resolve(mesh, fields, batch_size, &layout.shard, &layout.stages)
 }
 
 /// The phase-one placement of the two-phase exchange: one leader per row block (its
@@ -166,7 +119,7 @@ pub fn modelled_costs(placement: &Placement, fields: &[Field]) -> Result<(f64, f
     Ok((fused, two))
 }
 
-/// Resolves `Auto` with the cost model.
+/// Resolves `Auto` with the cost model; other modes are taken as given.
 pub fn choose(mode: ExchangeMode, placement: &Placement, fields: &[Field]) -> Result<ExchangeMode> {
     Ok(match mode {
         ExchangeMode::Auto => {
@@ -181,14 +134,6 @@ pub fn choose(mode: ExchangeMode, placement: &Placement, fields: &[Field]) -> Re
     })
 }
 
-/// Checks a `FIELD=VALUE` command-line pair.
-pub fn parse_pair(flag: &str, s: &str) -> Result<(String, String)> {
-    s.split_once('=')
-        .filter(|(k, v)| !k.is_empty() && !v.is_empty())
-        .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
-        .ok_or_else(|| Error::Config(format!("{flag} '{s}': expected FIELD=VALUE")))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -199,12 +144,15 @@ mod tests {
     fn leaders_get_whole_rows_of_every_needed_field() {
         let fields = vec![Field::tensor("x", DType::F32, vec![8]), Field::tensor("y", DType::I64, vec![])];
         let layout = Layout {
-            mesh: Some("dp=2,tp=2".into()),
-            shard: [("x".to_string(), "dp,tp".to_string())].into(),
+            mesh: Some("dp=2,tp=2".parse().unwrap()),
+            shard: [("x".to_string(), "dp,tp".parse().unwrap())].into(),
             ..Default::default()
         };
-        let mesh = layout.mesh(4).unwrap();
-        let p = layout.placement(&mesh, &fields, 8).unwrap();
+        let mesh = mesh(&layout, 4).unwrap();
+        let placement = |fields: &[Field]| {
+            Placement::from_mesh(8, &mesh, fields, &sharding(&layout, &mesh, fields, 8).unwrap()).unwrap()
+        };
+        let p = placement(&fields);
         let l = leader_placement(&p).unwrap();
         assert_eq!(l.receiver(Rank(2)).unwrap().1.parts, vec![FieldPart::whole(0), FieldPart::whole(1)]);
         assert!(l.receiver(Rank(1)).is_none() && l.receiver(Rank(3)).is_none());
@@ -212,16 +160,16 @@ mod tests {
         assert!(fused > 0.0 && two > 0.0);
         // With large values the bytes dominate: fused never moves more per rank.
         let big = vec![Field::tensor("x", DType::F32, vec![1 << 20]), Field::tensor("y", DType::I64, vec![])];
-        let p = layout.placement(&mesh, &big, 8).unwrap();
+        let p = placement(&big);
         assert_eq!(choose(ExchangeMode::Auto, &p, &big).unwrap(), ExchangeMode::Fused);
         assert_eq!(choose(ExchangeMode::TwoPhase, &p, &big).unwrap(), ExchangeMode::TwoPhase);
     }
 
     #[test]
     fn mesh_world_mismatch() {
-        let layout = Layout { mesh: Some("dp=2,tp=2".into()), ..Default::default() };
-        assert!(layout.mesh(3).unwrap_err().to_string().contains("has 4 devices but the world has 3 ranks"));
-        assert_eq!(layout.mesh(4).unwrap().devices(), 4);
-        assert_eq!(Layout::default().mesh(5).unwrap().to_string(), "dp=5");
+        let layout = Layout { mesh: Some("dp=2,tp=2".parse().unwrap()), ..Default::default() };
+        assert!(mesh(&layout, 3).unwrap_err().to_string().contains("has 4 devices but the world has 3 ranks"));
+        assert_eq!(mesh(&layout, 4).unwrap().devices(), 4);
+        assert_eq!(mesh(&Layout::default(), 5).unwrap().to_string(), "dp=5");
     }
 }

@@ -1,6 +1,13 @@
-//! Per-rank metrics of the loader's phases.
+//! Per-rank metrics of the loader's phases, and their reduction over ranks.
+//!
+//! The producer measures each window it makes; the loader adds a window's metrics when
+//! its consumer takes the window, so the metrics of an epoch are those of the windows it
+//! delivered, even when the producer already runs ahead into the next epoch.
 
 use std::time::{Duration, Instant};
+
+use crate::error::Result;
+use crate::transport::{ReduceOp, Transport};
 
 /// The phases of the pipeline, in order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -48,6 +55,8 @@ pub struct Metrics {
     pub rows_delivered: u64,
     /// Windows exchanged.
     pub windows: u64,
+    /// Time the consumer waited for the producer (for batches not yet ready).
+    pub wait: Duration,
 }
 
 impl Metrics {
@@ -62,5 +71,69 @@ impl Metrics {
         let r = f();
         self.phase[p as usize] += start.elapsed();
         r
+    }
+
+    /// Adds another set of metrics to these.
+    pub fn add(&mut self, other: &Metrics) {
+        for (a, b) in self.phase.iter_mut().zip(&other.phase) {
+            *a += *b;
+        }
+        self.bytes_read += other.bytes_read;
+        self.bytes_sent += other.bytes_sent;
+        self.bytes_received += other.bytes_received;
+        self.rows_delivered += other.rows_delivered;
+        self.windows += other.windows;
+        self.wait += other.wait;
+    }
+
+    /// Reduces every rank's metrics (collective; every rank gets the same summary).
+    pub fn reduce(&self, transport: &dyn Transport) -> Result<MetricsSummary> {
+        let nanos = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+        let mut maxes: Vec<u64> = self.phase.iter().map(|&d| nanos(d)).collect();
+        maxes.extend([nanos(self.wait), self.bytes_sent, self.bytes_received, self.windows]);
+        transport.all_reduce_u64(&mut maxes, ReduceOp::Max)?;
+        let mut sums = [self.bytes_read, self.bytes_sent, self.bytes_received, self.rows_delivered];
+        transport.all_reduce_u64(&mut sums, ReduceOp::Sum)?;
+        let mut phase_max = [Duration::ZERO; 5];
+        for (p, &ns) in phase_max.iter_mut().zip(&maxes) {
+            *p = Duration::from_nanos(ns);
+        }
+        let n = Phase::ALL.len();
+        Ok(MetricsSummary {
+            phase_max,
+            wait_max: Duration::from_nanos(maxes[n]),
+            max_sent: maxes[n + 1],
+            max_received: maxes[n + 2],
+            windows: maxes[n + 3],
+            bytes_read: sums[0],
+            bytes_sent: sums[1],
+            bytes_received: sums[2],
+            rows_delivered: sums[3],
+        })
+    }
+}
+
+/// Metrics reduced over ranks: times as the maximum over ranks, bytes and rows summed,
+/// and the most any one rank sent and received.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct MetricsSummary {
+    /// Time per phase, indexed like [`Phase::ALL`]: the slowest rank's.
+    pub phase_max: [Duration; 5],
+    /// The longest any consumer waited for data.
+    pub wait_max: Duration,
+    pub bytes_read: u64,
+    pub bytes_sent: u64,
+    pub bytes_received: u64,
+    pub rows_delivered: u64,
+    pub max_sent: u64,
+    pub max_received: u64,
+    /// Windows (the most any rank exchanged).
+    pub windows: u64,
+}
+
+impl MetricsSummary {
+    /// The slowest rank's time in one phase.
+    pub fn time(&self, p: Phase) -> Duration {
+        self.phase_max[p as usize]
     }
 }

@@ -1,8 +1,8 @@
 //! Loader state: where a stream stands, and what defines the stream.
 //!
 //! The stream is a pure function of (dataset, seed, epoch, batch size, mesh, spec)
-//! (DESIGN.md contract 5), and the global batches do not depend on the number of ranks or
-//! the mesh (contract 2). So `(seed, epoch, step)` is all it takes to resume, on any
+//! (docs/design.md, "Determinism and resumption"), and the global batches do not depend
+//! on the number of ranks or the mesh ("World-size invariance"). So `(seed, epoch, step)` is all it takes to resume, on any
 //! number of ranks and any mesh, provided the dataset, seed and batch size are the same:
 //! the [`Fingerprint`] records those, and a mismatch is refused naming what changed.
 
@@ -20,12 +20,12 @@ pub struct Fingerprint {
     pub samples: u64,
     pub batch_size: usize,
     pub seed: u64,
-    pub tail: super::TailPolicy,
+    pub tail: crate::config::TailPolicy,
 }
 
 impl Fingerprint {
     /// The fingerprint of a dataset loaded with `batch_size` and `seed`.
-    pub fn of(dataset: &Dataset, batch_size: usize, seed: u64, tail: super::TailPolicy) -> Fingerprint {
+    pub fn of(dataset: &Dataset, batch_size: usize, seed: u64, tail: crate::config::TailPolicy) -> Fingerprint {
         Fingerprint {
             files: dataset
                 .files()

@@ -3,10 +3,12 @@
 //!
 //! Ranks map to coordinates in row-major order over the axes as written (the last axis
 //! varies fastest), unless a rank order lists the axes from slowest to fastest. The axis
-//! named `pp` (or one chosen explicitly) is the pipeline axis.
+//! named `pp` (or one chosen explicitly) is the pipeline axis. Meshes are built from a
+//! parsed [`MeshSpec`].
 
 use std::fmt;
 
+use crate::config::MeshSpec;
 use crate::error::{Error, Result};
 use crate::types::Rank;
 
@@ -21,34 +23,16 @@ pub struct Mesh {
 }
 
 impl Mesh {
-    /// Parses `name=size,name=size,...`. The axis called `pp`, if any, is the pipeline axis.
-    pub fn parse(spec: &str) -> Result<Mesh> {
-        let bad = |why: String| Error::Config(format!("--mesh '{spec}': {why} (expected e.g. dp=2,tp=2,pp=2)"));
-        let mut names: Vec<String> = Vec::new();
-        let mut sizes = Vec::new();
-        for part in spec.split(',').map(str::trim) {
-            let (name, size) = part.split_once('=').ok_or_else(|| bad(format!("'{part}' is not name=size")))?;
-            let name = name.trim();
-            if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
-                return Err(bad(format!("bad axis name '{name}'")));
-            }
-            if names.iter().any(|n| n == name) {
-                return Err(bad(format!("axis '{name}' appears twice")));
-            }
-            let size: usize = size
-                .trim()
-                .parse()
-                .ok()
-                .filter(|&s| s > 0)
-                .ok_or_else(|| bad(format!("bad size for axis '{name}'")))?;
-            names.push(name.to_string());
-            sizes.push(size);
-        }
-        if sizes.iter().try_fold(1usize, |a, &s| a.checked_mul(s)).is_none() {
-            return Err(bad("the product of the sizes overflows".into()));
-        }
+    /// The mesh a spec describes. The axis called `pp`, if any, is the pipeline axis.
+    pub fn from_spec(spec: &MeshSpec) -> Mesh {
+        let names: Vec<String> = spec.axes.iter().map(|a| a.name.clone()).collect();
         let pipeline = names.iter().position(|n| n == "pp");
-        Ok(Mesh { rank_order: (0..names.len()).collect(), names, sizes, pipeline })
+        Mesh {
+            rank_order: (0..names.len()).collect(),
+            sizes: spec.axes.iter().map(|a| a.size).collect(),
+            names,
+            pipeline,
+        }
     }
 
     /// A one-axis mesh `dp=world`.
@@ -145,12 +129,17 @@ impl fmt::Display for Mesh {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
+    /// A mesh from its written form (tests only: the core takes parsed specs).
+    pub(crate) fn mesh(spec: &str) -> Mesh {
+        Mesh::from_spec(&spec.parse().unwrap())
+    }
+
     #[test]
-    fn parse_and_coordinates() {
-        let m = Mesh::parse("dp=2,tp=2,pp=2").unwrap();
+    fn coordinates() {
+        let m = mesh("dp=2,tp=2,pp=2");
         assert_eq!(m.devices(), 8);
         assert_eq!(m.pipeline_axis(), Some(2));
         // Row-major: the last axis varies fastest.
@@ -167,13 +156,7 @@ mod tests {
 
     #[test]
     fn invalid_meshes() {
-        for (spec, why) in
-            [("dp", "not name=size"), ("dp=0", "bad size"), ("dp=2,dp=2", "appears twice"), ("d p=2", "bad axis name")]
-        {
-            let e = Mesh::parse(spec).unwrap_err().to_string();
-            assert!(e.contains(why), "{spec}: {e}");
-        }
-        let m = Mesh::parse("dp=2,tp=3").unwrap();
+        let m = mesh("dp=2,tp=3");
         assert!(m
             .check_world(4)
             .unwrap_err()

@@ -7,6 +7,7 @@
 //! and the [`placement::Placement`] (who receives which rows and slices of a global
 //! batch, derived from a [`mesh::Mesh`] and the fields' [`sharding`]).
 
+pub mod budget;
 pub mod home;
 pub mod mesh;
 pub mod permutation;
@@ -14,9 +15,10 @@ pub mod placement;
 pub mod sharding;
 pub mod window;
 
+pub use budget::WindowBudget;
 pub use home::HomeRanges;
 pub use mesh::Mesh;
 pub use permutation::Permutation;
 pub use placement::{FieldPart, Placement};
 pub use sharding::{FieldSharding, Stage};
-pub use window::{steps_per_window, WindowPlan};
+pub use window::WindowPlan;

@@ -275,10 +275,16 @@ mod tests {
         use crate::dataset::DType;
         use crate::plan::sharding::resolve;
         let fields = vec![Field::tensor("x", DType::F32, vec![8]), Field::tensor("y", DType::I64, vec![])];
-        let pairs = |p: &[(&str, &str)]| p.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect::<Vec<_>>();
+        use crate::plan::mesh::tests::mesh;
+        use crate::plan::sharding::Stage;
+        use std::collections::BTreeMap;
+        let pairs =
+            |p: &[(&str, &str)]| p.iter().map(|(a, b)| (a.to_string(), b.parse().unwrap())).collect::<BTreeMap<_, _>>();
+        let stages = |p: &[(&str, Stage)]| p.iter().map(|(a, b)| (a.to_string(), *b)).collect::<BTreeMap<_, _>>();
+        let none = BTreeMap::new();
         // dp=2,tp=2: x's feature dim split over tp, y replicated over tp.
-        let m = Mesh::parse("dp=2,tp=2").unwrap();
-        let s = resolve(&m, &fields, 8, &pairs(&[("x", "dp,tp")]), &[]).unwrap();
+        let m = mesh("dp=2,tp=2");
+        let s = resolve(&m, &fields, 8, &pairs(&[("x", "dp,tp")]), &stages(&[])).unwrap();
         let p = Placement::from_mesh(8, &m, &fields, &s).unwrap();
         assert_eq!(p.blocks().len(), 2);
         let (b, rc) = p.receiver(Rank(3)).unwrap(); // dp 1, tp 1
@@ -287,20 +293,20 @@ mod tests {
         assert_eq!(rc.parts[1].slice, None);
         assert_eq!(p.block_of_row(1).receivers.iter().map(|r| r.rank.0).collect::<Vec<_>>(), vec![0, 1]);
         // tp=4: batch not split over tp when the spec says so; every rank gets all rows.
-        let m = Mesh::parse("tp=4").unwrap();
-        let s = resolve(&m, &fields, 8, &pairs(&[("x", "-,tp"), ("y", "-")]), &[]).unwrap();
+        let m = mesh("tp=4");
+        let s = resolve(&m, &fields, 8, &pairs(&[("x", "-,tp"), ("y", "-")]), &stages(&[])).unwrap();
         let p = Placement::from_mesh(8, &m, &fields, &s).unwrap();
         assert_eq!(p.receiver(Rank(2)).unwrap().0.rows, 0..8);
         assert_eq!(p.receiver(Rank(2)).unwrap().1.parts[0].slice, Some(vec![4..6]));
         // dp=2,pp=2 with stages: x on the first stage, y on the last.
-        let m = Mesh::parse("dp=2,pp=2").unwrap();
-        let s = resolve(&m, &fields, 8, &[], &pairs(&[("x", "first"), ("y", "last")])).unwrap();
+        let m = mesh("dp=2,pp=2");
+        let s = resolve(&m, &fields, 8, &none, &stages(&[("x", Stage::First), ("y", Stage::Last)])).unwrap();
         let p = Placement::from_mesh(8, &m, &fields, &s).unwrap();
         assert_eq!(p.receiver(Rank(2)).unwrap().1.parts, vec![FieldPart::whole(0)]); // dp 1, pp 0
         assert_eq!(p.receiver(Rank(3)).unwrap().1.parts, vec![FieldPart::whole(1)]); // dp 1, pp 1
                                                                                      // dp=2,tp=2,pp=4: middle stages receive nothing.
-        let m = Mesh::parse("dp=2,tp=2,pp=4").unwrap();
-        let s = resolve(&m, &fields, 8, &[], &pairs(&[("x", "first"), ("y", "last")])).unwrap();
+        let m = mesh("dp=2,tp=2,pp=4");
+        let s = resolve(&m, &fields, 8, &none, &stages(&[("x", Stage::First), ("y", Stage::Last)])).unwrap();
         let p = Placement::from_mesh(8, &m, &fields, &s).unwrap();
         assert!(p.receiver(Rank(1)).is_none() && p.receiver(Rank(2)).is_none());
         assert!(p.receiver(Rank(0)).is_some() && p.receiver(Rank(3)).is_some());

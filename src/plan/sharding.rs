@@ -7,39 +7,13 @@
 //! rank at `(c_dp, c_fsdp)` holding block `c_dp·size(fsdp) + c_fsdp`. Omitted trailing
 //! dimensions are not split; axes a field does not use replicate it.
 
+use std::collections::BTreeMap;
+
 use super::Mesh;
+use crate::config::ShardSpec;
+pub use crate::config::Stage;
 use crate::dataset::{Field, FieldKind};
 use crate::error::{Error, Result};
-
-/// Which pipeline stages receive a field.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Stage {
-    First,
-    Last,
-    All,
-}
-
-impl Stage {
-    /// Parses `first`, `last` or `all`.
-    pub fn parse(s: &str) -> Option<Stage> {
-        match s {
-            "first" => Some(Stage::First),
-            "last" => Some(Stage::Last),
-            "all" => Some(Stage::All),
-            _ => None,
-        }
-    }
-
-    /// Whether pipeline stage `stage` of `stages` receives the field.
-    pub fn includes(self, stage: usize, stages: usize) -> bool {
-        match self {
-            Stage::First => stage == 0,
-            Stage::Last => stage + 1 == stages,
-            Stage::All => true,
-        }
-    }
-}
 
 /// The sharding of one field.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -50,18 +24,14 @@ pub struct FieldSharding {
     pub stage: Stage,
 }
 
-/// Parses one `--shard` value (`dp+fsdp,-,tp`) into axis indices per dimension.
-pub fn parse_spec(field: &str, spec: &str, mesh: &Mesh) -> Result<Vec<Vec<usize>>> {
-    let bad = |why: String| Error::Config(format!("--shard {field}={spec}: {why}"));
-    let mut dims = Vec::new();
+/// Resolves the axis names of one field's spec against the mesh.
+fn axes_of(field: &str, spec: &ShardSpec, mesh: &Mesh) -> Result<Vec<Vec<usize>>> {
+    let bad = |why: String| Error::Config(format!("sharding of '{field}' ({spec}): {why}"));
     let mut used = Vec::new();
-    for d in spec.split(',').map(str::trim) {
-        if d == "-" || d.is_empty() {
-            dims.push(vec![]);
-            continue;
-        }
-        let mut axes = Vec::new();
-        for name in d.split('+').map(str::trim) {
+    let mut dims = Vec::with_capacity(spec.dims.len());
+    for names in &spec.dims {
+        let mut axes = Vec::with_capacity(names.len());
+        for name in names {
             let a = mesh
                 .axis(name)
                 .ok_or_else(|| bad(format!("unknown mesh axis '{name}' (axes: {})", mesh.names().join(", "))))?;
@@ -69,7 +39,7 @@ pub fn parse_spec(field: &str, spec: &str, mesh: &Mesh) -> Result<Vec<Vec<usize>
                 return Err(bad(format!("axis '{name}' is used twice")));
             }
             if mesh.pipeline_axis() == Some(a) {
-                return Err(bad(format!("the pipeline axis '{name}' cannot split a field (use --stages)")));
+                return Err(bad(format!("the pipeline axis '{name}' cannot split a field (use stages)")));
             }
             used.push(a);
             axes.push(a);
@@ -79,14 +49,14 @@ pub fn parse_spec(field: &str, spec: &str, mesh: &Mesh) -> Result<Vec<Vec<usize>
     Ok(dims)
 }
 
-/// Resolves and validates the sharding of every field: `shards` and `stages` are
-/// `(field, value)` pairs from the command line or config file.
+/// Resolves and validates the sharding of every field against the mesh, the fields and
+/// the batch size: `shards` and `stages` name fields (others get the defaults).
 pub fn resolve(
     mesh: &Mesh,
     fields: &[Field],
     batch_size: usize,
-    shards: &[(String, String)],
-    stages: &[(String, String)],
+    shards: &BTreeMap<String, ShardSpec>,
+    stages: &BTreeMap<String, Stage>,
 ) -> Result<Vec<FieldSharding>> {
     let known = |what: &str, name: &str| -> Result<usize> {
         fields.iter().position(|f| f.name == name).ok_or_else(|| {
@@ -113,8 +83,8 @@ pub fn resolve(
         })
         .collect();
     for (name, spec) in shards {
-        let i = known("--shard", name)?;
-        let dims = parse_spec(name, spec, mesh)?;
+        let i = known("shard", name)?;
+        let dims = axes_of(name, spec, mesh)?;
         let f = &fields[i];
         let ndim = out[i].dims.len();
         if dims.len() > ndim {
@@ -126,11 +96,11 @@ pub fn resolve(
             };
             if matches!(f.kind, FieldKind::Bytes { .. }) {
                 return Err(Error::Config(format!(
-                    "--shard {name}={spec}: a variable-length field can only be split along the batch dimension"
+                    "sharding of '{name}' ({spec}): a variable-length field can only be split along the batch dimension"
                 )));
             }
             return Err(Error::Config(format!(
-                "--shard {name}={spec}: {} dimensions given but the batch array of '{name}' has {ndim}: {shape}",
+                "sharding of '{name}' ({spec}): {} dimensions given but the batch array of '{name}' has {ndim}: {shape}",
                 dims.len()
             )));
         }
@@ -139,9 +109,8 @@ pub fn resolve(
         out[i].dims = full;
     }
     for (name, stage) in stages {
-        let i = known("--stages", name)?;
-        out[i].stage = Stage::parse(stage)
-            .ok_or_else(|| Error::Config(format!("--stages {name}={stage}: expected first, last or all")))?;
+        let i = known("stages", name)?;
+        out[i].stage = *stage;
     }
     // Divisibility, and one batch split shared by every field.
     let axes_name = |axes: &[usize]| -> String {
@@ -190,6 +159,7 @@ pub fn resolve(
 mod tests {
     use super::*;
     use crate::dataset::DType;
+    use crate::plan::mesh::tests::mesh;
 
     fn fields() -> Vec<Field> {
         vec![
@@ -199,31 +169,36 @@ mod tests {
         ]
     }
 
-    fn pairs(p: &[(&str, &str)]) -> Vec<(String, String)> {
-        p.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect()
+    fn shards(p: &[(&str, &str)]) -> BTreeMap<String, ShardSpec> {
+        p.iter().map(|(a, b)| (a.to_string(), b.parse().unwrap())).collect()
+    }
+
+    fn stages(p: &[(&str, Stage)]) -> BTreeMap<String, Stage> {
+        p.iter().map(|(a, b)| (a.to_string(), *b)).collect()
     }
 
     #[test]
     fn defaults_and_specs() {
-        let m = Mesh::parse("dp=2,tp=2,pp=2").unwrap();
-        let s = resolve(&m, &fields(), 8, &pairs(&[("x", "dp,tp")]), &pairs(&[("y", "last")])).unwrap();
+        let m = mesh("dp=2,tp=2,pp=2");
+        let s = resolve(&m, &fields(), 8, &shards(&[("x", "dp,tp")]), &stages(&[("y", Stage::Last)])).unwrap();
         assert_eq!(s[0].dims, vec![vec![0], vec![1], vec![]]);
         assert_eq!(s[1].dims, vec![vec![0]]);
         assert_eq!((s[1].stage, s[2].stage), (Stage::Last, Stage::All));
         // Without dp, the batch is split over every non-pipeline axis.
-        let m = Mesh::parse("tp=2,pp=2").unwrap();
-        assert_eq!(resolve(&m, &fields(), 8, &[], &[]).unwrap()[0].dims[0], vec![0]);
-        let m = Mesh::parse("dp=2,fsdp=2").unwrap();
+        let m = mesh("tp=2,pp=2");
+        assert_eq!(resolve(&m, &fields(), 8, &shards(&[]), &stages(&[])).unwrap()[0].dims[0], vec![0]);
+        let m = mesh("dp=2,fsdp=2");
         let s =
-            resolve(&m, &fields(), 8, &pairs(&[("x", "dp+fsdp"), ("y", "dp+fsdp"), ("t", "dp+fsdp")]), &[]).unwrap();
+            resolve(&m, &fields(), 8, &shards(&[("x", "dp+fsdp"), ("y", "dp+fsdp"), ("t", "dp+fsdp")]), &stages(&[]))
+                .unwrap();
         assert_eq!(s[0].dims[0], vec![0, 1]);
     }
 
     #[test]
     fn invalid_specs_are_rejected_with_clear_messages() {
-        let m = Mesh::parse("dp=2,tp=4,pp=2").unwrap();
-        let err = |shards: &[(&str, &str)], stages: &[(&str, &str)], b: usize| {
-            resolve(&m, &fields(), b, &pairs(shards), &pairs(stages)).unwrap_err().to_string()
+        let m = mesh("dp=2,tp=4,pp=2");
+        let err = |sh: &[(&str, &str)], st: &[(&str, Stage)], b: usize| {
+            resolve(&m, &fields(), b, &shards(sh), &stages(st)).unwrap_err().to_string()
         };
         assert!(err(&[("x", "dp,zz")], &[], 8).contains("unknown mesh axis 'zz'"));
         assert!(err(&[("q", "dp")], &[], 8).contains("unknown field 'q'"));
@@ -233,7 +208,7 @@ mod tests {
         assert!(err(&[("t", "dp,tp")], &[], 8).contains("variable-length field can only be split along the batch"));
         assert!(err(&[("x", "dp+tp")], &[], 8).contains("split the batch dimension differently"));
         assert!(err(&[("x", "pp")], &[], 8).contains("pipeline axis 'pp' cannot split"));
-        assert!(err(&[], &[("y", "middle")], 8).contains("expected first, last or all"));
+        assert!(err(&[], &[("q", Stage::Last)], 8).contains("stages names unknown field 'q'"));
         assert!(err(&[], &[], 7).contains("batch size 7 is not divisible by dp = 2"));
     }
 }

@@ -3,7 +3,7 @@
 //!
 //! Exchanging a window of steps at once amortises the collective's latency; the window
 //! length is chosen so that the bytes in flight stay under the configured budget
-//! ([`steps_per_window`]). Send and receive orders are both "step, then row of the global
+//! ([`super::budget`]). Send and receive orders are both "step, then row of the global
 //! batch", so a receiver can take rows off each source's segment in order without any
 //! per-row header.
 
@@ -69,6 +69,9 @@ impl WindowPlan {
             }
         }
         reads.sort_unstable();
+        // A padded last batch repeats the epoch's first samples: a window that holds both
+        // reads each once (readers take unique rows).
+        reads.dedup();
 
         let mut recvs = Vec::new();
         if let Some((block, _)) = placement.receiver(me) {
@@ -78,16 +81,6 @@ impl WindowPlan {
         }
         WindowPlan { steps, batch_size: b, ids, reads, sends, recvs }
     }
-}
-
-/// Steps per window so that a rank's buffers stay within `window_bytes`; at least one
-/// step. `bytes_per_step` is the most any rank receives per step. The peak is while
-/// packing: read buffers (at most twice what is sent, see `dataset::rows::coalesce`) plus
-/// the send buffer, about `3 × bytes_per_step` per step; exchanging (send + receive) and
-/// assembling (receive + batches) hold less.
-pub fn steps_per_window(window_bytes: u64, bytes_per_step: u64, steps_in_epoch: u64) -> u64 {
-    let per_step = bytes_per_step.saturating_mul(3).max(1);
-    (window_bytes / per_step).clamp(1, steps_in_epoch.max(1))
 }
 
 #[cfg(test)]
@@ -141,13 +134,16 @@ mod tests {
         let plan = WindowPlan::new(&perm, &home, &full, Rank(0), 2..3, b);
         let want: Vec<SampleId> = [8, 9, 0, 1].iter().map(|&p| SampleId(perm.apply(p))).collect();
         assert_eq!(plan.ids, want);
-    }
-
-    #[test]
-    fn window_length_respects_the_budget() {
-        assert_eq!(steps_per_window(1500, 100, 50), 5);
-        assert_eq!(steps_per_window(10, 100, 50), 1);
-        assert_eq!(steps_per_window(u64::MAX, 1, 7), 7);
-        assert_eq!(steps_per_window(100, 0, 0), 1);
+        // A window of the whole padded epoch reads every sample once.
+        let plan = WindowPlan::new(
+            &perm,
+            &HomeRanges::new(n, 1),
+            &Placement::data_parallel(b, 1, 1).unwrap(),
+            Rank(0),
+            0..3,
+            b,
+        );
+        assert_eq!(plan.ids.len(), 12);
+        assert_eq!(plan.reads, (0..n).map(SampleId).collect::<Vec<_>>());
     }
 }

@@ -1,15 +1,16 @@
 //! Transports: the small byte-level interface the loader needs from a communication
 //! library, and the failure agreement built on it.
 //!
-//! The interface is deliberately narrow (rank, size, all-to-all-v, all-gather, all-reduce
-//! of small values, barrier; DESIGN.md "Transports") so that every backend implements all
-//! of it. Backends: [`mpi::MpiTransport`] (rsmpi) and [`local::LocalTransport`] (one
+//! The interface is deliberately narrow (rank, size, all-to-all-v — blocking and
+//! overlapped —, all-gather, all-reduce of small values, barrier, split, dup;
+//! docs/design.md, "Transports") so that every backend implements all of it. Backends: [`mpi::MpiTransport`] (rsmpi) and [`local::LocalTransport`] (one
 //! process, no communication; for tests, examples and single-process use) and, with the
 //! `ucx` feature, `ucx::UcxTransport` (UCP tagged messages, bootstrapped by the TCP
 //! [`rendezvous`] or by MPI). Count tables are validated in [`counts`] before any C call.
 
 pub mod counts;
 pub mod local;
+#[cfg(feature = "mpi")]
 pub mod mpi;
 pub mod rendezvous;
 #[cfg(feature = "ucx")]
@@ -18,6 +19,7 @@ pub mod ucx;
 use crate::error::{Error, Result};
 use crate::types::Rank;
 
+#[cfg(feature = "mpi")]
 pub use self::mpi::MpiTransport;
 pub use local::LocalTransport;
 
@@ -30,7 +32,10 @@ pub enum ReduceOp {
 }
 
 /// Byte-level collectives over a fixed group of ranks.
-pub trait Transport {
+///
+/// A transport is `Send` (a loader moves its own communicator to its producer thread) but
+/// not shared: one thread at a time uses it.
+pub trait Transport: Send {
     /// This process's rank.
     fn rank(&self) -> Rank;
 
@@ -78,49 +83,18 @@ pub trait Transport {
     /// match this one's: a loader runs on its own duplicate so that its collectives cannot
     /// interleave with the caller's. Collective.
     fn dup(&self) -> Result<Box<dyn Transport>>;
-}
 
-/// A borrowed transport is a transport: several loaders (e.g. the modes of a benchmark)
-/// can share one communicator.
-impl<T: Transport + ?Sized> Transport for &T {
-    fn rank(&self) -> Rank {
-        (**self).rank()
-    }
-    fn size(&self) -> usize {
-        (**self).size()
-    }
-    fn all_to_all_v(&self, send: Vec<u8>, send_counts: &[usize]) -> Result<(Vec<u8>, Vec<usize>)> {
-        (**self).all_to_all_v(send, send_counts)
-    }
-    fn all_to_all_v_overlapped(
-        &self,
-        send: Vec<u8>,
-        send_counts: &[usize],
-        during: &mut dyn FnMut(),
-    ) -> Result<(Vec<u8>, Vec<usize>)> {
-        (**self).all_to_all_v_overlapped(send, send_counts, during)
-    }
-    fn all_gather(&self, mine: &[u8]) -> Result<Vec<Vec<u8>>> {
-        (**self).all_gather(mine)
-    }
-    fn all_reduce_u64(&self, values: &mut [u64], op: ReduceOp) -> Result<()> {
-        (**self).all_reduce_u64(values, op)
-    }
-    fn barrier(&self) -> Result<()> {
-        (**self).barrier()
-    }
-    fn split(&self, color: usize) -> Result<Box<dyn Transport>> {
-        (**self).split(color)
-    }
-    fn dup(&self) -> Result<Box<dyn Transport>> {
-        (**self).dup()
+    /// Whether a duplicate may run collectives on another thread while the caller keeps
+    /// using this transport (MPI: only at thread level `MPI_THREAD_MULTIPLE`).
+    fn concurrent(&self) -> bool {
+        true
     }
 }
 
 /// Failure agreement: every rank calls this with the outcome of a local phase. If any rank
 /// failed, every rank returns [`Error::Remote`] naming the first failing rank and its
 /// message, so that no rank goes on into a collective the others will never join
-/// (DESIGN.md contract 7).
+/// (docs/design.md, "No hangs").
 pub fn agree<T>(transport: &dyn Transport, local: Result<T>) -> Result<T> {
     let mut failed = [u64::from(local.is_err())];
     transport.all_reduce_u64(&mut failed, ReduceOp::Max)?;

@@ -22,6 +22,13 @@ pub struct MpiTransport {
     max_round_bytes: usize,
 }
 
+// SAFETY: an MPI communicator handle is a plain value that MPI lets any thread use; what
+// MPI restricts is *concurrent* calls, by thread level. `MpiTransport` is not `Sync`, so
+// one thread at a time uses each communicator, and a loader moves its duplicate to a
+// producer thread (running while the caller uses other communicators) only when
+// `concurrent()` reports MPI_THREAD_MULTIPLE.
+unsafe impl Send for MpiTransport {}
+
 impl MpiTransport {
     /// Wraps a communicator (usually `universe.world()`).
     pub fn new(comm: SimpleCommunicator) -> MpiTransport {
@@ -36,21 +43,20 @@ impl MpiTransport {
         self
     }
 
-    /// Refuses to run when the launcher started more processes than this MPI world has:
-    /// a binary built against one MPI and started by another MPI's `mpirun` runs as N
-    /// separate worlds of one rank each (PLATFORM.md), which would silently repeat the
-    /// whole job N times.
-    pub fn check_launcher(&self) -> Result<()> {
+    /// Refuses to run when the launcher started a different number of processes than this
+    /// MPI world has — `launched` is what the launcher's environment says (variable, count;
+    /// read at the edge, see `runtime`). A binary built against one MPI and started by
+    /// another MPI's `mpirun`, or srun with the wrong PMI plugin, runs as N separate worlds
+    /// of one rank each, which would silently repeat the whole job N times.
+    pub fn check_launcher(&self, launched: &[(&str, usize)]) -> Result<()> {
         let size = self.size();
-        // OpenMPI's launcher sets OMPI_COMM_WORLD_SIZE; MPICH's (and PMI-2 srun) PMI_SIZE.
-        for var in ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE"] {
-            if let Some(n) = std::env::var(var).ok().and_then(|v| v.parse::<usize>().ok()) {
-                if n != size {
-                    return Err(Error::Transport(format!(
-                        "the launcher started {n} processes ({var}) but MPI_COMM_WORLD has {size} rank(s): \
-                         meshfeed was built against a different MPI than the mpirun that started it"
-                    )));
-                }
+        for &(var, n) in launched {
+            if n != size {
+                return Err(Error::Transport(format!(
+                    "the launcher started {n} processes ({var}) but MPI_COMM_WORLD has {size} rank(s): \
+                     meshfeed was built against a different MPI than the launcher that started it, or srun \
+                     used the wrong --mpi plugin"
+                )));
             }
         }
         Ok(())
@@ -244,5 +250,9 @@ impl Transport for MpiTransport {
 
     fn dup(&self) -> Result<Box<dyn Transport>> {
         Ok(Box::new(MpiTransport { comm: self.comm.duplicate(), max_round_bytes: self.max_round_bytes }))
+    }
+
+    fn concurrent(&self) -> bool {
+        ::mpi::environment::threading_support() == ::mpi::Threading::Multiple
     }
 }

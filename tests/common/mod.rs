@@ -8,7 +8,19 @@ use std::process::{Command, Output, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-pub const BIN: &str = env!("CARGO_BIN_EXE_meshfeed");
+/// The `meshfeed` binary of this build: it belongs to the `meshfeed-cli` workspace member,
+/// so it sits next to this test's own `deps/` directory once the workspace is built
+/// (`cargo build --release --workspace`; `tests/ci.sh` does that first).
+pub fn bin() -> &'static str {
+    static BIN: OnceLock<String> = OnceLock::new();
+    BIN.get_or_init(|| {
+        let exe = std::env::current_exe().expect("the test binary's path");
+        let dir = exe.parent().and_then(Path::parent).expect("target/<profile>/deps/<test>");
+        let bin = dir.join("meshfeed");
+        assert!(bin.exists(), "{} is missing: build the workspace first (cargo build --workspace)", bin.display());
+        bin.to_str().expect("a UTF-8 target path").to_string()
+    })
+}
 
 /// How long one command may take before the test fails as hung. Generous: the machine is
 /// shared and ranks are oversubscribed; a hang is a failure, never a pass.
@@ -65,7 +77,7 @@ fn wait_bounded(mut cmd: Command, what: &str) -> Run {
 
 /// `meshfeed ARGS` in one process (gen, inspect).
 pub fn meshfeed(args: &[&str]) -> Run {
-    let mut cmd = Command::new(BIN);
+    let mut cmd = Command::new(bin());
     cmd.args(args);
     wait_bounded(cmd, &format!("meshfeed {}", args.join(" ")))
 }
@@ -77,7 +89,7 @@ pub const MPIRUN_FLAGS: [&str; 5] = ["--allow-run-as-root", "--oversubscribe", "
 /// `mpirun -np NP meshfeed ARGS` under real OpenMPI (as root, oversubscribed).
 pub fn mpirun(np: usize, args: &[&str]) -> Run {
     let mut cmd = Command::new("mpirun");
-    cmd.args(MPIRUN_FLAGS).args(["-np", &np.to_string(), BIN]);
+    cmd.args(MPIRUN_FLAGS).args(["-np", &np.to_string(), bin()]);
     cmd.args(args);
     cmd.env("HDF5_USE_FILE_LOCKING", "FALSE");
     wait_bounded(cmd, &format!("mpirun -np {np} meshfeed {}", args.join(" ")))
@@ -250,7 +262,7 @@ pub fn tempdir() -> tempfile::TempDir {
 
 /// `meshfeed launch -n NP -- ARGS` (the local launcher, UCX transport).
 pub fn launch(np: usize, args: &[&str]) -> Run {
-    let mut cmd = Command::new(BIN);
+    let mut cmd = Command::new(bin());
     cmd.args(["launch", "-n", &np.to_string(), "--"]);
     cmd.args(args);
     cmd.env("HDF5_USE_FILE_LOCKING", "FALSE").env("UCX_NET_DEVICES", "lo").env_remove("MESHFEED_JOB_TOKEN");
@@ -271,7 +283,7 @@ pub fn spawn_rank(
     args: &[&str],
     extra_env: &[(&str, &str)],
 ) -> std::process::Child {
-    let mut cmd = Command::new(BIN);
+    let mut cmd = Command::new(bin());
     cmd.args(args)
         .env("RANK", rank.to_string())
         .env("WORLD_SIZE", world.to_string())

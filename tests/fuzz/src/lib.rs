@@ -10,8 +10,10 @@
 //! `-fork`) do not overwrite each other's files. It is removed at exit (not after a
 //! crash, so the crashing file can be looked at); [`cleanup`] removes one target's files.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use meshfeed::config::{parse_pair, ByteSize, MeshSpec, ShardSpec, Stage};
 use meshfeed::dataset::npy_header::{parse_preamble, parse_py_literal};
 use meshfeed::dataset::{gen, raw, scan_file, Dataset, DatasetOptions, DType, Field, FieldKind, Format};
 use meshfeed::plan::{sharding, Mesh};
@@ -95,10 +97,10 @@ pub fn raw_schema(data: &[u8]) {
     read_file(&path, Format::Raw);
 }
 
-/// Command-line spec parsers, one input line at a time: `--mesh` ([`Mesh::parse`]),
-/// `--field` ([`gen::parse_field`]), byte sizes ([`meshfeed::cli::parse_bytes`]), and
-/// [`sharding::resolve`] with a few fixed fields plus every field a line parsed to, the
-/// `--shard` pairs from lines `f=spec` and the `--stages` pairs from lines `@f=stage`, on
+/// Spec parsers, one input line at a time: meshes ([`MeshSpec`]), `--field`
+/// ([`gen::parse_field`]), byte sizes ([`ByteSize`]), and [`sharding::resolve`] with a few
+/// fixed fields plus every field a line parsed to, the sharding specs of lines `f=spec` and
+/// the stages of lines `@f=stage` (each parsed as the command line does), on
 /// the mesh `dp=2,tp=2,pp=2` and on every line's mesh that passes the checks `meshfeed run`
 /// makes on an 8-rank world (`--mesh-order` reversed, `--pipeline-axis`, `check_world`, as
 /// in `loader::layout`). The batch size is the first line that parses as a byte size
@@ -106,18 +108,20 @@ pub fn raw_schema(data: &[u8]) {
 pub fn specs(data: &[u8]) {
     const WORLD: usize = 8;
     let Ok(text) = std::str::from_utf8(data) else { return };
-    let mut meshes = vec![Mesh::parse("dp=2,tp=2,pp=2").expect("fixed mesh parses")];
+    let mesh = |spec: &MeshSpec| Mesh::from_spec(spec);
+    let mut meshes = vec![mesh(&"dp=2,tp=2,pp=2".parse().expect("fixed mesh parses"))];
     let mut fields = vec![
         Field::tensor("x", DType::F32, vec![8, 6]),
         Field::tensor("y", DType::I64, vec![]),
         Field { name: "t".into(), kind: FieldKind::Bytes { utf8: false } },
         Field::tensor("z", DType::U8, vec![4, 2, 6]),
     ];
-    let (mut shards, mut stages) = (Vec::new(), Vec::new());
+    let (mut shards, mut stages) = (BTreeMap::new(), BTreeMap::new());
     let mut batch: Option<usize> = None;
     for line in text.lines() {
-        if let Ok(m) = Mesh::parse(line) {
+        if let Ok(m) = line.parse::<MeshSpec>() {
             let _ = m.to_string();
+            let m = mesh(&m);
             let reversed: Vec<String> = m.names().iter().rev().cloned().collect();
             let m = m.with_rank_order(&reversed).expect("every axis once");
             let m = m.with_pipeline_axis(&reversed[0]).expect("an axis of the mesh");
@@ -133,16 +137,14 @@ pub fn specs(data: &[u8]) {
                 fields.push(f);
             }
         }
-        if let Ok(n) = meshfeed::cli::parse_bytes(line) {
+        if let Ok(n) = line.parse::<ByteSize>() {
             if batch.is_none() {
-                batch = usize::try_from(n).ok();
+                batch = usize::try_from(n.0).ok();
             }
         }
-        if let Some((name, spec)) = line.split_once('=') {
-            match name.strip_prefix('@') {
-                Some(name) => stages.push((name.to_string(), spec.to_string())),
-                None => shards.push((name.to_string(), spec.to_string())),
-            }
+        match line.strip_prefix('@') {
+            Some(pair) => stages.extend(parse_pair::<Stage>(pair)),
+            None => shards.extend(parse_pair::<ShardSpec>(line)),
         }
     }
     for mesh in &meshes {

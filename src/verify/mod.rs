@@ -1,5 +1,6 @@
-//! `run --verify`: collective checks that every epoch delivered each sample exactly once,
-//! in the order of the epoch's permutation, with the right contents.
+//! Verification of delivered data (`meshfeed run --verify`, `--dump`): collective checks
+//! that every epoch delivered each sample exactly once, in the order of the epoch's
+//! permutation, with the right contents; and the per-rank dump format ([`dump`]).
 //!
 //! * Order: row `j` of step `k` must be the sample at position `k·B + j` of `π(seed, epoch)`.
 //! * Contents: when the dataset was written by `meshfeed gen` (its manifest is found),
@@ -9,6 +10,8 @@
 //!   ids at positions `< steps·B` arrived exactly once per receiving rank of their row block
 //!   (replicas and tensor-parallel peers each receive their copy or slice) and the others
 //!   (the dropped tail) never did.
+
+pub mod dump;
 
 use crate::dataset::gen::{self, Manifest};
 use crate::dataset::Dataset;

@@ -9,7 +9,8 @@
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
-use crate::error::{Error, Result};
+use meshfeed::runtime::StopSignal;
+use meshfeed::{Error, Result};
 
 #[derive(clap::Args, Debug)]
 pub struct LaunchArgs {
@@ -40,13 +41,6 @@ fn token() -> Result<String> {
     )
     .map_err(|e| Error::io("/dev/urandom", e))?;
     Ok(b.iter().map(|x| format!("{x:02x}")).collect())
-}
-
-/// The signal the launcher received, to pass on to the ranks.
-static FORWARD: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
-
-extern "C" fn on_signal(signal: libc::c_int) {
-    FORWARD.store(signal, std::sync::atomic::Ordering::SeqCst);
 }
 
 fn terminate(children: &mut [(usize, Child)], grace: Duration) {
@@ -102,15 +96,12 @@ pub fn run(args: LaunchArgs) -> Result<i32> {
         }
     }
     let grace = Duration::from_secs_f64(args.grace.max(0.0));
-    for sig in [libc::SIGTERM, libc::SIGINT] {
-        // SAFETY: the handler only stores into an atomic (async-signal-safe).
-        unsafe { libc::signal(sig, on_signal as *const () as libc::sighandler_t) };
-    }
+    // The signal the launcher receives is passed on to the ranks.
+    let received = StopSignal::install()?;
     let mut forwarded = false;
     let mut exit = 0;
     while !children.is_empty() {
-        let signal = FORWARD.load(std::sync::atomic::Ordering::SeqCst);
-        if signal != 0 && !forwarded {
+        if let (Some(signal), false) = (received.received(), forwarded) {
             for (_, c) in &children {
                 // SAFETY: kill(2) on the pid of a child we spawned and have not yet reaped.
                 unsafe { libc::kill(c.id() as libc::pid_t, signal) };

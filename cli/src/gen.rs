@@ -6,9 +6,9 @@ use std::time::Instant;
 use indicatif::{ProgressBar, ProgressStyle};
 use rayon::prelude::*;
 
-use crate::dataset::gen::{self, GenSpec};
-use crate::dataset::Format;
-use crate::error::{Error, Result};
+use meshfeed::dataset::gen::{self, GenSpec};
+use meshfeed::dataset::Format;
+use meshfeed::{Error, Result};
 
 #[derive(clap::Args, Debug)]
 pub struct GenArgs {

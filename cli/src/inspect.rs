@@ -1,19 +1,25 @@
 //! `meshfeed inspect`: files, sample counts, fields and sizes of a dataset.
 
-use crate::dataset::Dataset;
-use crate::error::Result;
+use std::path::PathBuf;
+
+use meshfeed::dataset::{Dataset, DatasetOptions};
+use meshfeed::Result;
 
 #[derive(clap::Args, Debug)]
 pub struct InspectArgs {
-    #[command(flatten)]
-    pub data: super::DataArgs,
+    /// Dataset files or directories (all supported files in a directory, in name order).
+    #[arg(long, num_args = 1.., required = true, value_name = "PATH")]
+    pub data: Vec<PathBuf>,
+    /// HDF5 group that holds the datasets (default: the file root).
+    #[arg(long, value_name = "GROUP")]
+    pub group: Option<String>,
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
 }
 
 pub fn run(args: InspectArgs) -> Result<()> {
-    let ds = Dataset::open_local(&args.data.data, args.data.options())?;
+    let ds = Dataset::open_local(&args.data, DatasetOptions { hdf5_group: args.group })?;
     let total_bytes: u64 = ds.files().iter().map(|f| f.bytes).sum();
     if args.json {
         let v = serde_json::json!({

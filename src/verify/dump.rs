@@ -1,5 +1,5 @@
-//! The `--dump DIR` format (DESIGN.md contract 8): one `rank-<r>.jsonl` per rank, one line
-//! per delivered step:
+//! The `--dump DIR` format (docs/design.md, "Verifiability"): one `rank-<r>.jsonl` per
+//! rank, one line per delivered step:
 //!
 //! ```text
 //! {"epoch":0,"step":3,"ids":[17,4,88],"crc32":{"x":[3735928559,305419896,2596069104],"y":[...]}}

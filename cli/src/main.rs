@@ -1,0 +1,57 @@
+//! The `meshfeed` command line: `gen`, `inspect`, `run`, `bench` and `launch`.
+//!
+//! `main` is thin: parse (clap), run the command, print the error chain in one place and
+//! pick the exit code. Parsing the command line and validating it into a job (the
+//! library's typed [`meshfeed::config::Job`]) are two steps ([`job`]); everything a
+//! loading job does beyond presenting results is the library's.
+
+mod bench;
+mod gen;
+mod inspect;
+mod job;
+mod launch;
+mod report;
+mod run;
+
+use clap::{Parser, Subcommand};
+
+/// Exact global shuffle and device-mesh placement of training data over MPI or UCX.
+#[derive(Parser, Debug)]
+#[command(name = "meshfeed", version = meshfeed::VERSION)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Write a synthetic dataset whose contents are a function of the sample id.
+    Gen(gen::GenArgs),
+    /// Print the files, sample counts and fields of a dataset.
+    Inspect(inspect::InspectArgs),
+    /// Load a dataset with a global shuffle (launch with mpirun -np P, or meshfeed launch).
+    Run(run::RunArgs),
+    /// Compare the fused and two-phase exchanges with the single-loader baseline, and
+    /// measure the overlap of loading with a simulated training step.
+    Bench(bench::BenchArgs),
+    /// Start N ranks on this host with the rendezvous environment (for --transport ucx).
+    Launch(launch::LaunchArgs),
+}
+
+fn main() {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            std::process::exit(e.exit_code());
+        }
+    };
+    let code = match cli.command {
+        Command::Gen(a) => report::exit_code(None, gen::run(a).map(|()| 0)),
+        Command::Inspect(a) => report::exit_code(None, inspect::run(a).map(|()| 0)),
+        Command::Run(a) => run::main(a),
+        Command::Bench(a) => bench::main(a),
+        Command::Launch(a) => report::exit_code(None, launch::run(a)),
+    };
+    std::process::exit(code);
+}

@@ -1,0 +1,198 @@
+//! What the command line prints: errors (once per job), per-epoch summaries (text or JSON
+//! lines), verification reports, and the progress bar.
+
+use std::collections::BTreeMap;
+
+use indicatif::{ProgressBar, ProgressStyle};
+use meshfeed::loader::{MetricsSummary, Phase};
+use meshfeed::verify::Report;
+use meshfeed::Error;
+
+/// The exit code of a command's result, printing its error (see [`print_error`]).
+pub fn exit_code(rank: Option<usize>, result: meshfeed::Result<i32>) -> i32 {
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            print_error(rank, &e);
+            1
+        }
+    }
+}
+
+/// Prints an error with its source chain on one line, prefixed by the rank when known.
+///
+/// A failure all ranks agreed on ([`Error::Remote`]) is printed in full once, by rank 0;
+/// the other ranks print one short line saying why they stop (so per-rank logs still
+/// explain every exit) instead of N copies of the same message.
+pub fn print_error(rank: Option<usize>, e: &Error) {
+    if let (Some(r), Error::Remote { rank: origin, .. }) = (rank, e) {
+        if r != 0 {
+            write_line(&format!("meshfeed: rank {r} stopped: rank {origin} failed (the error is printed by rank 0)\n"));
+            return;
+        }
+    }
+    let mut msg = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        let text = s.to_string();
+        if !msg.contains(&text) {
+            msg.push_str(&format!(": {text}"));
+        }
+        source = s.source();
+    }
+    write_line(&match rank {
+        Some(r) => format!("meshfeed: error on rank {r}: {msg}\n"),
+        None => format!("meshfeed: error: {msg}\n"),
+    });
+}
+
+/// One write call: ranks share the launcher's stderr pipe, and `eprintln!` would write a
+/// line in pieces that interleave with other ranks' lines.
+fn write_line(line: &str) {
+    let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
+}
+
+/// Per-epoch summary, reduced over ranks.
+#[derive(Debug, serde::Serialize)]
+pub struct EpochSummary {
+    pub epoch: u64,
+    pub ranks: usize,
+    pub steps: u64,
+    pub samples: u64,
+    pub seconds: f64,
+    pub samples_per_s: f64,
+    pub gb_per_s: f64,
+    /// Max over ranks of the time in each phase.
+    pub phase_s: BTreeMap<&'static str, f64>,
+    /// Max over ranks of the time the consumer waited for data, and of the time spent in
+    /// the simulated training step (`--compute-ms`).
+    pub wait_s: f64,
+    pub compute_s: f64,
+    pub bytes_read: u64,
+    pub bytes_exchanged: u64,
+    pub bytes_delivered: u64,
+    pub windows: u64,
+    /// Peak resident set size of the largest rank so far (getrusage).
+    pub max_rss_bytes: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub verified: Option<bool>,
+}
+
+/// What one rank measured over an epoch, besides the loader's metrics.
+pub struct EpochTimes {
+    pub epoch: u64,
+    pub samples: u64,
+    pub steps: u64,
+    pub seconds: f64,
+    pub compute_s: f64,
+    pub delivered: u64,
+}
+
+impl EpochSummary {
+    /// The summary of an epoch (collective).
+    pub fn reduce(
+        world: &dyn meshfeed::transport::Transport,
+        t: &EpochTimes,
+        m: &MetricsSummary,
+    ) -> meshfeed::Result<EpochSummary> {
+        use meshfeed::transport::ReduceOp;
+        let mut maxes = [(t.seconds * 1e9) as u64, (t.compute_s * 1e9) as u64, meshfeed::runtime::peak_rss_bytes()];
+        world.all_reduce_u64(&mut maxes, ReduceOp::Max)?;
+        let mut delivered = [t.delivered];
+        world.all_reduce_u64(&mut delivered, ReduceOp::Sum)?;
+        let seconds = maxes[0] as f64 / 1e9;
+        Ok(EpochSummary {
+            epoch: t.epoch,
+            ranks: world.size(),
+            steps: t.steps,
+            samples: t.samples,
+            seconds,
+            samples_per_s: t.samples as f64 / seconds.max(1e-9),
+            gb_per_s: delivered[0] as f64 / 1e9 / seconds.max(1e-9),
+            phase_s: Phase::ALL.iter().map(|&p| (p.name(), m.time(p).as_secs_f64())).collect(),
+            wait_s: m.wait_max.as_secs_f64(),
+            compute_s: maxes[1] as f64 / 1e9,
+            bytes_read: m.bytes_read,
+            bytes_exchanged: m.bytes_sent,
+            bytes_delivered: delivered[0],
+            windows: m.windows,
+            max_rss_bytes: maxes[2],
+            verified: None,
+        })
+    }
+
+    /// The summary as one line of text.
+    pub fn print(&self) {
+        let phases: Vec<String> =
+            Phase::ALL.iter().map(|p| format!("{} {:.3}s", p.name(), self.phase_s[p.name()])).collect();
+        let compute = if self.compute_s > 0.0 {
+            format!(" | compute {:.3}s, waited for data {:.3}s", self.compute_s, self.wait_s)
+        } else {
+            String::new()
+        };
+        println!(
+            "epoch {}: {} samples in {:.3} s — {:.0} samples/s, {:.3} GB/s | {} (max over {} ranks){compute} | {} windows, {:.1} MB exchanged, peak RSS {:.0} MB",
+            self.epoch,
+            self.samples,
+            self.seconds,
+            self.samples_per_s,
+            self.gb_per_s,
+            phases.join(", "),
+            self.ranks,
+            self.windows,
+            self.bytes_exchanged as f64 / 1e6,
+            self.max_rss_bytes as f64 / 1e6
+        );
+    }
+
+    /// The summary as one JSON line.
+    pub fn print_json(&self) {
+        println!("{}", serde_json::to_string(self).expect("a summary serialises"));
+    }
+}
+
+/// The verification report of one epoch.
+pub fn print_verify_report(epoch: u64, samples: u64, dataset: u64, r: &Report, contents: bool, first: Option<&str>) {
+    if r.ok() {
+        let what = if contents {
+            format!("contents match the generator ({} values checked)", r.values_checked)
+        } else {
+            "contents not checked (no meshfeed-gen manifest)".to_string()
+        };
+        let mut copies = if r.delivered > samples {
+            format!(" to each of its ranks ({} deliveries)", r.delivered)
+        } else {
+            String::new()
+        };
+        if samples > dataset {
+            copies.push_str(&format!(", the last batch padded with the epoch's first {} samples", samples - dataset));
+        }
+        println!(
+            "verify: epoch {epoch}: {samples} samples delivered exactly once{copies}, in permutation order; {what}"
+        );
+    } else {
+        println!(
+            "verify: epoch {epoch}: FAILED — {} missing, {} duplicated, {} unexpected, {} out of order, {} wrong contents; first: {}",
+            r.missing,
+            r.duplicated,
+            r.unexpected,
+            r.out_of_order,
+            r.wrong_contents,
+            first.unwrap_or("-")
+        );
+    }
+}
+
+/// The progress bar of one epoch (rank 0, text output; hidden when stderr is no terminal).
+pub fn progress_bar(visible: bool, steps: u64, epoch: u64) -> ProgressBar {
+    if !visible {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new(steps).with_style(
+        ProgressStyle::with_template("epoch {prefix} [{bar:30}] {pos}/{len} steps {per_sec} eta {eta}")
+            .expect("valid template")
+            .progress_chars("=> "),
+    );
+    bar.set_prefix(epoch.to_string());
+    bar
+}

@@ -1,0 +1,228 @@
+//! One window's work on the producer side, in three collective steps that every rank takes
+//! in the same order:
+//!
+//! 1. [`prepare`]: **plan** the window ([`WindowPlan`]: the id of every row, what this rank
+//!    reads and sends), **read** the samples of its home range it sends, agree with the
+//!    other ranks that every read succeeded, and **pack** each destination's values into
+//!    one send buffer (one copy);
+//! 2. [`exchange`]: one all-to-all-v over the loader's own communicator — overlapped, when
+//!    the producer runs ahead, with preparing the next window;
+//! 3. [`complete`]: **assemble** the received values into [`Batch`]es (one copy), and
+//!    agree that every rank did.
+//!
+//! The route a window takes — fused, two-phase ([`super::two_phase`]) or the broadcast
+//! baseline ([`super::broadcast`]) — is fixed by the stream; a partial last batch is always
+//! fused.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::batch::Batch;
+use super::exchange::{assemble, pack, Receipt};
+use super::metrics::{Metrics, Phase};
+use super::reads::{FromReads, Reads};
+use super::stream::{Stream, WindowSpec};
+use super::{broadcast, two_phase};
+use crate::config::ExchangeMode;
+use crate::error::Result;
+use crate::plan::{FieldPart, Permutation, Placement, WindowPlan};
+use crate::transport::{agree, Transport};
+use crate::types::{Rank, SampleId};
+
+/// Everything a producer owns: the loader's own communicator, open readers and cache, and
+/// the two-phase group. Moves to the producer thread and back as one value.
+pub(crate) struct Engine {
+    pub stream: Arc<Stream>,
+    pub transport: Box<dyn Transport>,
+    pub reads: Reads,
+    /// The two-phase row-block group (made at the first two-phase window; a collective).
+    pub group: Option<Box<dyn Transport>>,
+}
+
+// The producer thread takes the engine with it: everything in it must be `Send`.
+const _: fn() = || {
+    fn send<T: Send>() {}
+    send::<Engine>();
+};
+
+/// A window as the producer delivers it: this rank's batches, and what producing them
+/// cost on this rank.
+pub(crate) struct Window {
+    pub spec: WindowSpec,
+    pub batches: Vec<Batch>,
+    pub metrics: Metrics,
+}
+
+/// How a window is exchanged.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Route {
+    Fused,
+    TwoPhase,
+    Broadcast,
+}
+
+/// A window read and packed: ready to exchange.
+pub(crate) struct Packed {
+    pub spec: WindowSpec,
+    pub route: Route,
+    /// Sample id of every window row.
+    pub ids: Vec<SampleId>,
+    pub send: Vec<u8>,
+    pub counts: Vec<usize>,
+    pub metrics: Metrics,
+}
+
+/// A window after its exchange: the bytes this rank received.
+pub(crate) struct Received {
+    spec: WindowSpec,
+    route: Route,
+    ids: Vec<SampleId>,
+    recv: Vec<u8>,
+    recv_counts: Vec<usize>,
+    metrics: Metrics,
+}
+
+impl Engine {
+    /// An engine for `stream` over the loader's own communicator.
+    pub fn new(stream: Arc<Stream>, transport: Box<dyn Transport>) -> Engine {
+        Engine { stream, transport, reads: Reads::default(), group: None }
+    }
+}
+
+/// The route of a window.
+fn route(stream: &Stream, spec: &WindowSpec) -> Route {
+    match stream.mode {
+        _ if stream.is_tail_window(spec) => Route::Fused,
+        ExchangeMode::TwoPhase => Route::TwoPhase,
+        ExchangeMode::Broadcast => Route::Broadcast,
+        ExchangeMode::Fused | ExchangeMode::Auto => Route::Fused,
+    }
+}
+
+/// Who receives what in the all-to-all-v of a window on `route`.
+fn exchange_placement<'a>(stream: &'a Stream, spec: &WindowSpec, route: Route) -> &'a Placement {
+    match (route, &stream.two_phase) {
+        (Route::TwoPhase, Some(t)) => &t.leaders,
+        _ => stream.placement_for_step(first_step(spec)),
+    }
+}
+
+/// Any step of the window (they share one placement).
+fn first_step(spec: &WindowSpec) -> crate::types::Step {
+    crate::types::Step(spec.steps.start)
+}
+
+/// What `me` receives of each global batch under `placement`, for [`assemble`].
+pub(crate) fn receipt<'a>(
+    stream: &'a Stream,
+    placement: &'a Placement,
+    spec: &WindowSpec,
+    ids: &'a [SampleId],
+) -> Receipt<'a> {
+    let (rows, parts) = match placement.receiver(stream.rank) {
+        Some((block, rc)) => (block.rows.clone(), &rc.parts[..]),
+        None => (0..0, &[][..]),
+    };
+    Receipt {
+        epoch: spec.epoch,
+        steps: spec.steps.clone(),
+        batch_size: stream.options.batch_size,
+        ids,
+        rows,
+        parts,
+        coords: &stream.coords,
+    }
+}
+
+/// Step 1: plans, reads and packs window `spec`. Collective (the read agreement).
+pub(crate) fn prepare(
+    stream: &Stream,
+    transport: &dyn Transport,
+    reads: &mut Reads,
+    spec: WindowSpec,
+) -> Result<Packed> {
+    let route = route(stream, &spec);
+    if route == Route::Broadcast {
+        return broadcast::prepare(stream, transport, reads, spec);
+    }
+    let mut metrics = Metrics::default();
+    let perm = Permutation::new(stream.dataset.len(), stream.options.seed, spec.epoch.0);
+    let placement = exchange_placement(stream, &spec, route);
+    let plan = metrics.timed(Phase::Plan, || {
+        WindowPlan::new(&perm, &stream.home, placement, stream.rank, spec.steps.clone(), stream.options.batch_size)
+    });
+    let start = Instant::now();
+    let read = reads.read(stream, &plan.reads, &mut metrics);
+    metrics.phase[Phase::Read as usize] += start.elapsed();
+    let read = metrics.timed(Phase::Exchange, || agree(transport, read))?;
+    let parts: Vec<Option<&[FieldPart]>> =
+        (0..placement.world()).map(|d| placement.receiver(Rank(d)).map(|(_, rc)| &rc.parts[..])).collect();
+    let source = FromReads { ids: &plan.ids, read: &read };
+    let (send, counts) = metrics.timed(Phase::Pack, || pack(&plan.sends, &parts, stream.dataset.fields(), &source));
+    metrics.bytes_sent += send.len() as u64;
+    Ok(Packed { spec, route, ids: plan.ids, send, counts, metrics })
+}
+
+/// Step 2: exchanges a packed window. With `during`, the exchange is non-blocking and
+/// `during` runs while it is in flight (its time is not counted as exchange time).
+pub(crate) fn exchange(
+    transport: &dyn Transport,
+    packed: Packed,
+    during: Option<&mut dyn FnMut()>,
+) -> Result<Received> {
+    let Packed { spec, route, ids, send, counts, mut metrics } = packed;
+    let start = Instant::now();
+    let mut busy = std::time::Duration::ZERO;
+    let (recv, recv_counts) = match (route, during) {
+        (Route::Broadcast, during) => {
+            let r = broadcast::exchange(transport, send)?;
+            if let Some(during) = during {
+                let t = Instant::now();
+                during();
+                busy = t.elapsed();
+            }
+            r
+        }
+        (_, None) => transport.all_to_all_v(send, &counts)?,
+        (_, Some(during)) => {
+            let mut timed = || {
+                let t = Instant::now();
+                during();
+                busy += t.elapsed();
+            };
+            transport.all_to_all_v_overlapped(send, &counts, &mut timed)?
+        }
+    };
+    metrics.phase[Phase::Exchange as usize] += start.elapsed().saturating_sub(busy);
+    metrics.bytes_received += recv.len() as u64;
+    Ok(Received { spec, route, ids, recv, recv_counts, metrics })
+}
+
+/// Step 3: assembles a received window into batches. Collective (the assembly agreement,
+/// and the two-phase scatter).
+pub(crate) fn complete(engine: &mut Engine, received: Received) -> Result<Window> {
+    let Received { spec, route, ids, recv, recv_counts, mut metrics } = received;
+    let stream = &*engine.stream;
+    let batches = match route {
+        Route::Fused => {
+            let placement = stream.placement_for_step(first_step(&spec));
+            let r = receipt(stream, placement, &spec, &ids);
+            let fields = stream.dataset.fields();
+            metrics.timed(Phase::Assemble, || assemble(&r, fields, &recv, &recv_counts, |id| stream.home.owner(id).0))
+        }
+        Route::TwoPhase => two_phase::complete(
+            stream,
+            &*engine.transport,
+            &mut engine.group,
+            &spec,
+            &ids,
+            (&recv, &recv_counts),
+            &mut metrics,
+        ),
+        Route::Broadcast => broadcast::complete(stream, &spec, &ids, &recv, &mut metrics),
+    };
+    let batches = metrics.timed(Phase::Exchange, || agree(&*engine.transport, batches))?;
+    metrics.windows += 1;
+    metrics.rows_delivered += batches.iter().map(|b| b.ids.len() as u64).sum::<u64>();
+    Ok(Window { spec, batches, metrics })
+}

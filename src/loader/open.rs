@@ -1,0 +1,89 @@
+//! Opening a dataset collectively: every rank lists the files, each file's header is read
+//! by one rank (file `i` by rank `i mod P`), and the headers are shared. Failures on any
+//! rank are agreed, so every rank returns the same error.
+
+use std::ffi::OsString;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::path::PathBuf;
+
+use crate::dataset::{self, Dataset, DatasetOptions, Field, FileInfo, Format};
+use crate::error::{Error, Result};
+use crate::transport::{agree, ReduceOp, Transport};
+
+/// A file header on the wire. Paths travel as bytes: a file name need not be UTF-8.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct WireInfo {
+    path: Vec<u8>,
+    format: Format,
+    samples: u64,
+    fields: Vec<Field>,
+    bytes: u64,
+}
+
+impl From<FileInfo> for WireInfo {
+    fn from(f: FileInfo) -> WireInfo {
+        WireInfo {
+            path: f.path.into_os_string().into_vec(),
+            format: f.format,
+            samples: f.samples,
+            fields: f.fields,
+            bytes: f.bytes,
+        }
+    }
+}
+
+impl From<WireInfo> for FileInfo {
+    fn from(w: WireInfo) -> FileInfo {
+        FileInfo {
+            path: PathBuf::from(OsString::from_vec(w.path)),
+            format: w.format,
+            samples: w.samples,
+            fields: w.fields,
+            bytes: w.bytes,
+        }
+    }
+}
+
+/// Opens the dataset at `paths` on every rank of `transport` (collective).
+pub fn open_dataset(transport: &dyn Transport, paths: &[PathBuf], options: DatasetOptions) -> Result<Dataset> {
+    let files = agree(transport, dataset::resolve_paths(paths))?;
+    // Ranks must see the same files (a rank on another filesystem would disagree).
+    let mut listing = Vec::new();
+    for (path, format) in &files {
+        listing.extend_from_slice(path.as_os_str().as_bytes());
+        listing.push(0);
+        listing.push(*format as u8);
+    }
+    let digest = u64::from(crc32fast::hash(&listing)) | (listing.len() as u64) << 32;
+    let mut lo_hi = [digest, u64::MAX - digest];
+    transport.all_reduce_u64(&mut lo_hi[..1], ReduceOp::Min)?;
+    transport.all_reduce_u64(&mut lo_hi[1..], ReduceOp::Min)?;
+    if lo_hi[0] != u64::MAX - lo_hi[1] {
+        return Err(Error::Config("ranks see different dataset files (is the dataset on a shared filesystem?)".into()));
+    }
+    let (me, world) = (transport.rank().0, transport.size());
+    let mine: Result<Vec<WireInfo>> = files
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| i % world == me)
+        .map(|(_, (path, format))| dataset::scan_file(path, *format, &options).map(WireInfo::from))
+        .collect();
+    let mine = agree(transport, mine)?;
+    let bytes =
+        serde_json::to_vec(&mine).map_err(|e| Error::Internal(format!("file headers do not serialise: {e}")))?;
+    let gathered = transport.all_gather(&bytes)?;
+    let mut per_rank: Vec<std::vec::IntoIter<WireInfo>> = gathered
+        .iter()
+        .map(|bytes| serde_json::from_slice::<Vec<WireInfo>>(bytes).map(Vec::into_iter))
+        .collect::<std::result::Result<_, _>>()
+        .map_err(|e| Error::Transport(format!("bad file header exchange: {e}")))?;
+    let infos = (0..files.len())
+        .map(|i| {
+            per_rank[i % world]
+                .next()
+                .map(FileInfo::from)
+                .ok_or_else(|| Error::Transport("missing file header in exchange".into()))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    agree(transport, Dataset::from_files(infos, options))
+}

@@ -1,0 +1,69 @@
+//! The producer: runs a stream's windows in order from a position, one call per window.
+//!
+//! Running ahead (`overlap`, on whenever a background thread drives the producer), the
+//! exchange of window `k` is non-blocking and window `k + 1` is planned, read and packed
+//! while it is in flight; window `k + 1`'s send buffer then waits for the next call. The
+//! read agreement of `k + 1` is a collective issued during `k`'s exchange: every rank
+//! orders it the same way. Without overlap each window is prepared when it is asked for,
+//! which keeps the peak at one window's buffers (see [`crate::plan::budget`]).
+
+use super::engine::{complete, exchange, prepare, Engine, Packed, Window};
+use super::stream::{Position, WindowSpec};
+use crate::error::Result;
+use crate::transport::Transport;
+
+pub(crate) struct Producer {
+    engine: Engine,
+    /// The window the next call delivers.
+    next: WindowSpec,
+    /// That window, already read and packed (or the error doing so gave).
+    ahead: Option<Result<Packed>>,
+    overlap: bool,
+}
+
+impl Producer {
+    /// A producer of the stream from `from` on.
+    pub fn new(engine: Engine, from: Position, overlap: bool) -> Producer {
+        let next = engine.stream.window_at(from);
+        Producer { engine, next, ahead: None, overlap }
+    }
+
+    /// The loader's communicator.
+    pub fn transport(&self) -> &dyn Transport {
+        &*self.engine.transport
+    }
+
+    /// Gives the engine back (a window packed ahead is dropped: it was never exchanged).
+    pub fn into_engine(self) -> Engine {
+        self.engine
+    }
+
+    /// Produces the next window. Collective: every rank calls it in lockstep. After an
+    /// error the producer must not be called again.
+    pub fn next_window(&mut self) -> Result<Window> {
+        let following = self.engine.stream.window_after(&self.next);
+        let spec = std::mem::replace(&mut self.next, following);
+        let packed = match self.ahead.take() {
+            Some(packed) => packed?,
+            None => {
+                let Engine { stream, transport, reads, .. } = &mut self.engine;
+                prepare(stream, &**transport, reads, spec)?
+            }
+        };
+        let received = if self.overlap {
+            let following = self.next.clone();
+            let Engine { stream, transport, reads, .. } = &mut self.engine;
+            let mut ahead = None;
+            let received = exchange(
+                &**transport,
+                packed,
+                Some(&mut || ahead = Some(prepare(stream, &**transport, reads, following.clone()))),
+            );
+            self.ahead = ahead;
+            received?
+        } else {
+            exchange(&*self.engine.transport, packed, None)?
+        };
+        complete(&mut self.engine, received)
+    }
+}

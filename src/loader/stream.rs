@@ -1,0 +1,260 @@
+//! What a loader delivers on this rank: the dataset, the mesh, who receives which rows and
+//! slices, and how an epoch is cut into steps and windows.
+//!
+//! Built once, and validated once, by [`Stream::build`]; then shared read-only by the
+//! consumer (the `Loader`) and the producer that runs the windows. Validation depends only
+//! on values every rank shares (dataset, options, world size), so ranks given the same job
+//! fail alike; the loader still agrees on the outcome, for jobs whose ranks were started
+//! with different options.
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use super::layout;
+use crate::config::{ExchangeMode, LoaderOptions, TailPolicy};
+use crate::dataset::Dataset;
+use crate::error::{Error, Result};
+use crate::plan::{budget, HomeRanges, Mesh, Placement, WindowBudget};
+use crate::types::{Epoch, Rank, Step};
+
+/// A loader's position in its stream: the next batch it delivers. A plain value: saving,
+/// comparing and restoring it needs no access to the loader.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize)]
+pub struct Position {
+    pub epoch: Epoch,
+    pub step: Step,
+}
+
+impl Position {
+    /// Step `step` of epoch `epoch`.
+    pub fn new(epoch: u64, step: u64) -> Position {
+        Position { epoch: Epoch(epoch), step: Step(step) }
+    }
+}
+
+/// Consecutive steps of one epoch, exchanged together.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WindowSpec {
+    pub epoch: Epoch,
+    pub steps: Range<u64>,
+}
+
+/// The two-phase exchange's fixed parts: the leaders' placement, this rank's row-block
+/// group and the members of it that receive something.
+pub(crate) struct TwoPhaseShape {
+    pub leaders: Placement,
+    /// The color of this rank's row-block group (block index; ranks receiving nothing
+    /// share one more color and exchange nothing).
+    pub color: usize,
+    /// World ranks of this rank's group members that receive something, in group order.
+    pub members: Vec<Rank>,
+}
+
+/// Everything fixed about one rank's stream.
+pub(crate) struct Stream {
+    pub dataset: Arc<Dataset>,
+    pub options: LoaderOptions,
+    pub rank: Rank,
+    pub world: usize,
+    pub home: HomeRanges,
+    pub mesh: Mesh,
+    pub coords: Vec<usize>,
+    pub placement: Placement,
+    /// The placement of a partial last batch (tail policy `partial`).
+    pub tail_placement: Option<Placement>,
+    /// The exchange in use (`Auto` resolved).
+    pub mode: ExchangeMode,
+    pub two_phase: Option<TwoPhaseShape>,
+    pub steps_per_epoch: u64,
+    pub steps_per_window: u64,
+    pub budget: WindowBudget,
+    /// Whether this rank keeps its home range in memory.
+    pub cache_home_range: bool,
+}
+
+impl Stream {
+    /// Validates the options against the dataset and the world and derives the stream.
+    pub fn build(rank: Rank, world: usize, dataset: Arc<Dataset>, options: LoaderOptions) -> Result<Stream> {
+        let (n, b) = (dataset.len(), options.batch_size);
+        if n == 0 {
+            return Err(Error::Config("the dataset has no samples".into()));
+        }
+        if world as u64 > n {
+            return Err(Error::Config(format!("more ranks ({world}) than samples ({n})")));
+        }
+        if b == 0 {
+            return Err(Error::Config("batch size must be at least 1".into()));
+        }
+        if b as u64 > n {
+            return Err(Error::Config(format!("batch size {b} is larger than the dataset ({n} samples)")));
+        }
+        let fields = dataset.fields();
+        let mesh = layout::mesh(&options.layout, world)?;
+        let sharding = layout::sharding(&options.layout, &mesh, fields, b)?;
+        let placement = Placement::from_mesh(b, &mesh, fields, &sharding)?;
+        let mode = layout::choose(options.layout.exchange, &placement, fields)?;
+        let remainder = (n % b as u64) as usize;
+        let steps_per_epoch = match options.tail {
+            TailPolicy::Drop => n / b as u64,
+            TailPolicy::Pad | TailPolicy::Partial => n.div_ceil(b as u64),
+        };
+        let tail_placement = match (options.tail, remainder) {
+            (TailPolicy::Partial, r) if r > 0 => Some(Placement::from_mesh(r, &mesh, fields, &sharding)?),
+            _ => None,
+        };
+        if mode == ExchangeMode::Broadcast && tail_placement.is_some() {
+            return Err(Error::Config("the broadcast baseline supports the drop and pad tail policies only".into()));
+        }
+        let two_phase = match mode {
+            ExchangeMode::TwoPhase => {
+                let (color, members) = match placement.receiver(rank) {
+                    Some((block, _)) => (
+                        placement.blocks().iter().position(|x| x.rows == block.rows).expect("own block"),
+                        block.receivers.iter().filter(|r| !r.parts.is_empty()).map(|r| r.rank).collect(),
+                    ),
+                    None => (placement.blocks().len(), vec![]),
+                };
+                Some(TwoPhaseShape { leaders: layout::leader_placement(&placement)?, color, members })
+            }
+            _ => None,
+        };
+        // The busiest rank's receive buffer per step; two-phase leaders hold whole rows,
+        // and the broadcast baseline gives every rank whole batches.
+        let per_step = match mode {
+            ExchangeMode::Broadcast => b as u64 * budget::sample_bytes(fields),
+            _ => layout::recv_bytes_per_step(two_phase.as_ref().map_or(&placement, |t| &t.leaders), fields)
+                .into_iter()
+                .chain(layout::recv_bytes_per_step(&placement, fields))
+                .max()
+                .unwrap_or(0),
+        };
+        let budget = WindowBudget { window_bytes: options.window_bytes, prefetch: options.prefetch };
+        let steps_per_window = budget.steps_per_window(per_step, steps_per_epoch);
+        let home = HomeRanges::new(n, world);
+        let range = home.range(rank);
+        let cache_need = (range.end - range.start).saturating_mul(budget::sample_bytes(fields));
+        let cache_home_range = options.cache_bytes > 0 && cache_need <= options.cache_bytes;
+        Ok(Stream {
+            coords: mesh.coords(rank),
+            rank,
+            world,
+            home,
+            mesh,
+            placement,
+            tail_placement,
+            mode,
+            two_phase,
+            steps_per_epoch,
+            steps_per_window,
+            budget,
+            cache_home_range,
+            dataset,
+            options,
+        })
+    }
+
+    /// The placement of step `step` (the last step of a `partial` epoch has its own).
+    pub fn placement_for_step(&self, step: Step) -> &Placement {
+        match &self.tail_placement {
+            Some(t) if step.0 + 1 == self.steps_per_epoch => t,
+            _ => &self.placement,
+        }
+    }
+
+    /// Whether `w` is the partial last batch's window (always exchanged fused).
+    pub fn is_tail_window(&self, w: &WindowSpec) -> bool {
+        self.tail_placement.is_some() && w.steps.end == self.steps_per_epoch
+    }
+
+    /// The window that starts at `at` (which must be a step of the epoch): up to
+    /// `steps_per_window` steps, never past the epoch's end; a partial last batch gets a
+    /// window of its own.
+    pub fn window_at(&self, at: Position) -> WindowSpec {
+        let total = self.steps_per_epoch;
+        let first = at.step.0;
+        let mut end = (first + self.steps_per_window).min(total);
+        if self.tail_placement.is_some() && end == total && first + 1 < total {
+            end = total - 1;
+        }
+        WindowSpec { epoch: at.epoch, steps: first..end }
+    }
+
+    /// The window after `w`: the rest of its epoch, then the next epoch from step 0.
+    pub fn window_after(&self, w: &WindowSpec) -> WindowSpec {
+        if w.steps.end < self.steps_per_epoch {
+            self.window_at(Position { epoch: w.epoch, step: Step(w.steps.end) })
+        } else {
+            self.window_at(Position { epoch: Epoch(w.epoch.0 + 1), step: Step(0) })
+        }
+    }
+
+    /// The position after the step at `at`.
+    pub fn advance(&self, at: Position) -> Position {
+        if at.step.0 + 1 < self.steps_per_epoch {
+            Position { epoch: at.epoch, step: Step(at.step.0 + 1) }
+        } else {
+            Position { epoch: Epoch(at.epoch.0 + 1), step: Step(0) }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dataset::{DType, Field, FileInfo, Format};
+
+    fn stream(samples: u64, batch: usize, window_bytes: u64, tail: TailPolicy) -> Stream {
+        let info = FileInfo {
+            path: "a.npy".into(),
+            format: Format::Npy,
+            samples,
+            fields: vec![Field::tensor("x", DType::U8, vec![10])],
+            bytes: 0,
+        };
+        let dataset = Arc::new(Dataset::from_files(vec![info], Default::default()).unwrap());
+        let options = LoaderOptions { batch_size: batch, window_bytes, prefetch: 0, tail, ..Default::default() };
+        Stream::build(Rank(0), 2, dataset, options).unwrap()
+    }
+
+    #[test]
+    fn windows_tile_epochs_and_cross_into_the_next() {
+        // 2 ranks × 2 rows × 10 bytes = 20 bytes per step per rank, 3 × 20 per step held:
+        // 180 bytes give 3 steps per window. 23 samples, batch 4: 5 steps + partial (3 rows).
+        let s = stream(23, 4, 180, TailPolicy::Partial);
+        assert_eq!((s.steps_per_epoch, s.steps_per_window), (6, 3));
+        let mut w = s.window_at(Position::new(0, 0));
+        let mut seen = vec![];
+        for _ in 0..4 {
+            seen.push((w.epoch.0, w.steps.clone()));
+            w = s.window_after(&w);
+        }
+        // The partial last batch is a window of its own.
+        assert_eq!(seen, vec![(0, 0..3), (0, 3..5), (0, 5..6), (1, 0..3)]);
+        assert!(s.is_tail_window(&WindowSpec { epoch: Epoch(0), steps: 5..6 }));
+        // A window starting mid-epoch (after a seek) still ends at the epoch's end.
+        assert_eq!(s.window_at(Position::new(3, 4)).steps, 4..5);
+        assert_eq!(s.advance(Position::new(2, 5)), Position::new(3, 0));
+    }
+
+    #[test]
+    fn invalid_streams() {
+        let info = FileInfo {
+            path: "a.npy".into(),
+            format: Format::Npy,
+            samples: 3,
+            fields: vec![Field::tensor("x", DType::U8, vec![1])],
+            bytes: 0,
+        };
+        let ds = Arc::new(Dataset::from_files(vec![info], Default::default()).unwrap());
+        let build = |world, batch| {
+            Stream::build(Rank(0), world, ds.clone(), LoaderOptions { batch_size: batch, ..Default::default() })
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default()
+        };
+        assert!(build(4, 1).contains("more ranks (4) than samples (3)"));
+        assert!(build(1, 4).contains("batch size 4 is larger than the dataset (3 samples)"));
+        assert!(build(1, 0).contains("at least 1"));
+        assert!(build(2, 3).contains("not divisible"));
+    }
+}

@@ -1,0 +1,117 @@
+//! The window budget: how many steps one exchange window holds, and what that bounds.
+//!
+//! This is the one place that turns `window_bytes` and `prefetch` into a window length and
+//! a memory bound. Per step, the busiest rank receives `S` bytes: its rows and slices
+//! (two-phase leaders: whole rows), variable-length values counted at
+//! [`VAR_LEN_ESTIMATE`]. A window of `w` steps then holds, on that rank, at its peak:
+//!
+//! * with no producer thread (`prefetch = 0`): the rows read (at most `2wS`: coalesced
+//!   reads bring in at most twice what they need, see `dataset::rows::coalesce`) plus the
+//!   send buffer (`wS`), `3wS`; exchanging (send + receive) and assembling (receive +
+//!   batches) hold less;
+//! * with a producer `prefetch = p ≥ 1` windows ahead: the producer exchanges window `k`
+//!   (send and receive buffers, `2wS`) while it reads and packs window `k + 1` (`3wS`); the
+//!   queue holds `p` assembled windows and the consumer the one it is delivering from:
+//!   `(6 + p)·wS`.
+//!
+//! Windows are sized so that this peak stays within `(p + 1) × window_bytes` (with
+//! `p = 0`: `1 ×`), which is the bound the documentation promises, plus the optional
+//! home-range cache (`cache_bytes`). A window holds at least one step, so a single step
+//! larger than the budget exceeds it.
+
+use crate::dataset::Field;
+
+/// With a producer thread, an epoch holds at least this many windows per window the
+/// pipeline holds (where it has enough steps).
+pub const WINDOWS_PER_QUEUE: u64 = 8;
+
+/// Bytes assumed per variable-length value where sizes are not known in advance.
+pub const VAR_LEN_ESTIMATE: u64 = 256;
+
+/// The window budget of a loader.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WindowBudget {
+    /// The configured budget per window (`--window-bytes`).
+    pub window_bytes: u64,
+    /// Windows the producer runs ahead (`--prefetch`).
+    pub prefetch: usize,
+}
+
+impl WindowBudget {
+    /// The most the pipeline holds at once, as documented: `(prefetch + 1) × window_bytes`.
+    pub fn peak_bytes(&self) -> u64 {
+        self.window_bytes.saturating_mul(self.prefetch as u64 + 1)
+    }
+
+    /// Multiples of one window's per-step bytes (`wS`) held at the peak (module docs).
+    fn windows_held(&self) -> u64 {
+        match self.prefetch {
+            0 => 3,
+            p => 6 + p as u64,
+        }
+    }
+
+    /// Steps per window so that the peak stays within [`WindowBudget::peak_bytes`], for a
+    /// rank receiving at most `bytes_per_step` per step; at least one step, at most the
+    /// epoch. With a producer thread, an epoch is also cut into at least
+    /// [`WINDOWS_PER_QUEUE`]` × (prefetch + 1)` windows where it has that many steps: a
+    /// window is the unit the pipeline overlaps with training, and a queue of a few huge
+    /// windows hides loading badly (each epoch would start by waiting for one).
+    pub fn steps_per_window(&self, bytes_per_step: u64, steps_in_epoch: u64) -> u64 {
+        let per_step = bytes_per_step.saturating_mul(self.windows_held()).max(1);
+        let by_bytes = self.peak_bytes() / per_step;
+        let by_depth = match self.prefetch {
+            0 => u64::MAX,
+            p => steps_in_epoch.div_ceil(WINDOWS_PER_QUEUE * (p as u64 + 1)),
+        };
+        by_bytes.min(by_depth).clamp(1, steps_in_epoch.max(1))
+    }
+}
+
+/// Bytes of one value of `field` (variable length: [`VAR_LEN_ESTIMATE`]).
+pub fn value_bytes(field: &Field) -> u64 {
+    field.fixed_bytes().map_or(VAR_LEN_ESTIMATE, |b| b as u64)
+}
+
+/// Bytes of one sample, every field whole (for sizing the home-range cache).
+pub fn sample_bytes(fields: &[Field]) -> u64 {
+    fields.iter().map(value_bytes).sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn window_length_respects_the_budget() {
+        let sync = WindowBudget { window_bytes: 1500, prefetch: 0 };
+        assert_eq!(sync.steps_per_window(100, 50), 5); // 3 × 100 bytes per step
+        assert_eq!(sync.steps_per_window(1000, 50), 1); // at least one step
+        assert_eq!(WindowBudget { window_bytes: u64::MAX, prefetch: 0 }.steps_per_window(1, 7), 7);
+        assert_eq!(sync.steps_per_window(0, 0), 1);
+        // Two windows ahead: 3 × 1500 bytes for (6 + 2) × 100 bytes per step.
+        let piped = WindowBudget { window_bytes: 1500, prefetch: 2 };
+        assert_eq!((piped.peak_bytes(), piped.steps_per_window(100, 500)), (4500, 5));
+        // ... but at least 8 × 3 windows per epoch: 50 steps in windows of 3, 120 in 5.
+        assert_eq!(piped.steps_per_window(1, 50), 3);
+        assert_eq!(piped.steps_per_window(1, 120), 5);
+        assert_eq!(piped.steps_per_window(1, 3), 1);
+        // The peak the windows give stays within the bound for any prefetch.
+        for p in 0..8 {
+            let b = WindowBudget { window_bytes: 1 << 20, prefetch: p };
+            let w = b.steps_per_window(1000, 1 << 30);
+            assert!(w * 1000 * b.windows_held() <= b.peak_bytes(), "prefetch {p}");
+        }
+        assert_eq!(WindowBudget { window_bytes: u64::MAX, prefetch: 3 }.peak_bytes(), u64::MAX);
+    }
+
+    #[test]
+    fn value_sizes() {
+        use crate::dataset::{DType, FieldKind};
+        let fields = vec![
+            Field::tensor("x", DType::F32, vec![3, 4]),
+            Field { name: "t".into(), kind: FieldKind::Bytes { utf8: false } },
+        ];
+        assert_eq!(sample_bytes(&fields), 48 + VAR_LEN_ESTIMATE);
+    }
+}

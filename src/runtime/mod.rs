@@ -1,0 +1,192 @@
+//! The explicit runtime: how this process joins its job, how it is asked to stop, and what
+//! a panic does. Programs (the `meshfeed` command line, the Python package, a training
+//! job) start one [`Runtime`] and hand its [`Runtime::world`] to loaders.
+//!
+//! * **Joining.** Under MPI, MPI is initialised asking for `MPI_THREAD_MULTIPLE` (a
+//!   loader's producer thread runs collectives on its own communicator while the program
+//!   uses others) — or, when someone else already initialised it (mpi4py, the training
+//!   framework), adopted as it is and never finalised by meshfeed. The world size is
+//!   checked against the launcher's, which catches a binary started by another MPI's
+//!   `mpirun`. Without MPI, UCX joins through the TCP rendezvous the environment
+//!   describes (`RANK`, `WORLD_SIZE`, `MASTER_ADDR`, `MASTER_PORT`, `MESHFEED_JOB_TOKEN`).
+//! * **Stopping.** [`StopSignal`] records SIGTERM (as Slurm sends before preemption) and
+//!   SIGINT; [`any_rank_stops`] lets all ranks agree to stop at one step boundary.
+//! * **Panics.** [`Runtime::abort_on_panic`] makes a panic on any thread end the whole job
+//!   (`MPI_Abort`, or exit for UCX, whose peers then report this rank lost), so that no
+//!   rank is left waiting in a collective.
+//!
+//! The environment is read here, in the `from_env` constructors, and nowhere below: the
+//! transports take configuration values.
+
+mod signals;
+
+use crate::config::TransportKind;
+#[cfg(not(all(feature = "mpi", feature = "ucx")))]
+use crate::error::Error;
+use crate::error::Result;
+use crate::transport::Transport;
+pub use signals::{any_rank_stops, signal_name, StopSignal};
+
+/// Exit code of a job stopped by SIGTERM/SIGINT at a step boundary (EX_TEMPFAIL: resume
+/// it; see `--resume-from`).
+pub const EXIT_STOPPED: i32 = 75;
+
+/// This process's membership in its job.
+pub struct Runtime {
+    // Field order is drop order: the world communicator goes before MPI is finalised.
+    world: Box<dyn Transport>,
+    #[cfg(feature = "mpi")]
+    mpi: Option<mpi_session::MpiSession>,
+    kind: TransportKind,
+}
+
+impl Runtime {
+    /// Joins the job over `kind`, configured from the environment.
+    pub fn from_env(kind: TransportKind) -> Result<Runtime> {
+        match kind {
+            TransportKind::Mpi => Runtime::mpi(None),
+            TransportKind::Ucx => Runtime::ucx_from_env(),
+        }
+    }
+
+    /// Joins over MPI: initialises MPI (or adopts it) and checks the world size against
+    /// the launcher's. `max_round_bytes` caps one all-to-all-v round (tests use it to force
+    /// the chunked path).
+    #[cfg(feature = "mpi")]
+    pub fn mpi(max_round_bytes: Option<usize>) -> Result<Runtime> {
+        let session = mpi_session::MpiSession::init_or_adopt()?;
+        let mut world = crate::transport::MpiTransport::new(::mpi::topology::SimpleCommunicator::world());
+        if let Some(cap) = max_round_bytes {
+            world = world.with_max_round_bytes(cap);
+        }
+        world.check_launcher(&launcher_sizes())?;
+        Ok(Runtime { world: Box::new(world), mpi: Some(session), kind: TransportKind::Mpi })
+    }
+
+    /// Without the `mpi` feature, MPI is a clear error.
+    #[cfg(not(feature = "mpi"))]
+    pub fn mpi(_max_round_bytes: Option<usize>) -> Result<Runtime> {
+        Err(Error::feature_disabled("mpi", "the MPI transport (--transport mpi)"))
+    }
+
+    /// Joins over UCX through the TCP rendezvous, configured from the environment.
+    #[cfg(feature = "ucx")]
+    pub fn ucx_from_env() -> Result<Runtime> {
+        use crate::transport::rendezvous::{self, RendezvousConfig};
+        use crate::transport::ucx::{UcxConfig, UcxTransport};
+        let rendezvous = RendezvousConfig::from_env()?;
+        let config = UcxConfig::from_env()?;
+        let world = UcxTransport::connect(rendezvous.rank, rendezvous.world, &config, |addr| {
+            rendezvous::exchange(&rendezvous, addr)
+        })?;
+        Ok(Runtime {
+            world: Box::new(world),
+            #[cfg(feature = "mpi")]
+            mpi: None,
+            kind: TransportKind::Ucx,
+        })
+    }
+
+    /// Without the `ucx` feature, UCX is a clear error.
+    #[cfg(not(feature = "ucx"))]
+    pub fn ucx_from_env() -> Result<Runtime> {
+        Err(Error::feature_disabled("ucx", "the UCX transport (--transport ucx; needs libucx-dev)"))
+    }
+
+    /// A world of one process (no communication).
+    pub fn local() -> Runtime {
+        Runtime {
+            world: Box::new(crate::transport::LocalTransport::new()),
+            #[cfg(feature = "mpi")]
+            mpi: None,
+            kind: TransportKind::Mpi,
+        }
+    }
+
+    /// The job's world communicator.
+    pub fn world(&self) -> &dyn Transport {
+        &*self.world
+    }
+
+    /// This process's rank in the world.
+    pub fn rank(&self) -> usize {
+        self.world.rank().0
+    }
+
+    /// The transport the job runs over.
+    pub fn transport_kind(&self) -> TransportKind {
+        self.kind
+    }
+
+    /// Makes a panic on any thread end the whole job instead of leaving the other ranks
+    /// waiting: `MPI_Abort` under MPI, exit (code 101) otherwise — UCX peers then report
+    /// this rank lost. The panic is printed first (with a backtrace when `RUST_BACKTRACE`
+    /// is set). Panics of the Arrow decoder on corrupt input, which meshfeed catches and
+    /// reports as a corrupt file, pass.
+    pub fn abort_on_panic(&self) {
+        #[cfg(feature = "mpi")]
+        let mpi = self.mpi.is_some();
+        #[cfg(not(feature = "mpi"))]
+        let mpi = false;
+        std::panic::set_hook(Box::new(move |info| {
+            if crate::dataset::arrow::decoding_untrusted_input() {
+                return;
+            }
+            eprintln!("meshfeed: internal error (panic): {info}\n{}", std::backtrace::Backtrace::capture());
+            #[cfg(feature = "mpi")]
+            if mpi {
+                use ::mpi::traits::Communicator;
+                ::mpi::topology::SimpleCommunicator::world().abort(101);
+            }
+            let _ = mpi;
+            std::process::exit(101);
+        }));
+    }
+}
+
+/// What the launcher's environment says about the number of processes it started: Open
+/// MPI's `mpirun` sets `OMPI_COMM_WORLD_SIZE`; MPICH's and PMI-2 `srun`, `PMI_SIZE`.
+pub fn launcher_sizes() -> Vec<(&'static str, usize)> {
+    ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE"]
+        .into_iter()
+        .filter_map(|var| std::env::var(var).ok()?.parse().ok().map(|n| (var, n)))
+        .collect()
+}
+
+/// Peak resident set size of this process, in bytes (0 where unknown).
+pub fn peak_rss_bytes() -> u64 {
+    // SAFETY: getrusage fills the zeroed struct it is given.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: RUSAGE_SELF with a valid out-pointer.
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) } != 0 {
+        return 0;
+    }
+    (usage.ru_maxrss as u64).saturating_mul(1024) // Linux reports kilobytes
+}
+
+#[cfg(feature = "mpi")]
+mod mpi_session {
+    use crate::error::{Error, Result};
+
+    /// MPI as this process has it: initialised by meshfeed (finalised when dropped) or
+    /// adopted from whoever initialised it (left alone).
+    pub struct MpiSession {
+        _universe: Option<::mpi::environment::Universe>,
+    }
+
+    impl MpiSession {
+        pub fn init_or_adopt() -> Result<MpiSession> {
+            if ::mpi::environment::is_finalized() {
+                return Err(Error::Transport("MPI was already finalised in this process".into()));
+            }
+            if ::mpi::environment::is_initialized() {
+                return Ok(MpiSession { _universe: None });
+            }
+            match ::mpi::initialize_with_threading(::mpi::Threading::Multiple) {
+                Some((universe, _provided)) => Ok(MpiSession { _universe: Some(universe) }),
+                // Another thread initialised MPI between the check and the call: adopt it.
+                None => Ok(MpiSession { _universe: None }),
+            }
+        }
+    }
+}
