@@ -74,8 +74,11 @@ impl Runtime {
     pub fn ucx_from_env() -> Result<Runtime> {
         use crate::transport::rendezvous::{self, RendezvousConfig};
         use crate::transport::ucx::{UcxConfig, UcxTransport};
-        let rendezvous = RendezvousConfig::from_env()?;
-        let config = UcxConfig::from_env()?;
+        let rendezvous = RendezvousConfig::from_vars(env_var)?;
+        let config = UcxConfig::parse(
+            env_var("MESHFEED_PEER_TIMEOUT")?.as_deref(),
+            env_var("MESHFEED_UCX_PEER_ERRORS")?.as_deref(),
+        )?;
         let world = UcxTransport::connect(rendezvous.rank, rendezvous.world, &config, |addr| {
             rendezvous::exchange(&rendezvous, addr)
         })?;
@@ -141,6 +144,18 @@ impl Runtime {
             let _ = mpi;
             std::process::exit(101);
         }));
+    }
+}
+
+/// An environment variable (`None` when unset); a value that is not UTF-8 is an error
+/// naming the variable.
+pub fn env_var(name: &str) -> Result<Option<String>> {
+    match std::env::var(name) {
+        Ok(v) => Ok(Some(v)),
+        Err(std::env::VarError::NotPresent) => Ok(None),
+        Err(std::env::VarError::NotUnicode(_)) => {
+            Err(crate::error::Error::Config(format!("{name} is not valid UTF-8")))
+        }
     }
 }
 

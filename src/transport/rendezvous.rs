@@ -53,40 +53,46 @@ pub struct RendezvousConfig {
     pub timeout: Duration,
 }
 
-fn env(name: &str) -> Result<String> {
-    std::env::var(name)
-        .map_err(|_| Error::Config(format!("{name} is not set (needed by --transport ucx without mpirun)")))
-}
-
-fn env_num<T: std::str::FromStr>(name: &str) -> Result<T> {
-    let v = env(name)?;
-    v.parse().map_err(|_| Error::Config(format!("{name}='{v}' is not a valid number")))
-}
+/// The longest rendezvous timeout accepted, in seconds.
+const MAX_TIMEOUT_SECS: f64 = 1e9;
 
 impl RendezvousConfig {
-    /// Reads `RANK`, `WORLD_SIZE`, `MASTER_ADDR`, `MASTER_PORT`, `MESHFEED_JOB_TOKEN` and
-    /// the optional `MESHFEED_RENDEZVOUS_TIMEOUT` (seconds).
-    pub fn from_env() -> Result<RendezvousConfig> {
-        let rank: usize = env_num("RANK")?;
-        let world: usize = env_num("WORLD_SIZE")?;
+    /// The configuration from the values of `RANK`, `WORLD_SIZE`, `MASTER_ADDR`,
+    /// `MASTER_PORT`, `MESHFEED_JOB_TOKEN` and the optional `MESHFEED_RENDEZVOUS_TIMEOUT`
+    /// (seconds), as `var` gives them (`None`: unset). The runtime passes the environment.
+    pub fn from_vars(var: impl Fn(&str) -> Result<Option<String>>) -> Result<RendezvousConfig> {
+        let required = |name: &str| -> Result<String> {
+            var(name)?
+                .ok_or_else(|| Error::Config(format!("{name} is not set (needed by --transport ucx without mpirun)")))
+        };
+        fn number<T: std::str::FromStr>(name: &str, v: String) -> Result<T> {
+            v.trim().parse().map_err(|_| Error::Config(format!("{name}='{v}' is not a valid number")))
+        }
+        let rank: usize = number("RANK", required("RANK")?)?;
+        let world: usize = number("WORLD_SIZE", required("WORLD_SIZE")?)?;
         if world == 0 || rank >= world {
             return Err(Error::Config(format!("RANK {rank} is not below WORLD_SIZE {world}")));
         }
-        let token = env("MESHFEED_JOB_TOKEN")?;
+        let token = required("MESHFEED_JOB_TOKEN")?;
         if token.is_empty() || token.len() > MAX_TOKEN {
             return Err(Error::Config(format!("MESHFEED_JOB_TOKEN must have 1 to {MAX_TOKEN} bytes")));
         }
-        let timeout = match std::env::var("MESHFEED_RENDEZVOUS_TIMEOUT") {
-            Ok(v) => Duration::from_secs_f64(v.parse::<f64>().ok().filter(|s| *s > 0.0).ok_or_else(|| {
-                Error::Config(format!("MESHFEED_RENDEZVOUS_TIMEOUT='{v}' is not a positive number of seconds"))
-            })?),
-            Err(_) => Duration::from_secs(120),
+        let timeout = match var("MESHFEED_RENDEZVOUS_TIMEOUT")? {
+            Some(v) => {
+                let secs = v.trim().parse::<f64>().ok().filter(|s| *s > 0.0 && *s <= MAX_TIMEOUT_SECS).ok_or_else(|| {
+                    Error::Config(format!(
+                        "MESHFEED_RENDEZVOUS_TIMEOUT='{v}' is not a number of seconds above 0 and at most {MAX_TIMEOUT_SECS:e}"
+                    ))
+                })?;
+                Duration::from_secs_f64(secs)
+            }
+            None => Duration::from_secs(120),
         };
         Ok(RendezvousConfig {
             rank,
             world,
-            master_addr: env("MASTER_ADDR")?,
-            master_port: env_num("MASTER_PORT")?,
+            master_addr: required("MASTER_ADDR")?,
+            master_port: number("MASTER_PORT", required("MASTER_PORT")?)?,
             token,
             timeout,
         })
@@ -341,6 +347,41 @@ fn join(cfg: &RendezvousConfig, payload: &[u8]) -> Result<Vec<Vec<u8>>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn configuration_from_variables() {
+        let vars = |extra: &[(&'static str, &'static str)]| {
+            let mut all = vec![
+                ("RANK", "1"),
+                ("WORLD_SIZE", "3"),
+                ("MASTER_ADDR", "head"),
+                ("MASTER_PORT", "29500"),
+                ("MESHFEED_JOB_TOKEN", "t"),
+            ];
+            all.extend_from_slice(extra);
+            move |name: &str| -> Result<Option<String>> {
+                Ok(all.iter().rev().find(|(k, _)| *k == name).map(|(_, v)| v.to_string()))
+            }
+        };
+        let c = RendezvousConfig::from_vars(vars(&[])).unwrap();
+        assert_eq!((c.rank, c.world, c.master_port, c.timeout), (1, 3, 29500, Duration::from_secs(120)));
+        let err =
+            |extra: &[(&'static str, &'static str)]| RendezvousConfig::from_vars(vars(extra)).unwrap_err().to_string();
+        assert!(err(&[("RANK", "3")]).contains("RANK 3 is not below WORLD_SIZE 3"));
+        assert!(err(&[("MASTER_PORT", "x")]).contains("MASTER_PORT='x' is not a valid number"));
+        for bad in ["1e19", "inf", "nan", "0", "-1"] {
+            let e = err(&[("MESHFEED_RENDEZVOUS_TIMEOUT", bad)]);
+            assert!(e.contains("MESHFEED_RENDEZVOUS_TIMEOUT") && e.contains(bad), "{e}");
+        }
+        let missing = RendezvousConfig::from_vars(|name: &str| {
+            Ok(match name {
+                "MASTER_ADDR" => None,
+                "RANK" => Some("0".to_string()),
+                _ => Some("1".to_string()),
+            })
+        });
+        assert!(missing.unwrap_err().to_string().contains("MASTER_ADDR is not set"));
+    }
 
     fn cfg(rank: usize, world: usize, port: u16, token: &str) -> RendezvousConfig {
         RendezvousConfig {

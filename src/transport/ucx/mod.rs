@@ -102,21 +102,9 @@ impl Default for UcxConfig {
 }
 
 impl UcxConfig {
-    /// The settings from `MESHFEED_PEER_TIMEOUT` (seconds) and `MESHFEED_UCX_PEER_ERRORS`
-    /// (`1` on, `0` off); `tls` stays `None` (UCX reads `UCX_TLS` itself).
-    pub fn from_env() -> Result<UcxConfig> {
-        let var = |name: &str| -> Result<Option<String>> {
-            match std::env::var(name) {
-                Ok(v) => Ok(Some(v)),
-                Err(std::env::VarError::NotPresent) => Ok(None),
-                Err(std::env::VarError::NotUnicode(_)) => Err(Error::Config(format!("{name} is not valid UTF-8"))),
-            }
-        };
-        UcxConfig::parse(var("MESHFEED_PEER_TIMEOUT")?.as_deref(), var("MESHFEED_UCX_PEER_ERRORS")?.as_deref())
-    }
-
-    /// The settings from the values of `MESHFEED_PEER_TIMEOUT` and
-    /// `MESHFEED_UCX_PEER_ERRORS` (`None`: unset).
+    /// The settings from the values of `MESHFEED_PEER_TIMEOUT` (seconds) and
+    /// `MESHFEED_UCX_PEER_ERRORS` (`1` on, `0` off; `None`: unset); `tls` stays `None`
+    /// (UCX reads `UCX_TLS` itself). The runtime passes the environment's values.
     pub fn parse(peer_timeout: Option<&str>, peer_errors: Option<&str>) -> Result<UcxConfig> {
         let mut config = UcxConfig::default();
         if let Some(v) = peer_timeout {
