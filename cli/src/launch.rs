@@ -1,5 +1,5 @@
 //! `meshfeed launch -n N -- run --transport ucx ...`: the local launcher. Starts N copies
-//! of this binary on this host with `RANK`, `WORLD_SIZE`, `MASTER_ADDR=127.0.0.1`, a free
+//! of this binary (or of `--exe PROGRAM`) on this host with `RANK`, `WORLD_SIZE`, `MASTER_ADDR=127.0.0.1`, a free
 //! `MASTER_PORT` and a fresh `MESHFEED_JOB_TOKEN` (the convention Ray and Kubernetes
 //! launchers follow too). When any rank fails, the others are stopped (SIGTERM, then
 //! SIGKILL after a grace period) and the launcher exits with the failing rank's code.
@@ -23,7 +23,11 @@ pub struct LaunchArgs {
     /// Seconds the other ranks get to exit after SIGTERM before SIGKILL.
     #[arg(long, default_value_t = 5.0)]
     pub grace: f64,
-    /// The meshfeed command every rank runs, e.g. `run --transport ucx --data ...`.
+    /// The program every rank runs (default: this meshfeed binary), e.g. a training script's
+    /// interpreter or a program built on the library.
+    #[arg(long, value_name = "PROGRAM")]
+    pub exe: Option<std::path::PathBuf>,
+    /// The arguments every rank runs the program with, e.g. `run --transport ucx --data ...`.
     #[arg(last = true, required = true)]
     pub command: Vec<String>,
 }
@@ -71,7 +75,10 @@ pub fn run(args: LaunchArgs) -> Result<i32> {
     if args.ranks == 0 {
         return Err(Error::Config("-n must be at least 1".into()));
     }
-    let exe = std::env::current_exe().map_err(|e| Error::Config(format!("cannot find the meshfeed binary: {e}")))?;
+    let exe = match args.exe {
+        Some(exe) => exe,
+        None => std::env::current_exe().map_err(|e| Error::Config(format!("cannot find the meshfeed binary: {e}")))?,
+    };
     let port = match args.port {
         Some(p) => p,
         None => free_port()?,

@@ -75,6 +75,29 @@ fn wait_bounded(mut cmd: Command, what: &str) -> Run {
     }
 }
 
+/// An example program of this build (`cargo build --examples`), next to the binary.
+pub fn example(name: &str) -> String {
+    let path = Path::new(bin()).parent().expect("the target directory").join("examples").join(name);
+    assert!(path.exists(), "{} is missing: build the examples first (cargo build --examples)", path.display());
+    path.to_str().expect("a UTF-8 target path").to_string()
+}
+
+/// `mpirun -np NP PROGRAM ARGS` under real OpenMPI (as root, oversubscribed).
+pub fn mpirun_program(np: usize, program: &str, args: &[&str]) -> Run {
+    let mut cmd = Command::new("mpirun");
+    cmd.args(MPIRUN_FLAGS).args(["-np", &np.to_string(), program]).args(args);
+    cmd.env("HDF5_USE_FILE_LOCKING", "FALSE");
+    wait_bounded(cmd, &format!("mpirun -np {np} {program} {}", args.join(" ")))
+}
+
+/// `meshfeed launch -n NP --exe PROGRAM -- ARGS` (the local launcher, UCX rendezvous).
+pub fn launch_program(np: usize, program: &str, args: &[&str]) -> Run {
+    let mut cmd = Command::new(bin());
+    cmd.args(["launch", "-n", &np.to_string(), "--exe", program, "--"]).args(args);
+    cmd.env("HDF5_USE_FILE_LOCKING", "FALSE").env("UCX_NET_DEVICES", "lo").env_remove("MESHFEED_JOB_TOKEN");
+    wait_bounded(cmd, &format!("meshfeed launch -n {np} --exe {program} -- {}", args.join(" ")))
+}
+
 /// `meshfeed ARGS` in one process (gen, inspect).
 pub fn meshfeed(args: &[&str]) -> Run {
     let mut cmd = Command::new(bin());
