@@ -1,6 +1,6 @@
 //! Bad input: every rank exits non-zero within seconds; the root cause (rank, file,
 //! reason) is printed once, and every other rank says why it stopped; no panic, no hang,
-//! no success output.
+//! no success output — over MPI and over UCX.
 
 mod common;
 
@@ -10,10 +10,10 @@ use std::time::Duration;
 use common::*;
 
 /// Runs a job expected to fail and checks the error contract on every rank.
-fn fails(np: usize, args: &[&str], needles: &[&str]) -> Run {
-    let run = mpirun(np, args);
-    assert_ne!(run.code, 0, "expected failure:\nstdout:\n{}\nstderr:\n{}", run.stdout, run.stderr);
-    assert!(run.elapsed < Duration::from_secs(30), "failure took {:?}", run.elapsed);
+fn fails(t: Transport, np: usize, args: &[&str], needles: &[&str]) -> Run {
+    let run = t.run(np, args);
+    assert_ne!(run.code, 0, "{t:?}: expected failure:\nstdout:\n{}\nstderr:\n{}", run.stdout, run.stderr);
+    assert!(run.elapsed < Duration::from_secs(30), "{t:?}: failure took {:?}", run.elapsed);
     assert!(!run.stderr.contains("panicked") && !run.stderr.contains("internal error"), "{}", run.stderr);
     assert!(!run.stdout.contains("done:"), "no success line: {}", run.stdout);
     let line = agreed_failure(&run, np);
@@ -27,100 +27,96 @@ fn data(p: &Path) -> &str {
     p.to_str().unwrap()
 }
 
-#[test]
-fn missing_path() {
-    fails(
-        2,
-        &["run", "--data", "/nonexistent/meshfeed-data", "--batch-size", "2"],
-        &["/nonexistent/meshfeed-data", "no such file or directory"],
-    );
-}
-
-#[test]
-fn truncated_npy() {
-    let d = fixtures().join("bad_npy_truncated");
-    fails(3, &["run", "--data", data(&d), "--batch-size", "3"], &["rank 0: ", "part-0.npy", "truncated"]);
-}
-
-#[test]
-fn truncation_seen_by_one_rank_stops_all() {
-    // File 2 of 3 is scanned by rank 2 only; every rank must report rank 2's finding.
-    let src = fixtures().join("npy_struct");
-    let out = tempdir();
-    for f in ["part-0.npy", "part-1.npy", "part-2.npy"] {
-        std::fs::copy(src.join(f), out.path().join(f)).unwrap();
+over_transports! {
+    fn missing_path(t: Transport) {
+        fails(
+            t,
+            2,
+            &["run", "--data", "/nonexistent/meshfeed-data", "--batch-size", "2"],
+            &["/nonexistent/meshfeed-data", "no such file or directory"],
+        );
     }
-    let p = out.path().join("part-2.npy");
-    let bytes = std::fs::read(&p).unwrap();
-    std::fs::write(&p, &bytes[..bytes.len() - 7]).unwrap();
-    fails(3, &["run", "--data", data(out.path()), "--batch-size", "3"], &["rank 2: ", "part-2.npy", "truncated"]);
-}
 
-#[test]
-fn corrupt_arrow() {
-    let d = fixtures().join("bad_arrow_corrupt");
-    fails(2, &["run", "--data", data(&d), "--batch-size", "2"], &["part-0.arrow", "corrupt"]);
-}
+    fn truncated_npy(t: Transport) {
+        let d = fixtures().join("bad_npy_truncated");
+        fails(t, 3, &["run", "--data", data(&d), "--batch-size", "3"], &["rank 0: ", "part-0.npy", "truncated"]);
+    }
 
-#[test]
-fn hdf5_dataset_of_wrong_shape() {
-    let d = fixtures().join("bad_hdf5_shape");
-    fails(
-        2,
-        &["run", "--data", data(&d), "--batch-size", "2"],
-        &["schema mismatch", "part-0.h5", "part-1.h5", "'x'", "f32[4]", "f32[5]"],
-    );
-}
+    fn truncation_seen_by_one_rank_stops_all(t: Transport) {
+        // File 2 of 3 is scanned by rank 2 only; every rank must report rank 2's finding.
+        let src = fixtures().join("npy_struct");
+        let out = tempdir();
+        for f in ["part-0.npy", "part-1.npy", "part-2.npy"] {
+            std::fs::copy(src.join(f), out.path().join(f)).unwrap();
+        }
+        let p = out.path().join("part-2.npy");
+        let bytes = std::fs::read(&p).unwrap();
+        std::fs::write(&p, &bytes[..bytes.len() - 7]).unwrap();
+        fails(t, 3, &["run", "--data", data(out.path()), "--batch-size", "3"], &["rank 2: ", "part-2.npy", "truncated"]);
+    }
 
-#[test]
-fn hdf5_datasets_of_different_lengths() {
-    let d = fixtures().join("bad_hdf5_ragged");
-    fails(2, &["run", "--data", data(&d), "--batch-size", "2"], &["disagree on the sample count"]);
-}
+    fn corrupt_arrow(t: Transport) {
+        let d = fixtures().join("bad_arrow_corrupt");
+        fails(t, 2, &["run", "--data", data(&d), "--batch-size", "2"], &["part-0.arrow", "corrupt"]);
+    }
 
-#[test]
-fn schema_mismatch_between_files() {
-    let d = fixtures().join("bad_npy_mismatch");
-    fails(
-        2,
-        &["run", "--data", data(&d), "--batch-size", "2"],
-        &["schema mismatch", "part-0.npy", "part-1.npy", "'data'", "f32[4]", "i32[4]"],
-    );
-}
+    fn hdf5_dataset_of_wrong_shape(t: Transport) {
+        let d = fixtures().join("bad_hdf5_shape");
+        fails(
+            t,
+            2,
+            &["run", "--data", data(&d), "--batch-size", "2"],
+            &["schema mismatch", "part-0.h5", "part-1.h5", "'x'", "f32[4]", "f32[5]"],
+        );
+    }
 
-#[test]
-fn batch_larger_than_dataset() {
-    let d = fixtures().join("npy_plain");
-    fails(
-        2,
-        &["run", "--data", data(&d), "--batch-size", "50"],
-        &["batch size 50 is larger than the dataset (49 samples)"],
-    );
-}
+    fn hdf5_datasets_of_different_lengths(t: Transport) {
+        let d = fixtures().join("bad_hdf5_ragged");
+        fails(t, 2, &["run", "--data", data(&d), "--batch-size", "2"], &["disagree on the sample count"]);
+    }
 
-#[test]
-fn batch_not_divisible_by_ranks() {
-    let d = fixtures().join("npy_plain");
-    fails(
-        3,
-        &["run", "--data", data(&d), "--batch-size", "10"],
-        &["batch size 10 is not divisible by dp = 3 (the batch dimension's split)"],
-    );
-}
+    fn schema_mismatch_between_files(t: Transport) {
+        let d = fixtures().join("bad_npy_mismatch");
+        fails(
+            t,
+            2,
+            &["run", "--data", data(&d), "--batch-size", "2"],
+            &["schema mismatch", "part-0.npy", "part-1.npy", "'data'", "f32[4]", "i32[4]"],
+        );
+    }
 
-#[test]
-fn more_ranks_than_samples() {
-    let out = tempdir();
-    ok(&meshfeed(&["gen", "--format", "npy", "--samples", "3", "--field", "data:u8:2", "--out", data(out.path())]));
-    fails(4, &["run", "--data", data(out.path()), "--batch-size", "4"], &["more ranks (4) than samples (3)"]);
-}
+    fn batch_larger_than_dataset(t: Transport) {
+        let d = fixtures().join("npy_plain");
+        fails(
+            t,
+            2,
+            &["run", "--data", data(&d), "--batch-size", "50"],
+            &["batch size 50 is larger than the dataset (49 samples)"],
+        );
+    }
 
-#[test]
-fn unknown_format_and_empty_directory() {
-    let out = tempdir();
-    std::fs::write(out.path().join("a.csv"), "1,2\n").unwrap();
-    fails(2, &["run", "--data", data(&out.path().join("a.csv")), "--batch-size", "2"], &["a.csv", "unknown format"]);
-    fails(2, &["run", "--data", data(out.path()), "--batch-size", "2"], &["holds no"]);
+    fn batch_not_divisible_by_ranks(t: Transport) {
+        let d = fixtures().join("npy_plain");
+        fails(
+            t,
+            3,
+            &["run", "--data", data(&d), "--batch-size", "10"],
+            &["batch size 10 is not divisible by dp = 3 (the batch dimension's split)"],
+        );
+    }
+
+    fn more_ranks_than_samples(t: Transport) {
+        let out = tempdir();
+        ok(&meshfeed(&["gen", "--format", "npy", "--samples", "3", "--field", "data:u8:2", "--out", data(out.path())]));
+        fails(t, 4, &["run", "--data", data(out.path()), "--batch-size", "4"], &["more ranks (4) than samples (3)"]);
+    }
+
+    fn unknown_format_and_empty_directory(t: Transport) {
+        let out = tempdir();
+        std::fs::write(out.path().join("a.csv"), "1,2\n").unwrap();
+        fails(t, 2, &["run", "--data", data(&out.path().join("a.csv")), "--batch-size", "2"], &["a.csv", "unknown format"]);
+        fails(t, 2, &["run", "--data", data(out.path()), "--batch-size", "2"], &["holds no"]);
+    }
 }
 
 #[test]

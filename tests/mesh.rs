@@ -1,4 +1,4 @@
-//! Device-mesh placement under real `mpirun`: every rank's delivered slices equal the
+//! Device-mesh placement, over MPI and UCX: every rank's delivered slices equal the
 //! slices of a reference global batch cut out by an independent oracle (below) from the
 //! bytes numpy wrote (`xyz_rows/*.bin`), for npy, HDF5 and Arrow inputs, with the fused
 //! and the two-phase exchange.
@@ -186,7 +186,7 @@ fn expected_line(
     (ids, crcs)
 }
 
-fn run_case(data: &Path, case: &Case, exchange: &str, dump: &Path) {
+fn run_case(t: Transport, data: &Path, case: &Case, exchange: &str, dump: &Path) {
     let mut args = vec!["run", "--data", data.to_str().unwrap(), "--batch-size", "8", "--seed", "9", "--epochs", "2"];
     args.extend([
         "--mesh",
@@ -211,10 +211,10 @@ fn run_case(data: &Path, case: &Case, exchange: &str, dump: &Path) {
         args.push(if i < case.shard.len() { "--shard" } else { "--stages" });
         args.push(p);
     }
-    ok(&mpirun(case.np, &args));
+    ok(&t.run(case.np, &args));
 }
 
-fn check_format(format: &str, exchanges: &[&str]) {
+fn check_format(t: Transport, format: &str, exchanges: &[&str]) {
     let fx = fixtures();
     let data = fx.join(format);
     let rows_bin: BTreeMap<String, Vec<u8>> = ["x", "y", "z"]
@@ -224,7 +224,7 @@ fn check_format(format: &str, exchanges: &[&str]) {
     // The reference global batches: one process, data parallel.
     let out = tempdir();
     let refdump = out.path().join("ref");
-    ok(&mpirun(
+    ok(&t.run(
         1,
         &[
             "run",
@@ -247,7 +247,7 @@ fn check_format(format: &str, exchanges: &[&str]) {
         let mut first: Option<Vec<Vec<u8>>> = None;
         for &exchange in exchanges {
             let dump = out.path().join(format!("{}-{}-{exchange}", case.mesh, case.order.unwrap_or("")));
-            run_case(&data, case, exchange, &dump);
+            run_case(t, &data, case, exchange, &dump);
             let lines = read_dump(&dump, case.np);
             for (rank, rank_lines) in lines.iter().enumerate() {
                 assert_eq!(rank_lines.len(), reference.len(), "{} rank {rank}: one line per step", case.mesh);
@@ -275,152 +275,148 @@ fn check_format(format: &str, exchanges: &[&str]) {
     }
 }
 
-#[test]
-fn meshes_on_npy_fused_and_two_phase() {
-    check_format("npy_struct", &["fused", "two-phase"]);
-}
+over_transports! {
+    fn meshes_on_npy_fused_and_two_phase(t: Transport) {
+        check_format(t, "npy_struct", &["fused", "two-phase"]);
+    }
 
-#[test]
-fn meshes_on_hdf5() {
-    check_format("hdf5", &["fused"]);
-}
+    fn meshes_on_hdf5(t: Transport) {
+        check_format(t, "hdf5", &["fused"]);
+    }
 
-#[test]
-fn meshes_on_arrow() {
-    check_format("arrow", &["auto"]);
-}
+    fn meshes_on_arrow(t: Transport) {
+        check_format(t, "arrow", &["auto"]);
+    }
 
-#[test]
-fn verify_with_meshes_on_generated_data() {
-    let out = tempdir();
-    let data = out.path().join("g");
-    ok(&meshfeed(&[
-        "gen",
-        "--format",
-        "arrow",
-        "--samples",
-        "500",
-        "--files",
-        "2",
-        "--field",
-        "x:f32:4x6",
-        "--field",
-        "y:i64",
-        "--field",
-        "t:bytes",
-        "--out",
-        data.to_str().unwrap(),
-    ]));
-    for (np, mesh, specs) in [
-        (4, "dp=2,tp=2", vec!["--shard", "x=dp,-,tp"]),
-        (4, "dp=2,fsdp=2", vec!["--shard", "x=dp+fsdp", "--shard", "y=dp+fsdp", "--shard", "t=dp+fsdp"]),
-        (
-            8,
-            "dp=2,tp=2,pp=2",
-            vec!["--shard", "x=dp,tp,-", "--stages", "x=first", "--stages", "t=first", "--stages", "y=last"],
-        ),
-    ] {
-        for exchange in ["fused", "two-phase"] {
-            let mut args = vec![
-                "run",
-                "--data",
-                data.to_str().unwrap(),
-                "--batch-size",
-                "16",
-                "--mesh",
-                mesh,
-                "--exchange",
-                exchange,
-                "--verify",
-                "--window-bytes",
-                "2K",
-            ];
-            args.extend(&specs);
-            let run = mpirun(np, &args);
-            ok(&run);
-            assert!(run.stdout.contains("contents match the generator"), "{}", run.stdout);
-            assert!(run.stdout.contains(&format!("{exchange} exchange")), "{}", run.stdout);
+    fn verify_with_meshes_on_generated_data(t: Transport) {
+        let out = tempdir();
+        let data = out.path().join("g");
+        ok(&meshfeed(&[
+            "gen",
+            "--format",
+            "arrow",
+            "--samples",
+            "500",
+            "--files",
+            "2",
+            "--field",
+            "x:f32:4x6",
+            "--field",
+            "y:i64",
+            "--field",
+            "t:bytes",
+            "--out",
+            data.to_str().unwrap(),
+        ]));
+        for (np, mesh, specs) in [
+            (4, "dp=2,tp=2", vec!["--shard", "x=dp,-,tp"]),
+            (4, "dp=2,fsdp=2", vec!["--shard", "x=dp+fsdp", "--shard", "y=dp+fsdp", "--shard", "t=dp+fsdp"]),
+            (
+                8,
+                "dp=2,tp=2,pp=2",
+                vec!["--shard", "x=dp,tp,-", "--stages", "x=first", "--stages", "t=first", "--stages", "y=last"],
+            ),
+        ] {
+            for exchange in ["fused", "two-phase"] {
+                let mut args = vec![
+                    "run",
+                    "--data",
+                    data.to_str().unwrap(),
+                    "--batch-size",
+                    "16",
+                    "--mesh",
+                    mesh,
+                    "--exchange",
+                    exchange,
+                    "--verify",
+                    "--window-bytes",
+                    "2K",
+                ];
+                args.extend(&specs);
+                let run = t.run(np, &args);
+                ok(&run);
+                assert!(run.stdout.contains("contents match the generator"), "{}", run.stdout);
+                assert!(run.stdout.contains(&format!("{exchange} exchange")), "{}", run.stdout);
+            }
         }
     }
-}
 
-#[test]
-fn invalid_layouts_fail_cleanly_on_every_rank() {
-    let data = fixtures().join("npy_struct");
-    let d = data.to_str().unwrap();
-    for (np, extra, needle) in [
-        (4, vec!["--mesh", "dp=2,tp=3"], "mesh dp=2,tp=3 has 6 devices but the world has 4 ranks"),
-        (4, vec!["--mesh", "dp=2,tp=2", "--shard", "x=dp,zz"], "unknown mesh axis 'zz'"),
-        (4, vec!["--mesh", "dp=2,tp=2", "--shard", "q=dp"], "unknown field 'q'"),
-        (4, vec!["--mesh", "dp=2,tp=2", "--shard", "x=dp,tp+tp"], "axis 'tp' is used twice"),
-        (4, vec!["--mesh", "dp=2,tp=2", "--shard", "z=dp,-,tp"], "dimension 2 (size 3) is not divisible by tp (2)"),
-        (4, vec!["--mesh", "dp=2,tp=2", "--shard", "x=dp+tp"], "split the batch dimension differently"),
-    ] {
-        let mut args = vec!["run", "--data", d, "--batch-size", "8"];
-        args.extend(&extra);
-        let run = mpirun(np, &args);
-        assert_ne!(run.code, 0, "{extra:?} must fail");
-        let line = agreed_failure(&run, np);
-        assert!(line.contains(needle), "{extra:?}: {line}");
+    fn invalid_layouts_fail_cleanly_on_every_rank(t: Transport) {
+        let data = fixtures().join("npy_struct");
+        let d = data.to_str().unwrap();
+        for (np, extra, needle) in [
+            (4, vec!["--mesh", "dp=2,tp=3"], "mesh dp=2,tp=3 has 6 devices but the world has 4 ranks"),
+            (4, vec!["--mesh", "dp=2,tp=2", "--shard", "x=dp,zz"], "unknown mesh axis 'zz'"),
+            (4, vec!["--mesh", "dp=2,tp=2", "--shard", "q=dp"], "unknown field 'q'"),
+            (4, vec!["--mesh", "dp=2,tp=2", "--shard", "x=dp,tp+tp"], "axis 'tp' is used twice"),
+            (4, vec!["--mesh", "dp=2,tp=2", "--shard", "z=dp,-,tp"], "dimension 2 (size 3) is not divisible by tp (2)"),
+            (4, vec!["--mesh", "dp=2,tp=2", "--shard", "x=dp+tp"], "split the batch dimension differently"),
+        ] {
+            let mut args = vec!["run", "--data", d, "--batch-size", "8"];
+            args.extend(&extra);
+            let run = t.run(np, &args);
+            assert_ne!(run.code, 0, "{extra:?} must fail");
+            let line = agreed_failure(&run, np);
+            assert!(line.contains(needle), "{extra:?}: {line}");
+        }
+        // What the command line itself can tell is wrong stops the job before MPI starts, with
+        // the parser's message and exit code 2 (mpirun stops the other ranks as soon as the
+        // first one exits, so the message may appear fewer than 4 times).
+        for (extra, needle) in [
+            (vec!["--mesh", "dp=2,pp=2", "--stages", "x=middle"], "stage 'middle': expected first, last or all"),
+            (vec!["--mesh", "dp=4", "--exchange", "magic"], "[possible values: auto, fused, two-phase, broadcast]"),
+            (vec!["--mesh", "dp=2,dp=2"], "axis 'dp' appears twice"),
+            (vec!["--shard", "x=dp,t p"], "bad axis name 't p'"),
+        ] {
+            let mut args = vec!["run", "--data", d, "--batch-size", "8"];
+            args.extend(&extra);
+            let run = t.run(4, &args);
+            assert_eq!(run.code, 2, "{extra:?} is a command-line error:\n{}", run.stderr);
+            assert!(run.stderr.contains(needle), "{extra:?}: the parser says why:\n{}", run.stderr);
+        }
+        // A variable-length field split beyond the batch dimension.
+        let var = fixtures().join("arrow_var");
+        let run = t.run(
+            2,
+            &["run", "--data", var.to_str().unwrap(), "--batch-size", "4", "--mesh", "dp=1,tp=2", "--shard", "t=dp,tp"],
+        );
+        assert_ne!(run.code, 0);
+        assert!(run.stderr.contains("variable-length field can only be split along the batch dimension"), "{}", run.stderr);
     }
-    // What the command line itself can tell is wrong stops the job before MPI starts, with
-    // the parser's message and exit code 2 (mpirun stops the other ranks as soon as the
-    // first one exits, so the message may appear fewer than 4 times).
-    for (extra, needle) in [
-        (vec!["--mesh", "dp=2,pp=2", "--stages", "x=middle"], "stage 'middle': expected first, last or all"),
-        (vec!["--mesh", "dp=4", "--exchange", "magic"], "[possible values: auto, fused, two-phase, broadcast]"),
-        (vec!["--mesh", "dp=2,dp=2"], "axis 'dp' appears twice"),
-        (vec!["--shard", "x=dp,t p"], "bad axis name 't p'"),
-    ] {
-        let mut args = vec!["run", "--data", d, "--batch-size", "8"];
-        args.extend(&extra);
-        let run = mpirun(4, &args);
-        assert_eq!(run.code, 2, "{extra:?} is a command-line error:\n{}", run.stderr);
-        assert!(run.stderr.contains(needle), "{extra:?}: the parser says why:\n{}", run.stderr);
-    }
-    // A variable-length field split beyond the batch dimension.
-    let var = fixtures().join("arrow_var");
-    let run = mpirun(
-        2,
-        &["run", "--data", var.to_str().unwrap(), "--batch-size", "4", "--mesh", "dp=1,tp=2", "--shard", "t=dp,tp"],
-    );
-    assert_ne!(run.code, 0);
-    assert!(run.stderr.contains("variable-length field can only be split along the batch dimension"), "{}", run.stderr);
-}
 
-#[test]
-fn config_file_and_flag_overrides() {
-    let fx = fixtures();
-    let out = tempdir();
-    let job = out.path().join("job.toml");
-    std::fs::write(
-        &job,
-        format!(
-            "data = [{:?}]\nbatch_size = 8\nepochs = 2\nseed = 9\nwindow_bytes = \"1K\"\nmesh = \"dp=2,tp=2\"\nexchange = \"fused\"\n[shard]\nx = \"dp,tp\"\nz = \"dp,tp\"\n",
-            fx.join("npy_struct").to_str().unwrap()
-        ),
-    )
-    .unwrap();
-    let d1 = out.path().join("from-config");
-    ok(&mpirun(4, &["run", "--config", job.to_str().unwrap(), "--dump", d1.to_str().unwrap()]));
-    let d2 = out.path().join("from-flags");
-    run_case(&fx.join("npy_struct"), &CASES[1], "fused", &d2);
-    for r in 0..4 {
-        let f = format!("rank-{r}.jsonl");
-        assert_eq!(std::fs::read(d1.join(&f)).unwrap(), std::fs::read(d2.join(&f)).unwrap(), "config file = flags");
+    fn config_file_and_flag_overrides(t: Transport) {
+        let fx = fixtures();
+        let out = tempdir();
+        let job = out.path().join("job.toml");
+        std::fs::write(
+            &job,
+            format!(
+                "data = [{:?}]\nbatch_size = 8\nepochs = 2\nseed = 9\nwindow_bytes = \"1K\"\nmesh = \"dp=2,tp=2\"\nexchange = \"fused\"\n[shard]\nx = \"dp,tp\"\nz = \"dp,tp\"\n",
+                fx.join("npy_struct").to_str().unwrap()
+            ),
+        )
+        .unwrap();
+        let d1 = out.path().join("from-config");
+        ok(&t.run(4, &["run", "--config", job.to_str().unwrap(), "--dump", d1.to_str().unwrap()]));
+        let d2 = out.path().join("from-flags");
+        run_case(t, &fx.join("npy_struct"), &CASES[1], "fused", &d2);
+        for r in 0..4 {
+            let f = format!("rank-{r}.jsonl");
+            assert_eq!(std::fs::read(d1.join(&f)).unwrap(), std::fs::read(d2.join(&f)).unwrap(), "config file = flags");
+        }
+        // Flags override the file: a mesh of 4 ranks run on 2 is rejected, --mesh fixes it.
+        let run = t.run(2, &["run", "--config", job.to_str().unwrap()]);
+        assert!(run.code != 0 && run.stderr.contains("has 4 devices but the world has 2 ranks"), "{}", run.stderr);
+        ok(&t.run(2, &["run", "--config", job.to_str().unwrap(), "--mesh", "dp=1,tp=2"]));
+        // The same validation applies to the file.
+        std::fs::write(&job, "data = [\"x\"]\nbatch_size = 8\nmesh = \"dp=4\"\nbogus = 1\n").unwrap();
+        let run = t.run(2, &["run", "--config", job.to_str().unwrap()]);
+        assert!(
+            run.code != 0 && run.stderr.contains("job.toml: invalid job file") && run.stderr.contains("bogus"),
+            "{}",
+            run.stderr
+        );
     }
-    // Flags override the file: a mesh of 4 ranks run on 2 is rejected, --mesh fixes it.
-    let run = mpirun(2, &["run", "--config", job.to_str().unwrap()]);
-    assert!(run.code != 0 && run.stderr.contains("has 4 devices but the world has 2 ranks"), "{}", run.stderr);
-    ok(&mpirun(2, &["run", "--config", job.to_str().unwrap(), "--mesh", "dp=1,tp=2"]));
-    // The same validation applies to the file.
-    std::fs::write(&job, "data = [\"x\"]\nbatch_size = 8\nmesh = \"dp=4\"\nbogus = 1\n").unwrap();
-    let run = mpirun(2, &["run", "--config", job.to_str().unwrap()]);
-    assert!(
-        run.code != 0 && run.stderr.contains("job.toml: invalid job file") && run.stderr.contains("bogus"),
-        "{}",
-        run.stderr
-    );
 }
 
 #[test]

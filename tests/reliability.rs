@@ -1,6 +1,8 @@
-//! Reliability (DESIGN.md contracts 5-7): clean stops on SIGTERM at a step boundary,
-//! exact resumption across rank counts and meshes, fingerprint checks, bounded memory,
-//! a soak test, and a rank SIGKILLed under mpirun.
+//! Reliability (docs/design.md: resumption, bounded memory, no hangs): clean stops on
+//! SIGTERM at a step boundary, exact resumption across rank counts, meshes and
+//! transports, fingerprint checks, tail policies, the home-range cache and a soak test
+//! (over MPI and UCX), bounded memory with and without prefetch, and a rank SIGKILLed
+//! under mpirun (UCX: tests/ucx.rs).
 
 mod common;
 
@@ -148,68 +150,70 @@ fn sigterm_stops_every_rank_at_one_step_and_the_stream_resumes_exactly_elsewhere
     assert_eq!(joined, reference, "resumed on another mesh");
 }
 
-#[test]
-fn a_state_from_another_stream_is_refused_naming_the_change() {
-    let out = tempdir();
-    let data = out.path().join("d");
-    gen(&data, "500", "data:u8:4");
-    let state = out.path().join("s.json");
-    let d = data.to_str().unwrap();
-    ok(&mpirun(2, &["run", "--data", d, "--batch-size", "10", "--seed", "3", "--state", state.to_str().unwrap()]));
-    let s = state.to_str().unwrap();
-    for (args, needle) in [
-        (vec!["--batch-size", "20", "--seed", "3"], "batch size 10 → 20"),
-        (vec!["--batch-size", "10", "--seed", "4"], "seed 3 → 4"),
-    ] {
-        let mut a = vec!["run", "--data", d, "--resume-from", s];
-        a.extend(args);
-        let run = mpirun(2, &a);
-        assert_ne!(run.code, 0);
-        let line = agreed_failure(&run, 2);
-        assert!(line.contains(needle), "{line}");
+over_transports! {
+    fn a_state_from_another_stream_is_refused_naming_the_change(t: Transport) {
+        let out = tempdir();
+        let data = out.path().join("d");
+        gen(&data, "500", "data:u8:4");
+        let state = out.path().join("s.json");
+        let d = data.to_str().unwrap();
+        ok(&t.run(2, &["run", "--data", d, "--batch-size", "10", "--seed", "3", "--state", state.to_str().unwrap()]));
+        let s = state.to_str().unwrap();
+        for (args, needle) in [
+            (vec!["--batch-size", "20", "--seed", "3"], "batch size 10 → 20"),
+            (vec!["--batch-size", "10", "--seed", "4"], "seed 3 → 4"),
+        ] {
+            let mut a = vec!["run", "--data", d, "--resume-from", s];
+            a.extend(args);
+            let run = t.run(2, &a);
+            assert_ne!(run.code, 0);
+            let line = agreed_failure(&run, 2);
+            assert!(line.contains(needle), "{line}");
+        }
+        // Another dataset.
+        let other = out.path().join("o");
+        gen(&other, "600", "data:u8:4");
+        let run =
+            t.run(2, &["run", "--data", other.to_str().unwrap(), "--batch-size", "10", "--seed", "3", "--resume-from", s]);
+        assert!(run.code != 0 && agreed_failure(&run, 2).contains("dataset samples 500 → 600"), "{}", run.stderr);
+        // The state of a finished run resumes to nothing more; a state one epoch further on runs it.
+        let run = t.run(
+            2,
+            &["run", "--data", d, "--batch-size", "10", "--seed", "3", "--epochs", "2", "--resume-from", s, "--verify"],
+        );
+        ok(&run);
+        assert_eq!(run.stdout.matches("delivered exactly once").count(), 1, "only epoch 1 remains: {}", run.stdout);
     }
-    // Another dataset.
-    let other = out.path().join("o");
-    gen(&other, "600", "data:u8:4");
-    let run =
-        mpirun(2, &["run", "--data", other.to_str().unwrap(), "--batch-size", "10", "--seed", "3", "--resume-from", s]);
-    assert!(run.code != 0 && agreed_failure(&run, 2).contains("dataset samples 500 → 600"), "{}", run.stderr);
-    // The state of a finished run resumes to nothing more; a state one epoch further on runs it.
-    let run = mpirun(
-        2,
-        &["run", "--data", d, "--batch-size", "10", "--seed", "3", "--epochs", "2", "--resume-from", s, "--verify"],
-    );
-    ok(&run);
-    assert_eq!(run.stdout.matches("delivered exactly once").count(), 1, "only epoch 1 remains: {}", run.stdout);
 }
 
-#[test]
-fn soak_many_epochs_small_windows_prime_sizes() {
-    let out = tempdir();
-    let data = out.path().join("d");
-    gen(&data, "1009", "x:f32:3");
-    let run = mpirun(
-        4,
-        &[
-            "run",
-            "--data",
-            data.to_str().unwrap(),
-            "--batch-size",
-            "28",
-            "--epochs",
-            "25",
-            "--window-bytes",
-            "911",
-            "--verify",
-        ],
-    );
-    ok(&run);
-    let verified = run
-        .stdout
-        .lines()
-        .filter(|l| l.contains("1008 samples delivered exactly once, in permutation order; contents match"))
-        .count();
-    assert_eq!(verified, 25, "{}", run.stdout);
+over_transports! {
+    fn soak_many_epochs_small_windows_prime_sizes(t: Transport) {
+        let out = tempdir();
+        let data = out.path().join("d");
+        gen(&data, "1009", "x:f32:3");
+        let run = t.run(
+            4,
+            &[
+                "run",
+                "--data",
+                data.to_str().unwrap(),
+                "--batch-size",
+                "28",
+                "--epochs",
+                "25",
+                "--window-bytes",
+                "911",
+                "--verify",
+            ],
+        );
+        ok(&run);
+        let verified = run
+            .stdout
+            .lines()
+            .filter(|l| l.contains("1008 samples delivered exactly once, in permutation order; contents match"))
+            .count();
+        assert_eq!(verified, 25, "{}", run.stdout);
+    }
 }
 
 /// Peak RSS (max over ranks) of one epoch.
@@ -298,126 +302,128 @@ fn a_rank_killed_under_mpirun_ends_the_job_naming_it() {
     assert!(!run.stdout.contains("done:"));
 }
 
-#[test]
-fn tail_policies_at_several_rank_counts() {
-    let out = tempdir();
-    let data = out.path().join("d");
-    gen(&data, "103", "x:f32:4");
-    let d = data.to_str().unwrap();
-    for tail in ["drop", "pad", "partial"] {
-        let mut reference: Option<BTreeMap<(u64, u64), Vec<u64>>> = None;
-        for np in [1, 3, 4] {
-            let dump = out.path().join(format!("{tail}-{np}"));
-            let run = mpirun(
-                np,
-                &[
-                    "run",
-                    "--data",
-                    d,
-                    "--batch-size",
-                    "12",
-                    "--epochs",
-                    "2",
-                    "--tail",
-                    tail,
-                    "--window-bytes",
-                    "300",
-                    "--verify",
-                    "--dump",
-                    dump.to_str().unwrap(),
-                ],
-            );
-            ok(&run);
-            assert_eq!(run.stdout.matches("delivered exactly once").count(), 2, "{tail} np {np}: {}", run.stdout);
-            let ranks: Vec<usize> = (0..np).collect();
-            let batches = ids_by_step(&dump, np, &ranks);
-            let (steps, last_len) = match tail {
-                "drop" => (8, 12),
-                "pad" => (9, 12),
-                _ => (9, 7),
-            };
-            assert_eq!(batches.len(), 2 * steps, "{tail} np {np}");
-            assert_eq!(batches[&(0, steps as u64 - 1)].len(), last_len, "{tail} np {np}: last batch");
-            if tail == "pad" {
-                // The padding is the start of the epoch's order: the first batch's first 5 ids.
-                assert_eq!(batches[&(0, 8)][7..], batches[&(0, 0)][..5]);
-            }
-            if tail == "partial" && np == 4 {
-                // 7 rows over 4 ranks: blocks of 1, 2, 2, 2 rows.
-                let lines = read_dump(&dump, 4);
-                let sizes: Vec<usize> = lines.iter().map(|l| l[8].ids.len()).collect();
-                assert_eq!(sizes, vec![1, 2, 2, 2]);
-            }
-            match &reference {
-                None => reference = Some(batches),
-                Some(r) => assert_eq!(&batches, r, "{tail}: np {np} differs from np 1"),
+over_transports! {
+    fn tail_policies_at_several_rank_counts(t: Transport) {
+        let out = tempdir();
+        let data = out.path().join("d");
+        gen(&data, "103", "x:f32:4");
+        let d = data.to_str().unwrap();
+        for tail in ["drop", "pad", "partial"] {
+            let mut reference: Option<BTreeMap<(u64, u64), Vec<u64>>> = None;
+            for np in [1, 3, 4] {
+                let dump = out.path().join(format!("{tail}-{np}"));
+                let run = t.run(
+                    np,
+                    &[
+                        "run",
+                        "--data",
+                        d,
+                        "--batch-size",
+                        "12",
+                        "--epochs",
+                        "2",
+                        "--tail",
+                        tail,
+                        "--window-bytes",
+                        "300",
+                        "--verify",
+                        "--dump",
+                        dump.to_str().unwrap(),
+                    ],
+                );
+                ok(&run);
+                assert_eq!(run.stdout.matches("delivered exactly once").count(), 2, "{tail} np {np}: {}", run.stdout);
+                let ranks: Vec<usize> = (0..np).collect();
+                let batches = ids_by_step(&dump, np, &ranks);
+                let (steps, last_len) = match tail {
+                    "drop" => (8, 12),
+                    "pad" => (9, 12),
+                    _ => (9, 7),
+                };
+                assert_eq!(batches.len(), 2 * steps, "{tail} np {np}");
+                assert_eq!(batches[&(0, steps as u64 - 1)].len(), last_len, "{tail} np {np}: last batch");
+                if tail == "pad" {
+                    // The padding is the start of the epoch's order: the first batch's first 5 ids.
+                    assert_eq!(batches[&(0, 8)][7..], batches[&(0, 0)][..5]);
+                }
+                if tail == "partial" && np == 4 {
+                    // 7 rows over 4 ranks: blocks of 1, 2, 2, 2 rows.
+                    let lines = read_dump(&dump, 4);
+                    let sizes: Vec<usize> = lines.iter().map(|l| l[8].ids.len()).collect();
+                    assert_eq!(sizes, vec![1, 2, 2, 2]);
+                }
+                match &reference {
+                    None => reference = Some(batches),
+                    Some(r) => assert_eq!(&batches, r, "{tail}: np {np} differs from np 1"),
+                }
             }
         }
-    }
-    // A partial batch on a mesh with replication: 7 rows over dp=2 blocks, tp replicas.
-    let dump = out.path().join("mesh");
-    ok(&mpirun(
-        4,
-        &[
-            "run",
-            "--data",
-            d,
-            "--batch-size",
-            "12",
-            "--tail",
-            "partial",
-            "--mesh",
-            "dp=2,tp=2",
-            "--shard",
-            "x=dp,tp",
-            "--verify",
-            "--dump",
-            dump.to_str().unwrap(),
-        ],
-    ));
-    let lines = read_dump(&dump, 4);
-    let sizes: Vec<usize> = lines.iter().map(|l| l[8].ids.len()).collect();
-    assert_eq!(sizes, vec![3, 3, 4, 4]);
-    assert_eq!(lines[0][8].ids, lines[1][8].ids, "tp replicas get the same rows");
-}
-
-#[test]
-fn home_range_cache_reads_each_sample_once() {
-    let out = tempdir();
-    let data = out.path().join("d");
-    gen(&data, "4000", "data:f32:256"); // 4 MB, 1 MB per rank
-    let epochs = |cache: &str| -> Vec<serde_json::Value> {
-        let run = mpirun(
+        // A partial batch on a mesh with replication: 7 rows over dp=2 blocks, tp replicas.
+        let dump = out.path().join("mesh");
+        ok(&t.run(
             4,
             &[
                 "run",
                 "--data",
-                data.to_str().unwrap(),
+                d,
                 "--batch-size",
-                "32",
-                "--epochs",
-                "3",
-                "--window-bytes",
-                "256K",
-                "--cache-bytes",
-                cache,
+                "12",
+                "--tail",
+                "partial",
+                "--mesh",
+                "dp=2,tp=2",
+                "--shard",
+                "x=dp,tp",
                 "--verify",
-                "--json",
+                "--dump",
+                dump.to_str().unwrap(),
             ],
-        );
-        ok(&run);
-        run.stdout.lines().map(|l| serde_json::from_str(l).unwrap()).collect()
-    };
-    let cached = epochs("2M");
-    assert!(cached.iter().all(|e| e["verified"] == true));
-    assert_eq!(cached[0]["bytes_read"], 4000 * 1024, "the first epoch reads the dataset exactly once");
-    assert_eq!((cached[1]["bytes_read"].as_u64(), cached[2]["bytes_read"].as_u64()), (Some(0), Some(0)));
-    // A cache too small for the home range stays off: reads every epoch, memory bounded.
-    let uncached = epochs("512K");
-    assert!(uncached.iter().all(|e| e["bytes_read"].as_u64().unwrap() >= 4000 * 1024 && e["verified"] == true));
-    let off = epochs("0");
-    let rss = |v: &[serde_json::Value]| v[2]["max_rss_bytes"].as_u64().unwrap();
-    assert!(rss(&uncached) <= rss(&off) + (1 << 20), "{} vs {}", rss(&uncached), rss(&off));
+        ));
+        let lines = read_dump(&dump, 4);
+        let sizes: Vec<usize> = lines.iter().map(|l| l[8].ids.len()).collect();
+        assert_eq!(sizes, vec![3, 3, 4, 4]);
+        assert_eq!(lines[0][8].ids, lines[1][8].ids, "tp replicas get the same rows");
+    }
+}
+
+over_transports! {
+    fn home_range_cache_reads_each_sample_once(t: Transport) {
+        let out = tempdir();
+        let data = out.path().join("d");
+        gen(&data, "4000", "data:f32:256"); // 4 MB, 1 MB per rank
+        let epochs = |cache: &str| -> Vec<serde_json::Value> {
+            let run = t.run(
+                4,
+                &[
+                    "run",
+                    "--data",
+                    data.to_str().unwrap(),
+                    "--batch-size",
+                    "32",
+                    "--epochs",
+                    "3",
+                    "--window-bytes",
+                    "256K",
+                    "--cache-bytes",
+                    cache,
+                    "--verify",
+                    "--json",
+                ],
+            );
+            ok(&run);
+            run.stdout.lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+        };
+        let cached = epochs("2M");
+        assert!(cached.iter().all(|e| e["verified"] == true));
+        assert_eq!(cached[0]["bytes_read"], 4000 * 1024, "the first epoch reads the dataset exactly once");
+        assert_eq!((cached[1]["bytes_read"].as_u64(), cached[2]["bytes_read"].as_u64()), (Some(0), Some(0)));
+        // A cache too small for the home range stays off: reads every epoch, memory bounded.
+        let uncached = epochs("512K");
+        assert!(uncached.iter().all(|e| e["bytes_read"].as_u64().unwrap() >= 4000 * 1024 && e["verified"] == true));
+        let off = epochs("0");
+        let rss = |v: &[serde_json::Value]| v[2]["max_rss_bytes"].as_u64().unwrap();
+        assert!(rss(&uncached) <= rss(&off) + (1 << 20), "{} vs {}", rss(&uncached), rss(&off));
+    }
 }
 
 #[test]

@@ -118,6 +118,59 @@ pub fn mpirun(np: usize, args: &[&str]) -> Run {
     wait_bounded(cmd, &format!("mpirun -np {np} meshfeed {}", args.join(" ")))
 }
 
+/// How the ranks of a multi-rank test talk. Every behaviour test runs once per transport
+/// (see [`over_transports`]): MPI under real `mpirun`, UCX under `meshfeed launch` (the TCP
+/// rendezvous), with the same arguments and the same expectations.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Transport {
+    Mpi,
+    Ucx,
+}
+
+impl Transport {
+    /// `meshfeed ARGS` (a `run` command) on `np` ranks over this transport.
+    pub fn run(self, np: usize, args: &[&str]) -> Run {
+        match self {
+            Transport::Mpi => mpirun(np, args),
+            Transport::Ucx => {
+                assert_eq!(args.first(), Some(&"run"), "only `run` takes --transport");
+                let mut with = args.to_vec();
+                with.extend(["--transport", "ucx"]);
+                launch(np, &with)
+            }
+        }
+    }
+}
+
+/// Defines each test once per transport, as `name::mpi` and `name::ucx`; the body gets
+/// the [`Transport`] as its argument.
+#[allow(unused_macros)]
+macro_rules! over_transports {
+    ($($(#[$meta:meta])* fn $name:ident($t:ident: Transport) $body:block)*) => {
+        $(
+            $(#[$meta])*
+            mod $name {
+                #[allow(unused_imports)]
+                use super::*;
+
+                fn body($t: Transport) $body
+
+                #[test]
+                fn mpi() {
+                    body(Transport::Mpi)
+                }
+
+                #[test]
+                fn ucx() {
+                    body(Transport::Ucx)
+                }
+            }
+        )*
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use over_transports;
+
 /// Asserts success, showing the output otherwise.
 pub fn ok(run: &Run) {
     assert_eq!(run.code, 0, "exit code {}\nstdout:\n{}\nstderr:\n{}", run.code, run.stdout, run.stderr);
