@@ -1,8 +1,9 @@
 // Generates bindings to <ucp/api/ucp.h> of the UCX found by pkg-config (Debian 12:
-// libucx-dev, UCX 1.13). Only the UCP API is bound; see PLATFORM.md for the allowlists.
+// libucx-dev, UCX 1.13). Only the UCP API is bound: the allowlists below keep the
+// bindings to what the transport uses.
 fn main() {
     let ucx = pkg_config::Config::new().atleast_version("1.10").probe("ucx").unwrap_or_else(|e| {
-        panic!("UCX development files not found ({e}); install libucx-dev or build meshfeed with --no-default-features")
+        panic!("UCX development files not found ({e}); install libucx-dev or build meshfeed without the `ucx` feature")
     });
     let mut builder = bindgen::Builder::default()
         .header_contents("wrapper.h", "#include <ucp/api/ucp.h>\n")

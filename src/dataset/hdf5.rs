@@ -5,7 +5,7 @@
 //! The `hdf5` crate serialises all HDF5 calls behind one lock, so reads are issued as few,
 //! large hyperslabs: needed rows are coalesced into spans (see [`super::rows::coalesce`]).
 //! Readers only open files read-only; set `HDF5_USE_FILE_LOCKING=FALSE` when a writer may
-//! hold a file (PLATFORM.md).
+//! hold a file (readers otherwise fail with "unable to lock file, errno = 11").
 
 use std::ops::Range;
 use std::path::Path;

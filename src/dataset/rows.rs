@@ -3,7 +3,7 @@
 //! A [`RowChunk`] keeps the buffers a reader filled (file bytes, decoded Arrow buffers)
 //! and, for each requested row and field, where that value's bytes are. The loader copies
 //! values from here straight into its send buffer: one copy from read buffer to send
-//! buffer (DESIGN.md "Performance stance").
+//! buffer (docs/design.md, "The pipeline").
 
 use std::fs::File;
 use std::ops::Range;

@@ -7,11 +7,11 @@
 use std::time::Instant;
 
 use super::batch::{Batch, FieldData};
-use super::engine::{Packed, Route};
 use super::exchange::{assemble, pack, Receipt};
 use super::metrics::{Metrics, Phase};
 use super::reads::{FromReads, Reads};
 use super::stream::{Stream, WindowSpec};
+use super::window::{Packed, Route};
 use crate::dataset::Field;
 use crate::error::Result;
 use crate::plan::{FieldPart, Permutation, Placement};

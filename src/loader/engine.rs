@@ -17,17 +17,17 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::batch::Batch;
-use super::exchange::{assemble, pack, Receipt};
+use super::exchange::{assemble, pack};
 use super::metrics::{Metrics, Phase};
 use super::reads::{FromReads, Reads};
 use super::stream::{Stream, WindowSpec};
+use super::window::{receipt, Packed, Received, Route, Window};
 use super::{broadcast, two_phase};
 use crate::config::ExchangeMode;
 use crate::error::Result;
 use crate::plan::{FieldPart, Permutation, Placement, WindowPlan};
 use crate::transport::{agree, Transport};
-use crate::types::{Rank, SampleId};
+use crate::types::Rank;
 
 /// Everything a producer owns: the loader's own communicator, open readers and cache, and
 /// the two-phase group. Moves to the producer thread and back as one value.
@@ -44,43 +44,6 @@ const _: fn() = || {
     fn send<T: Send>() {}
     send::<Engine>();
 };
-
-/// A window as the producer delivers it: this rank's batches, and what producing them
-/// cost on this rank.
-pub(crate) struct Window {
-    pub spec: WindowSpec,
-    pub batches: Vec<Batch>,
-    pub metrics: Metrics,
-}
-
-/// How a window is exchanged.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Route {
-    Fused,
-    TwoPhase,
-    Broadcast,
-}
-
-/// A window read and packed: ready to exchange.
-pub(crate) struct Packed {
-    pub spec: WindowSpec,
-    pub route: Route,
-    /// Sample id of every window row.
-    pub ids: Vec<SampleId>,
-    pub send: Vec<u8>,
-    pub counts: Vec<usize>,
-    pub metrics: Metrics,
-}
-
-/// A window after its exchange: the bytes this rank received.
-pub(crate) struct Received {
-    spec: WindowSpec,
-    route: Route,
-    ids: Vec<SampleId>,
-    recv: Vec<u8>,
-    recv_counts: Vec<usize>,
-    metrics: Metrics,
-}
 
 impl Engine {
     /// An engine for `stream` over the loader's own communicator.
@@ -110,28 +73,6 @@ fn exchange_placement<'a>(stream: &'a Stream, spec: &WindowSpec, route: Route) -
 /// Any step of the window (they share one placement).
 fn first_step(spec: &WindowSpec) -> crate::types::Step {
     crate::types::Step(spec.steps.start)
-}
-
-/// What `me` receives of each global batch under `placement`, for [`assemble`].
-pub(crate) fn receipt<'a>(
-    stream: &'a Stream,
-    placement: &'a Placement,
-    spec: &WindowSpec,
-    ids: &'a [SampleId],
-) -> Receipt<'a> {
-    let (rows, parts) = match placement.receiver(stream.rank) {
-        Some((block, rc)) => (block.rows.clone(), &rc.parts[..]),
-        None => (0..0, &[][..]),
-    };
-    Receipt {
-        epoch: spec.epoch,
-        steps: spec.steps.clone(),
-        batch_size: stream.options.batch_size,
-        ids,
-        rows,
-        parts,
-        coords: &stream.coords,
-    }
 }
 
 /// Step 1: plans, reads and packs window `spec`. Collective (the read agreement).

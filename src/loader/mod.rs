@@ -60,6 +60,7 @@ mod reads;
 pub mod state;
 mod stream;
 mod two_phase;
+mod window;
 
 use std::collections::VecDeque;
 use std::path::PathBuf;

@@ -23,9 +23,10 @@ use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use super::engine::{Engine, Window};
+use super::engine::Engine;
 use super::producer::Producer;
 use super::stream::Position;
+use super::window::Window;
 use crate::error::{Error, Result};
 use crate::transport::{ReduceOp, Transport};
 

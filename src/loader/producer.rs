@@ -7,8 +7,9 @@
 //! orders it the same way. Without overlap each window is prepared when it is asked for,
 //! which keeps the peak at one window's buffers (see [`crate::plan::budget`]).
 
-use super::engine::{complete, exchange, prepare, Engine, Packed, Window};
+use super::engine::{complete, exchange, prepare, Engine};
 use super::stream::{Position, WindowSpec};
+use super::window::{Packed, Window};
 use crate::error::Result;
 use crate::transport::Transport;
 

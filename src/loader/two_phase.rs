@@ -3,10 +3,10 @@
 //! then scatters every member's slices inside its row block's sub-communicator.
 
 use super::batch::Batch;
-use super::engine::receipt;
 use super::exchange::{assemble, pack, ValueSource};
 use super::metrics::{Metrics, Phase};
 use super::stream::{Stream, WindowSpec};
+use super::window::receipt;
 use crate::error::Result;
 use crate::plan::FieldPart;
 use crate::transport::{agree, Transport};

@@ -1,5 +1,5 @@
 //! Home ranges: rank `r` of `P` owns the contiguous ids `[r·N/P, (r+1)·N/P)`; the first
-//! `N mod P` ranks own one extra sample (DESIGN.md "Home ranges").
+//! `N mod P` ranks own one extra sample (docs/design.md, "Concepts").
 
 use std::ops::Range;
 

@@ -2,7 +2,7 @@
 //!
 //! Nothing here communicates; every rank computes the same plan from the same inputs,
 //! which is what makes the exchange deterministic and world-size invariant
-//! (DESIGN.md contracts 2 and 5). Start with [`window::WindowPlan`]: it combines the
+//! (docs/design.md: world-size invariance, determinism). Start with [`window::WindowPlan`]: it combines the
 //! epoch's [`permutation::Permutation`], the [`home::HomeRanges`] (who reads a sample)
 //! and the [`placement::Placement`] (who receives which rows and slices of a global
 //! batch, derived from a [`mesh::Mesh`] and the fields' [`sharding`]).

@@ -14,7 +14,7 @@
 //! would materialise the same O(n) array only to read its own slice of it. Here each rank
 //! evaluates just the positions it owns, any position can be sought directly (resuming
 //! mid-epoch needs no replay), and all ranks agree bit for bit because the order depends only
-//! on `(n, seed, epoch)` (DESIGN.md, "Order").
+//! on `(n, seed, epoch)` (docs/design.md, "Concepts").
 //!
 //! This is a shuffle, not cryptography: the round keys come from a strong 64-bit mixer so
 //! that orders of different seeds and epochs are unrelated, but nothing here is meant to

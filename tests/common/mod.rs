@@ -106,7 +106,7 @@ pub fn meshfeed(args: &[&str]) -> Run {
 }
 
 /// mpirun flags of every multi-rank test: as root, more ranks than cores, ranks that
-/// yield instead of busy-polling (PLATFORM.md).
+/// yield instead of busy-polling (busy-polling oversubscribed ranks starve each other).
 pub const MPIRUN_FLAGS: [&str; 5] = ["--allow-run-as-root", "--oversubscribe", "--mca", "mpi_yield_when_idle", "1"];
 
 /// `mpirun -np NP meshfeed ARGS` under real OpenMPI (as root, oversubscribed).

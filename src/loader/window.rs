@@ -1,0 +1,70 @@
+//! What one window is on its way through the producer: packed (read, and ready to
+//! exchange), received, delivered; and the route it takes. Shared by the engine and the
+//! exchange variants ([`super::two_phase`], [`super::broadcast`]).
+
+use super::batch::Batch;
+use super::exchange::Receipt;
+use super::metrics::Metrics;
+use super::stream::{Stream, WindowSpec};
+use crate::plan::Placement;
+use crate::types::SampleId;
+
+/// A window as the producer delivers it: this rank's batches, and what producing them
+/// cost on this rank.
+pub(crate) struct Window {
+    pub spec: WindowSpec,
+    pub batches: Vec<Batch>,
+    pub metrics: Metrics,
+}
+
+/// How a window is exchanged.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Route {
+    Fused,
+    TwoPhase,
+    Broadcast,
+}
+
+/// A window read and packed: ready to exchange.
+pub(crate) struct Packed {
+    pub spec: WindowSpec,
+    pub route: Route,
+    /// Sample id of every window row.
+    pub ids: Vec<SampleId>,
+    pub send: Vec<u8>,
+    pub counts: Vec<usize>,
+    pub metrics: Metrics,
+}
+
+/// A window after its exchange: the bytes this rank received.
+pub(crate) struct Received {
+    pub spec: WindowSpec,
+    pub route: Route,
+    pub ids: Vec<SampleId>,
+    pub recv: Vec<u8>,
+    pub recv_counts: Vec<usize>,
+    pub metrics: Metrics,
+}
+
+/// What this rank receives of each global batch under `placement`, for
+/// [`super::exchange::assemble`].
+pub(crate) fn receipt<'a>(
+    stream: &'a Stream,
+    placement: &'a Placement,
+    spec: &WindowSpec,
+    ids: &'a [SampleId],
+) -> Receipt<'a> {
+    let (rows, parts) = match placement.receiver(stream.rank) {
+        Some((block, rc)) => (block.rows.clone(), &rc.parts[..]),
+        None => (0..0, &[][..]),
+    };
+    Receipt {
+        epoch: spec.epoch,
+        steps: spec.steps.clone(),
+        batch_size: stream.options.batch_size,
+        ids,
+        rows,
+        parts,
+        coords: &stream.coords,
+    }
+}
