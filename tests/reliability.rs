@@ -92,11 +92,12 @@ fn sigterm_stops_every_rank_at_one_step_and_the_stream_resumes_exactly_elsewhere
         let (a, b) = resume.split_once(':').unwrap();
         (a.parse().unwrap(), b.parse().unwrap())
     };
-    assert!(k > 0 && (e, k) < (2, 0), "stopped mid-run: {resume}");
+    assert!((e, k) > (0, 0) && (e, k) < (2, 0), "stopped mid-run: {resume}");
     let saved: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&state).unwrap()).unwrap();
     assert_eq!((saved["epoch"].as_u64().unwrap(), saved["step"].as_u64().unwrap()), (e, k));
     let before = ids_by_step(&first, 3, &[0, 1, 2]);
-    assert_eq!(before.keys().last(), Some(&(e, k - 1)), "every rank stopped after the same step");
+    let last = if k > 0 { (e, k - 1) } else { (e - 1, 249) };
+    assert_eq!(before.keys().last(), Some(&last), "every rank stopped after the same step");
 
     // Resume from the state file on 2 ranks (MPI), and from EPOCH:STEP on a 4-rank mesh.
     let second = out.path().join("second");
@@ -448,4 +449,41 @@ fn an_invalid_option_on_one_rank_only_stops_every_rank() {
         "{line}"
     );
     assert!(!line.contains("on every rank"), "{line}");
+}
+
+#[test]
+fn a_stop_signal_on_one_rank_stops_every_rank_after_the_same_step() {
+    let out = tempdir();
+    let data = out.path().join("d");
+    gen(&data, "6000", "data:f32:8");
+    let dump = out.path().join("dump");
+    let args = [
+        "run",
+        "--transport",
+        "ucx",
+        "--data",
+        data.to_str().unwrap(),
+        "--batch-size",
+        "12",
+        "--epochs",
+        "3",
+        "--compute-ms",
+        "2",
+        "--dump",
+        dump.to_str().unwrap(),
+    ];
+    let port = free_port();
+    let ranks: Vec<_> = (0..3).map(|r| spawn_rank(r, 3, port, "tok", &args, &[])).collect();
+    std::thread::sleep(Duration::from_millis(1500));
+    // SAFETY: kill(2) on our own child, rank 1 only.
+    unsafe { libc::kill(ranks[1].id() as i32, libc::SIGTERM) };
+    let runs: Vec<Run> = ranks.into_iter().enumerate().map(|(r, c)| finish(c, &format!("rank {r}"))).collect();
+    for (r, run) in runs.iter().enumerate() {
+        assert_eq!(run.code, 75, "rank {r} stops with the others:\n{}", run.stderr);
+    }
+    assert!(runs[0].stderr.contains("stopped by SIGTERM"), "rank 0 names the signal rank 1 got:\n{}", runs[0].stderr);
+    let lines = read_dump(&dump, 3);
+    let last: Vec<(u64, u64)> = lines.iter().map(|l| l.last().map(|l| (l.epoch, l.step)).unwrap()).collect();
+    assert!(last.iter().all(|&l| l == last[0]), "every rank stopped after the same step: {last:?}");
+    assert!(last[0] < (2, 499), "stopped before the end: {last:?}");
 }

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use meshfeed::config::Job;
 use meshfeed::dataset::gen;
 use meshfeed::loader::{open_dataset, Loader, LoaderState, Position};
-use meshfeed::runtime::{any_rank_stops, signal_name, Runtime, StopSignal, EXIT_STOPPED};
+use meshfeed::runtime::{signal_name, Runtime, StopCheck, StopSignal, EXIT_STOPPED};
 use meshfeed::transport::agree;
 use meshfeed::verify::dump::DumpWriter;
 use meshfeed::verify::Verifier;
@@ -130,6 +130,9 @@ fn run(args: &RunArgs, job: Result<Job>, rt: &Runtime) -> Result<i32> {
         );
     }
 
+    // Stop requests are agreed about every 50 ms of steps (every step when steps are
+    // longer), so that all ranks stop after the same step.
+    let mut stop_check = StopCheck::new(Duration::from_millis(50));
     let mut all_ok = true;
     for e in start_at.epoch.0..job.epochs {
         let first = loader.position().step.0;
@@ -155,9 +158,7 @@ fn run(args: &RunArgs, job: Result<Job>, rt: &Runtime) -> Result<i32> {
             bar.inc(1);
             drop(batch);
             computing += compute(args.compute_ms);
-            // Every rank asks at every step, so all stop at the same step boundary.
-            let signal = any_rank_stops(world, stop.received())?;
-            if let (Some(signal), true) = (signal, loader.position().step.0 != 0) {
+            if let Some(signal) = stop_check.after_step(world, &stop)? {
                 stopped = Some(signal_name(signal));
                 break;
             }
@@ -203,6 +204,8 @@ fn run(args: &RunArgs, job: Result<Job>, rt: &Runtime) -> Result<i32> {
                 summary.print();
             }
         }
+        // A stop agreed after the very last step changes nothing: the run is complete.
+        let stopped = stopped.filter(|_| loader.position() < Position::new(job.epochs, 0));
         if let Some(why) = stopped {
             // Stopped at a step boundary: report where to resume, flush, exit 75.
             let state = loader.state();

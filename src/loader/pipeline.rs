@@ -80,10 +80,7 @@ impl Pipeline {
         let flag = stop.clone();
         let thread = std::thread::Builder::new()
             .name(format!("meshfeed-producer-{rank}"))
-            .spawn(move || {
-                lower_priority();
-                produce(producer, tx, flag)
-            })
+            .spawn(move || produce(producer, tx, flag))
             .map_err(|e| Error::Internal(format!("cannot start the loader's producer thread: {e}")))?;
         *self = Pipeline::Background(Background { windows: rx, stop, thread });
         Ok(())
@@ -134,18 +131,6 @@ fn produce(mut producer: Producer, windows: SyncSender<Result<Window>>, stop: Ar
         }
     }
     producer.into_engine()
-}
-
-/// Gives the producer thread a lower scheduling priority than the consumer (nice +10):
-/// it exists to keep the consumer fed, and where cores are oversubscribed a training step
-/// waking up must not wait for a time slice behind it. Best effort.
-fn lower_priority() {
-    // SAFETY: gettid has no preconditions; setpriority on this thread's own id only changes
-    // its nice value (Linux: PRIO_PROCESS with a thread id applies to that thread).
-    unsafe {
-        let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
-        libc::setpriority(libc::PRIO_PROCESS, tid, 10);
-    }
 }
 
 /// The continue agreement: the lowest rank that stops here, if any.

@@ -10,7 +10,7 @@
 //!   `mpirun`. Without MPI, UCX joins through the TCP rendezvous the environment
 //!   describes (`RANK`, `WORLD_SIZE`, `MASTER_ADDR`, `MASTER_PORT`, `MESHFEED_JOB_TOKEN`).
 //! * **Stopping.** [`StopSignal`] records SIGTERM (as Slurm sends before preemption) and
-//!   SIGINT; [`any_rank_stops`] lets all ranks agree to stop at one step boundary.
+//!   SIGINT; [`StopCheck`] lets all ranks agree to stop after one step.
 //! * **Panics.** [`Runtime::abort_on_panic`] makes a panic on any thread end the whole job
 //!   (`MPI_Abort`, or exit for UCX, whose peers then report this rank lost), so that no
 //!   rank is left waiting in a collective.
@@ -25,7 +25,7 @@ use crate::config::TransportKind;
 use crate::error::Error;
 use crate::error::Result;
 use crate::transport::Transport;
-pub use signals::{any_rank_stops, signal_name, StopSignal};
+pub use signals::{signal_name, StopCheck, StopSignal};
 
 /// Exit code of a job stopped by SIGTERM/SIGINT at a step boundary (EX_TEMPFAIL: resume
 /// it; see `--resume-from`).

@@ -1,8 +1,9 @@
 //! Stop requests: SIGTERM (Slurm sends it before preempting a job) and SIGINT end a run
-//! at a step boundary that every rank agrees on.
+//! at a step boundary that every rank agrees on ([`StopCheck`]).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
 use crate::transport::{ReduceOp, Transport};
@@ -44,11 +45,89 @@ pub fn signal_name(signal: i32) -> String {
     }
 }
 
-/// Collective: whether any rank asks to stop, given the stop signal this rank received
-/// (if any); returns a signal some rank received (the same on every rank). Every rank calls
-/// it at the same step; all then stop there together.
-pub fn any_rank_stops(transport: &dyn Transport, received: Option<i32>) -> Result<Option<i32>> {
-    let mut signal = [received.map_or(0, |s| s.max(1) as u64)];
-    transport.all_reduce_u64(&mut signal, ReduceOp::Max)?;
-    Ok((signal[0] != 0).then_some(signal[0] as i32))
+/// The most steps between two stop agreements.
+const MAX_STEPS_BETWEEN_CHECKS: u64 = 1024;
+
+/// Agrees, every few steps, whether any rank was asked to stop, so that all ranks stop
+/// after the same step.
+///
+/// Agreeing is a collective, and a collective at every step costs more than short steps
+/// do (ranks spin in it while the loader's producer needs the cores). So the agreement is
+/// made every `k` steps, `k` chosen so that agreements are about `interval` apart in time:
+/// at every agreement each rank also contributes how long its last `k` steps took, and all
+/// derive the next `k` from the slowest rank's time — the same `k` on every rank, so the
+/// agreements stay collective. With steps longer than `interval`, every step is checked.
+#[derive(Debug)]
+pub struct StopCheck {
+    interval: Duration,
+    every: u64,
+    steps: u64,
+    since: Instant,
+}
+
+impl StopCheck {
+    /// Agreements about `interval` apart (the first after the first step).
+    pub fn new(interval: Duration) -> StopCheck {
+        StopCheck { interval, every: 1, steps: 0, since: Instant::now() }
+    }
+
+    /// Call after every delivered step, on every rank. Collective at the steps where the
+    /// ranks agree; returns a signal some rank received when all stop after this step.
+    pub fn after_step(&mut self, transport: &dyn Transport, signal: &StopSignal) -> Result<Option<i32>> {
+        self.steps += 1;
+        if self.steps % self.every != 0 {
+            return Ok(None);
+        }
+        let took = u64::try_from(self.since.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        let mut agreed = [signal.received().map_or(0, |s| s.max(1) as u64), took];
+        transport.all_reduce_u64(&mut agreed, ReduceOp::Max)?;
+        self.every = next_interval(self.every, agreed[1], self.interval);
+        self.steps = 0;
+        self.since = Instant::now();
+        Ok((agreed[0] != 0).then_some(agreed[0] as i32))
+    }
+
+    /// Steps until the next agreement is made.
+    pub fn every(&self) -> u64 {
+        self.every
+    }
+}
+
+/// Steps between agreements so that they are about `interval` apart, when the last
+/// `every` steps took `took_ns` on the slowest rank.
+fn next_interval(every: u64, took_ns: u64, interval: Duration) -> u64 {
+    let per_step = (took_ns / every.max(1)).max(1);
+    let want = u64::try_from(interval.as_nanos()).unwrap_or(u64::MAX) / per_step;
+    want.clamp(1, MAX_STEPS_BETWEEN_CHECKS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn agreements_are_spaced_by_time() {
+        let ms = Duration::from_millis;
+        // 1 ms steps, 50 ms apart: every 50 steps; slow steps: every step.
+        assert_eq!(next_interval(1, 1_000_000, ms(50)), 50);
+        assert_eq!(next_interval(50, 50_000_000, ms(50)), 50);
+        assert_eq!(next_interval(50, 500_000_000, ms(50)), 5);
+        assert_eq!(next_interval(1, 200_000_000, ms(50)), 1);
+        // Bounded both ways, whatever the clock says.
+        assert_eq!(next_interval(1, 0, ms(50)), MAX_STEPS_BETWEEN_CHECKS);
+        assert_eq!(next_interval(1024, u64::MAX, ms(50)), 1);
+    }
+
+    #[test]
+    fn a_stop_is_agreed_at_a_check() {
+        let t = crate::transport::LocalTransport::new();
+        let received = Arc::new(AtomicUsize::new(0));
+        let signal = StopSignal { received: received.clone() };
+        let mut check = StopCheck::new(Duration::from_secs(3600));
+        assert_eq!(check.after_step(&t, &signal).unwrap(), None);
+        assert!(check.every() > 1, "fast steps are checked less often");
+        received.store(libc::SIGTERM as usize, Ordering::SeqCst);
+        let stopped_after = (1..=check.every()).find(|_| check.after_step(&t, &signal).unwrap().is_some());
+        assert!(stopped_after.is_some(), "the stop is agreed within one interval");
+    }
 }
