@@ -31,7 +31,9 @@ pub use signals::{signal_name, StopCheck, StopSignal};
 /// it; see `--resume-from`).
 pub const EXIT_STOPPED: i32 = 75;
 
-/// This process's membership in its job.
+/// This process's membership in its job. Drop every loader built on it before the runtime
+/// itself: when meshfeed initialised MPI, dropping the runtime finalises it, and a loader's
+/// communicator must be freed before that.
 pub struct Runtime {
     // Field order is drop order: the world communicator goes before MPI is finalised.
     world: Box<dyn Transport>,
