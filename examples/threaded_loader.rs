@@ -3,7 +3,10 @@
 //! communicator (as a training framework would), concurrently with the loader's producer
 //! thread on the loader's duplicate of it. Checks its own results: every epoch delivers
 //! each sample of its full batches exactly once over all ranks, every delivered value
-//! equals the generator's, and the main thread's all-reduces are all right.
+//! equals the generator's, and the main thread's all-reduces are all right. Then, back on
+//! the main thread: a seek in the middle of an epoch (the producer running ahead is
+//! stopped on every rank and restarted) continues exactly as the stream did, and a loader
+//! dropped in the middle of an epoch stops without hanging any rank.
 //!
 //! ```sh
 //! meshfeed gen --format npy --samples 2000 --files 3 --field x:f32:4 --field y:i64 --out /tmp/d
@@ -86,11 +89,33 @@ fn run(runtime: &Runtime, data: PathBuf) -> Result<String> {
         }
         reductions += 1;
     }
-    let trainer = worker.join().map_err(|_| Error::Internal("the training thread panicked".into()))??;
+    let Trainer { mut loader, seen, values_checked, .. } =
+        worker.join().map_err(|_| Error::Internal("the training thread panicked".into()))??;
+
+    // Stop in the middle of epoch 2 and go back to step 3 of epoch 1: the batches from
+    // there on are the ones epoch 1 delivered.
+    loader.set_epoch(Epoch(EPOCHS));
+    for batch in loader.by_ref().take(5) {
+        batch?;
+    }
+    let per_step = seen[1].len() / steps as usize;
+    loader.seek(&loader.state_at(meshfeed::loader::Position::new(1, 3)))?;
+    let again: Vec<u64> = loader
+        .by_ref()
+        .map(|b| b.map(|b| b.ids().iter().map(|id| id.0).collect::<Vec<_>>()))
+        .collect::<Result<Vec<_>>>()?
+        .concat();
+    if again != seen[1][3 * per_step..] {
+        return Err(Error::Verify("after a seek to epoch 1 step 3 the stream differs from epoch 1's".into()));
+    }
+    // Drop the loader in the middle of an epoch, with its producer running ahead.
+    loader.set_epoch(Epoch(7));
+    loader.next_batch()?;
+    drop(loader);
 
     // Exactly once over all ranks, per epoch.
     let batch = 8 * size as u64;
-    for (e, ids) in trainer.seen.iter().enumerate() {
+    for (e, ids) in seen.iter().enumerate() {
         let mine: Vec<u8> = ids.iter().flat_map(|id| id.to_le_bytes()).collect();
         let all: Vec<u64> = world
             .all_gather(&mine)?
@@ -110,8 +135,7 @@ fn run(runtime: &Runtime, data: PathBuf) -> Result<String> {
         }
     }
     Ok(format!(
-        "threaded_loader: OK: {EPOCHS} epochs of {steps} steps on {size} ranks, every sample once per epoch, {} values checked on rank {rank}, {reductions} all-reduces on the world communicator alongside",
-        trainer.values_checked
+        "threaded_loader: OK: {EPOCHS} epochs of {steps} steps on {size} ranks, every sample once per epoch, {values_checked} values checked on rank {rank}, {reductions} all-reduces on the world communicator alongside; a mid-epoch seek continued exactly, a mid-epoch drop returned"
     ))
 }
 
