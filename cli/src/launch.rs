@@ -32,9 +32,13 @@ pub struct LaunchArgs {
     pub command: Vec<String>,
 }
 
-fn free_port() -> Result<u16> {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| Error::Transport(format!("no free port: {e}")))?;
-    Ok(l.local_addr().map_err(|e| Error::Transport(e.to_string()))?.port())
+/// The rendezvous socket, bound here (on `port`, or on a free one) and handed to rank 0 as
+/// an inherited descriptor (`MESHFEED_RENDEZVOUS_FD`): picking a free port and letting rank
+/// 0 bind it later could lose it to another process in between.
+fn rendezvous_socket(port: Option<u16>) -> Result<std::net::TcpListener> {
+    let port = port.unwrap_or(0);
+    std::net::TcpListener::bind(("0.0.0.0", port))
+        .map_err(|e| Error::Transport(format!("cannot listen for the rendezvous on port {port}: {e}")))
 }
 
 fn token() -> Result<String> {
@@ -79,21 +83,38 @@ pub fn run(args: LaunchArgs) -> Result<i32> {
         Some(exe) => exe,
         None => std::env::current_exe().map_err(|e| Error::Config(format!("cannot find the meshfeed binary: {e}")))?,
     };
-    let port = match args.port {
-        Some(p) => p,
-        None => free_port()?,
-    };
+    let mut socket = Some(rendezvous_socket(args.port)?);
+    let port = socket.as_ref().and_then(|s| s.local_addr().ok()).map(|a| a.port()).unwrap_or(0);
     let token = std::env::var("MESHFEED_JOB_TOKEN").or_else(|_| token())?;
     let mut children: Vec<(usize, Child)> = Vec::new();
     for rank in 0..args.ranks {
-        let child = Command::new(&exe)
-            .args(&args.command)
+        let mut cmd = Command::new(&exe);
+        cmd.args(&args.command)
             .env("RANK", rank.to_string())
             .env("WORLD_SIZE", args.ranks.to_string())
             .env("MASTER_ADDR", "127.0.0.1")
             .env("MASTER_PORT", port.to_string())
             .env("MESHFEED_JOB_TOKEN", &token)
-            .spawn();
+            .env_remove("MESHFEED_RENDEZVOUS_FD");
+        // Rank 0 inherits the rendezvous socket; the launcher's copy closes after the spawn.
+        let listener = if rank == 0 { socket.take() } else { None };
+        if let Some(listener) = &listener {
+            use std::os::fd::AsRawFd;
+            use std::os::unix::process::CommandExt;
+            let fd = listener.as_raw_fd();
+            cmd.env("MESHFEED_RENDEZVOUS_FD", fd.to_string());
+            // SAFETY: runs in the child between fork and exec, where only async-signal-safe
+            // calls are allowed: fcntl is one. It keeps the rendezvous socket open across
+            // exec for rank 0 (std opens every descriptor close-on-exec).
+            unsafe {
+                cmd.pre_exec(move || match libc::fcntl(fd, libc::F_SETFD, 0) {
+                    -1 => Err(std::io::Error::last_os_error()),
+                    _ => Ok(()),
+                });
+            }
+        }
+        let child = cmd.spawn();
+        drop(listener);
         match child {
             Ok(c) => children.push((rank, c)),
             Err(e) => {

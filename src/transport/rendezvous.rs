@@ -51,6 +51,10 @@ pub struct RendezvousConfig {
     pub master_port: u16,
     pub token: String,
     pub timeout: Duration,
+    /// A listening socket rank 0 inherited from its launcher (`MESHFEED_RENDEZVOUS_FD`), to
+    /// serve on instead of binding `master_port`: a launcher that holds the port from the
+    /// moment it picks it cannot lose it to another process before rank 0 starts.
+    pub listen_fd: Option<i32>,
 }
 
 /// The longest rendezvous timeout accepted, in seconds.
@@ -59,7 +63,8 @@ const MAX_TIMEOUT_SECS: f64 = 1e9;
 impl RendezvousConfig {
     /// The configuration from the values of `RANK`, `WORLD_SIZE`, `MASTER_ADDR`,
     /// `MASTER_PORT`, `MESHFEED_JOB_TOKEN` and the optional `MESHFEED_RENDEZVOUS_TIMEOUT`
-    /// (seconds), as `var` gives them (`None`: unset). The runtime passes the environment.
+    /// (seconds) and `MESHFEED_RENDEZVOUS_FD`, as `var` gives them (`None`: unset). The
+    /// runtime passes the environment.
     pub fn from_vars(var: impl Fn(&str) -> Result<Option<String>>) -> Result<RendezvousConfig> {
         let required = |name: &str| -> Result<String> {
             var(name)?
@@ -88,6 +93,10 @@ impl RendezvousConfig {
             }
             None => Duration::from_secs(120),
         };
+        let listen_fd = match var("MESHFEED_RENDEZVOUS_FD")? {
+            Some(v) => Some(number::<i32>("MESHFEED_RENDEZVOUS_FD", v)?).filter(|_| rank == 0),
+            None => None,
+        };
         Ok(RendezvousConfig {
             rank,
             world,
@@ -95,6 +104,7 @@ impl RendezvousConfig {
             master_port: number("MASTER_PORT", required("MASTER_PORT")?)?,
             token,
             timeout,
+            listen_fd,
         })
     }
 }
@@ -105,13 +115,52 @@ pub fn exchange(cfg: &RendezvousConfig, payload: Vec<u8>) -> Result<Vec<Vec<u8>>
         return Err(Error::Transport(format!("rendezvous payload of {} bytes exceeds {MAX_PAYLOAD}", payload.len())));
     }
     if cfg.rank == 0 {
-        let listener = TcpListener::bind(("0.0.0.0", cfg.master_port)).map_err(|e| {
-            Error::Transport(format!("rendezvous: rank 0 cannot listen on port {}: {e}", cfg.master_port))
-        })?;
+        let listener = match cfg.listen_fd {
+            Some(fd) => inherited_listener(fd, cfg.master_port)?,
+            None => TcpListener::bind(("0.0.0.0", cfg.master_port)).map_err(|e| {
+                Error::Transport(format!("rendezvous: rank 0 cannot listen on port {}: {e}", cfg.master_port))
+            })?,
+        };
         serve(cfg, listener, payload, &mut |line| eprintln!("{line}"))
     } else {
         join(cfg, &payload)
     }
+}
+
+/// The listening socket a launcher passed as file descriptor `fd`, checked to be a TCP
+/// socket listening on `port`. The descriptor is duplicated, so the listener owns a
+/// descriptor of its own (the inherited one stays open, unused).
+fn inherited_listener(fd: i32, port: u16) -> Result<TcpListener> {
+    use std::os::fd::FromRawFd;
+    let bad = |why: String| Error::Config(format!("MESHFEED_RENDEZVOUS_FD={fd}: {why}"));
+    let mut listening: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes into `listening`; on an fd that is not
+    // a socket it fails with ENOTSOCK (or EBADF when not open), touching nothing.
+    let r = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_ACCEPTCONN,
+            &mut listening as *mut _ as *mut libc::c_void,
+            &mut len,
+        )
+    };
+    if r != 0 || listening == 0 {
+        return Err(bad("not a listening socket inherited from the launcher".into()));
+    }
+    // SAFETY: dup of a descriptor just checked to be open; the copy belongs to us alone.
+    let own = unsafe { libc::dup(fd) };
+    if own < 0 {
+        return Err(bad(format!("cannot duplicate it: {}", std::io::Error::last_os_error())));
+    }
+    // SAFETY: `own` is an open listening socket descriptor that nothing else owns.
+    let listener = unsafe { TcpListener::from_raw_fd(own) };
+    let at = listener.local_addr().map_err(|e| bad(e.to_string()))?.port();
+    if at != port {
+        return Err(bad(format!("it listens on port {at}, not MASTER_PORT {port}")));
+    }
+    Ok(listener)
 }
 
 fn put_u32(out: &mut Vec<u8>, v: usize) {
@@ -373,6 +422,11 @@ mod tests {
             let e = err(&[("MESHFEED_RENDEZVOUS_TIMEOUT", bad)]);
             assert!(e.contains("MESHFEED_RENDEZVOUS_TIMEOUT") && e.contains(bad), "{e}");
         }
+        // A listening socket handed down from a launcher: for rank 0 only, a number.
+        assert_eq!(RendezvousConfig::from_vars(vars(&[("MESHFEED_RENDEZVOUS_FD", "5")])).unwrap().listen_fd, None);
+        let rank0 = RendezvousConfig::from_vars(vars(&[("RANK", "0"), ("MESHFEED_RENDEZVOUS_FD", "5")])).unwrap();
+        assert_eq!(rank0.listen_fd, Some(5));
+        assert!(err(&[("MESHFEED_RENDEZVOUS_FD", "x")]).contains("MESHFEED_RENDEZVOUS_FD='x'"));
         let missing = RendezvousConfig::from_vars(|name: &str| {
             Ok(match name {
                 "MASTER_ADDR" => None,
@@ -383,6 +437,21 @@ mod tests {
         assert!(missing.unwrap_err().to_string().contains("MASTER_ADDR is not set"));
     }
 
+    #[test]
+    fn an_inherited_listener_must_listen_on_the_master_port() {
+        use std::os::fd::AsRawFd;
+        let socket = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = socket.local_addr().unwrap().port();
+        let listener = inherited_listener(socket.as_raw_fd(), port).unwrap();
+        assert_eq!(listener.local_addr().unwrap().port(), port);
+        let e = inherited_listener(socket.as_raw_fd(), port.wrapping_add(1)).unwrap_err().to_string();
+        assert!(e.contains("not MASTER_PORT"), "{e}");
+        let file = std::fs::File::open("/dev/null").unwrap();
+        let e = inherited_listener(file.as_raw_fd(), port).unwrap_err().to_string();
+        assert!(e.contains("not a listening socket"), "{e}");
+        assert!(inherited_listener(-1, port).is_err());
+    }
+
     fn cfg(rank: usize, world: usize, port: u16, token: &str) -> RendezvousConfig {
         RendezvousConfig {
             rank,
@@ -391,6 +460,7 @@ mod tests {
             master_port: port,
             token: token.into(),
             timeout: Duration::from_secs(20),
+            listen_fd: None,
         }
     }
 
