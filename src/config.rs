@@ -384,6 +384,29 @@ pub struct LoaderOptions {
     pub cache_bytes: u64,
 }
 
+impl LoaderOptions {
+    /// Every option as a (name, value) pair of text (names as in job files), so that ranks
+    /// can check they were all given the same ([`crate::transport::agree_settings`]).
+    pub fn settings(&self) -> Vec<(&'static str, String)> {
+        let l = &self.layout;
+        let pairs = |m: Vec<String>| m.join("; ");
+        vec![
+            ("batch_size", self.batch_size.to_string()),
+            ("seed", self.seed.to_string()),
+            ("window_bytes", self.window_bytes.to_string()),
+            ("prefetch", self.prefetch.to_string()),
+            ("mesh", l.mesh.as_ref().map_or_else(|| "dp=<ranks>".into(), |m| m.to_string())),
+            ("mesh_order", l.mesh_order.join(",")),
+            ("pipeline_axis", l.pipeline_axis.clone().unwrap_or_default()),
+            ("shard", pairs(l.shard.iter().map(|(f, s)| format!("{f}={s}")).collect())),
+            ("stages", pairs(l.stages.iter().map(|(f, s)| format!("{f}={s}")).collect())),
+            ("exchange", l.exchange.to_string()),
+            ("tail", self.tail.to_string()),
+            ("cache_bytes", self.cache_bytes.to_string()),
+        ]
+    }
+}
+
 impl Default for LoaderOptions {
     fn default() -> Self {
         LoaderOptions {
@@ -429,6 +452,21 @@ pub struct Job {
     pub loader: LoaderOptions,
     pub epochs: u64,
     pub transport: TransportKind,
+}
+
+impl Job {
+    /// What defines the job beyond the loader's options, as (name, value) pairs of text,
+    /// for checking that all ranks were given the same ([`LoaderOptions::settings`] holds
+    /// the loader's; a `Loader` checks those itself).
+    pub fn settings(&self) -> Vec<(&'static str, String)> {
+        let data: Vec<String> = self.data.iter().map(|p| p.display().to_string()).collect();
+        vec![
+            ("data", data.join(", ")),
+            ("group", self.dataset.hdf5_group.clone().unwrap_or_default()),
+            ("epochs", self.epochs.to_string()),
+            ("transport", self.transport.to_string()),
+        ]
+    }
 }
 
 impl JobFile {
@@ -541,6 +579,22 @@ mod tests {
         assert_eq!((k.as_str(), v), ("y", Stage::Last));
         assert!(parse_pair::<Stage>("y").unwrap_err().to_string().contains("expected FIELD=VALUE"));
         assert!(parse_pair::<Stage>("y=middle").is_err());
+    }
+
+    #[test]
+    fn settings_name_every_option() {
+        let mut o = LoaderOptions::default();
+        o.layout.shard.insert("x".into(), "dp,tp".parse().unwrap());
+        o.layout.shard.insert("y".into(), "dp".parse().unwrap());
+        let s = o.settings();
+        let get = |n: &str| s.iter().find(|(k, _)| *k == n).map(|(_, v)| v.as_str()).unwrap();
+        assert_eq!(
+            (get("batch_size"), get("mesh"), get("shard"), get("tail")),
+            ("32", "dp=<ranks>", "x=dp,tp; y=dp", "drop")
+        );
+        assert_eq!(s.len(), 12);
+        let other = LoaderOptions { seed: 9, ..LoaderOptions::default() };
+        assert_ne!(other.settings(), LoaderOptions::default().settings());
     }
 
     #[test]

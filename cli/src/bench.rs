@@ -246,7 +246,7 @@ fn bench(args: &BenchArgs, job: Result<Job>, rt: &Runtime) -> Result<()> {
     }
     if args.json {
         for r in &results {
-            println!("{}", serde_json::to_string(r).expect("a result serialises"));
+            out!("{}", serde_json::to_string(r).expect("a result serialises"));
         }
     } else {
         print_table(&job, dataset.len(), &results);
@@ -260,7 +260,7 @@ fn bench(args: &BenchArgs, job: Result<Job>, rt: &Runtime) -> Result<()> {
 
 fn print_table(job: &Job, samples: u64, results: &[ModeResult]) {
     let base = &results[0];
-    println!(
+    out!(
         "bench: {} ranks, mesh {}, batch {}, prefetch {}, {} timed epoch(s) per row, {} samples; ratios against {} {}",
         base.ranks,
         job.loader.layout.mesh.as_ref().map_or_else(|| "data parallel".to_string(), |m| m.to_string()),
@@ -271,7 +271,7 @@ fn print_table(job: &Job, samples: u64, results: &[ModeResult]) {
         base.transport,
         base.mode
     );
-    println!(
+    out!(
         "{:<10} {:<10} {:>10} {:>11} {:>10} {:>16} {:>16} {:>14} {:>8} {:>8} {:>10}",
         "transport",
         "mode",
@@ -286,7 +286,7 @@ fn print_table(job: &Job, samples: u64, results: &[ModeResult]) {
         "traffic ×"
     );
     for r in results {
-        println!(
+        out!(
             "{:<10} {:<10} {:>10.4} {:>11.4} {:>10.2} {:>13.1} MB {:>13.1} MB {:>11.1} MB {:>8.2} {:>8.2} {:>10.2}",
             r.transport,
             r.mode,
@@ -309,10 +309,10 @@ fn print_table(job: &Job, samples: u64, results: &[ModeResult]) {
             continue;
         };
         let compute = r.steps_per_epoch as f64 * ms / 1e3;
-        println!(
+        out!(
             "overlap {} {}: step {ms:.3} ms × {} steps = {compute:.3} s compute, {without:.3} s loading alone → {with:.3} s per epoch with both = {ratio:.2} × max(loading, compute) (medians of interleaved runs)",
             r.transport, r.mode, r.steps_per_epoch
         );
     }
-    println!("all modes delivered {:.1} MB per epoch in total", results[0].delivered_bytes as f64 / 1e6);
+    out!("all modes delivered {:.1} MB per epoch in total", results[0].delivered_bytes as f64 / 1e6);
 }

@@ -5,6 +5,14 @@
 //! library's typed [`meshfeed::config::Job`]) are two steps ([`job`]); everything a
 //! loading job does beyond presenting results is the library's.
 
+/// `println!` that never panics: when stdout is closed (`meshfeed inspect ... | head -1`),
+/// the output ends, not the program (nor, under MPI, the job).
+macro_rules! out {
+    ($($arg:tt)*) => {
+        $crate::report::line(&format!($($arg)*))
+    };
+}
+
 mod bench;
 mod gen;
 mod inspect;

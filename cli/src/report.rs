@@ -47,9 +47,23 @@ pub fn print_error(rank: Option<usize>, e: &Error) {
 }
 
 /// One write call: ranks share the launcher's stderr pipe, and `eprintln!` would write a
-/// line in pieces that interleave with other ranks' lines.
+/// line in pieces that interleave with other ranks' lines. A closed stderr is ignored.
 fn write_line(line: &str) {
     let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
+}
+
+/// A line on stdout (see `out!`). Write errors — a reader that went away — are ignored:
+/// the output is informational, and a job must not fail because nobody reads it.
+pub fn line(text: &str) {
+    let mut out = std::io::stdout().lock();
+    let _ = std::io::Write::write_all(&mut out, text.as_bytes())
+        .and_then(|()| std::io::Write::write_all(&mut out, b"\n"))
+        .and_then(|()| std::io::Write::flush(&mut out));
+}
+
+/// A line on stderr, in one write; errors ignored.
+pub fn line_err(text: &str) {
+    write_line(&format!("{text}\n"));
 }
 
 /// Per-epoch summary, reduced over ranks.
@@ -130,7 +144,7 @@ impl EpochSummary {
         } else {
             String::new()
         };
-        println!(
+        out!(
             "epoch {}: {} samples in {:.3} s — {:.0} samples/s, {:.3} GB/s | {} (max over {} ranks){compute} | {} windows, {:.1} MB exchanged, peak RSS {:.0} MB",
             self.epoch,
             self.samples,
@@ -147,7 +161,7 @@ impl EpochSummary {
 
     /// The summary as one JSON line.
     pub fn print_json(&self) {
-        println!("{}", serde_json::to_string(self).expect("a summary serialises"));
+        out!("{}", serde_json::to_string(self).expect("a summary serialises"));
     }
 }
 
@@ -167,11 +181,9 @@ pub fn print_verify_report(epoch: u64, samples: u64, dataset: u64, r: &Report, c
         if samples > dataset {
             copies.push_str(&format!(", the last batch padded with the epoch's first {} samples", samples - dataset));
         }
-        println!(
-            "verify: epoch {epoch}: {samples} samples delivered exactly once{copies}, in permutation order; {what}"
-        );
+        out!("verify: epoch {epoch}: {samples} samples delivered exactly once{copies}, in permutation order; {what}");
     } else {
-        println!(
+        out!(
             "verify: epoch {epoch}: FAILED — {} missing, {} duplicated, {} unexpected, {} out of order, {} wrong contents; first: {}",
             r.missing,
             r.duplicated,

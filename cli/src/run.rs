@@ -6,20 +6,20 @@
 //! bar on rank 0, stops at a step boundary all ranks agree on when SIGTERM/SIGINT arrive,
 //! and prints a per-epoch summary reduced over all ranks (text, or JSON lines).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use meshfeed::config::Job;
 use meshfeed::dataset::gen;
 use meshfeed::loader::{open_dataset, Loader, LoaderState, Position};
 use meshfeed::runtime::{signal_name, Runtime, StopCheck, StopSignal, EXIT_STOPPED};
-use meshfeed::transport::agree;
+use meshfeed::transport::{agree, agree_settings, Transport};
 use meshfeed::verify::dump::DumpWriter;
 use meshfeed::verify::Verifier;
 use meshfeed::{Error, Result};
 
 use crate::job::{with_runtime, JobArgs};
-use crate::report::{print_verify_report, progress_bar, EpochSummary, EpochTimes};
+use crate::report::{self, print_verify_report, progress_bar, EpochSummary, EpochTimes};
 
 #[derive(clap::Args, Debug)]
 pub struct RunArgs {
@@ -61,13 +61,60 @@ pub fn main(args: RunArgs) -> i32 {
 /// Where `--resume-from` says to continue: `EPOCH:STEP`, or a state file.
 fn resume_state(loader: &Loader, s: &str) -> Result<LoaderState> {
     if let Some((e, k)) = s.split_once(':') {
-        if let (Ok(e), Ok(k)) = (e.parse(), k.parse()) {
-            return Ok(loader.state_at(Position::new(e, k)));
+        if let (Ok(epoch), Ok(step)) = (e.trim().parse::<u64>(), k.trim().parse::<u64>()) {
+            return Ok(LoaderState { epoch, step, ..loader.state() });
+        }
+        if e.chars().chain(k.chars()).all(|c| c.is_ascii_digit()) && !e.is_empty() && !k.is_empty() {
+            return Err(Error::Config(format!("--resume-from {s}: epoch and step must each fit 64 bits")));
         }
     }
     let text = std::fs::read_to_string(s)
         .map_err(|e| Error::Config(format!("--resume-from '{s}': expected EPOCH:STEP or a state file ({e})")))?;
     LoaderState::from_json(&text).map_err(|e| Error::file(s, e.to_string()))
+}
+
+/// Checks a resume point against the job: within an epoch (the loader checks the stream
+/// and the step), and not past the end of the last epoch.
+fn check_resume_point(at: Position, epochs: u64) -> Result<()> {
+    if at > Position::new(epochs, 0) {
+        return Err(Error::Config(format!(
+            "cannot resume at epoch {} step {}: the job has {epochs} epoch(s) (--epochs); it ends at {epochs}:0",
+            at.epoch, at.step
+        )));
+    }
+    Ok(())
+}
+
+/// Checks, before the first step, that the state file can be written when the time comes:
+/// its directory takes a new file (the state is written beside it and renamed over it), and
+/// the path is not a directory.
+fn check_state_path(path: &Path) -> Result<()> {
+    if path.is_dir() {
+        return Err(Error::file(path, "--state names a directory, not a file"));
+    }
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let probe = dir.join(format!(".meshfeed-state-check-{}", std::process::id()));
+    std::fs::write(&probe, b"")
+        .and_then(|()| std::fs::remove_file(&probe))
+        .map_err(|e| Error::file(path, format!("the state file cannot be written ({e})")))
+}
+
+/// Rank 0 saves the state to `path`, if given; every rank learns whether it could.
+fn save_state(world: &dyn Transport, rank: usize, path: Option<&Path>, state: &LoaderState) -> Result<()> {
+    match path {
+        Some(path) => agree(world, if rank == 0 { write_state(path, state) } else { Ok(()) }),
+        None => Ok(()),
+    }
+}
+
+/// Writes the state so that a reader never sees half of it: to a file beside it, then
+/// renamed over it.
+fn write_state(path: &Path, state: &LoaderState) -> Result<()> {
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let tmp = dir.join(format!(".meshfeed-state-{}", std::process::id()));
+    std::fs::write(&tmp, state.to_json())
+        .and_then(|()| std::fs::rename(&tmp, path))
+        .map_err(|e| Error::file(path, format!("cannot write the state: {e}")))
 }
 
 /// A simulated training step of `ms` milliseconds; returns how long it took.
@@ -85,19 +132,34 @@ fn run(args: &RunArgs, job: Result<Job>, rt: &Runtime) -> Result<i32> {
     let rank = rt.rank();
     let stop = StopSignal::install()?;
     let job = agree(world, job)?;
+    // Every rank must run the same job: all differences are named before anything starts.
+    let mut settings = job.settings();
+    settings.extend(job.loader.settings());
+    settings.extend([("verify", args.verify.to_string()), ("dump", args.dump.is_some().to_string())]);
+    agree_settings(world, &settings)?;
     if !(args.compute_ms >= 0.0 && args.compute_ms.is_finite()) {
         return Err(Error::Config(format!("--compute-ms {}: expected a non-negative number", args.compute_ms)));
+    }
+    // What rank 0 writes at the end must be writable from the start.
+    if let Some(path) = &args.state {
+        agree(world, if rank == 0 { check_state_path(path) } else { Ok(()) })?;
     }
     let dataset = open_dataset(world, &job.data, job.dataset.clone())?;
     let mut loader = Loader::new(world, dataset, job.loader.clone())?;
     let n = loader.dataset().len();
     let steps = loader.steps_per_epoch();
     if let Some(from) = &args.resume_from {
-        agree(world, resume_state(&loader, from).and_then(|s| loader.seek(&s)))?;
+        let resumed = resume_state(&loader, from).and_then(|state| {
+            check_resume_point(Position::new(state.epoch, state.step), job.epochs)?;
+            loader.seek(&state)
+        });
+        agree(world, resumed)?;
+        let at = loader.position();
+        agree_settings(world, &[("resume point", format!("{}:{}", at.epoch, at.step))])?;
     }
     let start_at = loader.position();
     if rank == 0 && !args.json && start_at != Position::default() {
-        println!("meshfeed: resuming at epoch {} step {}", start_at.epoch, start_at.step);
+        out!("meshfeed: resuming at epoch {} step {}", start_at.epoch, start_at.step);
     }
 
     let mut verifier = match args.verify {
@@ -115,7 +177,7 @@ fn run(args: &RunArgs, job: Result<Job>, rt: &Runtime) -> Result<i32> {
         None => None,
     };
     if rank == 0 && !args.json {
-        println!(
+        out!(
             "meshfeed: {} samples, {} field(s), {} ranks, mesh {}, {} exchange; batch {} → {} steps/epoch ({} dropped), {} steps per window, prefetch {}",
             n,
             loader.dataset().fields().len(),
@@ -207,19 +269,18 @@ fn run(args: &RunArgs, job: Result<Job>, rt: &Runtime) -> Result<i32> {
         // A stop agreed after the very last step changes nothing: the run is complete.
         let stopped = stopped.filter(|_| loader.position() < Position::new(job.epochs, 0));
         if let Some(why) = stopped {
-            // Stopped at a step boundary: report where to resume, flush, exit 75.
+            // Stopped at a step boundary: say where to resume first (so that it is said even
+            // if what follows fails), then save the state, flush the dumps, exit 75.
             let state = loader.state();
-            if let Some(d) = dump.take() {
-                agree(world, d.finish())?;
-            }
             if rank == 0 {
-                if let Some(path) = &args.state {
-                    std::fs::write(path, state.to_json()).map_err(|e| Error::io(path, e))?;
-                }
-                eprintln!(
+                report::line_err(&format!(
                     "meshfeed: stopped by {why} at epoch {} step {} (earlier steps were delivered); resume with --resume-from {}:{}",
                     state.epoch, state.step, state.epoch, state.step
-                );
+                ));
+            }
+            save_state(world, rank, args.state.as_deref(), &state)?;
+            if let Some(d) = dump.take() {
+                agree(world, d.finish())?;
             }
             return Ok(EXIT_STOPPED);
         }
@@ -227,15 +288,10 @@ fn run(args: &RunArgs, job: Result<Job>, rt: &Runtime) -> Result<i32> {
     if let Some(d) = dump.take() {
         agree(world, d.finish())?;
     }
-    if rank == 0 {
-        if let Some(path) = &args.state {
-            let state = loader.state_at(Position::new(job.epochs, 0));
-            std::fs::write(path, state.to_json()).map_err(|e| Error::io(path, e))?;
-        }
-        if !args.json {
-            let verified = if verifier.is_some() && all_ok { ", verified" } else { "" };
-            println!("meshfeed: done: {} epoch(s) on {} ranks{verified}", job.epochs, world.size());
-        }
+    save_state(world, rank, args.state.as_deref(), &loader.state_at(Position::new(job.epochs, 0)))?;
+    if rank == 0 && !args.json {
+        let verified = if verifier.is_some() && all_ok { ", verified" } else { "" };
+        report::line(&format!("meshfeed: done: {} epoch(s) on {} ranks{verified}", job.epochs, world.size()));
     }
     Ok(0)
 }

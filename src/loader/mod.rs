@@ -71,7 +71,7 @@ pub use crate::config::{ExchangeMode, Layout, LoaderOptions, TailPolicy};
 use crate::dataset::{Dataset, DatasetOptions};
 use crate::error::{Error, Result};
 use crate::plan::{Mesh, Placement, WindowBudget};
-use crate::transport::{agree, Transport};
+use crate::transport::{agree, agree_settings, Transport};
 use crate::types::{Epoch, Step};
 pub use batch::{Batch, Element, FieldData};
 use engine::Engine;
@@ -117,11 +117,15 @@ impl Loader {
     }
 
     /// Builds a loader for a dataset every rank opened identically. Collective over
-    /// `comm`: the options are validated against the dataset and the world on every rank
-    /// and the outcome agreed (a rank started with other options fails every rank, naming
-    /// itself), then the loader takes a duplicate of `comm` for its own collectives, which
-    /// therefore never interleave with the caller's on `comm`.
+    /// `comm`: the ranks check that they were all given the same options (a difference
+    /// fails every rank, naming the option and the ranks), the options are validated
+    /// against the dataset and the world and the outcome agreed, then the loader takes a
+    /// duplicate of `comm` for its own collectives, which therefore never interleave with
+    /// the caller's on `comm`.
     pub fn new(comm: &dyn Transport, dataset: Dataset, options: LoaderOptions) -> Result<Loader> {
+        // Ranks given different options would wait in collectives the others never join,
+        // or exchange what the others did not plan: name the difference instead.
+        agree_settings(comm, &options.settings())?;
         let built = Stream::build(comm.rank(), comm.size(), Arc::new(dataset), options).and_then(|s| {
             if s.options.prefetch > 0 && !comm.concurrent() {
                 return Err(Error::Config(

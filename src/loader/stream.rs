@@ -120,7 +120,7 @@ impl Stream {
         };
         // The busiest rank's receive buffer per step; two-phase leaders hold whole rows,
         // and the broadcast baseline gives every rank whole batches.
-        let per_step = match mode {
+        let values_per_step = match mode {
             ExchangeMode::Broadcast => b as u64 * budget::sample_bytes(fields),
             _ => layout::recv_bytes_per_step(two_phase.as_ref().map_or(&placement, |t| &t.leaders), fields)
                 .into_iter()
@@ -128,6 +128,7 @@ impl Stream {
                 .max()
                 .unwrap_or(0),
         };
+        let per_step = values_per_step + budget::bookkeeping_per_step(b, world, fields.len());
         let budget = WindowBudget { window_bytes: options.window_bytes, prefetch: options.prefetch };
         let steps_per_window = budget.steps_per_window(per_step, steps_per_epoch);
         let home = HomeRanges::new(n, world);
@@ -218,9 +219,10 @@ mod tests {
 
     #[test]
     fn windows_tile_epochs_and_cross_into_the_next() {
-        // 2 ranks × 2 rows × 10 bytes = 20 bytes per step per rank, 3 × 20 per step held:
-        // 180 bytes give 3 steps per window. 23 samples, batch 4: 5 steps + partial (3 rows).
-        let s = stream(23, 4, 180, TailPolicy::Partial);
+        // 2 rows × 10 bytes = 20 bytes of values per step per rank, plus bookkeeping (4 × 24
+        // + 2 × 72 = 240): 260, 3 × 260 per step held: 2340 bytes give 3 steps per window.
+        // 23 samples, batch 4: 5 steps + a partial one (3 rows).
+        let s = stream(23, 4, 2340, TailPolicy::Partial);
         assert_eq!((s.steps_per_epoch, s.steps_per_window), (6, 3));
         let mut w = s.window_at(Position::new(0, 0));
         let mut seen = vec![];

@@ -14,6 +14,9 @@
 //!   queue holds `p` assembled windows and the consumer the one it is delivering from:
 //!   `(6 + p)·wS`.
 //!
+//! `S` also counts the bookkeeping a step costs besides its values ([`bookkeeping_per_step`]):
+//! for tiny samples the ids, plans and read locations outweigh the data.
+//!
 //! Windows are sized so that this peak stays within `(p + 1) × window_bytes` (with
 //! `p = 0`: `1 ×`), which is the bound the documentation promises, plus the optional
 //! home-range cache (`cache_bytes`). A window holds at least one step, so a single step
@@ -68,6 +71,16 @@ impl WindowBudget {
     }
 }
 
+/// Bytes of bookkeeping per step on one rank of `world`, for batches of `batch_size` rows
+/// of `fields` fields: every rank plans the id of every row of a step (8 bytes, kept while
+/// the window is exchanged, and 8 more while it is planned), and for the rows it reads
+/// (about `batch_size / world`) it keeps their ids, send lists and delivered ids (about
+/// 48 bytes) and where each value lies in its read buffers (24 bytes per field).
+pub fn bookkeeping_per_step(batch_size: usize, world: usize, fields: usize) -> u64 {
+    let (b, own) = (batch_size as u64, (batch_size as u64).div_ceil(world.max(1) as u64));
+    b * 24 + own * (48 + 24 * fields as u64)
+}
+
 /// Bytes of one value of `field` (variable length: [`VAR_LEN_ESTIMATE`]).
 pub fn value_bytes(field: &Field) -> u64 {
     field.fixed_bytes().map_or(VAR_LEN_ESTIMATE, |b| b as u64)
@@ -103,6 +116,13 @@ mod tests {
             assert!(w * 1000 * b.windows_held() <= b.peak_bytes(), "prefetch {p}");
         }
         assert_eq!(WindowBudget { window_bytes: u64::MAX, prefetch: 3 }.peak_bytes(), u64::MAX);
+    }
+
+    #[test]
+    fn bookkeeping_counts_every_row() {
+        // 256 rows over 4 ranks, 1 field: 256 × 24 + 64 × 72.
+        assert_eq!(bookkeeping_per_step(256, 4, 1), 256 * 24 + 64 * 72);
+        assert_eq!(bookkeeping_per_step(3, 4, 2), 3 * 24 + 96);
     }
 
     #[test]

@@ -137,7 +137,9 @@ impl Runtime {
             if crate::dataset::arrow::decoding_untrusted_input() {
                 return;
             }
-            eprintln!("meshfeed: internal error (panic): {info}\n{}", std::backtrace::Backtrace::capture());
+            // One write, errors ignored: a closed stderr must not panic inside the hook.
+            let text = format!("meshfeed: internal error (panic): {info}\n{}\n", std::backtrace::Backtrace::capture());
+            let _ = std::io::Write::write_all(&mut std::io::stderr(), text.as_bytes());
             #[cfg(feature = "mpi")]
             if mpi {
                 use ::mpi::traits::Communicator;

@@ -8,6 +8,7 @@
 //! `ucx` feature, `ucx::UcxTransport` (UCP tagged messages, bootstrapped by the TCP
 //! [`rendezvous`] or by MPI). Count tables are validated in [`counts`] before any C call.
 
+mod agree;
 pub mod counts;
 pub mod local;
 #[cfg(feature = "mpi")]
@@ -16,8 +17,9 @@ pub mod rendezvous;
 #[cfg(feature = "ucx")]
 pub mod ucx;
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::types::Rank;
+pub use agree::{agree, agree_settings};
 
 #[cfg(feature = "mpi")]
 pub use self::mpi::MpiTransport;
@@ -88,57 +90,5 @@ pub trait Transport: Send {
     /// using this transport (MPI: only at thread level `MPI_THREAD_MULTIPLE`).
     fn concurrent(&self) -> bool {
         true
-    }
-}
-
-/// Failure agreement: every rank calls this with the outcome of a local phase. If any rank
-/// failed, every rank returns [`Error::Remote`] naming the first failing rank and its
-/// message, so that no rank goes on into a collective the others will never join
-/// (docs/design.md, "No hangs").
-pub fn agree<T>(transport: &dyn Transport, local: Result<T>) -> Result<T> {
-    let mut failed = [u64::from(local.is_err())];
-    transport.all_reduce_u64(&mut failed, ReduceOp::Max)?;
-    if failed[0] == 0 {
-        return local;
-    }
-    let message = match &local {
-        Err(Error::Remote { message, .. }) => message.clone(),
-        Err(e) => e.to_string(),
-        Ok(_) => String::new(),
-    };
-    let all = transport.all_gather(message.as_bytes())?;
-    if let Err(Error::Remote { .. }) = local {
-        // Already agreed (an earlier agreement failed on every rank alike): keep its
-        // origin and text rather than attributing it again.
-        return local;
-    }
-    let failures: Vec<(usize, String)> = all
-        .into_iter()
-        .enumerate()
-        .filter(|(_, m)| !m.is_empty())
-        .map(|(r, m)| (r, String::from_utf8_lossy(&m).into_owned()))
-        .collect();
-    let (rank, mut message) = failures.first().cloned().unwrap_or((0, "unknown failure".into()));
-    if failures.len() == transport.size() && failures.len() > 1 && failures.iter().all(|(_, m)| *m == message) {
-        message.push_str(" (on every rank)");
-    } else if failures.len() > 1 {
-        message.push_str(&format!(" (and {} more rank(s) failed)", failures.len() - 1));
-    }
-    Err(Error::Remote { rank, message })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn agree_passes_success_and_names_the_failing_rank() {
-        let t = LocalTransport::new();
-        assert_eq!(agree(&t, Ok(5)).unwrap(), 5);
-        let err = agree::<()>(&t, Err(Error::file("/d/x.npy", "truncated"))).unwrap_err();
-        assert_eq!(err.to_string(), "rank 0: /d/x.npy: truncated");
-        // Agreeing on an agreed failure keeps it as it is.
-        let again = agree::<()>(&t, Err(Error::Remote { rank: 3, message: "m".into() })).unwrap_err();
-        assert_eq!(again.to_string(), "rank 3: m");
     }
 }

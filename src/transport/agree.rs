@@ -1,0 +1,160 @@
+//! Agreements: the collectives that keep every rank on the same path.
+//!
+//! * [`agree`], the failure agreement: after every fallible local phase, every rank learns
+//!   whether any rank failed, and all fail alike, so that no rank goes on into a
+//!   collective the others will never join (docs/design.md, "No hangs").
+//! * [`agree_settings`]: every rank was given the same job (epochs, batch size, seed,
+//!   mesh, ...). Ranks started with different options would otherwise wait forever in a
+//!   collective, or exchange data the others did not plan for.
+
+use std::collections::BTreeMap;
+
+use super::{ReduceOp, Transport};
+use crate::error::{Error, Result};
+
+/// Failure agreement: every rank calls this with the outcome of a local phase. If any rank
+/// failed, every rank returns [`Error::Remote`] naming the first failing rank and its
+/// message, so that no rank goes on into a collective the others will never join
+/// (docs/design.md, "No hangs").
+pub fn agree<T>(transport: &dyn Transport, local: Result<T>) -> Result<T> {
+    let mut failed = [u64::from(local.is_err())];
+    transport.all_reduce_u64(&mut failed, ReduceOp::Max)?;
+    if failed[0] == 0 {
+        return local;
+    }
+    let message = match &local {
+        Err(Error::Remote { message, .. }) => message.clone(),
+        Err(e) => e.to_string(),
+        Ok(_) => String::new(),
+    };
+    let all = transport.all_gather(message.as_bytes())?;
+    if let Err(Error::Remote { .. }) = local {
+        // Already agreed (an earlier agreement failed on every rank alike): keep its
+        // origin and text rather than attributing it again.
+        return local;
+    }
+    let failures: Vec<(usize, String)> = all
+        .into_iter()
+        .enumerate()
+        .filter(|(_, m)| !m.is_empty())
+        .map(|(r, m)| (r, String::from_utf8_lossy(&m).into_owned()))
+        .collect();
+    let (rank, mut message) = failures.first().cloned().unwrap_or((0, "unknown failure".into()));
+    if failures.len() == transport.size() && failures.len() > 1 && failures.iter().all(|(_, m)| *m == message) {
+        message.push_str(" (on every rank)");
+    } else if failures.len() > 1 {
+        message.push_str(&format!(" (and {} more rank(s) failed)", failures.len() - 1));
+    }
+    Err(Error::Remote { rank, message })
+}
+
+/// Checks that every rank holds the same value of every setting (collective). Each
+/// setting that differs is named in the error, with the ranks holding each value, e.g.
+/// `ranks disagree on epochs: 2 (ranks 0-1) vs 3 (rank 2)`; every rank returns the same
+/// error, attributed to the lowest rank that differs from rank 0.
+pub fn agree_settings(transport: &dyn Transport, settings: &[(&str, String)]) -> Result<()> {
+    let mine = serde_json::to_vec(settings).map_err(|e| Error::Internal(format!("settings do not serialise: {e}")))?;
+    let all: Vec<Vec<(String, String)>> = transport
+        .all_gather(&mine)?
+        .iter()
+        .map(|bytes| serde_json::from_slice(bytes))
+        .collect::<std::result::Result<_, _>>()
+        .map_err(|e| Error::Transport(format!("bad settings from a peer: {e}")))?;
+    match disagreements(&all) {
+        None => Ok(()),
+        Some((rank, message)) => Err(Error::Remote { rank, message }),
+    }
+}
+
+/// What differs between the ranks' settings (`all[r]` is rank `r`'s): the first rank that
+/// differs from rank 0, and the message; `None` when all agree.
+fn disagreements(all: &[Vec<(String, String)>]) -> Option<(usize, String)> {
+    let mut names: Vec<&str> = Vec::new();
+    for (name, _) in all.iter().flatten() {
+        if !names.contains(&name.as_str()) {
+            names.push(name);
+        }
+    }
+    let value = |r: usize, name: &str| -> String {
+        all[r].iter().find(|(n, _)| n == name).map_or_else(|| "(not given)".to_string(), |(_, v)| v.clone())
+    };
+    let mut first = usize::MAX;
+    let mut parts = Vec::new();
+    for name in names {
+        let mut by_value: BTreeMap<String, Vec<usize>> = BTreeMap::new();
+        for r in 0..all.len() {
+            by_value.entry(value(r, name)).or_default().push(r);
+        }
+        if by_value.len() > 1 {
+            let reference = value(0, name);
+            first = first.min((0..all.len()).find(|&r| value(r, name) != reference).unwrap_or(0));
+            let mut groups: Vec<(String, Vec<usize>)> = by_value.into_iter().collect();
+            groups.sort_by_key(|(_, ranks)| ranks[0]);
+            let held: Vec<String> =
+                groups.iter().map(|(v, ranks)| format!("{} ({})", shown(v), ranks_text(ranks))).collect();
+            parts.push(format!("{name}: {}", held.join(" vs ")));
+        }
+    }
+    (!parts.is_empty())
+        .then(|| (first, format!("ranks disagree on {} (every rank must be given the same job)", parts.join("; "))))
+}
+
+fn shown(v: &str) -> String {
+    if v.is_empty() {
+        "\"\"".into()
+    } else {
+        v.to_string()
+    }
+}
+
+/// `rank 2`, `ranks 0-1`, `ranks 0-2, 5`.
+fn ranks_text(ranks: &[usize]) -> String {
+    let mut spans: Vec<(usize, usize)> = Vec::new();
+    for &r in ranks {
+        match spans.last_mut() {
+            Some((_, end)) if *end + 1 == r => *end = r,
+            _ => spans.push((r, r)),
+        }
+    }
+    let text: Vec<String> =
+        spans.iter().map(|&(a, b)| if a == b { a.to_string() } else { format!("{a}-{b}") }).collect();
+    format!("{} {}", if ranks.len() == 1 { "rank" } else { "ranks" }, text.join(", "))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::transport::LocalTransport;
+
+    #[test]
+    fn agree_passes_success_and_names_the_failing_rank() {
+        let t = LocalTransport::new();
+        assert_eq!(agree(&t, Ok(5)).unwrap(), 5);
+        let err = agree::<()>(&t, Err(Error::file("/d/x.npy", "truncated"))).unwrap_err();
+        assert_eq!(err.to_string(), "rank 0: /d/x.npy: truncated");
+        // Agreeing on an agreed failure keeps it as it is.
+        let again = agree::<()>(&t, Err(Error::Remote { rank: 3, message: "m".into() })).unwrap_err();
+        assert_eq!(again.to_string(), "rank 3: m");
+    }
+
+    #[test]
+    fn disagreements_name_the_setting_and_the_ranks() {
+        let s = |pairs: &[(&str, &str)]| -> Vec<(String, String)> {
+            pairs.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect()
+        };
+        let same = s(&[("epochs", "2"), ("seed", "1")]);
+        assert_eq!(disagreements(&[same.clone(), same.clone(), same.clone()]), None);
+        let other = s(&[("epochs", "3"), ("seed", "1")]);
+        let (rank, msg) = disagreements(&[same.clone(), same.clone(), other, same.clone()]).unwrap();
+        assert_eq!(rank, 2);
+        assert_eq!(
+            msg,
+            "ranks disagree on epochs: 2 (ranks 0-1, 3) vs 3 (rank 2) (every rank must be given the same job)"
+        );
+        let (_, msg) = disagreements(&[same.clone(), s(&[("epochs", "2"), ("seed", "9"), ("mesh", "dp=2")])]).unwrap();
+        assert!(msg.contains("seed: 1 (rank 0) vs 9 (rank 1); mesh: (not given) (rank 0) vs dp=2 (rank 1)"), "{msg}");
+        assert_eq!(ranks_text(&[0, 1, 2, 5, 7, 8]), "ranks 0-2, 5, 7-8");
+        // One rank: nothing to disagree with.
+        agree_settings(&LocalTransport::new(), &[("epochs", "2".into())]).unwrap();
+    }
+}

@@ -1,0 +1,162 @@
+//! What is checked before the first step, on every rank, over MPI and UCX: ranks started
+//! with different jobs are told which option differs (it once hung forever), output paths
+//! that cannot be written and resume points outside the job are refused before anything
+//! is delivered; and output nobody reads does not fail a job.
+
+mod common;
+
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::*;
+
+/// Starts one rank per argument list over `t`: under MPI one MPMD `mpirun`, under UCX the
+/// ranks one by one as a launcher would. One `Run`: the first non-zero exit code, the
+/// ranks' output together.
+fn run_per_rank(t: Transport, per_rank: &[Vec<&str>]) -> Run {
+    match t {
+        Transport::Mpi => {
+            let mut cmd = Command::new("mpirun");
+            cmd.args(MPIRUN_FLAGS);
+            for (r, args) in per_rank.iter().enumerate() {
+                if r > 0 {
+                    cmd.arg(":");
+                }
+                cmd.args(["-np", "1", bin()]).args(args);
+            }
+            cmd.env("HDF5_USE_FILE_LOCKING", "FALSE").stdout(Stdio::piped()).stderr(Stdio::piped());
+            finish(cmd.spawn().unwrap(), "mpmd mpirun")
+        }
+        Transport::Ucx => {
+            let port = free_port();
+            let n = per_rank.len();
+            let children: Vec<_> = per_rank
+                .iter()
+                .enumerate()
+                .map(|(r, args)| {
+                    let mut a = args.clone();
+                    a.extend(["--transport", "ucx"]);
+                    spawn_rank(r, n, port, "tok", &a, &[])
+                })
+                .collect();
+            let runs: Vec<Run> =
+                children.into_iter().enumerate().map(|(r, c)| finish(c, &format!("rank {r}"))).collect();
+            Run {
+                code: runs.iter().map(|r| r.code).find(|&c| c != 0).unwrap_or(0),
+                stdout: runs.iter().map(|r| r.stdout.as_str()).collect(),
+                stderr: runs.iter().map(|r| r.stderr.as_str()).collect(),
+                elapsed: runs.iter().map(|r| r.elapsed).max().unwrap_or_default(),
+            }
+        }
+    }
+}
+
+fn generated() -> tempfile::TempDir {
+    let dir = tempdir();
+    let d = dir.path().join("d");
+    ok(&meshfeed(&[
+        "gen",
+        "--format",
+        "npy",
+        "--samples",
+        "600",
+        "--files",
+        "3",
+        "--field",
+        "x:f32:4",
+        "--out",
+        d.to_str().unwrap(),
+    ]));
+    dir
+}
+
+/// The failure every rank agreed on, with its root cause line; nothing was delivered.
+fn refused(t: Transport, run: &Run, np: usize) -> String {
+    assert_ne!(run.code, 0, "{t:?}: the job must fail:\n{}\n{}", run.stdout, run.stderr);
+    assert!(run.elapsed < Duration::from_secs(30), "{t:?}: took {:?}", run.elapsed);
+    assert!(
+        !run.stdout.contains("epoch 0:") && !run.stdout.contains("done:"),
+        "{t:?}: nothing delivered: {}",
+        run.stdout
+    );
+    assert!(!run.stderr.contains("panicked"), "{}", run.stderr);
+    agreed_failure(run, np).to_string()
+}
+
+over_transports! {
+    fn ranks_given_different_jobs_are_told_which_option_differs(t: Transport) {
+        let dir = generated();
+        let d = dir.path().join("d");
+        let base = vec!["run", "--data", d.to_str().unwrap(), "--batch-size", "12"];
+        let with = |extra: &[&'static str]| -> Vec<&str> { base.iter().copied().chain(extra.iter().copied()).collect() };
+        // Different --epochs: once a hang forever under MPI.
+        let run = run_per_rank(t, &[with(&["--epochs", "2"]), with(&["--epochs", "2"]), with(&["--epochs", "3"])]);
+        let line = refused(t, &run, 3);
+        assert!(line.contains("rank 2: ranks disagree on epochs: 2 (ranks 0-1) vs 3 (rank 2)"), "{line}");
+        // Different seeds: once "rank 1 sent 2088 bytes more than planned".
+        let run = run_per_rank(t, &[with(&["--seed", "1"]), with(&["--seed", "2"]), with(&["--seed", "1"])]);
+        let line = refused(t, &run, 3);
+        assert!(line.contains("rank 1: ranks disagree on seed: 1 (ranks 0, 2) vs 2 (rank 1)"), "{line}");
+        // Several at once, each named.
+        let run = run_per_rank(t, &[with(&["--tail", "pad"]), with(&["--window-bytes", "1K", "--verify"])]);
+        let line = refused(t, &run, 2);
+        for part in ["verify: false (rank 0) vs true (rank 1)", "window_bytes: 67108864 (rank 0) vs 1024 (rank 1)"] {
+            assert!(line.contains(part) || run.stderr.contains(part), "{part}: {line}");
+        }
+    }
+
+    fn outputs_and_resume_points_are_checked_before_the_first_step(t: Transport) {
+        let dir = generated();
+        let d = dir.path().join("d");
+        let d = d.to_str().unwrap();
+        // An unwritable --state (once found by rank 0 alone, after all epochs).
+        let nowhere = dir.path().join("no/such/dir/state.json");
+        let run = t.run(3, &["run", "--data", d, "--batch-size", "12", "--state", nowhere.to_str().unwrap()]);
+        let line = refused(t, &run, 3);
+        assert!(line.contains("state.json: the state file cannot be written"), "{line}");
+        let run = t.run(2, &["run", "--data", d, "--batch-size", "12", "--state", dir.path().to_str().unwrap()]);
+        assert!(refused(t, &run, 2).contains("--state names a directory"), "{}", run.stderr);
+        // Resume points outside the job: past the last epoch, past an epoch's steps, too big.
+        for (from, needle) in [
+            ("3:0", "cannot resume at epoch 3 step 0: the job has 2 epoch(s)"),
+            ("2:5", "cannot resume at epoch 2 step 5: the job has 2 epoch(s)"),
+            ("0:50", "cannot resume at step 50: an epoch has 50 steps"),
+            ("18446744073709551616:0", "epoch and step must each fit 64 bits"),
+        ] {
+            let run = t.run(2, &["run", "--data", d, "--batch-size", "12", "--epochs", "2", "--resume-from", from]);
+            let line = refused(t, &run, 2);
+            assert!(line.contains(needle), "--resume-from {from}: {line}");
+        }
+        // The end of the job is a valid resume point: nothing is left to do.
+        let run = t.run(2, &["run", "--data", d, "--batch-size", "12", "--epochs", "2", "--resume-from", "2:0"]);
+        ok(&run);
+        assert!(!run.stdout.contains("epoch 0:") && run.stdout.contains("done: 2 epoch(s)"), "{}", run.stdout);
+    }
+
+    fn output_nobody_reads_does_not_fail_the_job(t: Transport) {
+        // `meshfeed run --json | head -1`: stdout is closed early; the job runs to its end.
+        let dir = generated();
+        let d = dir.path().join("d");
+        let state = dir.path().join("s.json");
+        let args = ["run", "--data", d.to_str().unwrap(), "--batch-size", "12", "--epochs", "3", "--json", "--state", state.to_str().unwrap()];
+        let mut cmd = match t {
+            Transport::Mpi => {
+                let mut c = Command::new("mpirun");
+                c.args(MPIRUN_FLAGS).args(["-np", "2", bin()]).args(args);
+                c
+            }
+            Transport::Ucx => {
+                let mut c = Command::new(bin());
+                c.args(["launch", "-n", "2", "--"]).args(args).args(["--transport", "ucx"]).env("UCX_NET_DEVICES", "lo");
+                c
+            }
+        };
+        let mut child = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+        drop(child.stdout.take()); // nobody reads stdout
+        let run = finish(child, "closed stdout");
+        assert_eq!(run.code, 0, "{t:?}: {}", run.stderr);
+        assert!(!run.stderr.contains("panicked") && !run.stderr.contains("internal error"), "{}", run.stderr);
+        let saved: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&state).unwrap()).unwrap();
+        assert_eq!(saved["epoch"], 3, "the job ran to its end");
+    }
+}
