@@ -70,6 +70,19 @@ fn resume_state(loader: &Loader, s: &str) -> Result<LoaderState> {
     LoaderState::from_json(&text).map_err(|e| Error::file(s, e.to_string()))
 }
 
+/// Writes the `--state` file whole or not at all (a temporary file renamed over it), so
+/// that a process killed while writing it never leaves half a state behind.
+fn write_state(path: &std::path::Path, json: &str) -> Result<()> {
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(format!(".tmp-{}", std::process::id()));
+    let tmp = PathBuf::from(tmp);
+    std::fs::write(&tmp, json).map_err(|e| Error::io(&tmp, e))?;
+    std::fs::rename(&tmp, path).map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        Error::io(path, e)
+    })
+}
+
 /// A simulated training step of `ms` milliseconds; returns how long it took.
 fn compute(ms: f64) -> Duration {
     if ms <= 0.0 {
@@ -164,6 +177,26 @@ fn run(args: &RunArgs, job: Result<Job>, rt: &Runtime) -> Result<i32> {
             }
         }
         agree(world, local)?;
+        // A stop agreed after the very last step changes nothing: the run is complete.
+        let stopped = stopped.filter(|_| loader.position() < Position::new(job.epochs, 0));
+        if let Some(why) = &stopped {
+            // The state and the resume line come first, before the summary, verification
+            // and dump flushing: the launcher may not wait long. OpenMPI's mpirun, told to
+            // stop, SIGKILLs the ranks one second after it sent them SIGTERM.
+            let mut written = Ok(());
+            if rank == 0 {
+                let state = loader.state();
+                if let Some(path) = &args.state {
+                    written = write_state(path, &state.to_json());
+                }
+                eprintln!(
+                    "meshfeed: stopped by {why} at epoch {} step {} (earlier steps were delivered); resume with --resume-from {}:{}",
+                    state.epoch, state.step, state.epoch, state.step
+                );
+            }
+            // Every rank learns whether the state was saved, and all fail together if not.
+            agree(world, written)?;
+        }
         bar.finish_and_clear();
         let end = match loader.position() {
             p if p.epoch.0 == e => p.step.0,
@@ -204,22 +237,10 @@ fn run(args: &RunArgs, job: Result<Job>, rt: &Runtime) -> Result<i32> {
                 summary.print();
             }
         }
-        // A stop agreed after the very last step changes nothing: the run is complete.
-        let stopped = stopped.filter(|_| loader.position() < Position::new(job.epochs, 0));
-        if let Some(why) = stopped {
-            // Stopped at a step boundary: report where to resume, flush, exit 75.
-            let state = loader.state();
+        if stopped.is_some() {
+            // Stopped at a step boundary (rank 0 reported where to resume): flush, exit 75.
             if let Some(d) = dump.take() {
                 agree(world, d.finish())?;
-            }
-            if rank == 0 {
-                if let Some(path) = &args.state {
-                    std::fs::write(path, state.to_json()).map_err(|e| Error::io(path, e))?;
-                }
-                eprintln!(
-                    "meshfeed: stopped by {why} at epoch {} step {} (earlier steps were delivered); resume with --resume-from {}:{}",
-                    state.epoch, state.step, state.epoch, state.step
-                );
             }
             return Ok(EXIT_STOPPED);
         }
@@ -230,7 +251,7 @@ fn run(args: &RunArgs, job: Result<Job>, rt: &Runtime) -> Result<i32> {
     if rank == 0 {
         if let Some(path) = &args.state {
             let state = loader.state_at(Position::new(job.epochs, 0));
-            std::fs::write(path, state.to_json()).map_err(|e| Error::io(path, e))?;
+            write_state(path, &state.to_json())?;
         }
         if !args.json {
             let verified = if verifier.is_some() && all_ok { ", verified" } else { "" };
