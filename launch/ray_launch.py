@@ -22,12 +22,15 @@ plus
 
     RANK=r  WORLD_SIZE=N  MASTER_ADDR=<--master-addr>  MASTER_PORT=<port>
     MESHFEED_JOB_TOKEN=<secret shared by the job's ranks>
+    MESHFEED_JOB_ID=<this launch's identity>
 
 which is the contract of a meshfeed rank started without mpirun (rank 0 hosts the
 TCP rendezvous at MASTER_ADDR:MASTER_PORT). ``--master-port 0`` (the default)
 picks a free port by binding port 0 on MASTER_ADDR just before the ranks start.
 The token is ``$MESHFEED_JOB_TOKEN`` when that is set, else
-``secrets.token_hex(16)`` (32 hex characters).
+``secrets.token_hex(16)`` (32 hex characters). The job id is a fresh
+``secrets.token_hex(16)`` for every launch, whatever the environment holds: rank 0
+refuses a rank of another job that shares the token and port.
 
 Output
 ------
@@ -288,6 +291,7 @@ def run_job(ray, args):
 
     n = args.n
     token = os.environ.get("MESHFEED_JOB_TOKEN") or __import__("secrets").token_hex(16)
+    job_id = __import__("secrets").token_hex(16)
     port = args.master_port or free_port(args.master_addr)
     base_env = dict(os.environ)
     cwd = os.getcwd()
@@ -332,6 +336,7 @@ def run_job(ray, args):
                 MASTER_ADDR=args.master_addr,
                 MASTER_PORT=str(port),
                 MESHFEED_JOB_TOKEN=token,
+                MESHFEED_JOB_ID=job_id,
             )
             starts.append(a.start.remote(args.command, env, cwd, args.split_stderr))
         ready, _ = ray.wait(starts, num_returns=n, timeout=time_left())

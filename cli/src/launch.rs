@@ -1,15 +1,30 @@
 //! `meshfeed launch -n N -- run --transport ucx ...`: the local launcher. Starts N copies
-//! of this binary (or of `--exe PROGRAM`) on this host with `RANK`, `WORLD_SIZE`, `MASTER_ADDR=127.0.0.1`, a free
-//! `MASTER_PORT` and a fresh `MESHFEED_JOB_TOKEN` (the convention Ray and Kubernetes
-//! launchers follow too). When any rank fails, the others are stopped (SIGTERM, then
-//! SIGKILL after a grace period) and the launcher exits with the failing rank's code.
-//! SIGTERM or SIGINT to the launcher is passed on to every rank, which then stop together
-//! at a step boundary (exit code 75, see `run --resume-from`).
+//! of this binary (or of `--exe PROGRAM`) on this host with `RANK`, `WORLD_SIZE`,
+//! `MASTER_ADDR=127.0.0.1`, a free `MASTER_PORT`, a fresh `MESHFEED_JOB_TOKEN` (the
+//! convention Ray and Kubernetes launchers follow too) and a fresh `MESHFEED_JOB_ID`, and
+//! supervises them:
+//!
+//! * When any rank fails, the others get a few seconds to exit on their own, then SIGTERM,
+//!   then SIGKILL after `--grace`; the launcher exits with the failing rank's code, or 128
+//!   + the signal that killed it (reported by name: `rank 2 was killed by signal 11
+//!   (SIGSEGV)`).
+//! * SIGTERM or SIGINT to the launcher is passed on to every rank, which then stop
+//!   together at a step boundary (exit code 75, see `run --resume-from`). Ranks still
+//!   running `--grace` seconds later are SIGKILLed and the launcher exits 137; a second
+//!   SIGTERM/SIGINT kills them at once.
+//! * The ranks never outlive the launcher: each is started with `PR_SET_PDEATHSIG`
+//!   (SIGKILL), so even a launcher killed by SIGKILL takes its ranks with it. That covers
+//!   the processes the launcher starts; a rank program that starts processes of its own
+//!   (a shell script that does not `exec`) must stop them itself.
 
-use std::process::{Child, Command};
+use std::os::unix::process::ExitStatusExt;
+use std::process::{Child, Command, ExitStatus};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use meshfeed::runtime::StopSignal;
+use meshfeed::runtime::env_var;
+use meshfeed::transport::rendezvous::MAX_WORLD;
 use meshfeed::{Error, Result};
 
 #[derive(clap::Args, Debug)]
@@ -20,9 +35,10 @@ pub struct LaunchArgs {
     /// Rendezvous port (default: a free port).
     #[arg(long)]
     pub port: Option<u16>,
-    /// Seconds the other ranks get to exit after SIGTERM before SIGKILL.
-    #[arg(long, default_value_t = 5.0)]
-    pub grace: f64,
+    /// Seconds ranks get to exit after SIGTERM (a failed rank's peers, or every rank after
+    /// a forwarded SIGTERM/SIGINT) before SIGKILL.
+    #[arg(long, default_value = "5", value_name = "SECONDS", value_parser = parse_grace, allow_negative_numbers = true)]
+    pub grace: Duration,
     /// The program every rank runs (default: this meshfeed binary), e.g. a training script's
     /// interpreter or a program built on the library.
     #[arg(long, value_name = "PROGRAM")]
@@ -30,6 +46,22 @@ pub struct LaunchArgs {
     /// The arguments every rank runs the program with, e.g. `run --transport ucx --data ...`.
     #[arg(last = true, required = true)]
     pub command: Vec<String>,
+}
+
+/// The longest `--grace` accepted, in seconds (about 11 days: "as long as it takes", but
+/// finite, so that every wait has an end).
+const MAX_GRACE_SECS: f64 = 1e6;
+/// The longest job token accepted (as the rendezvous does).
+const MAX_TOKEN: usize = 1024;
+
+/// `--grace` as a duration: a finite number of seconds from 0 to [`MAX_GRACE_SECS`]
+/// (`inf`, `nan` or a negative number would make `Duration::from_secs_f64` panic).
+fn parse_grace(v: &str) -> std::result::Result<Duration, String> {
+    match v.trim().parse::<f64>() {
+        // Finite and in range, so this cannot panic.
+        Ok(secs) if (0.0..=MAX_GRACE_SECS).contains(&secs) => Ok(Duration::from_secs_f64(secs)),
+        _ => Err(format!("expected a number of seconds from 0 to {MAX_GRACE_SECS:e}")),
+    }
 }
 
 /// The rendezvous socket, bound here (on `port`, or on a free one) and handed to rank 0 as
@@ -41,7 +73,8 @@ fn rendezvous_socket(port: Option<u16>) -> Result<std::net::TcpListener> {
         .map_err(|e| Error::Transport(format!("cannot listen for the rendezvous on port {port}: {e}")))
 }
 
-fn token() -> Result<String> {
+/// 16 random bytes in hex.
+fn nonce() -> Result<String> {
     let mut b = [0u8; 16];
     std::io::Read::read_exact(
         &mut std::fs::File::open("/dev/urandom").map_err(|e| Error::io("/dev/urandom", e))?,
@@ -51,41 +84,190 @@ fn token() -> Result<String> {
     Ok(b.iter().map(|x| format!("{x:02x}")).collect())
 }
 
-fn terminate(children: &mut [(usize, Child)], grace: Duration) {
+/// `MESHFEED_JOB_TOKEN` from the environment (empty counts as unset, as in
+/// `launch/ray_launch.py`), else a fresh one.
+fn job_token() -> Result<String> {
+    match env_var("MESHFEED_JOB_TOKEN")? {
+        Some(t) if t.len() > MAX_TOKEN => {
+            Err(Error::Config(format!("MESHFEED_JOB_TOKEN has {} bytes; at most {MAX_TOKEN}", t.len())))
+        }
+        Some(t) if !t.is_empty() => Ok(t),
+        _ => nonce(),
+    }
+}
+
+/// The stop signals (SIGTERM, SIGINT) the launcher received: how many, and the last one.
+/// The handler only stores into atomics this value shares with it.
+struct Stops {
+    count: Arc<AtomicUsize>,
+    last: Arc<AtomicUsize>,
+}
+
+impl Stops {
+    fn install() -> Result<Stops> {
+        let (count, last) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        for sig in [libc::SIGTERM, libc::SIGINT] {
+            let (c, l) = (count.clone(), last.clone());
+            // SAFETY: the action runs in a signal handler, where only async-signal-safe
+            // operations are allowed: it does two atomic operations on values it owns (no
+            // allocation, no lock).
+            unsafe {
+                signal_hook::low_level::register(sig, move || {
+                    l.store(sig as usize, Ordering::SeqCst);
+                    c.fetch_add(1, Ordering::SeqCst);
+                })
+            }
+            .map_err(|e| Error::Internal(format!("cannot install a handler for signal {sig}: {e}")))?;
+        }
+        Ok(Stops { count, last })
+    }
+
+    /// (number of stop signals received, the last one).
+    fn get(&self) -> (usize, i32) {
+        (self.count.load(Ordering::SeqCst), self.last.load(Ordering::SeqCst) as i32)
+    }
+}
+
+/// `SIGSEGV` etc. for the signals a rank commonly dies of; `None` for others.
+fn signal_name(sig: i32) -> Option<&'static str> {
+    Some(match sig {
+        libc::SIGHUP => "SIGHUP",
+        libc::SIGINT => "SIGINT",
+        libc::SIGQUIT => "SIGQUIT",
+        libc::SIGILL => "SIGILL",
+        libc::SIGTRAP => "SIGTRAP",
+        libc::SIGABRT => "SIGABRT",
+        libc::SIGBUS => "SIGBUS",
+        libc::SIGFPE => "SIGFPE",
+        libc::SIGKILL => "SIGKILL",
+        libc::SIGUSR1 => "SIGUSR1",
+        libc::SIGSEGV => "SIGSEGV",
+        libc::SIGUSR2 => "SIGUSR2",
+        libc::SIGPIPE => "SIGPIPE",
+        libc::SIGALRM => "SIGALRM",
+        libc::SIGTERM => "SIGTERM",
+        libc::SIGXCPU => "SIGXCPU",
+        libc::SIGXFSZ => "SIGXFSZ",
+        libc::SIGSYS => "SIGSYS",
+        _ => return None,
+    })
+}
+
+/// `signal 11 (SIGSEGV)`.
+fn describe_signal(sig: i32) -> String {
+    match signal_name(sig) {
+        Some(name) => format!("signal {sig} ({name})"),
+        None => format!("signal {sig}"),
+    }
+}
+
+/// How a rank ended: its exit code (128 + the signal for a rank killed by one, as shells
+/// report it), and the words for a message.
+fn outcome(status: ExitStatus) -> (i32, String) {
+    match (status.code(), status.signal()) {
+        (Some(code), _) => (code, format!("exited with code {code}")),
+        (None, Some(sig)) => {
+            let core = if status.core_dumped() { " (core dumped)" } else { "" };
+            (128 + sig, format!("was killed by {}{core}", describe_signal(sig)))
+        }
+        (None, None) => (1, "ended in an unknown way".into()),
+    }
+}
+
+/// Sends `signal` to every rank still running.
+fn signal_all(children: &mut [(usize, Child)], signal: i32) {
+    for (_, c) in children.iter_mut() {
+        if c.try_wait().ok().flatten().is_none() {
+            // SAFETY: kill(2) on the pid of a child we spawned and have not yet reaped (a
+            // child that exited is reaped only by try_wait, which just said it runs).
+            unsafe { libc::kill(c.id() as libc::pid_t, signal) };
+        }
+    }
+}
+
+/// SIGKILLs and reaps every rank still running.
+fn kill_all(children: &mut Vec<(usize, Child)>) {
+    for (_, c) in children.iter_mut() {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+    children.clear();
+}
+
+/// Stops the ranks after one failed: a moment to exit on their own, then SIGTERM, then
+/// SIGKILL after `grace`.
+fn terminate(children: &mut Vec<(usize, Child)>, grace: Duration) {
     // Ranks that agreed on a failure exit on their own within moments (and print their
     // error line first): give them that before signalling.
     let settle = Instant::now() + grace.min(Duration::from_secs(3));
     while Instant::now() < settle && children.iter_mut().any(|(_, c)| c.try_wait().ok().flatten().is_none()) {
         std::thread::sleep(Duration::from_millis(20));
     }
-    for (_, c) in children.iter_mut() {
-        if c.try_wait().ok().flatten().is_some() {
-            continue;
-        }
-        // SAFETY: kill(2) on the pid of a child we spawned and have not yet reaped.
-        unsafe { libc::kill(c.id() as libc::pid_t, libc::SIGTERM) };
-    }
+    signal_all(children, libc::SIGTERM);
     let deadline = Instant::now() + grace;
-    for (_, c) in children.iter_mut() {
-        while c.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = c.kill();
-        let _ = c.wait();
+    while Instant::now() < deadline && children.iter_mut().any(|(_, c)| c.try_wait().ok().flatten().is_none()) {
+        std::thread::sleep(Duration::from_millis(20));
     }
+    kill_all(children);
+}
+
+/// Starts rank `rank`. `listener`: the rendezvous socket rank 0 inherits.
+fn spawn(
+    command: &mut Command,
+    launcher: libc::pid_t,
+    listener: Option<&std::net::TcpListener>,
+) -> std::io::Result<Child> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::process::CommandExt;
+    let fd = listener.map(|l| l.as_raw_fd());
+    if let Some(fd) = fd {
+        command.env("MESHFEED_RENDEZVOUS_FD", fd.to_string());
+    }
+    // SAFETY: runs in the child between fork and exec, where only async-signal-safe calls
+    // are allowed: prctl, getppid and fcntl are system calls, and the errors are built
+    // from OS error numbers without allocating.
+    unsafe {
+        command.pre_exec(move || {
+            // The rank dies with the launcher, even when the launcher is SIGKILLed. The
+            // setting survives exec (not for set-uid programs, which a rank is not).
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) == -1 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // The launcher may have died between fork and prctl: then no signal will come.
+            if libc::getppid() != launcher {
+                return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
+            }
+            // Keeps the rendezvous socket open across exec for rank 0 (std opens every
+            // descriptor close-on-exec).
+            if let Some(fd) = fd {
+                if libc::fcntl(fd, libc::F_SETFD, 0) == -1 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            Ok(())
+        })
+    };
+    command.spawn()
 }
 
 pub fn run(args: LaunchArgs) -> Result<i32> {
-    if args.ranks == 0 {
-        return Err(Error::Config("-n must be at least 1".into()));
+    if args.ranks == 0 || args.ranks > MAX_WORLD {
+        return Err(Error::Config(format!("-n {}: expected 1 to {MAX_WORLD} ranks", args.ranks)));
     }
+    let grace = args.grace;
     let exe = match args.exe {
         Some(exe) => exe,
         None => std::env::current_exe().map_err(|e| Error::Config(format!("cannot find the meshfeed binary: {e}")))?,
     };
+    let token = job_token()?;
+    // This launch's identity: rank 0 refuses ranks of other jobs that share the token and
+    // port. Always fresh, whatever the launcher's own environment holds.
+    let job_id = nonce()?;
+    // Installed before the ranks start, so that a signal arriving meanwhile is passed on.
+    let stops = Stops::install()?;
     let mut socket = Some(rendezvous_socket(args.port)?);
     let port = socket.as_ref().and_then(|s| s.local_addr().ok()).map(|a| a.port()).unwrap_or(0);
-    let token = std::env::var("MESHFEED_JOB_TOKEN").or_else(|_| token())?;
+    let launcher = std::process::id() as libc::pid_t;
     let mut children: Vec<(usize, Child)> = Vec::new();
     for rank in 0..args.ranks {
         let mut cmd = Command::new(&exe);
@@ -95,69 +277,118 @@ pub fn run(args: LaunchArgs) -> Result<i32> {
             .env("MASTER_ADDR", "127.0.0.1")
             .env("MASTER_PORT", port.to_string())
             .env("MESHFEED_JOB_TOKEN", &token)
+            .env("MESHFEED_JOB_ID", &job_id)
             .env_remove("MESHFEED_RENDEZVOUS_FD");
         // Rank 0 inherits the rendezvous socket; the launcher's copy closes after the spawn.
         let listener = if rank == 0 { socket.take() } else { None };
-        if let Some(listener) = &listener {
-            use std::os::fd::AsRawFd;
-            use std::os::unix::process::CommandExt;
-            let fd = listener.as_raw_fd();
-            cmd.env("MESHFEED_RENDEZVOUS_FD", fd.to_string());
-            // SAFETY: runs in the child between fork and exec, where only async-signal-safe
-            // calls are allowed: fcntl is one. It keeps the rendezvous socket open across
-            // exec for rank 0 (std opens every descriptor close-on-exec).
-            unsafe {
-                cmd.pre_exec(move || match libc::fcntl(fd, libc::F_SETFD, 0) {
-                    -1 => Err(std::io::Error::last_os_error()),
-                    _ => Ok(()),
-                });
-            }
-        }
-        let child = cmd.spawn();
+        let child = spawn(&mut cmd, launcher, listener.as_ref());
         drop(listener);
         match child {
             Ok(c) => children.push((rank, c)),
             Err(e) => {
-                terminate(&mut children, Duration::from_secs_f64(args.grace));
+                terminate(&mut children, grace);
                 return Err(Error::Config(format!("cannot start rank {rank}: {e}")));
             }
         }
     }
-    let grace = Duration::from_secs_f64(args.grace.max(0.0));
-    // The signal the launcher receives is passed on to the ranks.
-    let received = StopSignal::install()?;
-    let mut forwarded = false;
+    Ok(supervise(children, &stops, grace))
+}
+
+/// Waits for the ranks; returns the launcher's exit code.
+fn supervise(mut children: Vec<(usize, Child)>, stops: &Stops, grace: Duration) -> i32 {
+    // The signal passed on to the ranks, when, and how many the launcher had received then.
+    let mut forwarded: Option<(i32, Instant, usize)> = None;
     let mut exit = 0;
     while !children.is_empty() {
-        if let (Some(signal), false) = (received.received(), forwarded) {
-            for (_, c) in &children {
-                // SAFETY: kill(2) on the pid of a child we spawned and have not yet reaped.
-                unsafe { libc::kill(c.id() as libc::pid_t, signal) };
+        let (count, last) = stops.get();
+        match forwarded {
+            None if count > 0 => {
+                signal_all(&mut children, last);
+                forwarded = Some((last, Instant::now(), count));
             }
-            forwarded = true;
+            Some((_, _, seen)) if count > seen => {
+                crate::report::line_err(&format!(
+                    "meshfeed launch: {} again: killing the remaining rank(s) {:?}",
+                    describe_signal(last),
+                    children.iter().map(|(r, _)| *r).collect::<Vec<_>>()
+                ));
+                kill_all(&mut children);
+                return 128 + libc::SIGKILL;
+            }
+            _ => {}
         }
         let mut failed = None;
         children.retain_mut(|(rank, c)| match c.try_wait() {
             Ok(Some(status)) => {
-                if !status.success() && failed.is_none() {
-                    failed = Some((*rank, status.code().unwrap_or(128 + libc::SIGKILL)));
+                if !status.success() {
+                    let (code, words) = outcome(status);
+                    match forwarded {
+                        // Stopped on request: the ranks stop together (75); a rank without
+                        // a handler dies of the signal it was passed, which needs no word.
+                        Some((signal, ..)) => {
+                            if status.signal().is_some_and(|s| s != signal) {
+                                crate::report::line_err(&format!("meshfeed launch: rank {rank} {words}"));
+                            }
+                            if exit == 0 {
+                                exit = code;
+                            }
+                        }
+                        None if failed.is_none() => failed = Some((*rank, code, words)),
+                        None => {}
+                    }
                 }
                 false
             }
             Ok(None) => true,
             Err(_) => false,
         });
-        if let (Some((_, code)), true) = (failed, forwarded) {
-            // Stopped on request: the ranks stop together; report their code.
-            exit = if exit == 0 { code } else { exit };
-            continue;
-        }
-        if let Some((rank, code)) = failed {
-            eprintln!("meshfeed launch: rank {rank} exited with code {code}; stopping the other ranks");
+        if let Some((rank, code, words)) = failed {
+            crate::report::line_err(&format!("meshfeed launch: rank {rank} {words}; stopping the other ranks"));
             terminate(&mut children, grace);
-            return Ok(code.max(1));
+            return code.max(1);
+        }
+        if let Some((signal, at, _)) = forwarded {
+            if !children.is_empty() && at.elapsed() > grace {
+                crate::report::line_err(&format!(
+                    "meshfeed launch: rank(s) {:?} did not exit within {} s of {}; killing them (SIGKILL)",
+                    children.iter().map(|(r, _)| *r).collect::<Vec<_>>(),
+                    grace.as_secs_f64(),
+                    describe_signal(signal)
+                ));
+                kill_all(&mut children);
+                return 128 + libc::SIGKILL;
+            }
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    Ok(exit)
+    exit
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grace_must_be_a_finite_number_of_seconds() {
+        assert_eq!(parse_grace("0"), Ok(Duration::ZERO));
+        assert_eq!(parse_grace(" 2.5"), Ok(Duration::from_millis(2500)));
+        assert_eq!(parse_grace("1e6"), Ok(Duration::from_secs(1_000_000)));
+        for bad in ["inf", "-inf", "nan", "NaN", "-1", "-0.001", "1e7", "1e300", "", "5s"] {
+            let e = parse_grace(bad).unwrap_err();
+            assert!(e.contains("expected a number of seconds from 0 to 1e6"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn signals_are_reported_by_name() {
+        assert_eq!(describe_signal(libc::SIGSEGV), "signal 11 (SIGSEGV)");
+        assert_eq!(describe_signal(libc::SIGKILL), "signal 9 (SIGKILL)");
+        assert_eq!(describe_signal(63), "signal 63");
+        let (code, words) = outcome(ExitStatus::from_raw(libc::SIGSEGV));
+        assert_eq!((code, words.as_str()), (139, "was killed by signal 11 (SIGSEGV)"));
+        let (code, words) = outcome(ExitStatus::from_raw(libc::SIGABRT | 0x80));
+        assert_eq!((code, words.as_str()), (134, "was killed by signal 6 (SIGABRT) (core dumped)"));
+        let (code, words) = outcome(ExitStatus::from_raw(3 << 8));
+        assert_eq!((code, words.as_str()), (3, "exited with code 3"));
+    }
 }

@@ -226,6 +226,22 @@ fn run(args: &RunArgs, job: Result<Job>, rt: &Runtime) -> Result<i32> {
             }
         }
         agree(world, local)?;
+        // A stop agreed after the very last step changes nothing: the run is complete.
+        let stopped = stopped.filter(|_| loader.position() < Position::new(job.epochs, 0));
+        if let Some(why) = &stopped {
+            // The resume line and the state come first, before the summary, verification
+            // and dump flushing: a launcher may not wait long (OpenMPI's mpirun, told to
+            // stop, SIGKILLs the ranks one second after it sent them SIGTERM). The line
+            // comes before the write, so that it is said even if the write fails.
+            let state = loader.state();
+            if rank == 0 {
+                report::line_err(&format!(
+                    "meshfeed: stopped by {why} at epoch {} step {} (earlier steps were delivered); resume with --resume-from {}:{}",
+                    state.epoch, state.step, state.epoch, state.step
+                ));
+            }
+            save_state(world, rank, args.state.as_deref(), &state)?;
+        }
         bar.finish_and_clear();
         let end = match loader.position() {
             p if p.epoch.0 == e => p.step.0,
@@ -266,19 +282,8 @@ fn run(args: &RunArgs, job: Result<Job>, rt: &Runtime) -> Result<i32> {
                 summary.print();
             }
         }
-        // A stop agreed after the very last step changes nothing: the run is complete.
-        let stopped = stopped.filter(|_| loader.position() < Position::new(job.epochs, 0));
-        if let Some(why) = stopped {
-            // Stopped at a step boundary: say where to resume first (so that it is said even
-            // if what follows fails), then save the state, flush the dumps, exit 75.
-            let state = loader.state();
-            if rank == 0 {
-                report::line_err(&format!(
-                    "meshfeed: stopped by {why} at epoch {} step {} (earlier steps were delivered); resume with --resume-from {}:{}",
-                    state.epoch, state.step, state.epoch, state.step
-                ));
-            }
-            save_state(world, rank, args.state.as_deref(), &state)?;
+        if stopped.is_some() {
+            // Stopped at a step boundary (rank 0 reported where to resume): flush, exit 75.
             if let Some(d) = dump.take() {
                 agree(world, d.finish())?;
             }

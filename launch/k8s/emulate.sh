@@ -14,6 +14,7 @@
 #                of the terminal (default: the terminal, each line prefixed `[meshfeed-<i>] `)
 #   -h           this help
 # MESHFEED_JOB_TOKEN is taken from the environment if set, else random (never printed).
+# MESHFEED_JOB_ID, the emulated Job's uid, is random for every run (as a new Job's is).
 # MESHFEED_BIN is passed through to entrypoint.sh (default there: `meshfeed` on PATH).
 #
 # What each "pod" i (0 <= i < N) gets:
@@ -25,7 +26,7 @@
 #     needs configuring. The host's hostname and /etc/hosts are untouched.
 #   * the Job's environment: JOB_COMPLETION_INDEX=i (RANK left unset, so entrypoint.sh
 #     maps it), WORLD_SIZE=N, MASTER_ADDR=meshfeed-0.meshfeed, MASTER_PORT,
-#     MESHFEED_JOB_TOKEN, UCX_TLS=tcp, UCX_NET_DEVICES=lo; the rest of the caller's
+#     MESHFEED_JOB_TOKEN, MESHFEED_JOB_ID, UCX_TLS=tcp, UCX_NET_DEVICES=lo; the rest of the caller's
 #     environment is passed through, less RANK/LOCAL_RANK and MPI launcher variables
 #     (OMPI_*, PMIX_*, PMI_*), which would otherwise leak into every pod.
 #   * the command `launch/k8s/entrypoint.sh ARGS...`.
@@ -98,6 +99,9 @@ fi
 if ! [[ $port =~ ^[0-9]{1,5}$ ]] || ((10#$port < 1 || 10#$port > 65535)); then die "bad MASTER_PORT '$port'"; fi
 # Exported, not passed on a command line, where `ps` would show it.
 export MESHFEED_JOB_TOKEN=${MESHFEED_JOB_TOKEN:-$(od -An -N32 -tx1 /dev/urandom | tr -d ' \n')}
+# The Job's uid, which the manifest passes as MESHFEED_JOB_ID: new for every Job.
+MESHFEED_JOB_ID=$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')
+export MESHFEED_JOB_ID
 
 # The cluster's "DNS": one hosts file per pod, as each pod's /etc/hosts is its own.
 work=$(mktemp -d "${TMPDIR:-/tmp}/meshfeed-emulate.XXXXXX")

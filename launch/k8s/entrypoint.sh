@@ -7,6 +7,8 @@
 # * WORLD_SIZE, MASTER_ADDR, MASTER_PORT, MESHFEED_JOB_TOKEN must be set (and RANK a
 #   number below WORLD_SIZE); otherwise a one-line error and exit 2, meshfeed's exit code
 #   for a bad command line, before anything starts.
+# * MESHFEED_JOB_ID (the Job's uid in the manifest) is optional and passes through as is:
+#   rank 0 refuses ranks whose job id differs from its own.
 # * Then `exec "${MESHFEED_BIN:-meshfeed}" "$@"`: meshfeed replaces this shell, so it gets
 #   the container's signals (SIGTERM on pod deletion) and its exit code is the pod's.
 # POSIX sh: the image needs no bash. The token is never printed.

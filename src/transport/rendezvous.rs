@@ -2,31 +2,51 @@
 //! the local launcher) find each other.
 //!
 //! Every process gets `RANK`, `WORLD_SIZE`, `MASTER_ADDR`, `MASTER_PORT` (the convention of
-//! torchrun, Ray Train and Kubernetes training operators) and `MESHFEED_JOB_TOKEN`, a
-//! secret shared by the job's processes. Rank 0 listens on `MASTER_PORT` (all addresses)
-//! and acts as a small store; every other rank connects to `MASTER_ADDR:MASTER_PORT`,
-//! retrying until the deadline, and publishes a payload (its UCP worker address). When all
-//! `WORLD_SIZE` ranks have registered, rank 0 sends every rank the table of all payloads
-//! and closes the connections.
+//! torchrun, Ray Train and Kubernetes training operators), `MESHFEED_JOB_TOKEN`, a secret
+//! shared by the job's processes, and optionally `MESHFEED_JOB_ID`, an identity of this
+//! launch of the job (a nonce the launcher makes). Rank 0 listens on `MASTER_PORT` (all
+//! addresses) and acts as a small store; every other rank connects to
+//! `MASTER_ADDR:MASTER_PORT`, retrying until the deadline, and publishes a payload (its UCP
+//! worker address). When all `WORLD_SIZE` ranks have registered, rank 0 sends every rank
+//! the table of all payloads and closes the connections.
 //!
 //! ## Protocol (all integers little-endian)
 //!
 //! ```text
-//! client → server  HELLO  "MFRV" | version u8 = 1 | token_len u16 | token
-//!                         | rank u32 | world u32 | payload_len u32 | payload
+//! client → server  HELLO  "MFRV" | version u8 = 2 | token_len u16 | token
+//!                         | job_id_len u16 | job_id | rank u32 | world u32
+//!                         | payload_len u32 | payload
 //! server → client  OK     "OK" | world u32 | world × (len u32 | payload)
 //!                  NO     "NO" | reason_len u32 | reason (UTF-8)
 //! ```
 //!
+//! `job_id_len` 0 means "no job id". Version 1 (no job id field) is refused with a reason
+//! that says the ranks run different meshfeed versions.
+//!
 //! A connection is refused — answered with `NO` where possible, logged on rank 0, and
 //! closed, without disturbing the job — when it sends the wrong magic (e.g. an HTTP
-//! request), nothing within [`HELLO_TIMEOUT`], a wrong token (compared in constant time),
-//! a `WORLD_SIZE` other than the job's, a rank out of range or already registered, or
-//! oversized fields (token over 1 KiB, payload over 1 MiB). A process that is refused
-//! gets an error and exits non-zero. Every wait has a deadline
+//! request), another protocol version, nothing within [`HELLO_TIMEOUT`], a wrong token
+//! (compared in constant time), a job id other than rank 0's (checked only once the token
+//! matched, so that the id is never shown to a process without the token), a `WORLD_SIZE`
+//! other than the job's, a rank out of range or already registered, or oversized fields
+//! (token over 1 KiB, job id over 256 bytes, payload over 1 MiB). A process that is
+//! refused gets an error and exits non-zero. Every wait has a deadline
 //! (`MESHFEED_RENDEZVOUS_TIMEOUT`, default 120 s); on expiry rank 0 names the ranks that
-//! never arrived, and tells the registered ones. Two jobs on one host use different ports
-//! and tokens, so they never mix.
+//! never arrived, and tells the registered ones.
+//!
+//! ## What keeps two jobs apart
+//!
+//! Two jobs on one host normally use different ports and tokens. They can still meet: a
+//! token shared by several jobs (one Kubernetes Secret for every Job, an exported
+//! `MESHFEED_JOB_TOKEN`) and a port that a new job's rank 0 reuses while ranks of an
+//! earlier job still retry it (a Job deleted and created again under the same name). The
+//! job id tells such jobs apart: `meshfeed launch`, `launch/ray_launch.py` and
+//! `launch/k8s/emulate.sh` make a fresh one per launch, the Kubernetes manifest uses the
+//! Job's uid, and rank 0 refuses a rank whose id differs from its own. Without a job id
+//! (unset or empty on every rank) nothing is derived in its place: then only the token,
+//! the world size and the one registration per rank keep jobs apart, and a rank of
+//! another job with the same token and world size that takes a free rank slot first would
+//! be accepted.
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream, ToSocketAddrs};
@@ -36,8 +56,11 @@ use std::time::{Duration, Instant};
 use crate::error::{Error, Result};
 
 const MAGIC: &[u8; 4] = b"MFRV";
-const VERSION: u8 = 1;
+const VERSION: u8 = 2;
 const MAX_TOKEN: usize = 1024;
+const MAX_JOB_ID: usize = 256;
+/// The most ranks a job may have: ranks travel as u32, and rank 0 keeps one slot per rank.
+pub const MAX_WORLD: usize = 1 << 20;
 const MAX_PAYLOAD: usize = 1 << 20;
 /// How long a new connection may take to send its HELLO.
 pub const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
@@ -50,6 +73,9 @@ pub struct RendezvousConfig {
     pub master_addr: String,
     pub master_port: u16,
     pub token: String,
+    /// This launch of the job (`MESHFEED_JOB_ID`); `None` when unset or empty. Rank 0
+    /// refuses ranks whose job id differs from its own.
+    pub job_id: Option<String>,
     pub timeout: Duration,
     /// A listening socket rank 0 inherited from its launcher (`MESHFEED_RENDEZVOUS_FD`), to
     /// serve on instead of binding `master_port`: a launcher that holds the port from the
@@ -59,12 +85,15 @@ pub struct RendezvousConfig {
 
 /// The longest rendezvous timeout accepted, in seconds.
 const MAX_TIMEOUT_SECS: f64 = 1e9;
+/// The shortest, in seconds: anything shorter would expire before a connection is made.
+const MIN_TIMEOUT_SECS: f64 = 1e-3;
 
 impl RendezvousConfig {
     /// The configuration from the values of `RANK`, `WORLD_SIZE`, `MASTER_ADDR`,
-    /// `MASTER_PORT`, `MESHFEED_JOB_TOKEN` and the optional `MESHFEED_RENDEZVOUS_TIMEOUT`
-    /// (seconds) and `MESHFEED_RENDEZVOUS_FD`, as `var` gives them (`None`: unset). The
-    /// runtime passes the environment.
+    /// `MASTER_PORT`, `MESHFEED_JOB_TOKEN` and the optional `MESHFEED_JOB_ID`,
+    /// `MESHFEED_RENDEZVOUS_TIMEOUT` (seconds) and `MESHFEED_RENDEZVOUS_FD`, as `var` gives
+    /// them (`None`: unset). The runtime passes the environment. Every value out of range
+    /// is an error naming the variable.
     pub fn from_vars(var: impl Fn(&str) -> Result<Option<String>>) -> Result<RendezvousConfig> {
         let required = |name: &str| -> Result<String> {
             var(name)?
@@ -78,17 +107,34 @@ impl RendezvousConfig {
         if world == 0 || rank >= world {
             return Err(Error::Config(format!("RANK {rank} is not below WORLD_SIZE {world}")));
         }
+        // Rank 0 keeps a slot per rank: a huge WORLD_SIZE must not size an allocation.
+        if world > MAX_WORLD {
+            return Err(Error::Config(format!("WORLD_SIZE {world} exceeds the {MAX_WORLD} ranks a rendezvous serves")));
+        }
         let token = required("MESHFEED_JOB_TOKEN")?;
         if token.is_empty() || token.len() > MAX_TOKEN {
             return Err(Error::Config(format!("MESHFEED_JOB_TOKEN must have 1 to {MAX_TOKEN} bytes")));
         }
+        // Empty counts as unset: Kubernetes' downward API gives "" for a missing label.
+        let job_id = var("MESHFEED_JOB_ID")?.map(|v| v.trim().to_string()).filter(|v| !v.is_empty());
+        if let Some(id) = &job_id {
+            if id.len() > MAX_JOB_ID {
+                return Err(Error::Config(format!("MESHFEED_JOB_ID has {} bytes; at most {MAX_JOB_ID}", id.len())));
+            }
+        }
         let timeout = match var("MESHFEED_RENDEZVOUS_TIMEOUT")? {
             Some(v) => {
-                let secs = v.trim().parse::<f64>().ok().filter(|s| *s > 0.0 && *s <= MAX_TIMEOUT_SECS).ok_or_else(|| {
-                    Error::Config(format!(
-                        "MESHFEED_RENDEZVOUS_TIMEOUT='{v}' is not a number of seconds above 0 and at most {MAX_TIMEOUT_SECS:e}"
-                    ))
-                })?;
+                let secs = v
+                    .trim()
+                    .parse::<f64>()
+                    .ok()
+                    .filter(|s| *s >= MIN_TIMEOUT_SECS && *s <= MAX_TIMEOUT_SECS)
+                    .ok_or_else(|| {
+                        Error::Config(format!(
+                            "MESHFEED_RENDEZVOUS_TIMEOUT='{v}' is not a number of seconds from {MIN_TIMEOUT_SECS} to {MAX_TIMEOUT_SECS:e}"
+                        ))
+                    })?;
+                // In range (finite, positive), so this cannot panic.
                 Duration::from_secs_f64(secs)
             }
             None => Duration::from_secs(120),
@@ -97,12 +143,19 @@ impl RendezvousConfig {
             Some(v) => Some(number::<i32>("MESHFEED_RENDEZVOUS_FD", v)?).filter(|_| rank == 0),
             None => None,
         };
+        let port = required("MASTER_PORT")?;
+        // 0 would have rank 0 listen on a port nobody knows.
+        let master_port = match number::<u64>("MASTER_PORT", port.clone())? {
+            p @ 1..=65535 => p as u16,
+            _ => return Err(Error::Config(format!("MASTER_PORT='{port}' is not a TCP port (1-65535)"))),
+        };
         Ok(RendezvousConfig {
             rank,
             world,
             master_addr: required("MASTER_ADDR")?,
-            master_port: number("MASTER_PORT", required("MASTER_PORT")?)?,
+            master_port,
             token,
+            job_id,
             timeout,
             listen_fd,
         })
@@ -121,7 +174,10 @@ pub fn exchange(cfg: &RendezvousConfig, payload: Vec<u8>) -> Result<Vec<Vec<u8>>
                 Error::Transport(format!("rendezvous: rank 0 cannot listen on port {}: {e}", cfg.master_port))
             })?,
         };
-        serve(cfg, listener, payload, &mut |line| eprintln!("{line}"))
+        // One write per line, errors ignored: a closed stderr must not stop rank 0.
+        serve(cfg, listener, payload, &mut |line| {
+            let _ = std::io::Write::write_all(&mut std::io::stderr(), format!("{line}\n").as_bytes());
+        })
     } else {
         join(cfg, &payload)
     }
@@ -172,6 +228,9 @@ fn hello(cfg: &RendezvousConfig, payload: &[u8]) -> Vec<u8> {
     m.push(VERSION);
     m.extend((cfg.token.len() as u16).to_le_bytes());
     m.extend(cfg.token.as_bytes());
+    let job_id = cfg.job_id.as_deref().unwrap_or("");
+    m.extend((job_id.len() as u16).to_le_bytes());
+    m.extend(job_id.as_bytes());
     put_u32(&mut m, cfg.rank);
     put_u32(&mut m, cfg.world);
     put_u32(&mut m, payload.len());
@@ -216,7 +275,10 @@ fn read_hello(stream: &mut TcpStream, cfg: &RendezvousConfig) -> std::result::Re
         return Err(format!("not a meshfeed rendezvous client (bad magic {shown:?})"));
     }
     if head[4] != VERSION {
-        return Err(format!("protocol version {} (expected {VERSION})", head[4]));
+        return Err(format!(
+            "protocol version {} (expected {VERSION}): the ranks run different meshfeed versions",
+            head[4]
+        ));
     }
     let token_len = u16::from_le_bytes([head[5], head[6]]) as usize;
     if token_len > MAX_TOKEN {
@@ -229,6 +291,27 @@ fn read_hello(stream: &mut TcpStream, cfg: &RendezvousConfig) -> std::result::Re
     let same = token.len() == expected.len() && token.iter().zip(expected).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0;
     if !same {
         return Err("wrong job token".into());
+    }
+    // The job id is checked only now: a process without the token learns nothing of it.
+    let mut len = [0u8; 2];
+    stream.read_exact(&mut len).map_err(io)?;
+    let job_id_len = u16::from_le_bytes(len) as usize;
+    if job_id_len > MAX_JOB_ID {
+        return Err(format!("job id of {job_id_len} bytes is too long"));
+    }
+    let mut job_id = vec![0u8; job_id_len];
+    stream.read_exact(&mut job_id).map_err(io)?;
+    let ours = cfg.job_id.as_deref().unwrap_or("").as_bytes();
+    if job_id != ours {
+        let shown = |id: &[u8]| match id.is_empty() {
+            true => "none".to_string(),
+            false => format!("{:?}", String::from_utf8_lossy(id)),
+        };
+        return Err(format!(
+            "job id {} is not this job's ({}): a rank of another job with the same token and port",
+            shown(&job_id),
+            shown(ours)
+        ));
     }
     let rank = read_u32(stream).map_err(io)?;
     let world = read_u32(stream).map_err(io)?;
@@ -418,10 +501,31 @@ mod tests {
             |extra: &[(&'static str, &'static str)]| RendezvousConfig::from_vars(vars(extra)).unwrap_err().to_string();
         assert!(err(&[("RANK", "3")]).contains("RANK 3 is not below WORLD_SIZE 3"));
         assert!(err(&[("MASTER_PORT", "x")]).contains("MASTER_PORT='x' is not a valid number"));
-        for bad in ["1e19", "inf", "nan", "0", "-1"] {
+        for bad in ["1e19", "inf", "nan", "0", "-1", "1e-300", "-inf", ""] {
             let e = err(&[("MESHFEED_RENDEZVOUS_TIMEOUT", bad)]);
             assert!(e.contains("MESHFEED_RENDEZVOUS_TIMEOUT") && e.contains(bad), "{e}");
         }
+        // Out-of-range values are errors naming the variable, never a panic or a huge
+        // allocation.
+        for (name, bad, needle) in [
+            ("WORLD_SIZE", "99999999999", "exceeds the 1048576 ranks"),
+            ("WORLD_SIZE", "-3", "WORLD_SIZE='-3' is not a valid number"),
+            ("RANK", "18446744073709551616", "RANK='18446744073709551616' is not a valid number"),
+            ("MASTER_PORT", "0", "MASTER_PORT='0' is not a TCP port"),
+            ("MASTER_PORT", "70000", "MASTER_PORT='70000' is not a TCP port"),
+            ("MESHFEED_RENDEZVOUS_FD", "99999999999", "MESHFEED_RENDEZVOUS_FD='99999999999'"),
+        ] {
+            let e = err(&[(name, bad)]);
+            assert!(e.contains(needle), "{name}={bad}: {e}");
+        }
+        let long: &'static str = Box::leak("j".repeat(MAX_JOB_ID + 1).into_boxed_str());
+        assert!(err(&[("MESHFEED_JOB_ID", long)]).contains("MESHFEED_JOB_ID has 257 bytes"));
+        // The job id: trimmed; empty is the same as unset (no id is derived).
+        assert_eq!(c.job_id, None);
+        let id = |v: &'static str| RendezvousConfig::from_vars(vars(&[("MESHFEED_JOB_ID", v)])).unwrap().job_id;
+        assert_eq!(id(" 4f2a \n"), Some("4f2a".to_string()));
+        assert_eq!(id(""), None);
+        assert_eq!(id("  "), None);
         // A listening socket handed down from a launcher: for rank 0 only, a number.
         assert_eq!(RendezvousConfig::from_vars(vars(&[("MESHFEED_RENDEZVOUS_FD", "5")])).unwrap().listen_fd, None);
         let rank0 = RendezvousConfig::from_vars(vars(&[("RANK", "0"), ("MESHFEED_RENDEZVOUS_FD", "5")])).unwrap();
@@ -459,6 +563,7 @@ mod tests {
             master_addr: "127.0.0.1".into(),
             master_port: port,
             token: token.into(),
+            job_id: None,
             timeout: Duration::from_secs(20),
             listen_fd: None,
         }
@@ -501,6 +606,82 @@ mod tests {
         assert!(log.contains("not a meshfeed rendezvous client"), "{log}");
         assert!(log.contains("wrong job token"), "{log}");
         assert!(log.contains("does not match"), "{log}");
+    }
+
+    #[test]
+    fn a_rank_of_another_job_with_the_same_token_is_refused() {
+        let (l, port) = listener();
+        let with_id = move |rank, id: Option<&str>| {
+            let mut c = cfg(rank, 3, port, "shared");
+            c.job_id = id.map(str::to_string);
+            c
+        };
+        let server = std::thread::spawn(move || {
+            let mut log = Vec::new();
+            let table = serve(&with_id(0, Some("job-a")), l, b"zero".to_vec(), &mut |line| log.push(line));
+            (table, log)
+        });
+        // Job B's rank 1 and a rank without any job id, both holding the token.
+        let other = join(&with_id(1, Some("job-b")), b"b-one").unwrap_err().to_string();
+        assert!(other.contains("refused rank 1: job id \"job-b\" is not this job's (\"job-a\")"), "{other}");
+        let none = join(&with_id(2, None), b"b-two").unwrap_err().to_string();
+        assert!(none.contains("job id none is not this job's"), "{none}");
+        // A process without the token is told nothing of the job id.
+        let stranger = join(&cfg(1, 3, port, "guess"), b"x").unwrap_err().to_string();
+        assert!(stranger.contains("wrong job token") && !stranger.contains("job-a"), "{stranger}");
+        // Job A's own ranks still get through, and the table holds only theirs.
+        let c1 = std::thread::spawn(move || join(&with_id(1, Some("job-a")), b"one"));
+        let c2 = std::thread::spawn(move || join(&with_id(2, Some("job-a")), b"two"));
+        let want: Vec<Vec<u8>> = vec![b"zero".to_vec(), b"one".to_vec(), b"two".to_vec()];
+        assert_eq!(c1.join().unwrap().unwrap(), want);
+        assert_eq!(c2.join().unwrap().unwrap(), want);
+        let (table, log) = server.join().unwrap();
+        assert_eq!(table.unwrap(), want);
+        let log = log.join("\n");
+        assert!(log.contains("refused connection from") && log.contains("job id \"job-b\""), "{log}");
+    }
+
+    #[test]
+    fn jobs_without_a_job_id_still_rendezvous() {
+        let (l, port) = listener();
+        let server = std::thread::spawn(move || serve(&cfg(0, 2, port, "t"), l, b"zero".to_vec(), &mut |_| {}));
+        assert_eq!(join(&cfg(1, 2, port, "t"), b"one").unwrap(), vec![b"zero".to_vec(), b"one".to_vec()]);
+        assert!(server.join().unwrap().is_ok());
+    }
+
+    #[test]
+    fn an_older_client_is_refused_naming_the_version() {
+        let (l, port) = listener();
+        let server = std::thread::spawn(move || {
+            let mut log = Vec::new();
+            let mut c = cfg(0, 2, port, "t");
+            c.timeout = Duration::from_millis(1500);
+            let r = serve(&c, l, vec![], &mut |line| log.push(line));
+            (r, log)
+        });
+        // A version-1 hello: no job id field.
+        let mut old = MAGIC.to_vec();
+        old.push(1);
+        old.extend(1u16.to_le_bytes());
+        old.push(b't');
+        for v in [1u32, 2, 3] {
+            old.extend(v.to_le_bytes());
+        }
+        old.extend(b"one");
+        let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        s.write_all(&old).unwrap();
+        // Read exactly the answer: the rest of the old hello is never read, so the close
+        // that follows may reset the connection.
+        let mut kind = [0u8; 2];
+        s.read_exact(&mut kind).unwrap();
+        assert_eq!(&kind, b"NO");
+        let mut reason = vec![0u8; read_u32(&mut s).unwrap()];
+        s.read_exact(&mut reason).unwrap();
+        let reason = String::from_utf8_lossy(&reason);
+        assert!(reason.contains("protocol version 1 (expected 2)"), "{reason}");
+        let (r, log) = server.join().unwrap();
+        assert!(r.unwrap_err().to_string().contains("rank(s) [1] never arrived"));
+        assert!(log.join("\n").contains("different meshfeed versions"), "{log:?}");
     }
 
     #[test]

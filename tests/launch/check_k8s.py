@@ -160,6 +160,9 @@ def manifest_content():
     assert (ref["name"], ref["key"]) == ("meshfeed-token", "token"), ref
     assert "value" not in env["MESHFEED_JOB_TOKEN"]
     assert env["UCX_TLS"]["value"] == "tcp"
+    # The job id is the Job's own uid, so that a new Job refuses the old one's ranks.
+    assert env["MESHFEED_JOB_ID"]["valueFrom"]["fieldRef"]["fieldPath"] == (
+        "metadata.labels['batch.kubernetes.io/controller-uid']"), env["MESHFEED_JOB_ID"]
 
     # Command: the entrypoint, then `run --transport ucx ...` reading /data.
     assert c["command"][-1].endswith("launch/k8s/entrypoint.sh"), c["command"]

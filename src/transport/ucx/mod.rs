@@ -39,6 +39,7 @@
 //! collective failed (they travel on its worker); ranks outside it stop at their own peer
 //! timeout.
 
+mod address;
 mod raw;
 
 use std::cell::{Cell, RefCell};
@@ -289,6 +290,12 @@ const _: fn() = || {
     assert_send::<UcxTransport>();
 };
 
+/// The error for a worker address that failed the checks of [`address`]: the job fails
+/// naming the rank that published it, before UCX parses it.
+fn invalid_address(rank: usize, why: &str) -> Error {
+    Error::Transport(format!("rank {rank} published an invalid UCX worker address: {why}"))
+}
+
 /// Number of pieces a message of `len` bytes is cut into (an empty message is one piece).
 fn pieces(len: usize) -> usize {
     len.div_ceil(CHUNK).max(1)
@@ -364,15 +371,20 @@ impl UcxTransport {
             return Err(Error::Config(format!("rank {rank} is not below the world size {world}")));
         }
         let worker = Worker::new(config.tls.as_deref())?;
-        let addresses = bootstrap(worker.address()?)?;
-        if addresses.len() != world {
-            return Err(Error::Transport(format!(
-                "bootstrap returned {} addresses for {world} ranks",
-                addresses.len()
-            )));
+        // Published framed (see `address`): what comes back is another process's word,
+        // checked before UCX parses any of it.
+        let framed = bootstrap(address::frame(&worker.address()?, raw::ucx_version()))?;
+        if framed.len() != world {
+            return Err(Error::Transport(format!("bootstrap returned {} addresses for {world} ranks", framed.len())));
         }
-        let addresses: Vec<&[u8]> = addresses.iter().map(Vec::as_slice).collect();
-        let t = UcxTransport::build(worker, &addresses, rank, (0..world).collect(), config.clone())?;
+        let published = framed
+            .iter()
+            .enumerate()
+            .map(|(r, f)| address::unframe(f).map_err(|why| invalid_address(r, &why)))
+            .collect::<Result<Vec<_>>>()?;
+        let addresses: Vec<&[u8]> = published.iter().map(|p| p.address).collect();
+        let versions: Vec<(u32, u32)> = published.iter().map(|p| p.ucx).collect();
+        let t = UcxTransport::build(worker, &addresses, Some(&versions), rank, (0..world).collect(), config.clone())?;
         // Wire up every endpoint before the first real collective.
         t.barrier()?;
         Ok(t)
@@ -381,13 +393,24 @@ impl UcxTransport {
     /// A transport over `worker`, connected to the group whose members' worker addresses
     /// are `addresses` (this rank is `rank` among them; `members` are their world ranks),
     /// with an abort receive posted for every peer. No communication.
+    /// `versions` are the UCX versions the members reported, where known (for messages).
     fn build(
         mut worker: Worker,
         addresses: &[&[u8]],
+        versions: Option<&[(u32, u32)]>,
         rank: usize,
         members: Vec<usize>,
         config: UcxConfig,
     ) -> Result<UcxTransport> {
+        if addresses.get(rank).copied() != Some(worker.address()?.as_slice()) {
+            return Err(Error::Transport(format!(
+                "the bootstrap did not return rank {}'s own UCX worker address in its place",
+                members.get(rank).copied().unwrap_or(rank)
+            )));
+        }
+        let ours = raw::ucx_version();
+        let versions = versions.map_or_else(|| vec![ours; addresses.len()], <[_]>::to_vec);
+        address::check_table(addresses, &versions, &members, rank).map_err(|(r, why)| invalid_address(r, &why))?;
         worker.connect(addresses, rank, config.peer_errors)?;
         let n = members.len();
         let mut t = UcxTransport {
@@ -454,7 +477,7 @@ impl UcxTransport {
         })?;
         let addresses: Vec<&[u8]> = group.iter().map(|&r| &all[r][8..]).collect();
         let members = group.iter().map(|&r| self.members[r]).collect();
-        let built = UcxTransport::build(worker, &addresses, rank, members, self.config.clone());
+        let built = UcxTransport::build(worker, &addresses, None, rank, members, self.config.clone());
         // Agree on the outcome over this transport before the group's first collective,
         // so that nobody waits there for a rank that failed to connect.
         let outcomes = self.all_gather(&[u8::from(built.is_err())])?;

@@ -36,6 +36,14 @@ pub fn status_text(status: sys::ucs_status_t) -> String {
     unsafe { std::ffi::CStr::from_ptr(sys::ucs_status_string(status)) }.to_string_lossy().into_owned()
 }
 
+/// The (major, minor) version of the UCX library this process runs with.
+pub fn ucx_version() -> (u32, u32) {
+    let (mut major, mut minor, mut release) = (0, 0, 0);
+    // SAFETY: ucp_get_version only writes the three integers it is given.
+    unsafe { sys::ucp_get_version(&mut major, &mut minor, &mut release) };
+    (major, minor)
+}
+
 fn check(status: sys::ucs_status_t, what: &str) -> Result<()> {
     match status {
         sys::ucs_status_t::UCS_OK => Ok(()),

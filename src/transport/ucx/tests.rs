@@ -23,7 +23,7 @@ fn config_defaults_and_parsing() {
 
 #[test]
 fn config_rejects_bad_timeouts_naming_the_variable() {
-    for bad in ["0", "-1", "abc", "", "nan", "NaN", "1e-12", "4s"] {
+    for bad in ["0", "-0", "-1", "-inf", "abc", "", "nan", "NaN", "1e-12", "1e-300", "4s"] {
         let e = UcxConfig::parse(Some(bad), None).unwrap_err();
         assert!(matches!(e, Error::Config(_)), "{bad}: {e}");
         assert_eq!(
@@ -251,4 +251,39 @@ fn a_long_message_is_an_error_too() {
         errors[0].as_ref().unwrap_err(),
         "transport: rank 1 sent more than the 8 bytes expected (collectives out of step?)"
     );
+}
+
+#[test]
+fn a_malformed_worker_address_fails_the_connect_naming_its_rank() {
+    let config = UcxConfig::default();
+    let peer = Worker::new(None).unwrap();
+    let good = address::frame(&peer.address().unwrap(), raw::ucx_version());
+    let mut wrong_version = peer.address().unwrap();
+    wrong_version[0] = (wrong_version[0] & 0xf0) | 0x0a; // UCX 1.13 aborts on this one
+    let mut truncated = good.clone();
+    truncated.truncate(good.len() - 3);
+    let cases: Vec<(Vec<u8>, &str)> = vec![
+        (b"GET / HTTP/1.1".to_vec(), "not a meshfeed worker address"),
+        (vec![0xff; 300], "not a meshfeed worker address"),
+        (truncated, "truncated"),
+        (address::frame(&wrong_version, (1, 13)), "address format version 10"),
+        (address::frame(&[0x20, 1, 2], (1, 13)), "shorter than"),
+        (good.clone(), "the same address as rank 1"),
+    ];
+    for (bad, needle) in cases {
+        let table = |mine: Vec<u8>| Ok(vec![mine, good.clone(), bad.clone()]);
+        match UcxTransport::connect(0, 3, &config, table) {
+            Ok(_) => panic!("a table with {bad:?} was accepted"),
+            Err(e) => {
+                let e = e.to_string();
+                assert!(e.contains("rank 2 published an invalid UCX worker address") && e.contains(needle), "{e}");
+            }
+        }
+    }
+    // A bootstrap that does not hand this rank its own address back.
+    let e = match UcxTransport::connect(0, 2, &config, |_| Ok(vec![good.clone(), good.clone()])) {
+        Ok(_) => panic!("accepted another worker's address as its own"),
+        Err(e) => e.to_string(),
+    };
+    assert!(e.contains("did not return rank 0's own UCX worker address"), "{e}");
 }
