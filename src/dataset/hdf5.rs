@@ -104,13 +104,14 @@ pub struct Hdf5Reader {
     _file: hdf5::File,
     datasets: Vec<(hdf5::Dataset, DType, usize)>,
     row_bytes: u64,
+    samples: u64,
 }
 
 impl Hdf5Reader {
     /// Opens `path`, checking that its datasets are `expected`.
     pub fn open(path: &Path, options: &DatasetOptions, expected: &[Field]) -> Result<Hdf5Reader> {
         let file = open_file(path)?;
-        let (_, fields, datasets) = fields_of(path, &file, options.hdf5_group.as_deref())?;
+        let (samples, fields, datasets) = fields_of(path, &file, options.hdf5_group.as_deref())?;
         if fields != expected {
             return Err(Error::file(path, "fields changed since the dataset was scanned"));
         }
@@ -123,7 +124,7 @@ impl Hdf5Reader {
                 super::FieldKind::Bytes { .. } => unreachable!("HDF5 fields are tensors"),
             })
             .collect();
-        Ok(Hdf5Reader { path: path.to_path_buf(), _file: file, datasets, row_bytes })
+        Ok(Hdf5Reader { path: path.to_path_buf(), _file: file, datasets, row_bytes, samples })
     }
 }
 
@@ -159,6 +160,12 @@ fn read_span(ds: &hdf5::Dataset, dtype: DType, ndim: usize, rows: Range<u64>) ->
 impl super::FileReader for Hdf5Reader {
     fn read_rows(&mut self, rows: &[u64]) -> Result<RowChunk> {
         let mut chunk = RowChunk::new(self.datasets.len());
+        if let Some(&last) = rows.last().filter(|&&r| r >= self.samples) {
+            return Err(Error::file(
+                &self.path,
+                format!("row {last} is past the end of the file ({} rows)", self.samples),
+            ));
+        }
         let spans = coalesce(rows, self.row_bytes, HDF5_GAP_BYTES);
         // Values are pushed field-major (all rows of one dataset, then the next) because
         // each dataset is read as its own hyperslab; transposed at the end.
