@@ -205,6 +205,11 @@ pub fn write(
             return Err(Error::Config(format!("HDF5 output cannot hold variable-length field '{}'", f.name)));
         };
         let mut bytes = Vec::new();
+        // An allocation the allocator refuses is an error here, not an abort.
+        let need = f.fixed_bytes().and_then(|b| b.checked_mul(usize::try_from(samples).ok()?));
+        need.and_then(|n| bytes.try_reserve_exact(n).ok()).ok_or_else(|| {
+            Error::file(path, format!("cannot hold {samples} samples of field '{}' in memory to write them", f.name))
+        })?;
         for id in 0..samples {
             value(id, fi, &mut bytes);
         }
