@@ -45,6 +45,12 @@ impl RowChunk {
         (self.buffers.len() - 1) as u32
     }
 
+    /// Counts bytes a reader brought into memory for this chunk but did not keep (e.g. the
+    /// offsets of variable-length values), so that [`RowChunk::bytes_read`] stays true.
+    pub fn add_bytes_read(&mut self, bytes: u64) {
+        self.bytes_read += bytes;
+    }
+
     /// Records the next value (row-major over rows, then fields).
     pub fn push_value(&mut self, buffer: u32, offset: usize, len: usize) {
         debug_assert!(offset + len <= self.buffers[buffer as usize].len());
