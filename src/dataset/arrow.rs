@@ -441,8 +441,7 @@ impl ArrowReader {
     fn value_ranges(
         &self,
         chunk: &mut RowChunk,
-        b: usize,
-        name: &str,
+        context: &str,
         offsets: FileSpan,
         values: FileSpan,
         wide: bool,
@@ -470,7 +469,7 @@ impl ArrowReader {
                     return Err(Error::file(
                         &self.path,
                         format!(
-                            "corrupt record batch {b}, column '{name}': bad offsets {s}..{e} for row {} (values buffer of {} bytes)",
+                            "corrupt {context}: bad offsets {s}..{e} for row {} (values buffer of {} bytes)",
                             rows[at + k],
                             values.len
                         ),
@@ -508,7 +507,8 @@ impl super::FileReader for ArrowReader {
                         self.read_ranges(&mut chunk, values, &ranges, &format!("column '{name}'"), &mut locs[c])?;
                     }
                     Column::Var { offsets, values, wide } => {
-                        let ranges = self.value_ranges(&mut chunk, b, name, offsets, values, wide, &local)?;
+                        let context = format!("record batch {b}, column '{name}'");
+                        let ranges = self.value_ranges(&mut chunk, &context, offsets, values, wide, &local)?;
                         self.read_ranges(&mut chunk, values, &ranges, &format!("column '{name}'"), &mut locs[c])?;
                     }
                 }
