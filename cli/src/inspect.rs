@@ -1,5 +1,6 @@
 //! `meshfeed inspect`: files, sample counts, fields and sizes of a dataset.
 
+use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 
 use meshfeed::dataset::{Dataset, DatasetOptions};
@@ -13,7 +14,8 @@ pub struct InspectArgs {
     /// HDF5 group that holds the datasets (default: the file root).
     #[arg(long, value_name = "GROUP")]
     pub group: Option<String>,
-    /// Print one JSON object instead of text.
+    /// Print one JSON object instead of text (a file name that is not UTF-8 appears with
+    /// U+FFFD for its invalid bytes in `path`, and exactly in `path_bytes`).
     #[arg(long)]
     pub json: bool,
 }
@@ -22,10 +24,30 @@ pub fn run(args: InspectArgs) -> Result<()> {
     let ds = Dataset::open_local(&args.data, DatasetOptions { hdf5_group: args.group })?;
     let total_bytes: u64 = ds.files().iter().map(|f| f.bytes).sum();
     if args.json {
+        // File names need not be UTF-8 and JSON strings must be: `path` is the name with
+        // invalid bytes replaced by U+FFFD, and only then `path_bytes` gives the exact
+        // bytes (an array of numbers).
+        let files: Vec<serde_json::Value> = ds
+            .files()
+            .iter()
+            .map(|f| {
+                let mut v = serde_json::json!({
+                    "path": f.path.to_string_lossy(),
+                    "format": f.format,
+                    "samples": f.samples,
+                    "fields": f.fields,
+                    "bytes": f.bytes,
+                });
+                if f.path.to_str().is_none() {
+                    v["path_bytes"] = serde_json::json!(f.path.as_os_str().as_bytes());
+                }
+                v
+            })
+            .collect();
         let v = serde_json::json!({
             "samples": ds.len(),
             "bytes": total_bytes,
-            "files": ds.files(),
+            "files": files,
             "fields": ds.fields(),
         });
         println!("{v}");

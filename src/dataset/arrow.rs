@@ -2,74 +2,187 @@
 //!
 //! Column types: primitive → scalar tensor; fixed-size list of primitive (nested lists
 //! give more dimensions) → tensor; fixed-size binary → `u8` tensor; binary / utf8 (and
-//! their large variants) → variable-length bytes. Nulls, dictionaries and booleans
-//! (bit-packed) are rejected with a clear error.
+//! their large variants) → variable-length bytes. Nulls, dictionaries, booleans
+//! (bit-packed), compressed batches and big-endian files are rejected with a clear error.
 //!
-//! Only the footer and each record batch's message header are read at scan time (the
-//! row count of every batch), so scanning does not read the data. Reading rows loads
-//! just the record batches that hold them, through arrow-ipc's [`FileDecoder`] (explicit
-//! random access, as `FileReader::set_index` would give).
+//! Only the footer and each record batch's message header are read to open a file: the
+//! header gives the row count and, for every column, where its buffers lie in the batch's
+//! body. Reading rows then reads only the bytes of the rows asked for, straight from the
+//! file: a fixed-width column's row `r` is `width` bytes at `r·width` of its values buffer;
+//! a variable-length column's row `r` is `values[offsets[r]..offsets[r+1]]`, so its two
+//! offsets are read first, then the value. Rows close together are read in one go (gaps
+//! are read through while the bytes read stay under twice the bytes needed, as for
+//! `.npy`), so memory and I/O are proportional to the rows needed, not to the record
+//! batches holding them; no record batch is ever decoded whole. Every offset, length and
+//! range is checked against the batch body and the file before it is used.
+//!
+//! A buffer's validity bitmap is not read: a column whose field node counts nulls is
+//! refused, and, as in Arrow C++, a null count of zero means every value is valid.
 
 use std::fs::File;
+use std::ops::Range;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use arrow_array::{Array, RecordBatch};
 use arrow_buffer::Buffer;
-use arrow_ipc::reader::FileDecoder;
 use arrow_ipc::{Block, MetadataVersion};
 use arrow_schema::{DataType, Schema};
 
-use super::rows::RowChunk;
+use super::rows::{RowChunk, RECORD_GAP_BYTES};
 use super::schema::{DType, Field, FieldKind};
 use crate::error::{Error, Result};
 
-thread_local! {
-    static DECODING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
-
-/// Whether this thread is inside arrow-ipc's record batch decoder. Some corrupt inputs
-/// make the decoder panic (failed asserts on buffer alignment) instead of returning an
-/// error; those panics are caught and turned into errors naming the file, and panic hooks
-/// (which abort the MPI job) must let them pass: they check this first.
+/// Whether this thread is inside a decoder of untrusted Arrow data whose panics meshfeed
+/// catches. Panic hooks (the runtime's, the fuzz harness's) ask this to let such panics
+/// pass. meshfeed no longer runs arrow-ipc's record batch decoder on file contents (it
+/// reads and bounds-checks the buffers itself), so this is always `false`; it stays for
+/// the hooks that call it.
 pub fn decoding_untrusted_input() -> bool {
-    DECODING.with(|d| d.get())
+    false
 }
 
-/// Runs `f` (a decoder call), turning a panic into `Err(message)`.
-fn decode_guarded<R>(f: impl FnOnce() -> R) -> std::result::Result<R, String> {
-    DECODING.with(|d| d.set(true));
-    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
-    DECODING.with(|d| d.set(false));
-    result.map_err(|p| {
-        p.downcast_ref::<&str>()
-            .map(|s| s.to_string())
-            .or_else(|| p.downcast_ref::<String>().cloned())
-            .unwrap_or_default()
-    })
+/// A byte range of the file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct FileSpan {
+    start: u64,
+    len: u64,
 }
 
-/// What the footer of an Arrow file says.
+/// Where one column's values lie in the file, in one record batch.
+#[derive(Clone, Copy, Debug)]
+enum Column {
+    /// `width` bytes per row: row `r` is bytes `r·width..(r+1)·width` of `values`.
+    Fixed { values: FileSpan, width: u64 },
+    /// Row `r` is bytes `offsets[r]..offsets[r+1]` of `values`; offsets are little-endian
+    /// `i32` (`i64` when `wide`).
+    Var { offsets: FileSpan, values: FileSpan, wide: bool },
+}
+
+/// One record batch: its rows and where each column's buffers are.
+#[derive(Debug)]
+struct BatchLayout {
+    rows: u64,
+    columns: Vec<Column>,
+}
+
+/// What the footer of an Arrow file and its record batch headers say.
 struct Footer {
-    schema: Arc<Schema>,
-    version: MetadataVersion,
-    blocks: Vec<Block>,
-    /// Rows of each record batch.
-    batch_rows: Vec<u64>,
+    fields: Vec<Field>,
+    batches: Vec<BatchLayout>,
 }
 
-fn read_at(file: &File, path: &Path, offset: u64, len: u64, what: &str) -> Result<Vec<u8>> {
-    let file_len = file.metadata().map_err(|e| Error::io(path, e))?.len();
+/// Reads `len` bytes at `offset`, which the caller has checked lie inside the file as it
+/// was when opened; a short read (the file shrank since) is an error, never zeros.
+fn read_exact(file: &File, path: &Path, offset: u64, len: u64, what: &str) -> Result<Vec<u8>> {
+    let mut buf = Vec::new();
+    let n = usize::try_from(len).map_err(|_| Error::file(path, format!("{what}: {len} bytes cannot be addressed")))?;
+    buf.try_reserve_exact(n).map_err(|e| Error::file(path, format!("{what}: cannot allocate {len} bytes: {e}")))?;
+    buf.resize(n, 0);
+    file.read_exact_at(&mut buf, offset).map_err(|e| match e.kind() {
+        std::io::ErrorKind::UnexpectedEof => {
+            Error::file(path, format!("truncated: {what} ({len} bytes at {offset}) lies past the end of the file"))
+        }
+        _ => Error::io(path, e),
+    })?;
+    Ok(buf)
+}
+
+/// Reads a range the footer gives, checking it against the file's size first (a corrupt
+/// footer must not size an allocation).
+fn read_at(file: &File, path: &Path, file_len: u64, offset: u64, len: u64, what: &str) -> Result<Vec<u8>> {
     if offset.checked_add(len).is_none_or(|end| end > file_len) {
         return Err(Error::file(
             path,
             format!("corrupt: {what} ({len} bytes at {offset}) lies past the end of the file ({file_len} bytes)"),
         ));
     }
-    let mut buf = vec![0u8; len as usize];
-    file.read_exact_at(&mut buf, offset).map_err(|e| Error::io(path, e))?;
-    Ok(buf)
+    read_exact(file, path, offset, len, what)
+}
+
+/// Why a column of a record batch cannot be read.
+enum ColumnError {
+    Corrupt(String),
+    Nulls,
+}
+
+impl From<&str> for ColumnError {
+    fn from(s: &str) -> ColumnError {
+        ColumnError::Corrupt(s.to_string())
+    }
+}
+
+/// Where the values of a column of type `dt` lie, consuming its field nodes and buffers
+/// (depth first, as the IPC format lays them out). `rows` is how many values the column
+/// must hold at this level; `body` is the batch body's file offset and length (every
+/// buffer was checked to lie inside it).
+fn column_layout<'a>(
+    dt: &DataType,
+    rows: u64,
+    top: bool,
+    nodes: &mut impl Iterator<Item = &'a arrow_ipc::FieldNode>,
+    buffers: &mut impl Iterator<Item = &'a arrow_ipc::Buffer>,
+    body: FileSpan,
+) -> std::result::Result<Column, ColumnError> {
+    let node = nodes.next().ok_or("the header lists too few field nodes")?;
+    let length = u64::try_from(node.length()).map_err(|_| "a field node has a negative length")?;
+    if (top && length != rows) || length < rows {
+        return Err(ColumnError::Corrupt(format!("a field node holds {length} values where {rows} are needed")));
+    }
+    if node.null_count() != 0 {
+        return Err(ColumnError::Nulls);
+    }
+    let mut buffer = || -> std::result::Result<FileSpan, ColumnError> {
+        let b = buffers.next().ok_or("the header lists too few buffers")?;
+        // Checked against the body by `read_footer`: non-negative and inside it.
+        Ok(FileSpan { start: body.start + b.offset() as u64, len: b.length() as u64 })
+    };
+    let _validity = buffer()?;
+    let column = match dt {
+        DataType::FixedSizeList(child, n) => {
+            let n = u64::try_from(*n).map_err(|_| "bad list size")?;
+            let inner = rows.checked_mul(n).ok_or("list values overflow")?;
+            match column_layout(child.data_type(), inner, false, nodes, buffers, body)? {
+                Column::Fixed { values, width } => {
+                    Column::Fixed { values, width: width.checked_mul(n).ok_or("list values overflow")? }
+                }
+                Column::Var { .. } => return Err("lists of variable-length values are not supported".into()),
+            }
+        }
+        DataType::FixedSizeBinary(w) => {
+            Column::Fixed { values: buffer()?, width: u64::try_from(*w).map_err(|_| "bad binary width")? }
+        }
+        DataType::Binary | DataType::Utf8 => Column::Var { offsets: buffer()?, values: buffer()?, wide: false },
+        DataType::LargeBinary | DataType::LargeUtf8 => {
+            Column::Var { offsets: buffer()?, values: buffer()?, wide: true }
+        }
+        dt => {
+            let size = primitive(dt).ok_or("unsupported type")?.size() as u64;
+            Column::Fixed { values: buffer()?, width: size }
+        }
+    };
+    if top {
+        // The rows addressed must lie inside the buffers.
+        let (buf, need) = match column {
+            Column::Fixed { values, width } => (values, rows.checked_mul(width)),
+            Column::Var { offsets, wide, .. } => {
+                (offsets, rows.checked_add(1).and_then(|n| n.checked_mul(width_of(wide))))
+            }
+        };
+        if need.is_none_or(|need| need > buf.len) {
+            return Err(ColumnError::Corrupt(format!("a buffer of {} bytes is too short for {rows} rows", buf.len)));
+        }
+    }
+    Ok(column)
+}
+
+/// Bytes per offset.
+fn width_of(wide: bool) -> u64 {
+    if wide {
+        8
+    } else {
+        4
+    }
 }
 
 fn read_footer(file: &File, path: &Path) -> Result<Footer> {
@@ -78,69 +191,103 @@ fn read_footer(file: &File, path: &Path) -> Result<Footer> {
     if file_len < 18 {
         return Err(corrupt(format!("only {file_len} bytes")));
     }
-    let head = read_at(file, path, 0, 6, "magic")?;
+    let head = read_at(file, path, file_len, 0, 6, "magic")?;
     if head != b"ARROW1" {
         return Err(Error::file(
             path,
             "not an Arrow IPC file (bad magic; streams are not supported, write the file format)",
         ));
     }
-    let tail: [u8; 10] = read_at(file, path, file_len - 10, 10, "trailer")?.try_into().expect("10 bytes");
+    let tail: [u8; 10] = read_at(file, path, file_len, file_len - 10, 10, "trailer")?.try_into().expect("10 bytes");
     let footer_len = arrow_ipc::reader::read_footer_length(tail).map_err(|e| corrupt(e.to_string()))? as u64;
     if footer_len > file_len - 18 {
         return Err(corrupt(format!("footer length {footer_len} exceeds the file size {file_len}")));
     }
-    let fbytes = read_at(file, path, file_len - 10 - footer_len, footer_len, "footer")?;
+    let fbytes = read_at(file, path, file_len, file_len - 10 - footer_len, footer_len, "footer")?;
     let footer = arrow_ipc::root_as_footer(&fbytes).map_err(|e| corrupt(format!("footer: {e}")))?;
-    let schema = footer.schema().ok_or_else(|| corrupt("footer has no schema".into()))?;
-    let schema = arrow_ipc::convert::try_fb_to_schema(schema).map_err(|e| corrupt(e.to_string()))?;
+    let fb_schema = footer.schema().ok_or_else(|| corrupt("footer has no schema".into()))?;
+    if fb_schema.endianness() != arrow_ipc::Endianness::Little {
+        return Err(Error::file(path, "big-endian Arrow files are not supported (write little-endian)"));
+    }
+    if footer.version() < MetadataVersion::V4 {
+        return Err(Error::file(
+            path,
+            format!("Arrow IPC metadata version {:?} is not supported (V4 or later)", footer.version()),
+        ));
+    }
+    let schema = arrow_ipc::convert::try_fb_to_schema(fb_schema).map_err(|e| corrupt(e.to_string()))?;
     if footer.dictionaries().is_some_and(|d| !d.is_empty()) {
         return Err(Error::file(path, "dictionary-encoded columns are not supported"));
     }
+    let fields = fields_of(path, &schema)?;
     let blocks: Vec<Block> = footer.recordBatches().map(|b| b.iter().copied().collect()).unwrap_or_default();
-    let mut batch_rows = Vec::with_capacity(blocks.len());
+    let mut batches = Vec::with_capacity(blocks.len());
     for (i, block) in blocks.iter().enumerate() {
         let meta_len = u64::try_from(block.metaDataLength())
             .map_err(|_| corrupt(format!("batch {i}: negative metadata length")))?;
         let offset = u64::try_from(block.offset()).map_err(|_| corrupt(format!("batch {i}: negative offset")))?;
-        let meta = read_at(file, path, offset, meta_len, &format!("batch {i} header"))?;
-        let body = match meta.get(..4) {
+        let meta = read_at(file, path, file_len, offset, meta_len, &format!("batch {i} header"))?;
+        let msg_bytes = match meta.get(..4) {
             Some([0xff, 0xff, 0xff, 0xff]) => meta.get(8..),
             Some(_) => meta.get(4..),
             None => None,
         }
         .ok_or_else(|| corrupt(format!("batch {i}: header too short")))?;
-        let msg = arrow_ipc::root_as_message(body).map_err(|e| corrupt(format!("batch {i} header: {e}")))?;
+        let msg = arrow_ipc::root_as_message(msg_bytes).map_err(|e| corrupt(format!("batch {i} header: {e}")))?;
         let rb = msg.header_as_record_batch().ok_or_else(|| corrupt(format!("batch {i} is not a record batch")))?;
         let rows = u64::try_from(rb.length()).map_err(|_| corrupt(format!("batch {i}: negative length")))?;
+        let body_len =
+            u64::try_from(block.bodyLength()).map_err(|_| corrupt(format!("batch {i}: negative body length")))?;
+        let body_start =
+            offset.checked_add(meta_len).filter(|s| s.checked_add(body_len).is_some_and(|e| e <= file_len));
+        let body = FileSpan {
+            start: body_start.ok_or_else(|| {
+                corrupt(format!(
+                    "batch {i}: its body ({body_len} bytes) lies past the end of the file ({file_len} bytes)"
+                ))
+            })?,
+            len: body_len,
+        };
         // Never trust a row count beyond what the body could hold (every column takes at
         // least one bit per row): it sizes the id space and the verifier's bitmap.
-        let body =
-            u64::try_from(block.bodyLength()).map_err(|_| corrupt(format!("batch {i}: negative body length")))?;
-        if rows > body.saturating_mul(8).max(64) {
-            return Err(corrupt(format!("batch {i} claims {rows} rows in a {body}-byte body")));
+        if rows > body_len.saturating_mul(8).max(64) {
+            return Err(corrupt(format!("batch {i} claims {rows} rows in a {body_len}-byte body")));
         }
-        // arrow-ipc slices the body at the offsets the header gives and panics when they
-        // lie outside it: check every buffer here, so a corrupt header is an error.
+        if rb.compression().is_some() {
+            return Err(Error::file(
+                path,
+                format!("record batch {i} is compressed (lz4/zstd); compressed Arrow IPC files are not supported"),
+            ));
+        }
+        // Every buffer must lie inside the body: the reads below trust these ranges.
         for (k, buf) in rb.buffers().into_iter().flatten().enumerate() {
             let end = buf.offset().checked_add(buf.length());
-            if buf.offset() < 0 || buf.length() < 0 || end.is_none_or(|e| e as u64 > body) {
+            if buf.offset() < 0 || buf.length() < 0 || end.is_none_or(|e| e as u64 > body_len) {
                 return Err(corrupt(format!(
-                    "batch {i} buffer {k} ({} bytes at {}) lies outside the {body}-byte body",
+                    "batch {i} buffer {k} ({} bytes at {}) lies outside the {body_len}-byte body",
                     buf.length(),
                     buf.offset()
                 )));
             }
         }
-        for (k, node) in rb.nodes().into_iter().flatten().enumerate() {
-            // Every value takes at least one bit of the body.
-            if node.length() < 0 || node.null_count() < 0 || node.length() as u64 > body.saturating_mul(8).max(64) {
-                return Err(corrupt(format!("batch {i} field node {k} has a bad length {}", node.length())));
-            }
+        let nodes_fb = rb.nodes();
+        let buffers_fb = rb.buffers();
+        let mut nodes = nodes_fb.iter().flat_map(|v| v.iter());
+        let mut buffers = buffers_fb.iter().flat_map(|v| v.iter());
+        let mut columns = Vec::with_capacity(fields.len());
+        for f in schema.fields() {
+            let c = column_layout(f.data_type(), rows, true, &mut nodes, &mut buffers, body).map_err(|e| match e {
+                ColumnError::Nulls => Error::file(
+                    path,
+                    format!("column '{}' has nulls in record batch {i}; nulls are not supported", f.name()),
+                ),
+                ColumnError::Corrupt(r) => corrupt(format!("batch {i}, column '{}': {r}", f.name())),
+            })?;
+            columns.push(c);
         }
-        batch_rows.push(rows);
+        batches.push(BatchLayout { rows, columns });
     }
-    Ok(Footer { schema: Arc::new(schema), version: footer.version(), blocks, batch_rows })
+    Ok(Footer { fields, batches })
 }
 
 fn primitive(dt: &DataType) -> Option<DType> {
@@ -206,169 +353,172 @@ fn fields_of(path: &Path, schema: &Schema) -> Result<Vec<Field>> {
 pub fn scan(path: &Path) -> Result<(u64, Vec<Field>)> {
     let file = File::open(path).map_err(|e| Error::io(path, e))?;
     let footer = read_footer(&file, path)?;
-    let fields = fields_of(path, &footer.schema)?;
-    let samples = footer.batch_rows.iter().try_fold(0u64, |a, &n| a.checked_add(n));
-    Ok((samples.ok_or_else(|| Error::file(path, "row count overflows"))?, fields))
+    let samples = footer.batches.iter().try_fold(0u64, |a, b| a.checked_add(b.rows));
+    Ok((samples.ok_or_else(|| Error::file(path, "row count overflows"))?, footer.fields))
 }
 
-/// Reads rows of one Arrow IPC file, one record batch at a time.
+/// Reads rows of one Arrow IPC file: only the byte ranges of the rows asked for.
 pub struct ArrowReader {
     file: File,
     path: PathBuf,
     footer: Footer,
-    decoder: FileDecoder,
     /// First row of each batch, plus the total at the end.
     starts: Vec<u64>,
 }
+
+/// Groups byte ranges (in the order given) into reads. A range joins the current read
+/// when it starts inside it or at most `max_gap` bytes after its end, and the bytes read
+/// through stay fewer than the bytes needed so far: a read brings in at most about twice
+/// what it needs, and dense requests still become a few large reads (as
+/// [`super::rows::coalesce`] does for rows). Returns each read's range and how many of the
+/// given ranges it serves (consecutive).
+fn group_ranges(ranges: &[Range<u64>], max_gap: u64) -> Vec<(Range<u64>, usize)> {
+    let mut groups: Vec<(Range<u64>, usize)> = Vec::new();
+    let (mut needed, mut extra) = (0u64, 0u64);
+    for r in ranges {
+        if let Some((g, n)) = groups.last_mut() {
+            if r.start >= g.start && r.start <= g.end.saturating_add(max_gap) {
+                let gap = r.start.saturating_sub(g.end);
+                let new = r.end.saturating_sub(r.start.max(g.end));
+                if gap == 0 || extra + gap < needed + new {
+                    needed += new;
+                    extra += gap;
+                    g.end = g.end.max(r.end);
+                    *n += 1;
+                    continue;
+                }
+            }
+        }
+        needed += r.end - r.start;
+        groups.push((r.clone(), 1));
+    }
+    groups
+}
+
+/// Where one value lies in a [`RowChunk`] being filled: buffer, offset, length.
+type ValueLoc = (u32, usize, usize);
 
 impl ArrowReader {
     /// Opens `path`, checking that its columns are `expected`.
     pub fn open(path: &Path, expected: &[Field]) -> Result<ArrowReader> {
         let file = File::open(path).map_err(|e| Error::io(path, e))?;
         let footer = read_footer(&file, path)?;
-        if fields_of(path, &footer.schema)? != expected {
+        if footer.fields != expected {
             return Err(Error::file(path, "fields changed since the dataset was scanned"));
         }
         let mut starts = vec![0u64];
-        for n in &footer.batch_rows {
-            starts.push(starts.last().expect("non-empty") + n);
+        for b in &footer.batches {
+            let next = starts.last().expect("non-empty").checked_add(b.rows);
+            starts.push(next.ok_or_else(|| Error::file(path, "row count overflows"))?);
         }
-        let decoder = FileDecoder::new(footer.schema.clone(), footer.version);
-        Ok(ArrowReader { file, path: path.to_path_buf(), footer, decoder, starts })
+        Ok(ArrowReader { file, path: path.to_path_buf(), footer, starts })
     }
 
-    fn batch(&self, i: usize) -> Result<RecordBatch> {
-        let block = &self.footer.blocks[i];
-        let len = (block.metaDataLength() as i64).checked_add(block.bodyLength());
-        let len = len
-            .and_then(|l| u64::try_from(l).ok())
-            .ok_or_else(|| Error::file(&self.path, format!("corrupt: batch {i} has a bad length")))?;
-        let bytes = read_at(&self.file, &self.path, block.offset() as u64, len, &format!("batch {i}"))?;
-        let buffer = Buffer::from_vec(bytes);
-        let batch = decode_guarded(|| self.decoder.read_record_batch(block, &buffer))
-            .map_err(|panic| {
-                Error::file(&self.path, format!("corrupt record batch {i}: the decoder failed ({panic})"))
-            })?
-            .map_err(|e| Error::file(&self.path, format!("corrupt record batch {i}: {e}")))?
-            .ok_or_else(|| Error::file(&self.path, format!("record batch {i} is empty")))?;
-        if batch.num_rows() as u64 != self.footer.batch_rows[i] {
-            return Err(Error::file(
-                &self.path,
-                format!(
-                    "corrupt: batch {i} has {} rows, its header says {}",
-                    batch.num_rows(),
-                    self.footer.batch_rows[i]
-                ),
-            ));
+    /// Reads `ranges` (relative to `buffer`, inside it) in coalesced reads; each read
+    /// becomes a buffer of `chunk` and each range's location is appended to `out`.
+    fn read_ranges(
+        &self,
+        chunk: &mut RowChunk,
+        buffer: FileSpan,
+        ranges: &[Range<u64>],
+        what: &str,
+        out: &mut Vec<ValueLoc>,
+    ) -> Result<()> {
+        let mut at = 0;
+        for (g, n) in group_ranges(ranges, RECORD_GAP_BYTES) {
+            let bytes = read_exact(&self.file, &self.path, buffer.start + g.start, g.end - g.start, what)?;
+            let b = chunk.add_buffer(Buffer::from_vec(bytes));
+            for r in &ranges[at..at + n] {
+                out.push((b, (r.start - g.start) as usize, (r.end - r.start) as usize));
+            }
+            at += n;
         }
-        Ok(batch)
+        Ok(())
     }
-}
 
-/// Pushes the location of `row` of `data` (an array of the given field kind) into `chunk`.
-fn push_value(
-    chunk: &mut RowChunk,
-    buffers: &mut Vec<(usize, u32)>,
-    col: usize,
-    data: &arrow_data::ArrayData,
-    row: usize,
-) -> std::result::Result<(), String> {
-    // `buffers` caches the chunk buffer index of each column's values buffer.
-    let mut values_buffer = |chunk: &mut RowChunk, buf: &Buffer| -> u32 {
-        if let Some(&(_, b)) = buffers.iter().find(|(c, _)| *c == col) {
-            return b;
-        }
-        let b = chunk.add_buffer(buf.clone());
-        buffers.push((col, b));
-        b
-    };
-    // Offsets and values are read from the bytes with bounds checks: a corrupt file can
-    // hold misaligned or short buffers, on which arrow's typed accessors panic.
-    let offsets = |width: usize| -> std::result::Result<(usize, usize), String> {
-        let raw = data.buffers().first().ok_or("missing offsets buffer")?.as_slice();
-        let at = (data.offset() + row) * width;
-        let read = |i: usize| -> Option<i64> {
-            let b = raw.get(i..i + width)?;
-            Some(if width == 4 {
-                i32::from_le_bytes(b.try_into().ok()?) as i64
-            } else {
-                i64::from_le_bytes(b.try_into().ok()?)
-            })
-        };
-        match (read(at), read(at + width)) {
-            (Some(s), Some(e)) if 0 <= s && s <= e => Ok((s as usize, e as usize)),
-            _ => Err(format!("bad offsets for row {row}")),
-        }
-    };
-    let (buf, start, len) = match data.data_type() {
-        DataType::Binary | DataType::Utf8 | DataType::LargeBinary | DataType::LargeUtf8 => {
-            let width = if matches!(data.data_type(), DataType::Binary | DataType::Utf8) { 4 } else { 8 };
-            let (s, e) = offsets(width)?;
-            (data.buffers().get(1).ok_or("missing values buffer")?, s, e - s)
-        }
-        _ => {
-            // Fixed width: walk down fixed-size lists to the values buffer. `first` is the
-            // index of the first element at the current level, `count` the elements per row.
-            let (mut d, mut first, mut count) = (data, data.offset() + row, 1usize);
-            let width = loop {
-                match d.data_type() {
-                    DataType::FixedSizeList(_, n) => {
-                        let child = d.child_data().first().ok_or("missing list values")?;
-                        first = child.offset() + first * *n as usize;
-                        count *= *n as usize;
-                        d = child;
-                    }
-                    DataType::FixedSizeBinary(n) => break *n as usize,
-                    dt => break primitive(dt).expect("checked at scan").size(),
+    /// The value ranges of `rows` (local to the batch) of a variable-length column, read
+    /// from its offsets buffer: checked to be ordered and to lie inside `values`.
+    fn value_ranges(
+        &self,
+        chunk: &mut RowChunk,
+        context: &str,
+        offsets: FileSpan,
+        values: FileSpan,
+        wide: bool,
+        rows: &[u64],
+    ) -> Result<Vec<Range<u64>>> {
+        let w = width_of(wide);
+        // Offsets `r` and `r + 1` of every row; inside the buffer (checked at open).
+        let wanted: Vec<Range<u64>> = rows.iter().map(|&r| r * w..(r + 2) * w).collect();
+        let mut out = Vec::with_capacity(rows.len());
+        let mut at = 0;
+        for (g, n) in group_ranges(&wanted, RECORD_GAP_BYTES) {
+            let bytes = read_exact(&self.file, &self.path, offsets.start + g.start, g.end - g.start, "offsets")?;
+            chunk.add_bytes_read(bytes.len() as u64);
+            let offset = |pos: u64| -> i64 {
+                let i = (pos - g.start) as usize;
+                if wide {
+                    i64::from_le_bytes(bytes[i..i + 8].try_into().expect("8 bytes"))
+                } else {
+                    i64::from(i32::from_le_bytes(bytes[i..i + 4].try_into().expect("4 bytes")))
                 }
             };
-            (d.buffers().first().ok_or("missing values buffer")?, first * width, count * width)
+            for (k, want) in wanted[at..at + n].iter().enumerate() {
+                let (s, e) = (offset(want.start), offset(want.start + w));
+                if !(0 <= s && s <= e && e as u64 <= values.len) {
+                    return Err(Error::file(
+                        &self.path,
+                        format!(
+                            "corrupt {context}: bad offsets {s}..{e} for row {} (values buffer of {} bytes)",
+                            rows[at + k],
+                            values.len
+                        ),
+                    ));
+                }
+                out.push(s as u64..e as u64);
+            }
+            at += n;
         }
-    };
-    if start.checked_add(len).is_none_or(|end| end > buf.len()) {
-        return Err(format!("row {row} lies outside its values buffer"));
+        Ok(out)
     }
-    let b = values_buffer(chunk, buf);
-    chunk.push_value(b, start, len);
-    Ok(())
-}
-
-fn has_nulls(d: &arrow_data::ArrayData) -> bool {
-    d.null_count() > 0 || d.child_data().iter().any(has_nulls)
 }
 
 impl super::FileReader for ArrowReader {
     fn read_rows(&mut self, rows: &[u64]) -> Result<RowChunk> {
-        let mut chunk = RowChunk::new(self.footer.schema.fields().len());
+        let fields = self.footer.fields.len();
+        let mut chunk = RowChunk::new(fields);
+        // Per column, where each requested row's value is; pushed row-major at the end.
+        let mut locs: Vec<Vec<ValueLoc>> = (0..fields).map(|_| Vec::with_capacity(rows.len())).collect();
         let mut i = 0;
         while i < rows.len() {
             let b = self.starts.partition_point(|&s| s <= rows[i]) - 1;
-            if b >= self.footer.blocks.len() {
+            if b >= self.footer.batches.len() {
                 return Err(Error::file(&self.path, format!("row {} is past the end of the file", rows[i])));
             }
-            let batch = self.batch(b)?;
-            let data: Vec<arrow_data::ArrayData> = batch.columns().iter().map(|c| c.to_data()).collect();
-            for (c, d) in data.iter().enumerate() {
-                if has_nulls(d) {
-                    return Err(Error::file(
-                        &self.path,
-                        format!(
-                            "column '{}' has nulls in record batch {b}; nulls are not supported",
-                            self.footer.schema.field(c).name()
-                        ),
-                    ));
+            let j = i + rows[i..].partition_point(|&r| r < self.starts[b + 1]);
+            let local: Vec<u64> = rows[i..j].iter().map(|r| r - self.starts[b]).collect();
+            let batch = &self.footer.batches[b];
+            for (c, column) in batch.columns.iter().enumerate() {
+                let name = &self.footer.fields[c].name;
+                match *column {
+                    Column::Fixed { values, width } => {
+                        // Inside the buffer: rows × width ≤ its length (checked at open).
+                        let ranges: Vec<Range<u64>> = local.iter().map(|&r| r * width..(r + 1) * width).collect();
+                        self.read_ranges(&mut chunk, values, &ranges, &format!("column '{name}'"), &mut locs[c])?;
+                    }
+                    Column::Var { offsets, values, wide } => {
+                        let context = format!("record batch {b}, column '{name}'");
+                        let ranges = self.value_ranges(&mut chunk, &context, offsets, values, wide, &local)?;
+                        self.read_ranges(&mut chunk, values, &ranges, &format!("column '{name}'"), &mut locs[c])?;
+                    }
                 }
             }
-            let mut buffers = Vec::new();
-            while i < rows.len() && rows[i] < self.starts[b + 1] {
-                let row = (rows[i] - self.starts[b]) as usize;
-                for (c, d) in data.iter().enumerate() {
-                    push_value(&mut chunk, &mut buffers, c, d, row).map_err(|r| {
-                        let name = self.footer.schema.field(c).name();
-                        Error::file(&self.path, format!("corrupt record batch {b}, column '{name}': {r}"))
-                    })?;
-                }
-                i += 1;
+            i = j;
+        }
+        for k in 0..rows.len() {
+            for col in &locs {
+                let (b, offset, len) = col[k];
+                chunk.push_value(b, offset, len);
             }
         }
         Ok(chunk)
@@ -384,7 +534,7 @@ pub fn write(
     mut value: impl FnMut(u64, usize, &mut Vec<u8>),
 ) -> Result<()> {
     use arrow_array::builder::{BinaryBuilder, StringBuilder};
-    use arrow_array::{make_array, ArrayRef};
+    use arrow_array::{make_array, ArrayRef, RecordBatch};
     use arrow_schema::Field as AField;
 
     fn data_type(kind: &FieldKind) -> DataType {
@@ -481,4 +631,97 @@ pub fn write(
         start = end;
     }
     writer.finish().map_err(err)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dataset::{gen, FileReader};
+
+    #[test]
+    fn ranges_are_grouped_into_reads_of_at_most_about_twice_the_need() {
+        assert_eq!(group_ranges(&[], 64), vec![]);
+        // Adjacent and overlapping ranges (offsets r and r + 1 of consecutive rows) join.
+        assert_eq!(group_ranges(&[0..8, 4..12, 12..16], 0), vec![(0..16, 3)]);
+        assert_eq!(group_ranges(&[0..8, 10..18], 0), vec![(0..8, 1), (10..18, 1)]);
+        assert_eq!(group_ranges(&[0..8, 10..18], 2), vec![(0..18, 2)]);
+        // A range starting before the current read (corrupt offsets) starts its own.
+        assert_eq!(group_ranges(&[10..20, 0..5], 100), vec![(10..20, 1), (0..5, 1)]);
+        // Sparse: gaps are read through only while the extra bytes stay below the need.
+        let sparse: Vec<Range<u64>> = (0..100).map(|i| i * 40..i * 40 + 10).collect();
+        let groups = group_ranges(&sparse, 1 << 20);
+        let read: u64 = groups.iter().map(|(g, _)| g.end - g.start).sum();
+        assert!(read < 2 * 1000 + 40, "read {read} bytes for 1000 needed");
+        assert_eq!(groups.iter().map(|(_, n)| n).sum::<usize>(), 100);
+        // Empty values take no bytes.
+        assert_eq!(group_ranges(&[5..5, 5..9], 0), vec![(5..9, 2)]);
+    }
+
+    fn written(dir: &Path, fields: Vec<Field>, samples: u64, batch_rows: u64) -> (PathBuf, Vec<Field>) {
+        let spec = gen::GenSpec {
+            format: crate::dataset::Format::Arrow,
+            samples,
+            files: 1,
+            fields: fields.clone(),
+            out: dir.into(),
+            arrow_batch_rows: batch_rows,
+        };
+        gen::write_file(&spec, 0).unwrap();
+        (spec.file_path(0), fields)
+    }
+
+    #[test]
+    fn reads_bring_in_the_rows_needed_not_their_record_batches() {
+        let dir = tempfile::tempdir().unwrap();
+        let (path, fields) = written(
+            dir.path(),
+            vec![
+                Field::tensor("x", DType::F32, vec![4, 8]),
+                Field { name: "t".into(), kind: FieldKind::Bytes { utf8: true } },
+                Field::tensor("y", DType::I64, vec![]),
+            ],
+            5000,
+            1000,
+        );
+        let mut r = ArrowReader::open(&path, &fields).unwrap();
+        // One row in each of the five batches, plus a few dense ones, across batch ends.
+        let rows: Vec<u64> = vec![3, 998, 999, 1000, 1001, 2500, 3999, 4000, 4999];
+        let chunk = r.read_rows(&rows).unwrap();
+        assert_eq!(chunk.rows(), rows.len());
+        let mut want = Vec::new();
+        let mut needed = 0u64;
+        for (i, &id) in rows.iter().enumerate() {
+            for f in 0..3 {
+                want.clear();
+                gen::value(&fields, id, f, &mut want);
+                assert_eq!(chunk.value(i, f), &want[..], "row {id} field {f}");
+                needed += want.len() as u64;
+            }
+        }
+        // Values plus two offsets per variable-length value, never whole batches (each
+        // batch holds ~180 KB here).
+        let offsets = 2 * 4 * rows.len() as u64;
+        assert!(chunk.bytes_read() <= 2 * needed + offsets, "{} bytes read for {needed}", chunk.bytes_read());
+        // Dense reads stay few reads: every row of the file.
+        let all: Vec<u64> = (0..5000).collect();
+        let chunk = r.read_rows(&all).unwrap();
+        for (i, &id) in all.iter().enumerate().step_by(97) {
+            for f in 0..3 {
+                want.clear();
+                gen::value(&fields, id, f, &mut want);
+                assert_eq!(chunk.value(i, f), &want[..], "row {id} field {f}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_file_shorter_than_its_footer_says_is_an_error_not_zeros() {
+        let dir = tempfile::tempdir().unwrap();
+        let (path, fields) = written(dir.path(), vec![Field::tensor("x", DType::U8, vec![100])], 100, 10);
+        let mut r = ArrowReader::open(&path, &fields).unwrap();
+        let len = std::fs::metadata(&path).unwrap().len();
+        std::fs::OpenOptions::new().write(true).open(&path).unwrap().set_len(len / 2).unwrap();
+        let err = r.read_rows(&[99]).unwrap_err().to_string();
+        assert!(err.contains("truncated") && err.contains("lies past the end of the file"), "{err}");
+    }
 }

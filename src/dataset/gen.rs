@@ -87,7 +87,9 @@ pub fn value(fields: &[Field], id: u64, fi: usize, out: &mut Vec<u8>) {
         }
         FieldKind::Bytes { .. } => {
             out.extend(format!("{id}:{fi}:").as_bytes());
-            let letters = ((7 * id + fi as u64) % 27) as usize;
+            // Wrapping: ids near u64::MAX must not panic (the function is documented for
+            // ids below 2^61, far beyond any dataset).
+            let letters = (id.wrapping_mul(7).wrapping_add(fi as u64) % 27) as usize;
             out.extend(&b"abcdefghijklmnopqrstuvwxyz"[..letters.min(26)]);
             if letters == 26 {
                 out.push(b'!');
@@ -156,8 +158,33 @@ impl GenSpec {
             if matches!(f.kind, FieldKind::Bytes { .. }) && self.format != Format::Arrow {
                 return Err(Error::Config(format!("variable-length field '{}' needs --format arrow", f.name)));
             }
+            if let FieldKind::Tensor { shape, .. } = &f.kind {
+                if f.fixed_bytes().is_none() {
+                    return Err(Error::Config(format!(
+                        "field '{}': a sample of shape {} is too large (its size in bytes overflows)",
+                        f.name,
+                        shape.iter().map(|d| d.to_string()).collect::<Vec<_>>().join("x")
+                    )));
+                }
+                // Arrow fixed-size lists have an i32 length.
+                if self.format == Format::Arrow && shape.iter().any(|&d| d > i32::MAX as usize) {
+                    return Err(Error::Config(format!(
+                        "field '{}': Arrow fixed-size lists hold at most {} values per dimension",
+                        f.name,
+                        i32::MAX
+                    )));
+                }
+            }
         }
-        Ok(())
+        // Each file is written from memory: its size must at least be addressable.
+        let record = self.fields.iter().try_fold(0usize, |a, f| a.checked_add(f.fixed_bytes().unwrap_or(0)));
+        let per_file = self.file_samples(0);
+        match record.and_then(|r| u64::try_from(r).ok()).and_then(|r| r.checked_mul(per_file)) {
+            Some(bytes) if usize::try_from(bytes).is_ok() => Ok(()),
+            _ => Err(Error::Config(format!(
+                "{per_file} samples per file of these fields are too large to write (the size in bytes overflows)"
+            ))),
+        }
     }
 
     /// Samples in file `i`: the remainder is spread over the first files.
@@ -203,7 +230,11 @@ fn write_records(
     if format == Format::Npy {
         w.write_all(&npy::header(fields, n)).map_err(io)?;
     }
+    let record: usize = fields.iter().filter_map(Field::fixed_bytes).sum();
     let mut rec = Vec::new();
+    // An allocation the allocator refuses is an error here, not an abort.
+    rec.try_reserve_exact(record)
+        .map_err(|e| Error::file(path, format!("cannot allocate a record of {record} bytes: {e}")))?;
     for id in 0..n {
         rec.clear();
         for fi in 0..fields.len() {

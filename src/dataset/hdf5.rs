@@ -39,6 +39,68 @@ fn dtype_of(name: &str, td: &TypeDescriptor) -> std::result::Result<DType, Strin
     })
 }
 
+/// The message for a datatype the `hdf5` crate cannot describe (its own error says only
+/// e.g. "Invalid size of float datatype"): the dataset, the type's size and the reason.
+fn undescribable_type(name: &str, dt: &hdf5::Datatype, e: &hdf5::Error) -> String {
+    let bytes = dt.size();
+    let reason = e.to_string();
+    let what = if reason.contains("float") {
+        format!("{}-bit float", bytes * 8)
+    } else if reason.contains("integer") {
+        format!("{}-bit integer", bytes * 8)
+    } else {
+        format!("{bytes}-byte type")
+    };
+    let hint = if reason.contains("float") && bytes == 2 {
+        " (float16 is not supported in HDF5 files; store float32, or use .npy or Arrow for float16)"
+    } else {
+        ""
+    };
+    format!("dataset '{name}' has unsupported type {what}{hint} ({reason})")
+}
+
+/// Well-known registered HDF5 filter ids, for messages
+/// (<https://github.com/HDFGroup/hdf5_plugins/blob/master/docs/RegisteredFilterPlugins.md>).
+fn filter_name(id: i32) -> Option<&'static str> {
+    Some(match id {
+        1 => "deflate (gzip)",
+        2 => "shuffle",
+        3 => "fletcher32",
+        4 => "szip",
+        5 => "nbit",
+        6 => "scaleoffset",
+        305 => "lzo",
+        307 => "bzip2",
+        32000 => "lzf",
+        32001 => "blosc",
+        32004 => "lz4",
+        32008 => "bitshuffle",
+        32013 => "zfp",
+        32015 => "zstd",
+        32017 => "sz",
+        32026 => "blosc2",
+        _ => return None,
+    })
+}
+
+/// Checks that this HDF5 library can decode every filter of a dataset's pipeline, so that
+/// a missing plugin is an error at open naming the filter, not a failed read saying
+/// "can't open directory .../plugins".
+fn check_filters(name: &str, ds: &hdf5::Dataset) -> std::result::Result<(), String> {
+    for filter in ds.filters() {
+        let id = filter.id();
+        if !(filter.is_available() && filter.decode_enabled()) {
+            let named = filter_name(id).map_or_else(|| format!("filter {id}"), |n| format!("filter {id} ({n})"));
+            return Err(format!(
+                "dataset '{name}' is compressed with HDF5 {named}, which this HDF5 library cannot decode: \
+                 install its plugin and set HDF5_PLUGIN_PATH, or rewrite the file without it \
+                 (e.g. h5repack -f NONE, or gzip)"
+            ));
+        }
+    }
+    Ok(())
+}
+
 fn group_of(file: &hdf5::File, group: Option<&str>) -> hdf5::Result<hdf5::Group> {
     match group {
         Some(g) => file.group(g),
@@ -75,8 +137,10 @@ fn fields_of(path: &Path, file: &hdf5::File, group: Option<&str>) -> Result<(u64
             Some(_) => {}
             None => samples = Some((n as u64, name.clone())),
         }
-        let td = ds.dtype().and_then(|t| t.to_descriptor()).map_err(h5err)?;
+        let dt = ds.dtype().map_err(h5err)?;
+        let td = dt.to_descriptor().map_err(|e| Error::file(path, undescribable_type(&name, &dt, &e)))?;
         let dtype = dtype_of(&name, &td).map_err(|r| Error::file(path, r))?;
+        check_filters(&name, ds).map_err(|r| Error::file(path, r))?;
         let field = Field::tensor(name, dtype, rest.to_vec());
         if field.fixed_bytes().is_none() {
             return Err(Error::file(path, format!("dataset '{}' has samples too large to address", field.name)));
@@ -104,13 +168,14 @@ pub struct Hdf5Reader {
     _file: hdf5::File,
     datasets: Vec<(hdf5::Dataset, DType, usize)>,
     row_bytes: u64,
+    samples: u64,
 }
 
 impl Hdf5Reader {
     /// Opens `path`, checking that its datasets are `expected`.
     pub fn open(path: &Path, options: &DatasetOptions, expected: &[Field]) -> Result<Hdf5Reader> {
         let file = open_file(path)?;
-        let (_, fields, datasets) = fields_of(path, &file, options.hdf5_group.as_deref())?;
+        let (samples, fields, datasets) = fields_of(path, &file, options.hdf5_group.as_deref())?;
         if fields != expected {
             return Err(Error::file(path, "fields changed since the dataset was scanned"));
         }
@@ -123,7 +188,7 @@ impl Hdf5Reader {
                 super::FieldKind::Bytes { .. } => unreachable!("HDF5 fields are tensors"),
             })
             .collect();
-        Ok(Hdf5Reader { path: path.to_path_buf(), _file: file, datasets, row_bytes })
+        Ok(Hdf5Reader { path: path.to_path_buf(), _file: file, datasets, row_bytes, samples })
     }
 }
 
@@ -159,6 +224,12 @@ fn read_span(ds: &hdf5::Dataset, dtype: DType, ndim: usize, rows: Range<u64>) ->
 impl super::FileReader for Hdf5Reader {
     fn read_rows(&mut self, rows: &[u64]) -> Result<RowChunk> {
         let mut chunk = RowChunk::new(self.datasets.len());
+        if let Some(&last) = rows.last().filter(|&&r| r >= self.samples) {
+            return Err(Error::file(
+                &self.path,
+                format!("row {last} is past the end of the file ({} rows)", self.samples),
+            ));
+        }
         let spans = coalesce(rows, self.row_bytes, HDF5_GAP_BYTES);
         // Values are pushed field-major (all rows of one dataset, then the next) because
         // each dataset is read as its own hyperslab; transposed at the end.
@@ -198,6 +269,11 @@ pub fn write(
             return Err(Error::Config(format!("HDF5 output cannot hold variable-length field '{}'", f.name)));
         };
         let mut bytes = Vec::new();
+        // An allocation the allocator refuses is an error here, not an abort.
+        let need = f.fixed_bytes().and_then(|b| b.checked_mul(usize::try_from(samples).ok()?));
+        need.and_then(|n| bytes.try_reserve_exact(n).ok()).ok_or_else(|| {
+            Error::file(path, format!("cannot hold {samples} samples of field '{}' in memory to write them", f.name))
+        })?;
         for id in 0..samples {
             value(id, fi, &mut bytes);
         }

@@ -21,6 +21,7 @@ pub mod raw;
 pub mod rows;
 pub mod schema;
 
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
@@ -88,36 +89,108 @@ pub struct FileInfo {
     pub fields: Vec<Field>,
     /// Size of the file in bytes.
     pub bytes: u64,
+    /// Which file this was when it was scanned, besides its size: readers check the file
+    /// against it ([`FileInfo::check_unchanged`]).
+    pub stamp: FileStamp,
+}
+
+/// The identity of a file besides its size: its last modification time and inode number.
+/// With the size, it tells whether a file was truncated, rewritten or replaced since it
+/// was scanned. Neither is part of the stream's fingerprint: a copy of a dataset resumes
+/// the same stream.
+///
+/// The scan of a file happens on one rank and its stamp is checked on others, so it holds
+/// nothing that differs between the hosts of one shared filesystem (the device number
+/// does; NFS, Lustre and GPFS give every client the same inode numbers and times).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct FileStamp {
+    /// Last modification time, nanoseconds since the Unix epoch.
+    pub modified_ns: i64,
+    pub inode: u64,
+}
+
+impl FileStamp {
+    /// The stamp of a file's metadata.
+    pub fn of(meta: &std::fs::Metadata) -> FileStamp {
+        let ns = meta.mtime().saturating_mul(1_000_000_000).saturating_add(meta.mtime_nsec());
+        FileStamp { modified_ns: ns, inode: meta.ino() }
+    }
+}
+
+/// `secs.nanos` of a time in nanoseconds since the epoch, for messages.
+fn show_time(ns: i64) -> String {
+    format!("{}.{:09}", ns.div_euclid(1_000_000_000), ns.rem_euclid(1_000_000_000))
+}
+
+impl FileInfo {
+    /// How the file at `meta` differs from this scanned file, if it does: its size, its
+    /// modification time or its inode (the path now names another file).
+    pub fn describe_change(&self, meta: &std::fs::Metadata) -> Option<String> {
+        let stamp = FileStamp::of(meta);
+        let mut changes = Vec::new();
+        if meta.len() != self.bytes {
+            changes.push(format!("{} → {} bytes", self.bytes, meta.len()));
+        }
+        if stamp.inode != self.stamp.inode {
+            changes.push(format!("replaced by another file (inode {} → {})", self.stamp.inode, stamp.inode));
+        }
+        if stamp.modified_ns != self.stamp.modified_ns {
+            changes.push(format!(
+                "modified (mtime {} → {} s since the epoch)",
+                show_time(self.stamp.modified_ns),
+                show_time(stamp.modified_ns)
+            ));
+        }
+        (!changes.is_empty()).then(|| format!("changed since the dataset was opened: {}", changes.join(", ")))
+    }
+
+    /// Checks that the file at this path is still the one that was scanned: same size,
+    /// modification time and inode (one `stat`). Readers do this after every read, so
+    /// bytes of a file truncated or rewritten under a running job are never delivered —
+    /// including where a format library hides short reads (HDF5 fills them with zeros).
+    pub fn check_unchanged(&self) -> Result<()> {
+        let meta = std::fs::metadata(&self.path).map_err(|e| {
+            Error::file(&self.path, format!("changed since the dataset was opened: it can no longer be read ({e})"))
+        })?;
+        match self.describe_change(&meta) {
+            Some(change) => Err(Error::file(&self.path, change)),
+            None => Ok(()),
+        }
+    }
 }
 
 /// Expands `--data` arguments into the ordered list of files.
 ///
-/// A directory contributes every file of a supported format in it, in lexicographic
-/// order of the names; a file is taken as given. A missing path, an empty directory or
-/// a file of unknown format is an error naming the path.
+/// A directory contributes every entry with a supported extension, in lexicographic order
+/// of the names; a file is taken as given. Entries of other extensions are ignored. A
+/// missing path, an empty directory, a file of unknown format, and anything that is not a
+/// regular file (a dangling or looping symbolic link, a directory named `x.npy`, a FIFO, a
+/// socket or a device — given directly or found in a directory) is an error naming the
+/// path: a listed file the job cannot use must not silently shrink the dataset, and a FIFO
+/// would block every rank that opens it.
 pub fn resolve_paths(paths: &[PathBuf]) -> Result<Vec<(PathBuf, Format)>> {
     if paths.is_empty() {
         return Err(Error::Config("no dataset given (--data PATH...)".into()));
     }
     let mut files = Vec::new();
     for path in paths {
-        let meta = std::fs::metadata(path).map_err(|e| match e.kind() {
-            std::io::ErrorKind::NotFound => Error::file(path, "no such file or directory"),
-            _ => Error::io(path, e),
-        })?;
+        let meta = std::fs::metadata(path).map_err(|e| unusable(path, e))?;
         if meta.is_dir() {
-            let mut found: Vec<(PathBuf, Format)> = std::fs::read_dir(path)
-                .map_err(|e| Error::io(path, e))?
-                .filter_map(|entry| entry.ok().map(|e| e.path()))
-                .filter(|p| p.is_file())
-                .filter_map(|p| Format::from_path(&p).map(|f| (p, f)))
-                .collect();
+            let mut found: Vec<(PathBuf, Format)> = Vec::new();
+            for entry in std::fs::read_dir(path).map_err(|e| Error::io(path, e))? {
+                let p = entry.map_err(|e| Error::io(path, e))?.path();
+                let Some(format) = Format::from_path(&p) else { continue };
+                let meta = std::fs::metadata(&p).map_err(|e| unusable(&p, e))?;
+                regular_file(&p, &meta)?;
+                found.push((p, format));
+            }
             if found.is_empty() {
                 return Err(Error::file(path, "directory holds no .npy, .h5, .arrow or .raw files"));
             }
             found.sort_by(|a, b| a.0.file_name().cmp(&b.0.file_name()));
             files.extend(found);
         } else {
+            regular_file(path, &meta)?;
             let format = Format::from_path(path).ok_or_else(|| {
                 Error::file(path, "unknown format (expected .npy, .h5/.hdf5, .arrow/.feather/.ipc or .raw)")
             })?;
@@ -125,6 +198,42 @@ pub fn resolve_paths(paths: &[PathBuf]) -> Result<Vec<(PathBuf, Format)>> {
         }
     }
     Ok(files)
+}
+
+/// Why `path` cannot be used, from the error of `stat` (which follows symbolic links).
+fn unusable(path: &Path, e: std::io::Error) -> Error {
+    let is_link = std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink());
+    match e.kind() {
+        std::io::ErrorKind::NotFound if is_link => {
+            Error::file(path, "dangling symbolic link (its target does not exist)")
+        }
+        std::io::ErrorKind::NotFound => Error::file(path, "no such file or directory"),
+        _ if e.raw_os_error() == Some(libc::ELOOP) => {
+            Error::file(path, "symbolic link loop (too many levels of symbolic links)")
+        }
+        _ => Error::io(path, e),
+    }
+}
+
+/// Refuses anything but a regular file (after following symbolic links), naming what it is.
+fn regular_file(path: &Path, meta: &std::fs::Metadata) -> Result<()> {
+    let t = meta.file_type();
+    let what = if t.is_file() {
+        return Ok(());
+    } else if t.is_dir() {
+        "a directory"
+    } else if t.is_fifo() {
+        "a FIFO (named pipe)"
+    } else if t.is_socket() {
+        "a socket"
+    } else if t.is_block_device() {
+        "a block device"
+    } else if t.is_char_device() {
+        "a character device"
+    } else {
+        "not a regular file"
+    };
+    Err(Error::file(path, format!("is {what}, not a regular file: only regular files can be dataset files")))
 }
 
 /// Without the `hdf5` feature, an HDF5 file is a clear error naming it.
@@ -135,7 +244,11 @@ pub(crate) fn hdf5_disabled(path: &Path) -> Error {
 
 /// Reads the header of one file: its sample count and fields.
 pub fn scan_file(path: &Path, format: Format, options: &DatasetOptions) -> Result<FileInfo> {
-    let bytes = std::fs::metadata(path).map_err(|e| Error::io(path, e))?.len();
+    // The stamp is taken before the header is read: a change after this point (also one
+    // during the scan) is found by the first read.
+    let meta = std::fs::metadata(path).map_err(|e| unusable(path, e))?;
+    regular_file(path, &meta)?;
+    let (bytes, stamp) = (meta.len(), FileStamp::of(&meta));
     let (samples, fields) = match format {
         Format::Npy => npy::scan(path)?,
         #[cfg(feature = "hdf5")]
@@ -148,7 +261,10 @@ pub fn scan_file(path: &Path, format: Format, options: &DatasetOptions) -> Resul
         Format::Arrow => arrow::scan(path)?,
         Format::Raw => raw::scan(path)?,
     };
-    Ok(FileInfo { path: path.to_path_buf(), format, samples, fields, bytes })
+    if let Some(reason) = schema::duplicate_name(&fields) {
+        return Err(Error::file(path, reason));
+    }
+    Ok(FileInfo { path: path.to_path_buf(), format, samples, fields, bytes, stamp })
 }
 
 /// Reads rows of one file.
@@ -173,6 +289,10 @@ impl Dataset {
     /// fields of the first one.
     pub fn from_files(files: Vec<FileInfo>, options: DatasetOptions) -> Result<Dataset> {
         let first = files.first().ok_or_else(|| Error::Config("the dataset has no files".into()))?;
+        // `scan_file` refuses these already; headers built by hand come through here.
+        if let Some(reason) = schema::duplicate_name(&first.fields) {
+            return Err(Error::file(&first.path, reason));
+        }
         for other in &files[1..] {
             if let Some(reason) = schema::describe_mismatch(&first.fields, &other.fields) {
                 return Err(Error::SchemaMismatch { first: first.path.clone(), second: other.path.clone(), reason });
@@ -234,18 +354,46 @@ impl Dataset {
         (file, id.0 - self.starts[file])
     }
 
-    /// Opens file `i` for reading rows.
+    /// Opens file `i` for reading rows. The reader checks after opening and after every
+    /// read that the file is still the one scanned ([`FileInfo::check_unchanged`]): a file
+    /// that changes under a running job is an error naming what changed, never stale or
+    /// zero-filled rows.
     pub fn open_reader(&self, i: usize) -> Result<Box<dyn FileReader>> {
         let info = &self.files[i];
-        Ok(match info.format {
-            Format::Npy => Box::new(npy::open(&info.path, &self.fields)?),
-            Format::Raw => Box::new(raw::open(&info.path, &self.fields)?),
-            #[cfg(feature = "hdf5")]
-            Format::Hdf5 => Box::new(hdf5::Hdf5Reader::open(&info.path, &self.options, &self.fields)?),
-            #[cfg(not(feature = "hdf5"))]
-            Format::Hdf5 => return Err(hdf5_disabled(&info.path)),
-            Format::Arrow => Box::new(arrow::ArrowReader::open(&info.path, &self.fields)?),
-        })
+        let inner: Result<Box<dyn FileReader>> = (|| {
+            Ok(match info.format {
+                Format::Npy => Box::new(npy::open(&info.path, &self.fields)?) as Box<dyn FileReader>,
+                Format::Raw => Box::new(raw::open(&info.path, &self.fields)?),
+                #[cfg(feature = "hdf5")]
+                Format::Hdf5 => Box::new(hdf5::Hdf5Reader::open(&info.path, &self.options, &self.fields)?),
+                #[cfg(not(feature = "hdf5"))]
+                Format::Hdf5 => return Err(hdf5_disabled(&info.path)),
+                Format::Arrow => Box::new(arrow::ArrowReader::open(&info.path, &self.fields)?),
+            })
+        })();
+        let inner = unchanged_then(info, inner)?;
+        Ok(Box::new(CheckedReader { inner, info: info.clone() }))
+    }
+}
+
+/// `result`, unless the file changed since it was scanned: then that is the error (it is
+/// the cause; a failed read of a changed file is its symptom).
+fn unchanged_then<T>(info: &FileInfo, result: Result<T>) -> Result<T> {
+    info.check_unchanged()?;
+    result
+}
+
+/// A reader that checks its file's identity after every read: one `stat` per call, and the
+/// loader reads each file once per window.
+struct CheckedReader {
+    inner: Box<dyn FileReader>,
+    info: FileInfo,
+}
+
+impl FileReader for CheckedReader {
+    fn read_rows(&mut self, rows: &[u64]) -> Result<RowChunk> {
+        let chunk = self.inner.read_rows(rows);
+        unchanged_then(&self.info, chunk)
     }
 }
 
@@ -260,6 +408,7 @@ mod tests {
             samples,
             fields: vec![Field::tensor("data", DType::F32, vec![2])],
             bytes: 0,
+            stamp: FileStamp::default(),
         }
     }
 
@@ -288,6 +437,144 @@ mod tests {
         std::fs::write(&odd, "1").unwrap();
         assert!(resolve_paths(&[odd]).unwrap_err().to_string().contains("unknown format"));
         assert!(resolve_paths(&[dir.path().into()]).unwrap_err().to_string().contains("holds no"));
+    }
+
+    #[test]
+    fn unusable_directory_entries_and_special_files_are_errors() {
+        use std::os::unix::ffi::OsStrExt;
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("a.npy"), "").unwrap();
+        std::fs::write(dir.path().join("notes.txt"), "").unwrap();
+        // Entries of unsupported extensions stay ignored, also unusable ones.
+        std::os::unix::fs::symlink("missing", dir.path().join("z.txt")).unwrap();
+        assert_eq!(resolve_paths(&[dir.path().into()]).unwrap().len(), 1);
+        let fails = |setup: &dyn Fn(&Path) -> PathBuf, needle: &str| {
+            let d = tempfile::tempdir().unwrap();
+            std::fs::write(d.path().join("a.npy"), "").unwrap();
+            let bad = setup(d.path());
+            let err = resolve_paths(&[d.path().into()]).unwrap_err().to_string();
+            assert!(err.contains(bad.to_str().unwrap()) && err.contains(needle), "{err}");
+            if !bad.is_dir() {
+                // Given directly, the same path is the same error.
+                let err = resolve_paths(&[bad.clone()]).unwrap_err().to_string();
+                assert!(err.contains(bad.to_str().unwrap()) && err.contains(needle), "{err}");
+            }
+        };
+        fails(
+            &|d| {
+                let p = d.join("b.npy");
+                std::os::unix::fs::symlink(d.join("gone.npy"), &p).unwrap();
+                p
+            },
+            "dangling symbolic link",
+        );
+        fails(
+            &|d| {
+                let p = d.join("loop.arrow");
+                std::os::unix::fs::symlink(&p, &p).unwrap();
+                p
+            },
+            "symbolic link loop",
+        );
+        fails(
+            &|d| {
+                let p = d.join("sub.npy");
+                std::fs::create_dir(&p).unwrap();
+                p
+            },
+            "is a directory, not a regular file",
+        );
+        fails(
+            &|d| {
+                let p = d.join("pipe.h5");
+                let c = std::ffi::CString::new(p.as_os_str().as_bytes()).unwrap();
+                // SAFETY: a valid NUL-terminated path; mkfifo only reads it.
+                assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+                p
+            },
+            "is a FIFO (named pipe)",
+        );
+        fails(
+            &|d| {
+                let p = d.join("sock.raw");
+                let listener = std::os::unix::net::UnixListener::bind(&p).unwrap();
+                std::mem::forget(listener);
+                p
+            },
+            "is a socket",
+        );
+        let err = resolve_paths(&["/dev/null".into()]).unwrap_err().to_string();
+        assert!(err.contains("/dev/null") && err.contains("character device"), "{err}");
+    }
+
+    #[test]
+    fn a_file_that_changes_after_its_scan_is_an_error_naming_the_change() {
+        let dir = tempfile::tempdir().unwrap();
+        let spec = gen::GenSpec {
+            format: Format::Npy,
+            samples: 100,
+            files: 1,
+            fields: vec![Field::tensor("x", DType::U8, vec![10])],
+            out: dir.path().into(),
+            arrow_batch_rows: 16,
+        };
+        gen::write_file(&spec, 0).unwrap();
+        let ds = Dataset::open_local(&[dir.path().into()], Default::default()).unwrap();
+        let info = &ds.files()[0];
+        info.check_unchanged().unwrap();
+        let mut reader = ds.open_reader(0).unwrap();
+        reader.read_rows(&[0, 50, 99]).unwrap();
+        // Past the file system's timestamp granularity (a clock tick), so that the
+        // rewrite below gets another modification time.
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        // Truncated in place: the size differs (rows still inside the file read fine,
+        // and are refused all the same).
+        let file = std::fs::OpenOptions::new().write(true).open(&info.path).unwrap();
+        file.set_len(info.bytes - 100).unwrap();
+        for err in [
+            reader.read_rows(&[0]).unwrap_err(),
+            reader.read_rows(&[99]).unwrap_err(),
+            ds.open_reader(0).err().unwrap(),
+        ] {
+            let err = err.to_string();
+            let want = format!("changed since the dataset was opened: {} → {} bytes", info.bytes, info.bytes - 100);
+            assert!(err.contains(info.path.to_str().unwrap()) && err.contains(&want), "{err}");
+        }
+        // Same size, rewritten: the modification time differs.
+        file.set_len(info.bytes).unwrap();
+        let err = reader.read_rows(&[0]).unwrap_err().to_string();
+        assert!(err.contains("changed since the dataset was opened: modified (mtime"), "{err}");
+        // Replaced by another file of the same size and time: the inode differs.
+        let other = dir.path().join("other");
+        std::fs::copy(&info.path, &other).unwrap();
+        std::fs::rename(&other, &info.path).unwrap();
+        let mut moved = info.clone();
+        moved.stamp.modified_ns = FileStamp::of(&std::fs::metadata(&info.path).unwrap()).modified_ns;
+        let err = moved.check_unchanged().unwrap_err().to_string();
+        assert!(err.contains("replaced by another file (inode"), "{err}");
+        // Removed.
+        std::fs::remove_file(&info.path).unwrap();
+        let err = info.check_unchanged().unwrap_err().to_string();
+        assert!(err.contains("can no longer be read"), "{err}");
+    }
+
+    #[test]
+    fn duplicate_field_names_are_refused_naming_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        // A structured .npy whose header repeats a member name (numpy refuses to write one).
+        let p = dir.path().join("dup.npy");
+        let mut bytes = npy::header(&[Field::tensor("a", DType::U8, vec![]), Field::tensor("b", DType::U8, vec![])], 3);
+        let at = bytes.windows(5).position(|w| w == b"('b',").unwrap();
+        bytes[at + 2] = b'a';
+        bytes.extend([0u8; 6]);
+        std::fs::write(&p, &bytes).unwrap();
+        let err = scan_file(&p, Format::Npy, &Default::default()).unwrap_err().to_string();
+        assert!(err.contains("dup.npy") && err.contains("two fields are named 'a'"), "{err}");
+        // Headers built by hand are checked too.
+        let mut i = info("hand.npy", 2);
+        i.fields.push(i.fields[0].clone());
+        let err = Dataset::from_files(vec![i], Default::default()).unwrap_err().to_string();
+        assert!(err.contains("hand.npy") && err.contains("'data'"), "{err}");
     }
 
     #[test]

@@ -61,6 +61,11 @@ fn layout(path: &Path) -> Result<RecordLayout> {
         other => return Err(bad(format!("unsupported descr {other:?}"))),
     };
     let record_bytes = record_bytes as u64;
+    if record_bytes == 0 {
+        // Nothing bounds the sample count of zero-byte samples by the file size, and the
+        // count sizes per-sample work (the permutation, the verifier's bitmap).
+        return Err(bad(format!("samples of zero bytes are not supported (shape {:?})", pre.shape)));
+    }
     let data_bytes = samples
         .checked_mul(record_bytes)
         .ok_or_else(|| bad(format!("{samples} samples of {record_bytes} bytes overflow")))?;

@@ -45,6 +45,12 @@ impl RowChunk {
         (self.buffers.len() - 1) as u32
     }
 
+    /// Counts bytes a reader brought into memory for this chunk but did not keep (e.g. the
+    /// offsets of variable-length values), so that [`RowChunk::bytes_read`] stays true.
+    pub fn add_bytes_read(&mut self, bytes: u64) {
+        self.bytes_read += bytes;
+    }
+
     /// Records the next value (row-major over rows, then fields).
     pub fn push_value(&mut self, buffer: u32, offset: usize, len: usize) {
         debug_assert!(offset + len <= self.buffers[buffer as usize].len());
@@ -117,7 +123,7 @@ impl RecordLayout {
         if self.fields != expected {
             return Err(Error::file(path, "fields changed since the dataset was scanned"));
         }
-        RecordFile::open(path, self.data_offset, self.record_bytes, self.ranges)
+        RecordFile::open(path, self.samples, self.data_offset, self.record_bytes, self.ranges)
     }
 }
 
@@ -125,6 +131,8 @@ impl RecordLayout {
 pub struct RecordFile {
     file: File,
     path: PathBuf,
+    /// Records the header promises (checked against the file size when it was scanned).
+    samples: u64,
     data_offset: u64,
     record_bytes: u64,
     /// Byte range of each field inside a record, in field order.
@@ -132,24 +140,32 @@ pub struct RecordFile {
 }
 
 /// Gaps up to this size are read through rather than split into separate reads.
-const RECORD_GAP_BYTES: u64 = 64 << 10;
+pub(crate) const RECORD_GAP_BYTES: u64 = 64 << 10;
 
 impl RecordFile {
     /// Opens a record file whose layout was validated by the scan.
     pub fn open(
         path: &Path,
+        samples: u64,
         data_offset: u64,
         record_bytes: u64,
         field_ranges: Vec<Range<usize>>,
     ) -> Result<RecordFile> {
         let file = File::open(path).map_err(|e| Error::io(path, e))?;
-        Ok(RecordFile { file, path: path.to_path_buf(), data_offset, record_bytes, field_ranges })
+        Ok(RecordFile { file, path: path.to_path_buf(), samples, data_offset, record_bytes, field_ranges })
     }
 }
 
 impl super::FileReader for RecordFile {
     fn read_rows(&mut self, rows: &[u64]) -> Result<RowChunk> {
         let mut chunk = RowChunk::new(self.field_ranges.len());
+        // Rows past the header's count would size a read beyond the file.
+        if let Some(&last) = rows.last().filter(|&&r| r >= self.samples) {
+            return Err(Error::file(
+                &self.path,
+                format!("row {last} is past the end of the file ({} rows)", self.samples),
+            ));
+        }
         let mut next = rows.iter().peekable();
         for span in coalesce(rows, self.record_bytes, RECORD_GAP_BYTES) {
             let len = ((span.end - span.start) * self.record_bytes) as usize;
@@ -221,12 +237,15 @@ mod tests {
             bytes.extend([i, i, 100 + i, 100 + i]);
         }
         std::fs::write(&p, &bytes).unwrap();
-        let mut f = RecordFile::open(&p, 3, 4, vec![0..2, 2..4]).unwrap();
+        // The header promises 6 records; the file holds 5.
+        let mut f = RecordFile::open(&p, 6, 3, 4, vec![0..2, 2..4]).unwrap();
         let c = f.read_rows(&[0, 3, 4]).unwrap();
         assert_eq!(c.rows(), 3);
         assert_eq!(c.value(1, 0), &[3, 3]);
         assert_eq!(c.value(2, 1), &[104, 104]);
-        let err = f.read_rows(&[7]).unwrap_err().to_string();
+        let err = f.read_rows(&[5]).unwrap_err().to_string();
         assert!(err.contains("r.raw") && err.contains("truncated"), "{err}");
+        let err = f.read_rows(&[1, 7]).unwrap_err().to_string();
+        assert!(err.contains("r.raw") && err.contains("row 7 is past the end of the file (6 rows)"), "{err}");
     }
 }

@@ -143,6 +143,22 @@ impl fmt::Display for FieldKind {
     }
 }
 
+/// Names the first field name that occurs twice, if any. Fields are found by name (sharding
+/// specs, stages, `Batch::field`), so a file with two columns, members or datasets of one
+/// name is refused, whatever its format allows.
+pub fn duplicate_name(fields: &[Field]) -> Option<String> {
+    let mut seen = std::collections::HashMap::new();
+    for (i, f) in fields.iter().enumerate() {
+        if let Some(first) = seen.insert(f.name.as_str(), i) {
+            return Some(format!(
+                "two fields are named '{}' (fields {first} and {i}); field names must be unique",
+                f.name
+            ));
+        }
+    }
+    None
+}
+
 /// Describes why two field lists differ, naming the field; `None` when they are equal.
 pub fn describe_mismatch(a: &[Field], b: &[Field]) -> Option<String> {
     for fa in a {
@@ -177,6 +193,15 @@ mod tests {
         assert_eq!(DType::parse("float32"), Some(DType::F32));
         assert_eq!(DType::parse("uint8"), Some(DType::U8));
         assert_eq!(DType::parse("complex64"), None);
+    }
+
+    #[test]
+    fn duplicate_names_are_found() {
+        let x = Field::tensor("x", DType::F32, vec![4]);
+        let y = Field::tensor("y", DType::I64, vec![]);
+        assert_eq!(duplicate_name(&[x.clone(), y.clone()]), None);
+        let m = duplicate_name(&[x.clone(), y, Field::tensor("x", DType::U8, vec![])]).unwrap();
+        assert!(m.contains("'x'") && m.contains("fields 0 and 2") && m.contains("unique"), "{m}");
     }
 
     #[test]

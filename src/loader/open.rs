@@ -6,7 +6,7 @@ use std::ffi::OsString;
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::PathBuf;
 
-use crate::dataset::{self, Dataset, DatasetOptions, Field, FileInfo, Format};
+use crate::dataset::{self, Dataset, DatasetOptions, Field, FileInfo, FileStamp, Format};
 use crate::error::{Error, Result};
 use crate::transport::{agree, ReduceOp, Transport};
 
@@ -18,6 +18,8 @@ struct WireInfo {
     samples: u64,
     fields: Vec<Field>,
     bytes: u64,
+    /// The identity every reader of the file checks against (see [`FileStamp`]).
+    stamp: FileStamp,
 }
 
 impl From<FileInfo> for WireInfo {
@@ -28,6 +30,7 @@ impl From<FileInfo> for WireInfo {
             samples: f.samples,
             fields: f.fields,
             bytes: f.bytes,
+            stamp: f.stamp,
         }
     }
 }
@@ -40,6 +43,7 @@ impl From<WireInfo> for FileInfo {
             samples: w.samples,
             fields: w.fields,
             bytes: w.bytes,
+            stamp: w.stamp,
         }
     }
 }

@@ -12,11 +12,67 @@ use crate::error::{Error, Result};
 use crate::types::SampleId;
 
 /// The readers a producer keeps open, and the home-range cache.
-#[derive(Default)]
 pub(crate) struct Reads {
-    readers: HashMap<usize, Box<dyn crate::dataset::FileReader>>,
+    readers: OpenReaders,
     /// With the home-range cache: per file, this rank's home rows of it, once read.
     cache: HashMap<usize, Arc<RowChunk>>,
+}
+
+impl Default for Reads {
+    fn default() -> Reads {
+        Reads { readers: OpenReaders::new(open_reader_limit()), cache: HashMap::new() }
+    }
+}
+
+/// How many file readers a loader keeps open: a quarter of the soft limit on open files
+/// (`RLIMIT_NOFILE`), leaving the rest to MPI or UCX (sockets, shared-memory segments),
+/// HDF5 and the program; at least 4, at most 1024 (a reader holds one file descriptor, and
+/// a reader of an HDF5 file also its chunk cache). A home range touching more files than
+/// this reopens them on demand.
+pub(crate) fn open_reader_limit() -> usize {
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit only writes the struct it is given, which lives on this stack frame.
+    let ok = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } == 0;
+    let soft = if ok { limit.rlim_cur } else { 1024 };
+    usize::try_from(soft / 4).unwrap_or(usize::MAX).clamp(4, 1024)
+}
+
+/// Open readers by file index, at most `capacity` of them: opening one more closes the
+/// least recently used. Bounded so that a dataset of many files never runs the process out
+/// of file descriptors ("Too many open files").
+struct OpenReaders {
+    capacity: usize,
+    /// File index → (reader, the tick it was last used at).
+    open: HashMap<usize, (Box<dyn crate::dataset::FileReader>, u64)>,
+    tick: u64,
+}
+
+impl OpenReaders {
+    fn new(capacity: usize) -> OpenReaders {
+        OpenReaders { capacity: capacity.max(1), open: HashMap::new(), tick: 0 }
+    }
+
+    /// The reader of file `file`, opened with `open` if it is not open.
+    fn get(
+        &mut self,
+        file: usize,
+        open: impl FnOnce() -> Result<Box<dyn crate::dataset::FileReader>>,
+    ) -> Result<&mut Box<dyn crate::dataset::FileReader>> {
+        self.tick += 1;
+        if !self.open.contains_key(&file) {
+            if self.open.len() >= self.capacity {
+                // O(capacity) per eviction; evictions cost a reopen (syscalls) anyway.
+                if let Some(&lru) = self.open.iter().min_by_key(|(_, (_, t))| *t).map(|(f, _)| f) {
+                    self.open.remove(&lru);
+                }
+            }
+            let reader = open()?;
+            self.open.insert(file, (reader, 0));
+        }
+        let entry = self.open.get_mut(&file).expect("inserted above");
+        entry.1 = self.tick;
+        Ok(&mut entry.0)
+    }
 }
 
 impl Reads {
@@ -60,10 +116,7 @@ impl Reads {
         rows: &[u64],
         metrics: &mut Metrics,
     ) -> Result<RowChunk> {
-        let reader = match self.readers.entry(file) {
-            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
-            std::collections::hash_map::Entry::Vacant(e) => e.insert(stream.dataset.open_reader(file)?),
-        };
+        let reader = self.readers.get(file, || stream.dataset.open_reader(file))?;
         let chunk = reader.read_rows(rows)?;
         if chunk.rows() != rows.len() {
             return Err(Error::file(
@@ -113,5 +166,56 @@ pub(crate) struct FromReads<'a> {
 impl ValueSource for FromReads<'_> {
     fn value(&self, row: usize, field: usize) -> &[u8] {
         self.read.value(self.ids[row], field)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dataset::FileReader;
+
+    struct Counted(Arc<std::sync::atomic::AtomicUsize>);
+
+    impl FileReader for Counted {
+        fn read_rows(&mut self, _: &[u64]) -> Result<RowChunk> {
+            Ok(RowChunk::new(1))
+        }
+    }
+
+    impl Drop for Counted {
+        fn drop(&mut self) {
+            self.0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+
+    #[test]
+    fn open_readers_stay_bounded_and_evict_the_least_recently_used() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let live = Arc::new(AtomicUsize::new(0));
+        let opened = std::cell::RefCell::new(Vec::new());
+        let mut readers = OpenReaders::new(3);
+        let mut use_file = |f: usize| {
+            readers
+                .get(f, || {
+                    live.fetch_add(1, Ordering::SeqCst);
+                    opened.borrow_mut().push(f);
+                    Ok(Box::new(Counted(live.clone())) as Box<dyn FileReader>)
+                })
+                .unwrap()
+                .read_rows(&[])
+                .unwrap();
+        };
+        for f in [0, 1, 2, 0, 3, 0, 1, 4] {
+            use_file(f);
+            assert!(live.load(Ordering::SeqCst) <= 3);
+        }
+        // 3 evicts 1 (0 was used since), 1 evicts 2, 4 evicts 3.
+        assert_eq!(*opened.borrow(), vec![0, 1, 2, 3, 1, 4]);
+    }
+
+    #[test]
+    fn the_reader_limit_follows_rlimit_nofile() {
+        let n = open_reader_limit();
+        assert!((4..=1024).contains(&n), "{n}");
     }
 }

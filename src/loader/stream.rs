@@ -202,7 +202,7 @@ impl Stream {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dataset::{DType, Field, FileInfo, Format};
+    use crate::dataset::{DType, Field, FileInfo, FileStamp, Format};
 
     fn stream(samples: u64, batch: usize, window_bytes: u64, tail: TailPolicy) -> Stream {
         let info = FileInfo {
@@ -211,6 +211,7 @@ mod tests {
             samples,
             fields: vec![Field::tensor("x", DType::U8, vec![10])],
             bytes: 0,
+            stamp: FileStamp::default(),
         };
         let dataset = Arc::new(Dataset::from_files(vec![info], Default::default()).unwrap());
         let options = LoaderOptions { batch_size: batch, window_bytes, prefetch: 0, tail, ..Default::default() };
@@ -246,6 +247,7 @@ mod tests {
             samples: 3,
             fields: vec![Field::tensor("x", DType::U8, vec![1])],
             bytes: 0,
+            stamp: FileStamp::default(),
         };
         let ds = Arc::new(Dataset::from_files(vec![info], Default::default()).unwrap());
         let build = |world, batch| {
