@@ -160,3 +160,21 @@ over_transports! {
         assert_eq!(saved["epoch"], 3, "the job ran to its end");
     }
 }
+
+#[test]
+fn inspect_and_gen_with_a_closed_stdout_do_not_panic() {
+    // `meshfeed inspect ... | head -1` closes the pipe after the first line.
+    let dir = generated();
+    let d = dir.path().join("d");
+    let closed = |args: &[&str]| {
+        let mut child = Command::new(bin()).args(args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+        drop(child.stdout.take());
+        let run = finish(child, &args.join(" "));
+        assert_eq!(run.code, 0, "{args:?}: {}", run.stderr);
+        assert!(!run.stderr.contains("panicked") && !run.stderr.contains("Broken pipe"), "{args:?}: {}", run.stderr);
+    };
+    closed(&["inspect", "--data", d.to_str().unwrap()]);
+    closed(&["inspect", "--json", "--data", d.to_str().unwrap()]);
+    let out = dir.path().join("g");
+    closed(&["gen", "--format", "raw", "--samples", "10", "--field", "x:u8", "--out", out.to_str().unwrap()]);
+}

@@ -66,7 +66,7 @@ pub fn run(args: GenArgs) -> Result<()> {
         .sum();
     gen::write_side_files(&spec)?;
     bar.finish_and_clear();
-    println!(
+    out!(
         "wrote {} samples in {} {} file(s), {:.1} MB, to {} in {:.2} s",
         spec.samples,
         spec.files,

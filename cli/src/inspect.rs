@@ -50,13 +50,13 @@ pub fn run(args: InspectArgs) -> Result<()> {
             "files": files,
             "fields": ds.fields(),
         });
-        println!("{v}");
+        out!("{v}");
         return Ok(());
     }
-    println!("{} file(s), {} samples, {} bytes", ds.files().len(), ds.len(), total_bytes);
-    println!("\nfiles:");
+    out!("{} file(s), {} samples, {} bytes", ds.files().len(), ds.len(), total_bytes);
+    out!("\nfiles:");
     for (i, f) in ds.files().iter().enumerate() {
-        println!(
+        out!(
             "  {:>4}  {:<6} {:>10} samples  ids {:>10}..{:<10} {:>12} bytes  {}",
             i,
             format!("{:?}", f.format).to_lowercase(),
@@ -67,10 +67,10 @@ pub fn run(args: InspectArgs) -> Result<()> {
             f.path.display()
         );
     }
-    println!("\nfields:");
+    out!("\nfields:");
     for f in ds.fields() {
         let per = f.fixed_bytes().map_or("variable".to_string(), |b| format!("{b} bytes/sample"));
-        println!("  {:<16} {:<24} {}", f.name, f.kind.to_string(), per);
+        out!("  {:<16} {:<24} {}", f.name, f.kind.to_string(), per);
     }
     Ok(())
 }
