@@ -349,12 +349,22 @@ fn fields_of(path: &Path, schema: &Schema) -> Result<Vec<Field>> {
         .collect()
 }
 
-/// Reads the sample count and fields from the footer.
-pub fn scan(path: &Path) -> Result<(u64, Vec<Field>)> {
+/// Reads the sample count and fields from the footer, and per field the bytes of its
+/// variable-length values (the value buffers' lengths in the record batch headers; 0 for
+/// fixed-size fields).
+pub fn scan(path: &Path) -> Result<(u64, Vec<Field>, Vec<u64>)> {
     let file = File::open(path).map_err(|e| Error::io(path, e))?;
     let footer = read_footer(&file, path)?;
     let samples = footer.batches.iter().try_fold(0u64, |a, b| a.checked_add(b.rows));
-    Ok((samples.ok_or_else(|| Error::file(path, "row count overflows"))?, footer.fields))
+    let mut value_bytes = vec![0u64; footer.fields.len()];
+    for batch in &footer.batches {
+        for (total, column) in value_bytes.iter_mut().zip(&batch.columns) {
+            if let Column::Var { values, .. } = column {
+                *total = total.saturating_add(values.len);
+            }
+        }
+    }
+    Ok((samples.ok_or_else(|| Error::file(path, "row count overflows"))?, footer.fields, value_bytes))
 }
 
 /// Reads rows of one Arrow IPC file: only the byte ranges of the rows asked for.

@@ -92,6 +92,12 @@ pub struct FileInfo {
     /// Which file this was when it was scanned, besides its size: readers check the file
     /// against it ([`FileInfo::check_unchanged`]).
     pub stamp: FileStamp,
+    /// Per field, the bytes of the file's variable-length values (0 for fixed-size
+    /// fields), where the format tells them without reading the data (Arrow: the value
+    /// buffers' lengths in its record batch headers); empty where it does not. The window
+    /// budget sizes windows by them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub value_bytes: Vec<u64>,
 }
 
 /// The identity of a file besides its size: its last modification time and inode number.
@@ -249,6 +255,7 @@ pub fn scan_file(path: &Path, format: Format, options: &DatasetOptions) -> Resul
     let meta = std::fs::metadata(path).map_err(|e| unusable(path, e))?;
     regular_file(path, &meta)?;
     let (bytes, stamp) = (meta.len(), FileStamp::of(&meta));
+    let mut value_bytes = Vec::new();
     let (samples, fields) = match format {
         Format::Npy => npy::scan(path)?,
         #[cfg(feature = "hdf5")]
@@ -258,13 +265,17 @@ pub fn scan_file(path: &Path, format: Format, options: &DatasetOptions) -> Resul
             let _ = options; // only HDF5 files have options (the group)
             return Err(hdf5_disabled(path));
         }
-        Format::Arrow => arrow::scan(path)?,
+        Format::Arrow => {
+            let (samples, fields, values) = arrow::scan(path)?;
+            value_bytes = values;
+            (samples, fields)
+        }
         Format::Raw => raw::scan(path)?,
     };
     if let Some(reason) = schema::duplicate_name(&fields) {
         return Err(Error::file(path, reason));
     }
-    Ok(FileInfo { path: path.to_path_buf(), format, samples, fields, bytes, stamp })
+    Ok(FileInfo { path: path.to_path_buf(), format, samples, fields, bytes, stamp, value_bytes })
 }
 
 /// Reads rows of one file.
@@ -323,6 +334,24 @@ impl Dataset {
     /// Whether the dataset has no samples.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// Per field, the mean bytes of a variable-length value where every file tells its
+    /// values' size ([`FileInfo::value_bytes`]); `None` for fixed-size fields and where a
+    /// file does not say.
+    pub fn mean_value_bytes(&self) -> Vec<Option<u64>> {
+        (0..self.fields.len())
+            .map(|f| {
+                if self.fields[f].fixed_bytes().is_some() || self.is_empty() {
+                    return None;
+                }
+                let total = self.files.iter().try_fold(0u64, |sum, file| {
+                    let bytes = *file.value_bytes.get(f)?;
+                    sum.checked_add(bytes)
+                })?;
+                Some(total.div_ceil(self.len()))
+            })
+            .collect()
     }
 
     /// The fields of every sample.
@@ -409,6 +438,7 @@ mod tests {
             fields: vec![Field::tensor("data", DType::F32, vec![2])],
             bytes: 0,
             stamp: FileStamp::default(),
+            value_bytes: vec![],
         }
     }
 

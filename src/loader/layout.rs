@@ -13,7 +13,6 @@
 use crate::config::{ExchangeMode, Layout};
 use crate::dataset::{Field, FieldKind};
 use crate::error::Result;
-use crate::plan::budget::VAR_LEN_ESTIMATE;
 use crate::plan::placement::{Receiver, RowBlock};
 use crate::plan::{sharding, FieldPart, Mesh, Placement};
 
@@ -70,19 +69,22 @@ pub fn leader_placement(placement: &Placement) -> Result<Placement> {
     Placement::from_blocks(placement.batch_size(), placement.world(), blocks)
 }
 
-fn value_bytes(fields: &[Field], p: &FieldPart) -> u64 {
+/// Bytes of one value's part `p`: a tensor part's (whole or sliced) size, a
+/// variable-length value's size from `sizes` (bytes per whole value, per field; see
+/// [`crate::plan::budget::value_sizes`]).
+fn part_bytes(fields: &[Field], sizes: &[u64], p: &FieldPart) -> u64 {
     match &fields[p.field].kind {
         FieldKind::Tensor { .. } => p.bytes(&fields[p.field]).unwrap_or(0) as u64,
-        FieldKind::Bytes { .. } => VAR_LEN_ESTIMATE,
+        FieldKind::Bytes { .. } => sizes[p.field],
     }
 }
 
 /// Bytes each rank receives per step under `placement`.
-pub fn recv_bytes_per_step(placement: &Placement, fields: &[Field]) -> Vec<u64> {
+pub fn recv_bytes_per_step(placement: &Placement, fields: &[Field], sizes: &[u64]) -> Vec<u64> {
     let mut out = vec![0u64; placement.world()];
     for b in placement.blocks() {
         for rc in &b.receivers {
-            out[rc.rank.0] = b.rows.len() as u64 * rc.parts.iter().map(|p| value_bytes(fields, p)).sum::<u64>();
+            out[rc.rank.0] = b.rows.len() as u64 * rc.parts.iter().map(|p| part_bytes(fields, sizes, p)).sum::<u64>();
         }
     }
     out
@@ -90,16 +92,16 @@ pub fn recv_bytes_per_step(placement: &Placement, fields: &[Field]) -> Vec<u64> 
 
 /// Modelled per-step cost (seconds) of the fused and two-phase exchanges: the busiest
 /// rank's bytes over the bandwidth plus its messages times the latency.
-pub fn modelled_costs(placement: &Placement, fields: &[Field]) -> Result<(f64, f64)> {
+pub fn modelled_costs(placement: &Placement, fields: &[Field], sizes: &[u64]) -> Result<(f64, f64)> {
     let p = placement.world() as f64;
     // Fused: home ranks are spread uniformly, so each rank sends total/P and exchanges a
     // message with every rank.
-    let recv = recv_bytes_per_step(placement, fields);
+    let recv = recv_bytes_per_step(placement, fields, sizes);
     let total: u64 = recv.iter().sum();
     let fused = recv.iter().map(|&r| (r as f64 + total as f64 / p) / BANDWIDTH + 2.0 * p * LATENCY).fold(0.0, f64::max);
     // Two-phase: phase one to the leaders only, then each leader scatters to its group.
     let leaders = leader_placement(placement)?;
-    let recv1 = recv_bytes_per_step(&leaders, fields);
+    let recv1 = recv_bytes_per_step(&leaders, fields, sizes);
     let total1: u64 = recv1.iter().sum();
     let n_leaders = leaders.blocks().iter().filter(|b| !b.receivers.is_empty()).count() as f64;
     let mut two = 0.0f64;
@@ -120,10 +122,10 @@ pub fn modelled_costs(placement: &Placement, fields: &[Field]) -> Result<(f64, f
 }
 
 /// Resolves `Auto` with the cost model; other modes are taken as given.
-pub fn choose(mode: ExchangeMode, placement: &Placement, fields: &[Field]) -> Result<ExchangeMode> {
+pub fn choose(mode: ExchangeMode, placement: &Placement, fields: &[Field], sizes: &[u64]) -> Result<ExchangeMode> {
     Ok(match mode {
         ExchangeMode::Auto => {
-            let (fused, two) = modelled_costs(placement, fields)?;
+            let (fused, two) = modelled_costs(placement, fields, sizes)?;
             if two < fused {
                 ExchangeMode::TwoPhase
             } else {
@@ -156,13 +158,14 @@ mod tests {
         let l = leader_placement(&p).unwrap();
         assert_eq!(l.receiver(Rank(2)).unwrap().1.parts, vec![FieldPart::whole(0), FieldPart::whole(1)]);
         assert!(l.receiver(Rank(1)).is_none() && l.receiver(Rank(3)).is_none());
-        let (fused, two) = modelled_costs(&p, &fields).unwrap();
+        let sizes = |f: &[Field]| crate::plan::budget::value_sizes(f, &[]);
+        let (fused, two) = modelled_costs(&p, &fields, &sizes(&fields)).unwrap();
         assert!(fused > 0.0 && two > 0.0);
         // With large values the bytes dominate: fused never moves more per rank.
         let big = vec![Field::tensor("x", DType::F32, vec![1 << 20]), Field::tensor("y", DType::I64, vec![])];
         let p = placement(&big);
-        assert_eq!(choose(ExchangeMode::Auto, &p, &big).unwrap(), ExchangeMode::Fused);
-        assert_eq!(choose(ExchangeMode::TwoPhase, &p, &big).unwrap(), ExchangeMode::TwoPhase);
+        assert_eq!(choose(ExchangeMode::Auto, &p, &big, &sizes(&big)).unwrap(), ExchangeMode::Fused);
+        assert_eq!(choose(ExchangeMode::TwoPhase, &p, &big, &sizes(&big)).unwrap(), ExchangeMode::TwoPhase);
     }
 
     #[test]

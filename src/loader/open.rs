@@ -20,6 +20,7 @@ struct WireInfo {
     bytes: u64,
     /// The identity every reader of the file checks against (see [`FileStamp`]).
     stamp: FileStamp,
+    value_bytes: Vec<u64>,
 }
 
 impl From<FileInfo> for WireInfo {
@@ -31,6 +32,7 @@ impl From<FileInfo> for WireInfo {
             fields: f.fields,
             bytes: f.bytes,
             stamp: f.stamp,
+            value_bytes: f.value_bytes,
         }
     }
 }
@@ -44,6 +46,7 @@ impl From<WireInfo> for FileInfo {
             fields: w.fields,
             bytes: w.bytes,
             stamp: w.stamp,
+            value_bytes: w.value_bytes,
         }
     }
 }

@@ -92,7 +92,8 @@ impl Stream {
         let mesh = layout::mesh(&options.layout, world)?;
         let sharding = layout::sharding(&options.layout, &mesh, fields, b)?;
         let placement = Placement::from_mesh(b, &mesh, fields, &sharding)?;
-        let mode = layout::choose(options.layout.exchange, &placement, fields)?;
+        let sizes = budget::value_sizes(fields, &dataset.mean_value_bytes());
+        let mode = layout::choose(options.layout.exchange, &placement, fields, &sizes)?;
         let remainder = (n % b as u64) as usize;
         let steps_per_epoch = match options.tail {
             TailPolicy::Drop => n / b as u64,
@@ -121,10 +122,10 @@ impl Stream {
         // The busiest rank's receive buffer per step; two-phase leaders hold whole rows,
         // and the broadcast baseline gives every rank whole batches.
         let values_per_step = match mode {
-            ExchangeMode::Broadcast => b as u64 * budget::sample_bytes(fields),
-            _ => layout::recv_bytes_per_step(two_phase.as_ref().map_or(&placement, |t| &t.leaders), fields)
+            ExchangeMode::Broadcast => b as u64 * budget::sample_bytes(&sizes),
+            _ => layout::recv_bytes_per_step(two_phase.as_ref().map_or(&placement, |t| &t.leaders), fields, &sizes)
                 .into_iter()
-                .chain(layout::recv_bytes_per_step(&placement, fields))
+                .chain(layout::recv_bytes_per_step(&placement, fields, &sizes))
                 .max()
                 .unwrap_or(0),
         };
@@ -133,7 +134,7 @@ impl Stream {
         let steps_per_window = budget.steps_per_window(per_step, steps_per_epoch);
         let home = HomeRanges::new(n, world);
         let range = home.range(rank);
-        let cache_need = (range.end - range.start).saturating_mul(budget::sample_bytes(fields));
+        let cache_need = (range.end - range.start).saturating_mul(budget::sample_bytes(&sizes));
         let cache_home_range = options.cache_bytes > 0 && cache_need <= options.cache_bytes;
         Ok(Stream {
             coords: mesh.coords(rank),
@@ -212,6 +213,7 @@ mod tests {
             fields: vec![Field::tensor("x", DType::U8, vec![10])],
             bytes: 0,
             stamp: FileStamp::default(),
+            value_bytes: vec![],
         };
         let dataset = Arc::new(Dataset::from_files(vec![info], Default::default()).unwrap());
         let options = LoaderOptions { batch_size: batch, window_bytes, prefetch: 0, tail, ..Default::default() };
@@ -248,6 +250,7 @@ mod tests {
             fields: vec![Field::tensor("x", DType::U8, vec![1])],
             bytes: 0,
             stamp: FileStamp::default(),
+            value_bytes: vec![],
         };
         let ds = Arc::new(Dataset::from_files(vec![info], Default::default()).unwrap());
         let build = |world, batch| {

@@ -2,8 +2,8 @@
 //!
 //! This is the one place that turns `window_bytes` and `prefetch` into a window length and
 //! a memory bound. Per step, the busiest rank receives `S` bytes: its rows and slices
-//! (two-phase leaders: whole rows), variable-length values counted at
-//! [`VAR_LEN_ESTIMATE`]. A window of `w` steps then holds, on that rank, at its peak:
+//! (two-phase leaders: whole rows), variable-length values counted at their mean size
+//! where the files tell it, else [`VAR_LEN_ESTIMATE`] ([`value_sizes`]). A window of `w` steps then holds, on that rank, at its peak:
 //!
 //! * with no producer thread (`prefetch = 0`): the rows read (at most `2wS`: coalesced
 //!   reads bring in at most twice what they need, see `dataset::rows::coalesce`) plus the
@@ -81,14 +81,23 @@ pub fn bookkeeping_per_step(batch_size: usize, world: usize, fields: usize) -> u
     b * 24 + own * (48 + 24 * fields as u64)
 }
 
-/// Bytes of one value of `field` (variable length: [`VAR_LEN_ESTIMATE`]).
-pub fn value_bytes(field: &Field) -> u64 {
-    field.fixed_bytes().map_or(VAR_LEN_ESTIMATE, |b| b as u64)
+/// Bytes of one value of each field: a tensor's size; for a variable-length field, its
+/// mean size where the dataset tells it (`measured`, e.g. from Arrow headers), else
+/// [`VAR_LEN_ESTIMATE`].
+pub fn value_sizes(fields: &[Field], measured: &[Option<u64>]) -> Vec<u64> {
+    fields
+        .iter()
+        .enumerate()
+        .map(|(i, f)| {
+            f.fixed_bytes().map(|b| b as u64).or(measured.get(i).copied().flatten()).unwrap_or(VAR_LEN_ESTIMATE)
+        })
+        .collect()
 }
 
-/// Bytes of one sample, every field whole (for sizing the home-range cache).
-pub fn sample_bytes(fields: &[Field]) -> u64 {
-    fields.iter().map(value_bytes).sum()
+/// Bytes of one sample, every field whole, from [`value_sizes`] (for sizing the
+/// home-range cache and the broadcast baseline's windows).
+pub fn sample_bytes(sizes: &[u64]) -> u64 {
+    sizes.iter().fold(0u64, |a, &b| a.saturating_add(b))
 }
 
 #[cfg(test)]
@@ -126,12 +135,14 @@ mod tests {
     }
 
     #[test]
-    fn value_sizes() {
+    fn sizes_of_values() {
         use crate::dataset::{DType, FieldKind};
         let fields = vec![
             Field::tensor("x", DType::F32, vec![3, 4]),
             Field { name: "t".into(), kind: FieldKind::Bytes { utf8: false } },
         ];
-        assert_eq!(sample_bytes(&fields), 48 + VAR_LEN_ESTIMATE);
+        assert_eq!(sample_bytes(&value_sizes(&fields, &[])), 48 + VAR_LEN_ESTIMATE);
+        // A measured mean replaces the estimate for variable-length fields only.
+        assert_eq!(value_sizes(&fields, &[Some(7), Some(65536)]), vec![48, 65536]);
     }
 }
