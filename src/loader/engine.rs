@@ -101,6 +101,7 @@ pub(crate) fn prepare(
     let source = FromReads { ids: &plan.ids, read: &read };
     let (send, counts) = metrics.timed(Phase::Pack, || pack(&plan.sends, &parts, stream.dataset.fields(), &source));
     metrics.bytes_sent += send.len() as u64;
+    metrics.window_sends.push(counts.clone());
     Ok(Packed { spec, route, ids: plan.ids, send, counts, metrics })
 }
 

@@ -57,6 +57,10 @@ pub struct Metrics {
     pub windows: u64,
     /// Time the consumer waited for the producer (for batches not yet ready).
     pub wait: Duration,
+    /// Per window exchanged over the loader's communicator, the bytes this rank sent to
+    /// each rank, in exchange order: what a bare all-to-all-v must move to replay the
+    /// epoch's exchange (the benchmark's exchange limit).
+    pub window_sends: Vec<Vec<usize>>,
 }
 
 impl Metrics {
@@ -84,6 +88,7 @@ impl Metrics {
         self.rows_delivered += other.rows_delivered;
         self.windows += other.windows;
         self.wait += other.wait;
+        self.window_sends.extend(other.window_sends.iter().cloned());
     }
 
     /// Reduces every rank's metrics (collective; every rank gets the same summary).
