@@ -85,6 +85,10 @@ pub struct EpochSummary {
     pub bytes_read: u64,
     pub bytes_exchanged: u64,
     pub bytes_delivered: u64,
+    /// Bytes the loader copied (read, packed, assembled; summed over ranks) and that over
+    /// the bytes delivered: the copies each delivered byte took.
+    pub bytes_copied: u64,
+    pub copies_per_byte: f64,
     pub windows: u64,
     /// Peak resident set size of the largest rank so far (getrusage).
     pub max_rss_bytes: u64,
@@ -129,6 +133,8 @@ impl EpochSummary {
             bytes_read: m.bytes_read,
             bytes_exchanged: m.bytes_sent,
             bytes_delivered: delivered[0],
+            bytes_copied: m.bytes_copied,
+            copies_per_byte: m.bytes_copied as f64 / delivered[0].max(1) as f64,
             windows: m.windows,
             max_rss_bytes: maxes[2],
             verified: None,

@@ -47,6 +47,7 @@ pub(crate) fn prepare(
         let source = FromReads { ids: &ids, read: &read };
         send = metrics.timed(Phase::Pack, || pack(&[rows], &[Some(&whole[..])], fields, &source)).0;
         metrics.bytes_sent += (send.len() * (stream.world - 1)) as u64;
+        metrics.bytes_copied += send.len() as u64;
     } else {
         metrics.timed(Phase::Exchange, || agree(transport, Ok(())))?;
     }
@@ -81,6 +82,8 @@ pub(crate) fn complete(
         parts: &whole,
         coords: &stream.coords,
     };
+    // Whole batches from the received bytes, then this rank's rows of them.
+    metrics.bytes_copied += 2 * data.len() as u64;
     metrics.timed(Phase::Assemble, || {
         let full = assemble(&receipt, fields, data, &[data.len()], |_| 0)?;
         Ok(full.iter().map(|f| cut(f, &stream.placement, stream.rank, fields, &stream.coords)).collect())

@@ -101,6 +101,7 @@ pub(crate) fn prepare(
     let source = FromReads { ids: &plan.ids, read: &read };
     let (send, counts) = metrics.timed(Phase::Pack, || pack(&plan.sends, &parts, stream.dataset.fields(), &source));
     metrics.bytes_sent += send.len() as u64;
+    metrics.bytes_copied += send.len() as u64;
     metrics.window_sends.push(counts.clone());
     Ok(Packed { spec, route, ids: plan.ids, send, counts, metrics })
 }
@@ -150,6 +151,7 @@ pub(crate) fn complete(engine: &mut Engine, received: Received) -> Result<Window
             let placement = stream.placement_for_step(first_step(&spec));
             let r = receipt(stream, placement, &spec, &ids);
             let fields = stream.dataset.fields();
+            metrics.bytes_copied += recv.len() as u64;
             metrics.timed(Phase::Assemble, || assemble(&r, fields, &recv, &recv_counts, |id| stream.home.owner(id).0))
         }
         Route::TwoPhase => two_phase::complete(

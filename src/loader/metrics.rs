@@ -55,6 +55,10 @@ pub struct Metrics {
     pub rows_delivered: u64,
     /// Windows exchanged.
     pub windows: u64,
+    /// Bytes the loader copied on this rank: read from files into memory, packed into
+    /// send buffers and assembled into batches (the transport's own copies are not
+    /// counted). Over the bytes delivered, the copies each delivered byte took.
+    pub bytes_copied: u64,
     /// Time the consumer waited for the producer (for batches not yet ready).
     pub wait: Duration,
     /// Per window exchanged over the loader's communicator, the bytes this rank sent to
@@ -87,6 +91,7 @@ impl Metrics {
         self.bytes_received += other.bytes_received;
         self.rows_delivered += other.rows_delivered;
         self.windows += other.windows;
+        self.bytes_copied += other.bytes_copied;
         self.wait += other.wait;
         self.window_sends.extend(other.window_sends.iter().cloned());
     }
@@ -97,7 +102,7 @@ impl Metrics {
         let mut maxes: Vec<u64> = self.phase.iter().map(|&d| nanos(d)).collect();
         maxes.extend([nanos(self.wait), self.bytes_sent, self.bytes_received, self.windows]);
         transport.all_reduce_u64(&mut maxes, ReduceOp::Max)?;
-        let mut sums = [self.bytes_read, self.bytes_sent, self.bytes_received, self.rows_delivered];
+        let mut sums = [self.bytes_read, self.bytes_sent, self.bytes_received, self.rows_delivered, self.bytes_copied];
         transport.all_reduce_u64(&mut sums, ReduceOp::Sum)?;
         let mut phase_max = [Duration::ZERO; 5];
         for (p, &ns) in phase_max.iter_mut().zip(&maxes) {
@@ -114,6 +119,7 @@ impl Metrics {
             bytes_sent: sums[1],
             bytes_received: sums[2],
             rows_delivered: sums[3],
+            bytes_copied: sums[4],
         })
     }
 }
@@ -130,6 +136,8 @@ pub struct MetricsSummary {
     pub bytes_sent: u64,
     pub bytes_received: u64,
     pub rows_delivered: u64,
+    /// Bytes copied by the loader, summed over ranks ([`Metrics::bytes_copied`]).
+    pub bytes_copied: u64,
     pub max_sent: u64,
     pub max_received: u64,
     /// Windows (the most any rank exchanged).

@@ -125,6 +125,7 @@ impl Reads {
             ));
         }
         metrics.bytes_read += chunk.bytes_read();
+        metrics.bytes_copied += chunk.bytes_read();
         Ok(chunk)
     }
 }

@@ -27,6 +27,7 @@ pub(crate) fn complete(
     let fields = stream.dataset.fields();
     // Phase one: the leader assembles whole rows.
     let leader = receipt(stream, &shape.leaders, spec, ids);
+    metrics.bytes_copied += recv.len() as u64;
     let full =
         metrics.timed(Phase::Assemble, || assemble(&leader, fields, recv, recv_counts, |id| stream.home.owner(id).0));
     let full = metrics.timed(Phase::Exchange, || agree(transport, full))?;
@@ -51,8 +52,10 @@ pub(crate) fn complete(
     let source = FromLeader { batches: &full, batch_size: b, first_row: leader.rows.start, fields: leader.parts };
     let (send, counts) = metrics.timed(Phase::Pack, || pack(&sends, &member_parts, fields, &source));
     metrics.bytes_sent += send.len() as u64;
+    metrics.bytes_copied += send.len() as u64;
     let (recv, recv_counts) = metrics.timed(Phase::Exchange, || group.all_to_all_v(send, &counts))?;
     metrics.bytes_received += recv.len() as u64;
+    metrics.bytes_copied += recv.len() as u64;
     metrics.timed(Phase::Assemble, || assemble(&own, fields, &recv, &recv_counts, |_| 0))
 }
 
