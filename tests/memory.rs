@@ -40,8 +40,14 @@ fn check_bounded(what: &str, small: &Path, big: &Path, bigger: &Path, samples: [
         }
         let (r1, r2) = (b1["max_rss_bytes"].as_u64().unwrap(), b2["max_rss_bytes"].as_u64().unwrap());
         let bound = base + (prefetch as u64 + 1) * WINDOW * 3 / 2 + (2 << 20);
-        assert!(r1 <= bound && r2 <= bound, "{what}, prefetch {prefetch}: peak RSS {r1} / {r2} exceeds {bound} (baseline {base})");
-        assert!(r2 <= r1 + (2 << 20), "{what}, prefetch {prefetch}: 4× the data must not need more memory: {r1} → {r2}");
+        assert!(
+            r1 <= bound && r2 <= bound,
+            "{what}, prefetch {prefetch}: peak RSS {r1} / {r2} exceeds {bound} (baseline {base})"
+        );
+        assert!(
+            r2 <= r1 + (2 << 20),
+            "{what}, prefetch {prefetch}: 4× the data must not need more memory: {r1} → {r2}"
+        );
     }
 }
 

@@ -275,8 +275,49 @@ over_transports! {
                 assert!(l["phase_s"][p].as_f64().unwrap() >= 0.0);
             }
             assert!(l["samples_per_s"].as_f64().unwrap() > 0.0);
+            // Read once into a buffer, packed once, assembled once (one epoch reads a
+            // little more than it needs: coalesced spans).
+            let copies = l["copies_per_byte"].as_f64().unwrap();
+            assert!((3.0..3.5).contains(&copies), "copies per delivered byte: {copies}");
         }
     }
+}
+
+/// Planning costs a rank its share of the epoch, not the epoch: each rank inverts the
+/// permutation for its home range and evaluates it for the rows it receives, so the most
+/// evaluations any rank makes is at most 2·N/P and falls as ranks are added.
+#[test]
+fn planning_work_per_rank_falls_with_the_number_of_ranks() {
+    let out = tempdir();
+    let data = out.path().join("d");
+    let n = 8192u64;
+    ok(&meshfeed(&[
+        "gen",
+        "--format",
+        "raw",
+        "--samples",
+        "8192",
+        "--files",
+        "2",
+        "--field",
+        "x:u8:8",
+        "--out",
+        data.to_str().unwrap(),
+    ]));
+    let mut most = vec![];
+    for np in [1usize, 2, 4] {
+        let run =
+            mpirun(np, &["run", "--data", data.to_str().unwrap(), "--batch-size", "64", "--epochs", "2", "--json"]);
+        ok(&run);
+        for line in run.stdout.lines() {
+            let l: serde_json::Value = serde_json::from_str(line).unwrap();
+            let evaluations = l["plan_evaluations"].as_u64().unwrap();
+            let share = n / np as u64;
+            assert!((share..=2 * share).contains(&evaluations), "{np} ranks: {evaluations} evaluations, N = {n}");
+            most.push((np, evaluations));
+        }
+    }
+    assert!(most.windows(2).all(|w| w[0].0 == w[1].0 || w[1].1 < w[0].1), "{most:?}");
 }
 
 over_transports! {

@@ -89,6 +89,8 @@ pub struct EpochSummary {
     /// the bytes delivered: the copies each delivered byte took.
     pub bytes_copied: u64,
     pub copies_per_byte: f64,
+    /// The most permutation evaluations any rank made planning the epoch's windows.
+    pub plan_evaluations: u64,
     pub windows: u64,
     /// Peak resident set size of the largest rank so far (getrusage).
     pub max_rss_bytes: u64,
@@ -135,6 +137,7 @@ impl EpochSummary {
             bytes_delivered: delivered[0],
             bytes_copied: m.bytes_copied,
             copies_per_byte: m.bytes_copied as f64 / delivered[0].max(1) as f64,
+            plan_evaluations: m.max_evaluations,
             windows: m.windows,
             max_rss_bytes: maxes[2],
             verified: None,

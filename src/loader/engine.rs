@@ -25,7 +25,7 @@ use super::window::{receipt, Packed, Received, Route, Window};
 use super::{broadcast, two_phase};
 use crate::config::ExchangeMode;
 use crate::error::Result;
-use crate::plan::{FieldPart, Permutation, Placement, WindowPlan};
+use crate::plan::{EpochOrder, FieldPart, HomeIndex, Permutation, Placement, WindowPlan};
 use crate::transport::{agree, Transport};
 use crate::types::Rank;
 
@@ -35,6 +35,8 @@ pub(crate) struct Engine {
     pub stream: Arc<Stream>,
     pub transport: Box<dyn Transport>,
     pub reads: Reads,
+    /// Where this rank's home samples fall in the current epoch's order.
+    pub index: HomeIndex,
     /// The two-phase row-block group (made at the first two-phase window; a collective).
     pub group: Option<Box<dyn Transport>>,
 }
@@ -48,7 +50,8 @@ const _: fn() = || {
 impl Engine {
     /// An engine for `stream` over the loader's own communicator.
     pub fn new(stream: Arc<Stream>, transport: Box<dyn Transport>) -> Engine {
-        Engine { stream, transport, reads: Reads::default(), group: None }
+        let index = HomeIndex::new(stream.home.range(stream.rank), stream.index_entries);
+        Engine { stream, transport, reads: Reads::default(), index, group: None }
     }
 }
 
@@ -80,6 +83,7 @@ pub(crate) fn prepare(
     stream: &Stream,
     transport: &dyn Transport,
     reads: &mut Reads,
+    index: &mut HomeIndex,
     spec: WindowSpec,
 ) -> Result<Packed> {
     let route = route(stream, &spec);
@@ -89,9 +93,15 @@ pub(crate) fn prepare(
     let mut metrics = Metrics::default();
     let perm = Permutation::new(stream.dataset.len(), stream.options.seed, spec.epoch.0);
     let placement = exchange_placement(stream, &spec, route);
-    let plan = metrics.timed(Phase::Plan, || {
-        WindowPlan::new(&perm, &stream.home, placement, stream.rank, spec.steps.clone(), stream.options.batch_size)
-    });
+    // A two-phase member also needs the ids of its own rows under the final placement.
+    let own_rows = match route {
+        Route::TwoPhase => stream.placement.receiver(stream.rank).map(|(block, _)| block.rows.clone()),
+        _ => None,
+    };
+    let order = EpochOrder { perm: &perm, home: &stream.home, stride: stream.options.batch_size };
+    let plan = metrics
+        .timed(Phase::Plan, || WindowPlan::new(&order, index, placement, stream.rank, spec.steps.clone(), own_rows));
+    metrics.evaluations += plan.evaluations;
     let start = Instant::now();
     let read = reads.read(stream, &plan.reads, &mut metrics);
     metrics.phase[Phase::Read as usize] += start.elapsed();

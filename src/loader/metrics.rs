@@ -59,6 +59,8 @@ pub struct Metrics {
     /// send buffers and assembled into batches (the transport's own copies are not
     /// counted). Over the bytes delivered, the copies each delivered byte took.
     pub bytes_copied: u64,
+    /// Permutation evaluations made planning windows (the broadcast baseline's not counted).
+    pub evaluations: u64,
     /// Time the consumer waited for the producer (for batches not yet ready).
     pub wait: Duration,
     /// Per window exchanged over the loader's communicator, the bytes this rank sent to
@@ -92,6 +94,7 @@ impl Metrics {
         self.rows_delivered += other.rows_delivered;
         self.windows += other.windows;
         self.bytes_copied += other.bytes_copied;
+        self.evaluations += other.evaluations;
         self.wait += other.wait;
         self.window_sends.extend(other.window_sends.iter().cloned());
     }
@@ -100,7 +103,7 @@ impl Metrics {
     pub fn reduce(&self, transport: &dyn Transport) -> Result<MetricsSummary> {
         let nanos = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
         let mut maxes: Vec<u64> = self.phase.iter().map(|&d| nanos(d)).collect();
-        maxes.extend([nanos(self.wait), self.bytes_sent, self.bytes_received, self.windows]);
+        maxes.extend([nanos(self.wait), self.bytes_sent, self.bytes_received, self.windows, self.evaluations]);
         transport.all_reduce_u64(&mut maxes, ReduceOp::Max)?;
         let mut sums = [self.bytes_read, self.bytes_sent, self.bytes_received, self.rows_delivered, self.bytes_copied];
         transport.all_reduce_u64(&mut sums, ReduceOp::Sum)?;
@@ -115,6 +118,7 @@ impl Metrics {
             max_sent: maxes[n + 1],
             max_received: maxes[n + 2],
             windows: maxes[n + 3],
+            max_evaluations: maxes[n + 4],
             bytes_read: sums[0],
             bytes_sent: sums[1],
             bytes_received: sums[2],
@@ -142,6 +146,8 @@ pub struct MetricsSummary {
     pub max_received: u64,
     /// Windows (the most any rank exchanged).
     pub windows: u64,
+    /// The most permutation evaluations any rank made planning.
+    pub max_evaluations: u64,
 }
 
 impl MetricsSummary {

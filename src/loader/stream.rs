@@ -67,6 +67,8 @@ pub(crate) struct Stream {
     pub two_phase: Option<TwoPhaseShape>,
     pub steps_per_epoch: u64,
     pub steps_per_window: u64,
+    /// Entries of this rank's home index (see [`budget::index_entries`]).
+    pub index_entries: u64,
     pub budget: WindowBudget,
     /// Whether this rank keeps its home range in memory.
     pub cache_home_range: bool,
@@ -131,9 +133,11 @@ impl Stream {
         };
         let per_step = values_per_step + budget::bookkeeping_per_step(b, world, fields.len());
         let budget = WindowBudget { window_bytes: options.window_bytes, prefetch: options.prefetch };
-        let steps_per_window = budget.steps_per_window(per_step, steps_per_epoch);
         let home = HomeRanges::new(n, world);
         let range = home.range(rank);
+        let index_entries = budget::index_entries(&budget, range.end - range.start);
+        let index_bytes = index_entries * crate::plan::index::ENTRY_BYTES;
+        let steps_per_window = budget.steps_per_window_besides(per_step, steps_per_epoch, index_bytes);
         let cache_need = (range.end - range.start).saturating_mul(budget::sample_bytes(&sizes));
         let cache_home_range = options.cache_bytes > 0 && cache_need <= options.cache_bytes;
         Ok(Stream {
@@ -148,6 +152,7 @@ impl Stream {
             two_phase,
             steps_per_epoch,
             steps_per_window,
+            index_entries,
             budget,
             cache_home_range,
             dataset,
@@ -223,9 +228,10 @@ mod tests {
     #[test]
     fn windows_tile_epochs_and_cross_into_the_next() {
         // 2 rows × 10 bytes = 20 bytes of values per step per rank, plus bookkeeping (4 × 24
-        // + 2 × 72 = 240): 260, 3 × 260 per step held: 2340 bytes give 3 steps per window.
+        // + 2 × 72 = 240): 260, 3 × 260 per step held: 2340 bytes give 3 steps per window,
+        // besides the home index (12 samples × 16 bytes).
         // 23 samples, batch 4: 5 steps + a partial one (3 rows).
-        let s = stream(23, 4, 2340, TailPolicy::Partial);
+        let s = stream(23, 4, 2340 + 12 * 16, TailPolicy::Partial);
         assert_eq!((s.steps_per_epoch, s.steps_per_window), (6, 3));
         let mut w = s.window_at(Position::new(0, 0));
         let mut seen = vec![];

@@ -61,14 +61,28 @@ impl WindowBudget {
     /// window is the unit the pipeline overlaps with training, and a queue of a few huge
     /// windows hides loading badly (each epoch would start by waiting for one).
     pub fn steps_per_window(&self, bytes_per_step: u64, steps_in_epoch: u64) -> u64 {
+        self.steps_per_window_besides(bytes_per_step, steps_in_epoch, 0)
+    }
+
+    /// [`WindowBudget::steps_per_window`] with `reserved` bytes of the peak held by
+    /// something else (the home index).
+    pub fn steps_per_window_besides(&self, bytes_per_step: u64, steps_in_epoch: u64, reserved: u64) -> u64 {
         let per_step = bytes_per_step.saturating_mul(self.windows_held()).max(1);
-        let by_bytes = self.peak_bytes() / per_step;
+        let by_bytes = self.peak_bytes().saturating_sub(reserved) / per_step;
         let by_depth = match self.prefetch {
             0 => u64::MAX,
             p => steps_in_epoch.div_ceil(WINDOWS_PER_QUEUE * (p as u64 + 1)),
         };
         by_bytes.min(by_depth).clamp(1, steps_in_epoch.max(1))
     }
+}
+
+/// Entries of the home index ([`crate::plan::HomeIndex`]) for a home range of `home`
+/// samples: the whole range where it fits a quarter of the peak (then planning an epoch
+/// evaluates the permutation once per home sample), else that quarter (an epoch then takes
+/// a few passes). At least 4096 entries (64 KiB).
+pub fn index_entries(budget: &WindowBudget, home: u64) -> u64 {
+    home.min((budget.peak_bytes() / 4 / crate::plan::index::ENTRY_BYTES).max(4096))
 }
 
 /// Bytes of bookkeeping per step on one rank of `world`, for batches of `batch_size` rows

@@ -9,6 +9,7 @@
 
 pub mod budget;
 pub mod home;
+pub mod index;
 pub mod mesh;
 pub mod permutation;
 pub mod placement;
@@ -17,8 +18,9 @@ pub mod window;
 
 pub use budget::WindowBudget;
 pub use home::HomeRanges;
+pub use index::HomeIndex;
 pub use mesh::Mesh;
 pub use permutation::Permutation;
 pub use placement::{FieldPart, Placement};
 pub use sharding::{FieldSharding, Stage};
-pub use window::WindowPlan;
+pub use window::{EpochOrder, WindowPlan};
