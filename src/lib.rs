@@ -27,6 +27,7 @@
 //! default and additive; a build without one compiles, and selecting what it provides is a
 //! clear error naming the feature.
 
+pub(crate) mod buffers;
 pub mod config;
 pub mod dataset;
 pub mod error;

@@ -146,11 +146,15 @@ fn first_file(dir: &Path, ext: &str) -> PathBuf {
 
 over_transports! {
     /// A file truncated while the job reads it: every format, every rank exits 1 naming the
-    /// file and the change (HDF5 used to deliver zero-filled rows and exit 0).
+    /// file and the change (HDF5 used to deliver zero-filled rows and exit 0). Samples of
+    /// 4 KiB and more of .npy and raw files are read straight into send buffers: those too.
     fn a_file_truncated_mid_job_stops_every_rank(t: Transport) {
-        for (format, ext) in [("hdf5", "h5"), ("npy", "npy"), ("arrow", "arrow"), ("raw", "raw")] {
+        let (small, large) = (["x:f32:64", "y:i64"], ["x:f32:1024", "y:i64"]);
+        for (format, ext, fields) in
+            [("hdf5", "h5", small), ("npy", "npy", small), ("arrow", "arrow", small), ("raw", "raw", small), ("npy", "npy", large), ("raw", "raw", large)]
+        {
             let out = tempdir();
-            gen(out.path(), format, "4000", "4", &["x:f32:64", "y:i64"]);
+            gen(out.path(), format, "4000", "4", &fields);
             let victim = first_file(out.path(), ext);
             let before = std::fs::metadata(&victim).unwrap().len();
             let args = long_job(out.path());
@@ -167,9 +171,9 @@ over_transports! {
     /// A file rewritten in place with other contents of the same size: the modification
     /// time gives it away.
     fn a_file_rewritten_mid_job_stops_every_rank(t: Transport) {
-        for (format, ext) in [("hdf5", "h5"), ("npy", "npy")] {
+        for (format, ext, x) in [("hdf5", "h5", "x:f32:64"), ("npy", "npy", "x:f32:64"), ("npy", "npy", "x:f32:1024")] {
             let out = tempdir();
-            gen(out.path(), format, "4000", "4", &["x:f32:64", "y:i64"]);
+            gen(out.path(), format, "4000", "4", &[x, "y:i64"]);
             let victim = first_file(out.path(), ext);
             let len = std::fs::metadata(&victim).unwrap().len() as usize;
             let args = long_job(out.path());

@@ -163,6 +163,9 @@ over_transports! {
         for (format, fields) in [
             ("npy", vec!["x:f32:3x4", "y:i64", "z:u8:5", "h:f16:2", "b:bool:3"]),
             ("raw", vec!["x:f64:2", "y:i16"]),
+            // 4 KiB and more: read straight into the send buffers.
+            ("npy", vec!["x:f32:1024", "y:i64"]),
+            ("raw", vec!["x:u8:5000"]),
             ("hdf5", vec!["x:f32:8", "y:i32", "b:bool"]),
             ("arrow", vec!["x:f32:2x3", "y:u16", "t:bytes", "s:utf8"]),
         ] {
@@ -337,6 +340,34 @@ over_transports! {
             let run = t.run(np, &["run", "--data", data.to_str().unwrap(), "--batch-size", "12", "--verify"]);
             ok(&run);
             assert!(run.stdout.contains("300 samples delivered exactly once, in permutation order; contents match"), "{}", run.stdout);
+        }
+    }
+}
+
+/// Samples of 4 KiB and more in .npy and raw files are read straight into the send
+/// buffers: each delivered byte is copied twice (file → send buffer, receive buffer →
+/// batch) and a rank reads exactly the bytes it sends, where smaller samples take a third
+/// copy and coalesced reads bring in more than they need.
+#[test]
+fn large_samples_are_read_straight_into_send_buffers() {
+    let out = tempdir();
+    for (format, field, direct) in [("npy", "x:u8:4096", true), ("raw", "x:u8:8192", true), ("npy", "x:u8:1024", false)] {
+        let data = out.path().join(format!("{format}-{field}"));
+        let d = data.to_str().unwrap();
+        ok(&meshfeed(&["gen", "--format", format, "--samples", "3000", "--files", "3", "--field", field, "--out", d]));
+        let run = mpirun(4, &["run", "--data", d, "--batch-size", "64", "--window-bytes", "1M", "--verify", "--json"]);
+        ok(&run);
+        let l: serde_json::Value = serde_json::from_str(run.stdout.lines().last().unwrap()).unwrap();
+        let (copies, read, sent) = (
+            l["copies_per_byte"].as_f64().unwrap(),
+            l["bytes_read"].as_u64().unwrap(),
+            l["bytes_exchanged"].as_u64().unwrap(),
+        );
+        assert_eq!(l["verified"], true);
+        if direct {
+            assert_eq!((copies, read), (2.0, sent), "{format} {field}: {l}");
+        } else {
+            assert!(copies > 2.9 && read > sent, "{format} {field}: {l}");
         }
     }
 }

@@ -283,6 +283,28 @@ pub trait FileReader: Send {
     /// Reads the given rows of this file: local row indices, sorted ascending, unique.
     /// The returned chunk holds them in the same order.
     fn read_rows(&mut self, rows: &[u64]) -> Result<RowChunk>;
+
+    /// Where field `field` of local row `row` lies in the file, for formats that store
+    /// values whole and uncompressed at fixed offsets (`.npy`, raw records): such values
+    /// can be read straight into their destination with [`FileReader::read_at`]. `None`
+    /// (the default, and for a row past the end): read rows instead.
+    fn value_range(&self, row: u64, field: usize) -> Option<std::ops::Range<u64>> {
+        let _ = (row, field);
+        None
+    }
+
+    /// Reads exactly `out.len()` bytes at `offset` of the file (a range from
+    /// [`FileReader::value_range`]); a file that ends first is an error.
+    fn read_at(&mut self, offset: u64, out: &mut [u8]) -> Result<()> {
+        let _ = (offset, out);
+        Err(Error::Config("internal: this reader reads rows, not byte ranges".into()))
+    }
+
+    /// Checks that the file is still the one scanned (a caller of [`FileReader::read_at`]
+    /// checks once after a window's reads, as [`FileReader::read_rows`] does by itself).
+    fn check(&self) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// An ordered list of files with identical fields.
@@ -423,6 +445,23 @@ impl FileReader for CheckedReader {
     fn read_rows(&mut self, rows: &[u64]) -> Result<RowChunk> {
         let chunk = self.inner.read_rows(rows);
         unchanged_then(&self.info, chunk)
+    }
+
+    fn value_range(&self, row: u64, field: usize) -> Option<std::ops::Range<u64>> {
+        self.inner.value_range(row, field)
+    }
+
+    fn read_at(&mut self, offset: u64, out: &mut [u8]) -> Result<()> {
+        // A short read of a file that changed reports the change (the cause).
+        let read = self.inner.read_at(offset, out);
+        if read.is_err() {
+            return unchanged_then(&self.info, read);
+        }
+        read
+    }
+
+    fn check(&self) -> Result<()> {
+        self.info.check_unchanged()
     }
 }
 

@@ -157,6 +157,22 @@ impl RecordFile {
 }
 
 impl super::FileReader for RecordFile {
+    fn value_range(&self, row: u64, field: usize) -> Option<Range<u64>> {
+        let f = self.field_ranges.get(field)?;
+        let start = (row < self.samples).then(|| self.data_offset + row * self.record_bytes + f.start as u64)?;
+        Some(start..start + f.len() as u64)
+    }
+
+    fn read_at(&mut self, offset: u64, out: &mut [u8]) -> Result<()> {
+        self.file.read_exact_at(out, offset).map_err(|e| match e.kind() {
+            std::io::ErrorKind::UnexpectedEof => Error::file(
+                &self.path,
+                format!("truncated: bytes {offset}..{} end past the end of the file", offset + out.len() as u64),
+            ),
+            _ => Error::io(&self.path, e),
+        })
+    }
+
     fn read_rows(&mut self, rows: &[u64]) -> Result<RowChunk> {
         let mut chunk = RowChunk::new(self.field_ranges.len());
         // Rows past the header's count would size a read beyond the file.

@@ -33,6 +33,12 @@ impl AlignedBytes {
         AlignedBytes { words: vec![0; len.div_ceil(8)], len }
     }
 
+    /// `len` bytes of unspecified contents, for a caller that overwrites every one: a
+    /// recycled buffer where one is free (see [`crate::buffers`]).
+    pub(crate) fn recycled(len: usize) -> AlignedBytes {
+        AlignedBytes { words: crate::buffers::words(len.div_ceil(8)), len }
+    }
+
     /// The bytes.
     pub fn as_slice(&self) -> &[u8] {
         &bytemuck::cast_slice(&self.words)[..self.len]
@@ -41,6 +47,13 @@ impl AlignedBytes {
     /// The bytes, mutable.
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
         &mut bytemuck::cast_slice_mut(&mut self.words)[..self.len]
+    }
+}
+
+impl Drop for AlignedBytes {
+    /// The memory goes back to the pool for the next batches.
+    fn drop(&mut self) {
+        crate::buffers::give_words(std::mem::take(&mut self.words));
     }
 }
 
@@ -58,12 +71,13 @@ pub struct FieldData {
 impl FieldData {
     pub(crate) fn tensor(field: Field, part: FieldPart, rows: usize) -> FieldData {
         let value_bytes = part.bytes(&field).expect("tensor field");
-        FieldData { field, part, rows, data: AlignedBytes::zeroed(rows * value_bytes), offsets: None }
+        // Assembly writes every row's bytes.
+        FieldData { field, part, rows, data: AlignedBytes::recycled(rows * value_bytes), offsets: None }
     }
 
     pub(crate) fn var_len(field: Field, part: FieldPart, rows: usize, values: &[&[u8]]) -> FieldData {
         let total = values.iter().map(|v| v.len()).sum();
-        let mut data = AlignedBytes::zeroed(total);
+        let mut data = AlignedBytes::recycled(total);
         let mut offsets = Vec::with_capacity(rows + 1);
         offsets.push(0);
         let mut at = 0;

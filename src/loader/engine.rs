@@ -102,16 +102,25 @@ pub(crate) fn prepare(
     let plan = metrics
         .timed(Phase::Plan, || WindowPlan::new(&order, index, placement, stream.rank, spec.steps.clone(), own_rows));
     metrics.evaluations += plan.evaluations;
-    let start = Instant::now();
-    let read = reads.read(stream, &plan.reads, &mut metrics);
-    metrics.phase[Phase::Read as usize] += start.elapsed();
-    let read = metrics.timed(Phase::Exchange, || agree(transport, read))?;
     let parts: Vec<Option<&[FieldPart]>> =
         (0..placement.world()).map(|d| placement.receiver(Rank(d)).map(|(_, rc)| &rc.parts[..])).collect();
-    let source = FromReads { ids: &plan.ids, read: &read };
-    let (send, counts) = metrics.timed(Phase::Pack, || pack(&plan.sends, &parts, stream.dataset.fields(), &source));
+    let (send, counts) = if stream.direct_reads {
+        // Read straight into the send buffer: reading is packing.
+        let start = Instant::now();
+        let packed = reads.pack_direct(stream, &plan.sends, &parts, &plan.ids, &mut metrics);
+        metrics.phase[Phase::Read as usize] += start.elapsed();
+        metrics.timed(Phase::Exchange, || agree(transport, packed))?
+    } else {
+        let start = Instant::now();
+        let read = reads.read(stream, &plan.reads, &mut metrics);
+        metrics.phase[Phase::Read as usize] += start.elapsed();
+        let read = metrics.timed(Phase::Exchange, || agree(transport, read))?;
+        let source = FromReads { ids: &plan.ids, read: &read };
+        let packed = metrics.timed(Phase::Pack, || pack(&plan.sends, &parts, stream.dataset.fields(), &source));
+        metrics.bytes_copied += packed.0.len() as u64;
+        packed
+    };
     metrics.bytes_sent += send.len() as u64;
-    metrics.bytes_copied += send.len() as u64;
     metrics.window_sends.push(counts.clone());
     Ok(Packed { spec, route, ids: plan.ids, send, counts, metrics })
 }
@@ -175,6 +184,7 @@ pub(crate) fn complete(engine: &mut Engine, received: Received) -> Result<Window
         ),
         Route::Broadcast => broadcast::complete(stream, &spec, &ids, &recv, &mut metrics),
     };
+    crate::buffers::give_bytes(recv);
     let batches = metrics.timed(Phase::Exchange, || agree(&*engine.transport, batches))?;
     metrics.windows += 1;
     metrics.rows_delivered += batches.iter().map(|b| b.ids.len() as u64).sum::<u64>();

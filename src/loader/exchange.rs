@@ -42,7 +42,7 @@ pub(crate) fn pack(
             None => 0,
         })
         .collect();
-    let mut send = Vec::with_capacity(counts.iter().sum());
+    let mut send = crate::buffers::bytes_with_capacity(counts.iter().sum());
     for (rows, parts) in sends.iter().zip(parts) {
         for &i in rows {
             for p in parts.unwrap_or(&[]) {

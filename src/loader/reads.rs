@@ -1,7 +1,8 @@
 //! Reading a window's samples from this rank's home range: open readers, the optional
 //! home-range cache, and the [`ReadSet`] that packing copies values out of.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::ops::Range;
 use std::sync::Arc;
 
 use super::exchange::ValueSource;
@@ -9,6 +10,7 @@ use super::metrics::Metrics;
 use super::stream::Stream;
 use crate::dataset::RowChunk;
 use crate::error::{Error, Result};
+use crate::plan::FieldPart;
 use crate::types::SampleId;
 
 /// The readers a producer keeps open, and the home-range cache.
@@ -106,6 +108,67 @@ impl Reads {
             i = j;
         }
         Ok(ReadSet { ids: ids.to_vec(), starts, chunks })
+    }
+
+    /// Packs a window's send buffer straight from the files: each value is read from the
+    /// page cache into its place (one copy, no read buffers, exactly the bytes needed), in
+    /// the layout [`super::exchange::pack`] makes. Only for streams whose values all sit
+    /// whole at fixed offsets ([`Stream::direct_reads`]): `parts` are whole tensor fields.
+    /// `ids[i]` is the id of window row `i`.
+    pub fn pack_direct(
+        &mut self,
+        stream: &Stream,
+        sends: &[Vec<usize>],
+        parts: &[Option<&[FieldPart]>],
+        ids: &[SampleId],
+        metrics: &mut Metrics,
+    ) -> Result<(Vec<u8>, Vec<usize>)> {
+        let dataset = &stream.dataset;
+        let fields = dataset.fields();
+        let row_bytes = |parts: &[FieldPart]| parts.iter().filter_map(|p| p.bytes(&fields[p.field])).sum::<usize>();
+        let counts: Vec<usize> =
+            sends.iter().zip(parts).map(|(rows, p)| p.map_or(0, |p| rows.len() * row_bytes(p))).collect();
+        let total = counts.iter().sum();
+        let mut send = crate::buffers::bytes(total);
+        let mut at = 0;
+        let mut touched = HashSet::new();
+        for (rows, parts) in sends.iter().zip(parts) {
+            let Some(parts) = parts else { continue };
+            for &i in rows {
+                let (file, row) = dataset.locate(ids[i]);
+                let reader = self.readers.get(file, || dataset.open_reader(file))?;
+                touched.insert(file);
+                // Values adjacent in the file and in the buffer are read at once.
+                let mut run: Option<(u64, Range<usize>)> = None;
+                for p in parts.iter() {
+                    let r = reader.value_range(row, p.field).ok_or_else(|| {
+                        Error::file(&dataset.files()[file].path, format!("row {row} is past the end of the file"))
+                    })?;
+                    let len = (r.end - r.start) as usize;
+                    match &mut run {
+                        Some((offset, dst)) if *offset + dst.len() as u64 == r.start => dst.end += len,
+                        _ => {
+                            if let Some((offset, dst)) = run.take() {
+                                reader.read_at(offset, &mut send[dst])?;
+                            }
+                            run = Some((r.start, at..at + len));
+                        }
+                    }
+                    at += len;
+                }
+                if let Some((offset, dst)) = run {
+                    reader.read_at(offset, &mut send[dst])?;
+                }
+            }
+        }
+        debug_assert_eq!(at, total);
+        // The file checks that read_rows makes after each read, once per window.
+        for file in touched {
+            self.readers.get(file, || dataset.open_reader(file))?.check()?;
+        }
+        metrics.bytes_read += total as u64;
+        metrics.bytes_copied += total as u64;
+        Ok((send, counts))
     }
 
     /// Reads rows (sorted, local to the file) of file `file`.

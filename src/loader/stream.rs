@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use super::layout;
 use crate::config::{ExchangeMode, LoaderOptions, TailPolicy};
-use crate::dataset::Dataset;
+use crate::dataset::{Dataset, Format};
 use crate::error::{Error, Result};
 use crate::plan::{budget, HomeRanges, Mesh, Placement, WindowBudget};
 use crate::types::{Epoch, Rank, Step};
@@ -69,6 +69,8 @@ pub(crate) struct Stream {
     pub steps_per_window: u64,
     /// Entries of this rank's home index (see [`budget::index_entries`]).
     pub index_entries: u64,
+    /// Whether windows are packed straight from the files ([`direct_reads`]).
+    pub direct_reads: bool,
     pub budget: WindowBudget,
     /// Whether this rank keeps its home range in memory.
     pub cache_home_range: bool,
@@ -140,6 +142,10 @@ impl Stream {
         let steps_per_window = budget.steps_per_window_besides(per_step, steps_per_epoch, index_bytes);
         let cache_need = (range.end - range.start).saturating_mul(budget::sample_bytes(&sizes));
         let cache_home_range = options.cache_bytes > 0 && cache_need <= options.cache_bytes;
+        let placements = [Some(&placement), tail_placement.as_ref(), two_phase.as_ref().map(|t| &t.leaders)];
+        let direct_reads = !cache_home_range
+            && mode != ExchangeMode::Broadcast
+            && direct_reads(&dataset, placements.into_iter().flatten());
         Ok(Stream {
             coords: mesh.coords(rank),
             rank,
@@ -153,6 +159,7 @@ impl Stream {
             steps_per_epoch,
             steps_per_window,
             index_entries,
+            direct_reads,
             budget,
             cache_home_range,
             dataset,
@@ -161,6 +168,7 @@ impl Stream {
     }
 
     /// The placement of step `step` (the last step of a `partial` epoch has its own).
+
     pub fn placement_for_step(&self, step: Step) -> &Placement {
         match &self.tail_placement {
             Some(t) if step.0 + 1 == self.steps_per_epoch => t,
@@ -203,6 +211,25 @@ impl Stream {
             Position { epoch: Epoch(at.epoch.0 + 1), step: Step(0) }
         }
     }
+}
+
+/// Samples at least this large are read straight into send buffers, one read per value;
+/// smaller ones are read in coalesced spans and packed (a read per tiny value costs more
+/// than the copy it saves).
+pub const DIRECT_READ_MIN_BYTES: u64 = 4096;
+
+/// Whether every window can be packed straight from the files: every file stores values
+/// whole at fixed offsets (`.npy`, raw records), every receiver takes whole tensor fields
+/// (no slices, no variable-length values), and samples are large enough
+/// ([`DIRECT_READ_MIN_BYTES`]).
+fn direct_reads<'a>(dataset: &Dataset, placements: impl Iterator<Item = &'a Placement>) -> bool {
+    let fields = dataset.fields();
+    let fixed = dataset.files().iter().all(|f| matches!(f.format, Format::Npy | Format::Raw));
+    let sample: u64 = fields.iter().map(|f| f.fixed_bytes().unwrap_or(0) as u64).sum();
+    let mut parts = placements.flat_map(|p| p.blocks()).flat_map(|b| &b.receivers).flat_map(|r| &r.parts);
+    fixed
+        && sample >= DIRECT_READ_MIN_BYTES
+        && parts.all(|p| p.slice.is_none() && fields[p.field].fixed_bytes().is_some())
 }
 
 #[cfg(test)]

@@ -11,8 +11,6 @@
 
 use std::ops::Range;
 
-use rayon::prelude::*;
-
 use super::Permutation;
 
 /// Bytes of one index entry, for sizing the cap.
@@ -71,18 +69,17 @@ impl HomeIndex {
         };
         let end = need.start.saturating_add(len.max(need.end - need.start)).min(n);
         let span = need.start..end;
-        let mut entries: Vec<(u64, u64)> = self
-            .home
-            .clone()
-            .into_par_iter()
-            .filter_map(|id| {
-                let p = perm.invert(id);
-                span.contains(&p).then_some((p, id))
-            })
-            .collect();
-        entries.par_sort_unstable();
+        // Refilled in place, sequentially: a fresh (or parallel-collected) vector per pass
+        // would leave the allocator a new block of this size each time. A rank's share is
+        // one core's work; the ranks are the parallelism.
+        self.entries.clear();
+        self.entries.reserve((self.max_entries.min(home) + self.max_entries.min(home) / 8) as usize);
+        self.entries.extend(self.home.clone().filter_map(|id| {
+            let p = perm.invert(id);
+            span.contains(&p).then_some((p, id))
+        }));
+        self.entries.sort_unstable();
         self.evaluations += home;
-        self.entries = entries;
         self.span = span;
         self.built_for = Some(perm.clone());
     }

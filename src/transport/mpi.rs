@@ -112,7 +112,7 @@ impl MpiTransport {
             })
             .collect::<Result<_>>()?;
         let total: usize = recv_counts.iter().sum();
-        let mut recv = vec![0u8; total];
+        let mut recv = crate::buffers::bytes(total);
 
         let mut rounds = [Rounds::local_need(send_counts, &recv_counts, world, self.max_round_bytes) as u64];
         self.all_reduce_u64(&mut rounds, ReduceOp::Max)?;
@@ -189,7 +189,9 @@ impl Transport for MpiTransport {
     }
 
     fn all_to_all_v(&self, send: Vec<u8>, send_counts: &[usize]) -> Result<(Vec<u8>, Vec<usize>)> {
-        self.exchange(&send, send_counts, None)
+        let exchanged = self.exchange(&send, send_counts, None);
+        crate::buffers::give_bytes(send);
+        exchanged
     }
 
     fn all_to_all_v_overlapped(
@@ -198,7 +200,9 @@ impl Transport for MpiTransport {
         send_counts: &[usize],
         during: &mut dyn FnMut(),
     ) -> Result<(Vec<u8>, Vec<usize>)> {
-        self.exchange(&send, send_counts, Some(during))
+        let exchanged = self.exchange(&send, send_counts, Some(during));
+        crate::buffers::give_bytes(send);
+        exchanged
     }
 
     fn all_gather(&self, mine: &[u8]) -> Result<Vec<Vec<u8>>> {

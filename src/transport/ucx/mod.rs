@@ -544,7 +544,7 @@ impl UcxTransport {
             self.fail(Error::Transport(format!("received segments {recv_counts:?} add up to more than usize::MAX")))
         })?;
         let recv_ranges = segments(&recv_counts);
-        let mut recv = vec![0u8; total];
+        let mut recv = crate::buffers::bytes(total);
         let own = &send[send_ranges[me].clone()];
         if own.len() != recv_counts[me] {
             return Err(Error::Transport(format!(
