@@ -183,8 +183,7 @@ fi
 step "report: $out/report.md and plots"
 "$bin" bench report --in "$results" --out "$out" | tee "$out/logs/report.log" | sed -n '/^## At/,/^## Every/p' | sed '$d'
 if ((torch == 0)); then
-    "${py/bench\/.venv\/bin\/python/python3}" -m py_compile bench/torch_loader.py 2>/dev/null ||
-        python3 -m py_compile bench/torch_loader.py
+    python3 -m py_compile bench/torch_loader.py
     echo "NOTE: the PyTorch baseline was NOT run ($( ((smoke)) && echo "smoke mode" || echo "--no-torch")); bench/torch_loader.py compiles (python3 -m py_compile)."
 fi
 plots=$(find "$out" -maxdepth 1 \( -name '*.png' -o -name '*.svg' \) | wc -l)
