@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Installs what meshfeed needs on Debian 12, as root: OpenMPI, HDF5, UCX and libclang
-# (system packages), and with --test a Python venv (.venv) with numpy, h5py and pyarrow
-# for the test fixtures. Safe to run again: it installs only what is missing.
+# (system packages; fontconfig, FreeType and a font for the benchmark's plots), and with
+# --test a Python venv (.venv) with numpy, h5py and pyarrow for the test fixtures. Safe to
+# run again: it installs only what is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-packages=(libopenmpi-dev openmpi-bin libhdf5-dev libucx-dev ucx-utils libclang-dev pkg-config gcc util-linux)
+packages=(libopenmpi-dev openmpi-bin libhdf5-dev libucx-dev ucx-utils libclang-dev pkg-config gcc util-linux
+    libfontconfig1-dev libfreetype-dev fonts-dejavu-core)
 if [[ "${1:-}" == "--test" ]]; then
     packages+=(python3 python3-venv)
 fi

@@ -10,6 +10,9 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 HDF5_USE_FILE_L
 cargo build --release --workspace --all-targets
 # Two test threads: multi-rank tests oversubscribe the 2 cores already.
 cargo test --release --workspace --no-fail-fast -- --test-threads=2
+# The benchmark suite's smoke version (seconds, tiny data, no PyTorch, no ratios asserted):
+# every measurement mode and the report's table and plots, so that the suite cannot rot.
+bash bench/run.sh --smoke --out "$(mktemp -d)/bench-smoke"
 
 # The library does not depend on the command line's crates.
 if cargo tree -p meshfeed --edges normal --prefix none | grep -E "^(clap|indicatif|toml) "; then

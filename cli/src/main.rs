@@ -39,8 +39,10 @@ enum Command {
     Inspect(inspect::InspectArgs),
     /// Load a dataset with a global shuffle (launch with mpirun -np P, or meshfeed launch).
     Run(run::RunArgs),
-    /// Compare the fused and two-phase exchanges with the single-loader baseline, and
-    /// measure the overlap of loading with a simulated training step.
+    /// Measure the loader against the machine's limits and the usual baselines (fused,
+    /// two-phase, broadcast, random access; read, exchange and memcpy limits), and the
+    /// overlap with a simulated training step; `bench report` draws the suite's table and
+    /// plots from the results (bench/run.sh runs the whole suite).
     Bench(bench::BenchArgs),
     /// Start N ranks on this host with the rendezvous environment (for --transport ucx).
     Launch(launch::LaunchArgs),
