@@ -183,8 +183,8 @@ pub struct Record {
     /// Bytes the readers brought into memory per epoch (all ranks).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub bytes_read: Option<u64>,
-    /// Bytes copied by the loader per epoch, from `Metrics::bytes_copied` where the library
-    /// counts them; absent until it does ("n/a" in the report, never a guess).
+    /// Bytes copied by meshfeed per epoch (`Metrics::bytes_copied`, all ranks); absent for
+    /// loaders that do not count them ("n/a" in the report, never a guess).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub bytes_copied: Option<u64>,
     /// Per phase (plan, read, pack, exchange, assemble): the slowest rank's seconds per

@@ -194,7 +194,9 @@ pub fn markdown(grid: &Grid, machine: Option<&Machine>) -> String {
     s.push_str(
         "Times are best epochs in seconds (the slowest rank's); ratios above 1 mean meshfeed is faster \
          (samples/s) — except epoch / max(limits), the loader's epoch over the slower of the read and exchange \
-         limits (1.0 would be at the limit). copies / byte: n/a until the library counts copies.\n\n",
+         limits (1.0 would be at the limit). copies / byte: the bytes meshfeed copied (read into memory, packed, \
+         assembled; not the transport's own copies) over the bytes delivered; n/a for loaders that do not count \
+         them.\n\n",
     );
     let table = |points: Vec<(&Point, &BTreeMap<String, Record>)>| {
         let mut t = format!("| {} |\n|{}\n", HEADER.join(" | "), "---|".repeat(HEADER.len()));

@@ -71,7 +71,7 @@ pub fn print(job: &Job, samples: u64, results: &[Record]) {
                 read as f64 / 1e6,
                 r.bytes_needed as f64 / 1e6,
                 read as f64 / r.bytes_needed.max(1) as f64,
-                r.bytes_copied.map_or("n/a (not counted by this build)".into(), |c| format!(
+                r.bytes_copied.map_or("n/a".into(), |c| format!(
                     "{:.2}",
                     c as f64 / r.delivered_bytes.max(1) as f64
                 ))
