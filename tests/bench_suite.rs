@@ -71,7 +71,16 @@ fn every_mode_reports_what_the_suite_needs_at_1_and_2_ranks() {
         let names: Vec<&str> = rows.iter().map(|r| r["loader"].as_str().unwrap()).collect();
         assert_eq!(
             names,
-            ["meshfeed", "fused", "two-phase", "naive", "random-access", "read-limit", "exchange-limit", "memcpy-limit"]
+            [
+                "meshfeed",
+                "fused",
+                "two-phase",
+                "naive",
+                "random-access",
+                "read-limit",
+                "exchange-limit",
+                "memcpy-limit"
+            ]
         );
         let row = |name: &str| rows.iter().find(|r| r["loader"] == name).unwrap();
         for r in &rows {
@@ -170,6 +179,7 @@ fn bad_modes_and_reports_fail_with_clear_errors() {
     assert!(run.code != 0 && run.stderr.contains("random-access measures the data-parallel pattern"), "{}", run.stderr);
     let bad = dir.path().join("bad.jsonl");
     std::fs::write(&bad, "{\"loader\":\"meshfeed\",\"ranks\":1}\n{oops\n").unwrap();
-    let run = meshfeed(&["bench", "report", "--in", bad.to_str().unwrap(), "--out", dir.path().join("r").to_str().unwrap()]);
+    let run =
+        meshfeed(&["bench", "report", "--in", bad.to_str().unwrap(), "--out", dir.path().join("r").to_str().unwrap()]);
     assert!(run.code != 0 && run.stderr.contains("bad.jsonl") && run.stderr.contains("line 2"), "{}", run.stderr);
 }

@@ -351,7 +351,8 @@ over_transports! {
 #[test]
 fn large_samples_are_read_straight_into_send_buffers() {
     let out = tempdir();
-    for (format, field, direct) in [("npy", "x:u8:4096", true), ("raw", "x:u8:8192", true), ("npy", "x:u8:1024", false)] {
+    for (format, field, direct) in [("npy", "x:u8:4096", true), ("raw", "x:u8:8192", true), ("npy", "x:u8:1024", false)]
+    {
         let data = out.path().join(format!("{format}-{field}"));
         let d = data.to_str().unwrap();
         ok(&meshfeed(&["gen", "--format", format, "--samples", "3000", "--files", "3", "--field", field, "--out", d]));

@@ -65,7 +65,8 @@ pub struct Metrics {
     pub wait: Duration,
     /// Per window exchanged over the loader's communicator, the bytes this rank sent to
     /// each rank, in exchange order: what a bare all-to-all-v must move to replay the
-    /// epoch's exchange (the benchmark's exchange limit).
+    /// epoch's exchange (the benchmark's exchange limit). Kept only where the loader is
+    /// asked to ([`super::Loader::keep_window_sends`]).
     pub window_sends: Vec<Vec<usize>>,
 }
 

@@ -94,6 +94,8 @@ pub struct Loader {
     window: VecDeque<Batch>,
     /// Metrics of the windows delivered since the last `take_metrics`.
     metrics: Metrics,
+    /// Whether they keep each window's send counts ([`Loader::keep_window_sends`]).
+    keep_window_sends: bool,
     /// Why the loader stopped working, once it has.
     failed: Option<String>,
 }
@@ -145,6 +147,7 @@ impl Loader {
             epoch_ended: false,
             window: VecDeque::new(),
             metrics: Metrics::default(),
+            keep_window_sends: false,
             failed: None,
         })
     }
@@ -175,7 +178,10 @@ impl Loader {
                 Ok(w)
             });
             match window {
-                Ok(w) => {
+                Ok(mut w) => {
+                    if !self.keep_window_sends {
+                        w.metrics.window_sends = Vec::new();
+                    }
                     self.metrics.add(&w.metrics);
                     self.window.extend(w.batches);
                 }
@@ -268,6 +274,12 @@ impl Loader {
     pub fn fingerprint(&self) -> Fingerprint {
         let o = &self.stream.options;
         Fingerprint::of(&self.stream.dataset, o.batch_size, o.seed, o.tail)
+    }
+
+    /// Whether [`Metrics::window_sends`] records each window's send counts (off by
+    /// default: a list that grows by one entry per window until `take_metrics`).
+    pub fn keep_window_sends(&mut self, keep: bool) {
+        self.keep_window_sends = keep;
     }
 
     /// Metrics of the windows delivered since the last call (and the time spent waiting
@@ -500,5 +512,14 @@ mod tests {
         assert_eq!(m.rows_delivered, 4 * n as u64);
         assert_eq!(m.windows, 12u64.div_ceil(l.steps_per_window()));
         assert!(m.bytes_read >= 48 * 4, "{m:?}");
+        // Per-window send counts only when asked for (they grow with the run).
+        assert!(m.window_sends.is_empty());
+        l.keep_window_sends(true);
+        l.set_epoch(Epoch(1));
+        let n = l.by_ref().count();
+        let m = l.take_metrics();
+        assert_eq!(m.window_sends.len() as u64, m.windows);
+        let sent: usize = m.window_sends.iter().flatten().sum();
+        assert_eq!((sent as u64, m.rows_delivered), (m.bytes_sent, 4 * n as u64));
     }
 }

@@ -105,6 +105,7 @@ impl Reference {
     /// Runs one epoch (after a warm-up) of the job's loader and keeps what it exchanged.
     pub fn record(t: &dyn Transport, dataset: &Dataset, job: &Job, setting: &Setting) -> Result<Reference> {
         let mut loader = agree(t, warm_loader(t, dataset, job, None))?;
+        loader.keep_window_sends(true);
         run_epoch(&mut loader, 1, 0.0)?;
         let m = loader.take_metrics();
         let [loader_bytes_sent] = sum_u64(t, [m.bytes_sent])?;

@@ -104,7 +104,11 @@ pub fn measure(
         gather_u64(t, &nanos)?
             .iter()
             .map(|ns| {
-                Phase::ALL.iter().zip(ns).map(|(p, &n)| (p.name().to_string(), n as f64 / 1e9 / epochs as f64)).collect()
+                Phase::ALL
+                    .iter()
+                    .zip(ns)
+                    .map(|(p, &n)| (p.name().to_string(), n as f64 / 1e9 / epochs as f64))
+                    .collect()
             })
             .collect::<Vec<BTreeMap<String, f64>>>(),
     );

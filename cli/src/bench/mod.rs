@@ -221,11 +221,8 @@ fn bench(args: &BenchArgs, job: Result<Job>, rt: &Runtime) -> Result<()> {
         table::print(&job, dataset.len(), &results);
     }
     // Every loader delivers the same bytes (the limits measure other things).
-    let delivered: Vec<(String, u64)> = results
-        .iter()
-        .filter(|r| r.delivers_batches())
-        .map(|r| (r.mode.clone(), r.delivered_bytes))
-        .collect();
+    let delivered: Vec<(String, u64)> =
+        results.iter().filter(|r| r.delivers_batches()).map(|r| (r.mode.clone(), r.delivered_bytes)).collect();
     if delivered.iter().any(|d| d.1 != delivered[0].1) {
         return Err(Error::Verify(format!("loaders delivered different byte counts per epoch: {delivered:?}")));
     }

@@ -84,7 +84,10 @@ mod tests {
         let list = |s: &str| Mode::parse_list(&s.split(',').map(String::from).collect::<Vec<_>>());
         let all = list("all").unwrap();
         assert_eq!(all.iter().map(|m| m.name()).collect::<Vec<_>>(), ALL);
-        assert_eq!(list("broadcast,read-limit").unwrap(), [Mode::Loader(Some(ExchangeMode::Broadcast)), Mode::ReadLimit]);
+        assert_eq!(
+            list("broadcast,read-limit").unwrap(),
+            [Mode::Loader(Some(ExchangeMode::Broadcast)), Mode::ReadLimit]
+        );
         assert!(list("fused,bogus").unwrap_err().to_string().contains("unknown mode 'bogus'"));
         assert!(list("fused,all").unwrap_err().to_string().contains("'fused' is named twice"));
     }

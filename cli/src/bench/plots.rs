@@ -249,7 +249,10 @@ fn per_loader<'a>(
     for (p, loaders) in points {
         for (name, r) in loaders {
             let k = LOADERS.iter().position(|l| l == name).unwrap_or(LOADERS.len());
-            by.entry(k).or_insert_with(|| Series { name: name.clone(), points: Vec::new() }).points.push((x(p), r.epoch_s_best));
+            by.entry(k)
+                .or_insert_with(|| Series { name: name.clone(), points: Vec::new() })
+                .points
+                .push((x(p), r.epoch_s_best));
         }
     }
     by.into_values()
@@ -279,17 +282,26 @@ pub fn draw_all(grid: &Grid, dir: &Path) -> Result<Vec<PathBuf>> {
             log_y: true,
             series: per_loader(pts, |p| p.ranks as f64),
         };
-        let name = if tag.is_empty() { format!("epoch_vs_ranks_{sample_bytes}") } else { format!("epoch_vs_ranks_{tag}") };
+        let name =
+            if tag.is_empty() { format!("epoch_vs_ranks_{sample_bytes}") } else { format!("epoch_vs_ranks_{tag}") };
         written.extend(save_lines(dir, &name, &chart)?);
     }
     // Time per phase of meshfeed, per dataset and ranks.
-    let mut bars = Bars { title: format!("meshfeed: time per phase ({format})"), labels: Vec::new(), stacks: Vec::new() };
+    let mut bars =
+        Bars { title: format!("meshfeed: time per phase ({format})"), labels: Vec::new(), stacks: Vec::new() };
     for (p, loaders) in main_points(grid, &format) {
         let Some(m) = meshfeed_of(loaders) else { continue };
         let Some(phases) = &m.phase_s else { continue };
-        bars.labels.push(format!("{} ×{}", if p.tag.is_empty() { p.sample_bytes.to_string() } else { p.tag.clone() }, p.ranks));
+        bars.labels.push(format!(
+            "{} ×{}",
+            if p.tag.is_empty() { p.sample_bytes.to_string() } else { p.tag.clone() },
+            p.ranks
+        ));
         let order = ["plan", "read", "pack", "exchange", "assemble"];
-        bars.stacks.push((order.iter().map(|k| (k.to_string(), phases.get(*k).copied().unwrap_or(0.0))).collect(), m.epoch_s_best));
+        bars.stacks.push((
+            order.iter().map(|k| (k.to_string(), phases.get(*k).copied().unwrap_or(0.0))).collect(),
+            m.epoch_s_best,
+        ));
     }
     if !bars.stacks.is_empty() {
         written.extend(save(dir, "phases", |path, svg| {
@@ -342,7 +354,10 @@ pub fn draw_all(grid: &Grid, dir: &Path) -> Result<Vec<PathBuf>> {
         for (name, r) in loaders {
             if (name == "meshfeed" || name == "pytorch") && r.max_rss_bytes > 0 {
                 rss.entry((name.clone(), p.sample_bytes))
-                    .or_insert_with(|| Series { name: format!("{name}, {} B samples", p.sample_bytes), points: Vec::new() })
+                    .or_insert_with(|| Series {
+                        name: format!("{name}, {} B samples", p.sample_bytes),
+                        points: Vec::new(),
+                    })
                     .points
                     .push((p.ranks as f64, r.max_rss_bytes as f64 / 1e6));
             }
@@ -410,7 +425,17 @@ pub fn draw_all(grid: &Grid, dir: &Path) -> Result<Vec<PathBuf>> {
         };
         save_lines(dir, name, &chart)
     };
-    written.extend(scaling(|p| p.dataset_bytes() as f64 / 1e6, "dataset, MB", "epoch time vs dataset size", "scale_dataset_size")?);
-    written.extend(scaling(|p| p.window_bytes as f64 / (1u64 << 20) as f64, "window budget, MiB", "epoch time vs window budget", "scale_window")?);
+    written.extend(scaling(
+        |p| p.dataset_bytes() as f64 / 1e6,
+        "dataset, MB",
+        "epoch time vs dataset size",
+        "scale_dataset_size",
+    )?);
+    written.extend(scaling(
+        |p| p.window_bytes as f64 / (1u64 << 20) as f64,
+        "window budget, MiB",
+        "epoch time vs window budget",
+        "scale_window",
+    )?);
     Ok(written)
 }

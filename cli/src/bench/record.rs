@@ -102,8 +102,12 @@ pub struct Setting {
 impl Setting {
     pub fn new(job: &Job, dataset: &Dataset, t: &dyn Transport, transport: &str, tag: &str) -> Setting {
         let means = dataset.mean_value_bytes();
-        let sample_bytes =
-            dataset.fields().iter().zip(means).map(|(f, mean)| f.fixed_bytes().map_or(mean.unwrap_or(0), |b| b as u64)).sum();
+        let sample_bytes = dataset
+            .fields()
+            .iter()
+            .zip(means)
+            .map(|(f, mean)| f.fixed_bytes().map_or(mean.unwrap_or(0), |b| b as u64))
+            .sum();
         Setting {
             transport: transport.to_string(),
             tag: tag.to_string(),
