@@ -147,7 +147,7 @@ fn first_file(dir: &Path, ext: &str) -> PathBuf {
 over_transports! {
     /// A file truncated while the job reads it: every format, every rank exits 1 naming the
     /// file and the change (HDF5 used to deliver zero-filled rows and exit 0). Samples of
-    /// 4 KiB and more of .npy and raw files are read straight into send buffers: those too.
+    /// 1 KiB and more of .npy and raw files are read straight into send buffers: those too.
     fn a_file_truncated_mid_job_stops_every_rank(t: Transport) {
         let (small, large) = (["x:f32:64", "y:i64"], ["x:f32:1024", "y:i64"]);
         for (format, ext, fields) in

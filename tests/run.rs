@@ -163,7 +163,7 @@ over_transports! {
         for (format, fields) in [
             ("npy", vec!["x:f32:3x4", "y:i64", "z:u8:5", "h:f16:2", "b:bool:3"]),
             ("raw", vec!["x:f64:2", "y:i16"]),
-            // 4 KiB and more: read straight into the send buffers.
+            // 1 KiB and more: read straight into the send buffers.
             ("npy", vec!["x:f32:1024", "y:i64"]),
             ("raw", vec!["x:u8:5000"]),
             ("hdf5", vec!["x:f32:8", "y:i32", "b:bool"]),
@@ -344,14 +344,14 @@ over_transports! {
     }
 }
 
-/// Samples of 4 KiB and more in .npy and raw files are read straight into the send
+/// Samples of 1 KiB and more in .npy and raw files are read straight into the send
 /// buffers: each delivered byte is copied twice (file → send buffer, receive buffer →
 /// batch) and a rank reads exactly the bytes it sends, where smaller samples take a third
 /// copy and coalesced reads bring in more than they need.
 #[test]
 fn large_samples_are_read_straight_into_send_buffers() {
     let out = tempdir();
-    for (format, field, direct) in [("npy", "x:u8:4096", true), ("raw", "x:u8:8192", true), ("npy", "x:u8:1024", false)]
+    for (format, field, direct) in [("npy", "x:u8:1024", true), ("raw", "x:u8:8192", true), ("npy", "x:u8:512", false)]
     {
         let data = out.path().join(format!("{format}-{field}"));
         let d = data.to_str().unwrap();
