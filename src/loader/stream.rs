@@ -168,7 +168,6 @@ impl Stream {
     }
 
     /// The placement of step `step` (the last step of a `partial` epoch has its own).
-
     pub fn placement_for_step(&self, step: Step) -> &Placement {
         match &self.tail_placement {
             Some(t) if step.0 + 1 == self.steps_per_epoch => t,

@@ -83,11 +83,6 @@ impl HomeIndex {
         self.span = span;
         self.built_for = Some(perm.clone());
     }
-
-    /// Bytes the entries take now.
-    pub fn bytes(&self) -> u64 {
-        self.entries.capacity() as u64 * ENTRY_BYTES
-    }
 }
 
 #[cfg(test)]
