@@ -323,6 +323,25 @@ impl Default for ExchangeMode {
 }
 
 named_enum!(
+    /// Whether ranks on one host read the rows they receive from each other's home ranges
+    /// straight from the files (through the page cache they share) instead of receiving
+    /// them in the all-to-all.
+    LocalReads, "local reads" {
+        /// Where values sit whole at fixed offsets (`.npy`, raw records) and are large
+        /// enough to be read one by one (the direct-read rule), with the fused exchange.
+        Auto => "auto",
+        /// Every row crosses the exchange, whatever host its owner is on.
+        Off => "off",
+    }
+);
+
+impl Default for LocalReads {
+    fn default() -> Self {
+        LocalReads::Auto
+    }
+}
+
+named_enum!(
     /// How the ranks of a job talk.
     TransportKind, "transport" {
         /// MPI (launch with mpirun or srun).
@@ -382,6 +401,9 @@ pub struct LoaderOptions {
     /// Keep this rank's home range in memory when it fits in this many bytes (0: off), so
     /// that epochs after the first read nothing from disk.
     pub cache_bytes: u64,
+    /// Whether rows whose owner is on this rank's host are read here rather than received.
+    #[serde(default)]
+    pub local_reads: LocalReads,
 }
 
 impl LoaderOptions {
@@ -403,6 +425,7 @@ impl LoaderOptions {
             ("exchange", l.exchange.to_string()),
             ("tail", self.tail.to_string()),
             ("cache_bytes", self.cache_bytes.to_string()),
+            ("local_reads", self.local_reads.to_string()),
         ]
     }
 }
@@ -417,6 +440,7 @@ impl Default for LoaderOptions {
             layout: Layout::default(),
             tail: TailPolicy::Drop,
             cache_bytes: 0,
+            local_reads: LocalReads::Auto,
         }
     }
 }
@@ -442,6 +466,7 @@ pub struct JobFile {
     pub shard: BTreeMap<String, ShardSpec>,
     pub stages: BTreeMap<String, Stage>,
     pub exchange: Option<ExchangeMode>,
+    pub local_reads: Option<LocalReads>,
 }
 
 /// A validated job: what to load and how.
@@ -506,6 +531,7 @@ impl JobFile {
                 },
                 tail: self.tail.unwrap_or_default(),
                 cache_bytes: self.cache_bytes.map_or(0, |b| b.0),
+                local_reads: self.local_reads.unwrap_or_default(),
             },
             epochs,
             transport: self.transport.unwrap_or_default(),
@@ -592,7 +618,8 @@ mod tests {
             (get("batch_size"), get("mesh"), get("shard"), get("tail")),
             ("32", "dp=<ranks>", "x=dp,tp; y=dp", "drop")
         );
-        assert_eq!(s.len(), 12);
+        assert_eq!(get("local_reads"), "auto");
+        assert_eq!(s.len(), 13);
         let other = LoaderOptions { seed: 9, ..LoaderOptions::default() };
         assert_ne!(other.settings(), LoaderOptions::default().settings());
     }

@@ -147,17 +147,27 @@ fn first_file(dir: &Path, ext: &str) -> PathBuf {
 over_transports! {
     /// A file truncated while the job reads it: every format, every rank exits 1 naming the
     /// file and the change (HDF5 used to deliver zero-filled rows and exit 0). Samples of
-    /// 1 KiB and more of .npy and raw files are read straight into send buffers: those too.
+    /// 1 KiB and more of .npy and raw files are read by the receivers on the owner's host
+    /// straight into their batches (local reads), or, with those off, straight into send
+    /// buffers: those too.
     fn a_file_truncated_mid_job_stops_every_rank(t: Transport) {
         let (small, large) = (["x:f32:64", "y:i64"], ["x:f32:1024", "y:i64"]);
-        for (format, ext, fields) in
-            [("hdf5", "h5", small), ("npy", "npy", small), ("arrow", "arrow", small), ("raw", "raw", small), ("npy", "npy", large), ("raw", "raw", large)]
-        {
+        let (local, sent) = ("auto", "off");
+        for (format, ext, fields, reads) in [
+            ("hdf5", "h5", small, local),
+            ("npy", "npy", small, local),
+            ("arrow", "arrow", small, local),
+            ("raw", "raw", small, local),
+            ("npy", "npy", large, local),
+            ("raw", "raw", large, local),
+            ("npy", "npy", large, sent),
+        ] {
             let out = tempdir();
             gen(out.path(), format, "4000", "4", &fields);
             let victim = first_file(out.path(), ext);
             let before = std::fs::metadata(&victim).unwrap().len();
-            let args = long_job(out.path());
+            let mut args = long_job(out.path());
+            args.extend(["--local-reads".into(), reads.into()]);
             let args: Vec<&str> = args.iter().map(|s| s.as_str()).collect();
             let run = run_and_meddle(t, 2, &args, || {
                 let f = std::fs::OpenOptions::new().write(true).open(&victim).unwrap();
@@ -171,12 +181,18 @@ over_transports! {
     /// A file rewritten in place with other contents of the same size: the modification
     /// time gives it away.
     fn a_file_rewritten_mid_job_stops_every_rank(t: Transport) {
-        for (format, ext, x) in [("hdf5", "h5", "x:f32:64"), ("npy", "npy", "x:f32:64"), ("npy", "npy", "x:f32:1024")] {
+        for (format, ext, x, reads) in [
+            ("hdf5", "h5", "x:f32:64", "auto"),
+            ("npy", "npy", "x:f32:64", "auto"),
+            ("npy", "npy", "x:f32:1024", "auto"),
+            ("npy", "npy", "x:f32:1024", "off"),
+        ] {
             let out = tempdir();
             gen(out.path(), format, "4000", "4", &[x, "y:i64"]);
             let victim = first_file(out.path(), ext);
             let len = std::fs::metadata(&victim).unwrap().len() as usize;
-            let args = long_job(out.path());
+            let mut args = long_job(out.path());
+            args.extend(["--local-reads".into(), reads.into()]);
             let args: Vec<&str> = args.iter().map(|s| s.as_str()).collect();
             let run = run_and_meddle(t, 2, &args, || {
                 use std::os::unix::fs::FileExt;

@@ -345,9 +345,10 @@ over_transports! {
 }
 
 /// Samples of 1 KiB and more in .npy and raw files are read straight into the send
-/// buffers: each delivered byte is copied twice (file → send buffer, receive buffer →
-/// batch) and a rank reads exactly the bytes it sends, where smaller samples take a third
-/// copy and coalesced reads bring in more than they need.
+/// buffers (local reads off, as between hosts): each delivered byte is copied twice (file
+/// → send buffer, receive buffer → batch) and a rank reads exactly the bytes it sends,
+/// where smaller samples take a third copy and coalesced reads bring in more than they
+/// need.
 #[test]
 fn large_samples_are_read_straight_into_send_buffers() {
     let out = tempdir();
@@ -356,7 +357,22 @@ fn large_samples_are_read_straight_into_send_buffers() {
         let data = out.path().join(format!("{format}-{field}"));
         let d = data.to_str().unwrap();
         ok(&meshfeed(&["gen", "--format", format, "--samples", "3000", "--files", "3", "--field", field, "--out", d]));
-        let run = mpirun(4, &["run", "--data", d, "--batch-size", "64", "--window-bytes", "1M", "--verify", "--json"]);
+        let run = mpirun(
+            4,
+            &[
+                "run",
+                "--data",
+                d,
+                "--batch-size",
+                "64",
+                "--window-bytes",
+                "1M",
+                "--verify",
+                "--json",
+                "--local-reads",
+                "off",
+            ],
+        );
         ok(&run);
         let l: serde_json::Value = serde_json::from_str(run.stdout.lines().last().unwrap()).unwrap();
         let (copies, read, sent) = (
@@ -369,6 +385,82 @@ fn large_samples_are_read_straight_into_send_buffers() {
             assert_eq!((copies, read), (2.0, sent), "{format} {field}: {l}");
         } else {
             assert!(copies > 2.9 && read > sent, "{format} {field}: {l}");
+        }
+    }
+}
+
+/// `meshfeed ARGS` on `np` ranks over `t`, each rank posing as host `host<rank / 2>`
+/// (`MESHFEED_HOST`, set by a wrapper script in `dir`).
+fn strs(v: &[String]) -> Vec<&str> {
+    v.iter().map(String::as_str).collect()
+}
+
+fn run_on_hosts_of_two(t: Transport, dir: &Path, np: usize, args: &[&str]) -> Run {
+    let wrapper = dir.join("two-ranks-per-host.sh");
+    let script =
+        format!("#!/bin/sh\nr=${{OMPI_COMM_WORLD_RANK:-$RANK}}\nMESHFEED_HOST=host$((r / 2)) exec {} \"$@\"\n", bin());
+    std::fs::write(&wrapper, script).unwrap();
+    std::fs::set_permissions(&wrapper, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let program = wrapper.to_str().unwrap();
+    match t {
+        Transport::Mpi => mpirun_program(np, program, args),
+        Transport::Ucx => launch_program(np, program, &[args, &["--transport", "ucx"]].concat()),
+    }
+}
+
+over_transports! {
+    /// Ranks on one host read the rows they receive from each other's home ranges straight
+    /// from the files into their batches (local reads): nothing crosses the exchange, each
+    /// delivered byte is read once and copied once. Ranks posing as hosts of two ranks
+    /// exchange exactly the rows whose owner is on another host (copied twice). Either
+    /// way, every rank's batches are byte for byte those of the exchange (local reads off).
+    fn ranks_on_one_host_read_each_others_rows_from_the_files(t: Transport) {
+        let out = tempdir();
+        let data = out.path().join("data");
+        let d = data.to_str().unwrap();
+        ok(&meshfeed(&["gen", "--format", "npy", "--samples", "3000", "--files", "3", "--field", "x:u8:2048", "--field", "y:i64", "--out", d]));
+        for np in [2, 3, 4] {
+            let dump = |name: &str| out.path().join(format!("{name}-{np}"));
+            let args = |name: &str, reads: &str| -> Vec<String> {
+                ["run", "--data", d, "--batch-size", "48", "--epochs", "2", "--window-bytes", "256K", "--verify", "--json"]
+                    .iter()
+                    .map(|s| s.to_string())
+                    .chain(["--local-reads".into(), reads.into(), "--dump".into(), dump(name).display().to_string()])
+                    .collect()
+            };
+            let summary = |run: &Run| -> serde_json::Value {
+                ok(run);
+                serde_json::from_str(run.stdout.lines().last().unwrap()).unwrap()
+            };
+            let one_host = summary(&t.run(np, &strs(&args("one-host", "auto"))));
+            let two_hosts = summary(&run_on_hosts_of_two(t, out.path(), np, &strs(&args("two-hosts", "auto"))));
+            let exchanged = summary(&t.run(np, &strs(&args("exchanged", "off"))));
+            for (name, l) in [("one host", &one_host), ("hosts of two", &two_hosts), ("local reads off", &exchanged)] {
+                let n = |k: &str| l[k].as_u64().unwrap();
+                assert_eq!(l["verified"], true, "{name}, {np} ranks: {l}");
+                // Every delivered value is read once: by its receiver or by its owner.
+                assert_eq!(n("bytes_read"), n("bytes_delivered"), "{name}, {np} ranks: {l}");
+                // Once from the file, and twice more for what crossed the exchange.
+                assert_eq!(n("bytes_copied"), n("bytes_delivered") + n("bytes_exchanged"), "{name}, {np} ranks: {l}");
+            }
+            let delivered = one_host["bytes_delivered"].as_u64().unwrap();
+            assert_eq!(one_host["bytes_exchanged"], 0, "{np} ranks: {one_host}");
+            assert_eq!(one_host["copies_per_byte"], 1.0, "{np} ranks: {one_host}");
+            assert_eq!(exchanged["bytes_exchanged"], delivered, "{np} ranks: {exchanged}");
+            let across = two_hosts["bytes_exchanged"].as_u64().unwrap();
+            if np == 2 {
+                assert_eq!(across, 0, "two ranks are one host of two: {two_hosts}");
+            } else {
+                // Rows owned on the other host. 3 ranks (hosts of 2 and 1): host A receives
+                // 2/3 of the rows, 1/3 of them owned on B, and B 1/3, 2/3 owned on A: 4/9.
+                // 4 ranks: 2 · (1/2 · 1/2) = 1/2.
+                let share = across as f64 / delivered as f64;
+                let expected = if np == 3 { 4.0 / 9.0 } else { 0.5 };
+                assert!((share - expected).abs() < 0.05, "{np} ranks: {share} of the bytes crossed, not ~{expected}");
+            }
+            let reference = dump_bytes(&dump("exchanged"), np);
+            assert_eq!(dump_bytes(&dump("one-host"), np), reference, "{np} ranks, one host");
+            assert_eq!(dump_bytes(&dump("two-hosts"), np), reference, "{np} ranks, hosts of two");
         }
     }
 }

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use clap::builder::{PossibleValuesParser, TypedValueParser};
 use meshfeed::config::{
-    parse_pair, ByteSize, ExchangeMode, Job, JobFile, MeshSpec, NamedValues, ShardSpec, Stage, TailPolicy,
+    parse_pair, ByteSize, ExchangeMode, Job, JobFile, LocalReads, MeshSpec, NamedValues, ShardSpec, Stage, TailPolicy,
     TransportKind,
 };
 use meshfeed::runtime::Runtime;
@@ -72,6 +72,11 @@ pub struct JobArgs {
     /// that epochs after the first read nothing from disk [default: 0, off].
     #[arg(long, value_name = "BYTES")]
     pub cache_bytes: Option<ByteSize>,
+    /// Ranks on one host read the rows they receive from each other's home ranges straight
+    /// from the files (the page cache they share) instead of exchanging them: auto (npy and
+    /// raw samples of 1 KiB and more, fused exchange) or off [default: auto].
+    #[arg(long, value_parser = named::<LocalReads>())]
+    pub local_reads: Option<LocalReads>,
     /// Transport: mpi (launch with mpirun/srun) or ucx (launch with `meshfeed launch`, Ray or
     /// Kubernetes: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, MESHFEED_JOB_TOKEN) [default: mpi].
     #[arg(long, value_parser = named::<TransportKind>())]
@@ -92,7 +97,7 @@ impl JobArgs {
             ($($field:ident),*) => { $(if let Some(v) = &self.$field { file.$field = Some(v.clone()); })* };
         }
         flag_wins!(group, batch_size, epochs, seed, window_bytes, prefetch, cache_bytes, tail, transport, mesh);
-        flag_wins!(pipeline_axis, exchange);
+        flag_wins!(pipeline_axis, exchange, local_reads);
         if !self.mesh_order.is_empty() {
             file.mesh_order = self.mesh_order.clone();
         }

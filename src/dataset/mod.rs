@@ -300,10 +300,28 @@ pub trait FileReader: Send {
         Err(Error::Config("internal: this reader reads rows, not byte ranges".into()))
     }
 
+    /// Reads the bytes at `offset` of the file into `bufs`, one after another, as one
+    /// read (`preadv`): a contiguous range of the file scattered into several places.
+    fn read_vectored_at(&mut self, offset: u64, bufs: &mut [std::io::IoSliceMut<'_>]) -> Result<()> {
+        let mut at = offset;
+        for buf in bufs {
+            self.read_at(at, buf)?;
+            at += buf.len() as u64;
+        }
+        Ok(())
+    }
+
     /// Checks that the file is still the one scanned (a caller of [`FileReader::read_at`]
     /// checks once after a window's reads, as [`FileReader::read_rows`] does by itself).
     fn check(&self) -> Result<()> {
         Ok(())
+    }
+
+    /// Tells the kernel that bytes `range` of the file will be read soon (readahead into
+    /// the page cache; for readers with [`FileReader::value_range`]). Advice only: it
+    /// changes no result, and failing to give it is no error.
+    fn advise(&self, range: std::ops::Range<u64>) {
+        let _ = range;
     }
 }
 
@@ -460,8 +478,20 @@ impl FileReader for CheckedReader {
         read
     }
 
+    fn read_vectored_at(&mut self, offset: u64, bufs: &mut [std::io::IoSliceMut<'_>]) -> Result<()> {
+        let read = self.inner.read_vectored_at(offset, bufs);
+        if read.is_err() {
+            return unchanged_then(&self.info, read);
+        }
+        read
+    }
+
     fn check(&self) -> Result<()> {
         self.info.check_unchanged()
+    }
+
+    fn advise(&self, range: std::ops::Range<u64>) {
+        self.inner.advise(range)
     }
 }
 

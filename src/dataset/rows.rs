@@ -154,6 +154,17 @@ impl RecordFile {
         let file = File::open(path).map_err(|e| Error::io(path, e))?;
         Ok(RecordFile { file, path: path.to_path_buf(), samples, data_offset, record_bytes, field_ranges })
     }
+
+    /// A failed read of bytes `offset..offset + len`.
+    fn read_error(&self, e: std::io::Error, offset: u64, len: usize) -> Error {
+        match e.kind() {
+            std::io::ErrorKind::UnexpectedEof => Error::file(
+                &self.path,
+                format!("truncated: bytes {offset}..{} end past the end of the file", offset + len as u64),
+            ),
+            _ => Error::io(&self.path, e),
+        }
+    }
 }
 
 impl super::FileReader for RecordFile {
@@ -164,13 +175,41 @@ impl super::FileReader for RecordFile {
     }
 
     fn read_at(&mut self, offset: u64, out: &mut [u8]) -> Result<()> {
-        self.file.read_exact_at(out, offset).map_err(|e| match e.kind() {
-            std::io::ErrorKind::UnexpectedEof => Error::file(
-                &self.path,
-                format!("truncated: bytes {offset}..{} end past the end of the file", offset + out.len() as u64),
-            ),
-            _ => Error::io(&self.path, e),
-        })
+        self.file.read_exact_at(out, offset).map_err(|e| self.read_error(e, offset, out.len()))
+    }
+
+    fn read_vectored_at(&mut self, offset: u64, mut bufs: &mut [std::io::IoSliceMut<'_>]) -> Result<()> {
+        use std::os::fd::AsRawFd;
+        let len: usize = bufs.iter().map(|b| b.len()).sum();
+        let (mut at, end) = (offset, offset + len as u64);
+        while at < end {
+            let n = bufs.len().min(1024) as libc::c_int; // IOV_MAX
+                                                         // SAFETY: IoSliceMut is ABI-compatible with iovec, and each one points at
+                                                         // writable memory of its length that `bufs` borrows mutably for this call.
+            let got = unsafe { libc::preadv(self.file.as_raw_fd(), bufs.as_ptr().cast(), n, at as libc::off_t) };
+            match got {
+                0 => return Err(self.read_error(std::io::ErrorKind::UnexpectedEof.into(), offset, len)),
+                n if n < 0 => {
+                    let e = std::io::Error::last_os_error();
+                    if e.kind() != std::io::ErrorKind::Interrupted {
+                        return Err(self.read_error(e, offset, len));
+                    }
+                }
+                n => {
+                    at += n as u64;
+                    std::io::IoSliceMut::advance_slices(&mut bufs, n as usize);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn advise(&self, range: Range<u64>) {
+        use std::os::fd::AsRawFd;
+        let (start, len) = (range.start as libc::off_t, (range.end - range.start) as libc::off_t);
+        // SAFETY: posix_fadvise reads no memory; the descriptor is this reader's open file.
+        // The advice is best effort: its result is ignored.
+        let _ = unsafe { libc::posix_fadvise(self.file.as_raw_fd(), start, len, libc::POSIX_FADV_WILLNEED) };
     }
 
     fn read_rows(&mut self, rows: &[u64]) -> Result<RowChunk> {
@@ -245,6 +284,7 @@ mod tests {
     #[test]
     fn record_file_reads_requested_rows_and_reports_truncation() {
         use crate::dataset::FileReader;
+        use std::io::IoSliceMut;
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("r.raw");
         // header of 3 bytes, then 5 records of 4 bytes: [i, i, 100 + i, 100 + i]
@@ -263,5 +303,15 @@ mod tests {
         assert!(err.contains("r.raw") && err.contains("truncated"), "{err}");
         let err = f.read_rows(&[1, 7]).unwrap_err().to_string();
         assert!(err.contains("r.raw") && err.contains("row 7 is past the end of the file (6 rows)"), "{err}");
+        // One read scattered into several places: record 1's fields, then record 2's first.
+        let (mut a, mut b, mut c) = ([0u8; 2], [0u8; 2], [0u8; 2]);
+        let mut bufs = [IoSliceMut::new(&mut a), IoSliceMut::new(&mut b), IoSliceMut::new(&mut c)];
+        f.read_vectored_at(f.value_range(1, 0).unwrap().start, &mut bufs).unwrap();
+        assert_eq!((a, b, c), ([1, 1], [101, 101], [2, 2]));
+        // Record 5 is promised but missing.
+        let (mut a, mut b) = ([0u8; 2], [0u8; 2]);
+        let mut bufs = [IoSliceMut::new(&mut a), IoSliceMut::new(&mut b)];
+        let err = f.read_vectored_at(f.value_range(4, 1).unwrap().start, &mut bufs).unwrap_err().to_string();
+        assert!(err.contains("r.raw") && err.contains("truncated: bytes 21..25"), "{err}");
     }
 }

@@ -17,7 +17,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::exchange::{assemble, pack};
+use super::exchange::{assemble_received, pack};
 use super::metrics::{Metrics, Phase};
 use super::reads::{FromReads, Reads};
 use super::stream::{Stream, WindowSpec};
@@ -102,8 +102,19 @@ pub(crate) fn prepare(
     let plan = metrics
         .timed(Phase::Plan, || WindowPlan::new(&order, index, placement, stream.rank, spec.steps.clone(), own_rows));
     metrics.evaluations += plan.evaluations;
-    let parts: Vec<Option<&[FieldPart]>> =
-        (0..placement.world()).map(|d| placement.receiver(Rank(d)).map(|(_, rc)| &rc.parts[..])).collect();
+    let local = route == Route::Fused && stream.local_reads;
+    // Receivers on this host read this rank's rows themselves: nothing goes to them, and
+    // the rows they will read are read ahead here, in file order.
+    let sent_to = |d: usize| !(local && stream.is_read_by(Rank(d)));
+    if local {
+        let start = Instant::now();
+        let read_there = (0..placement.world()).filter(|&d| !sent_to(d)).flat_map(|d| plan.sends[d].iter().copied());
+        reads.advise(stream, read_there, &plan.ids)?;
+        metrics.phase[Phase::Read as usize] += start.elapsed();
+    }
+    let parts: Vec<Option<&[FieldPart]>> = (0..placement.world())
+        .map(|d| placement.receiver(Rank(d)).filter(|_| sent_to(d)).map(|(_, rc)| &rc.parts[..]))
+        .collect();
     let (send, counts) = if stream.direct_reads {
         // Read straight into the send buffer: reading is packing.
         let start = Instant::now();
@@ -171,7 +182,15 @@ pub(crate) fn complete(engine: &mut Engine, received: Received) -> Result<Window
             let r = receipt(stream, placement, &spec, &ids);
             let fields = stream.dataset.fields();
             metrics.bytes_copied += recv.len() as u64;
-            metrics.timed(Phase::Assemble, || assemble(&r, fields, &recv, &recv_counts, |id| stream.home.owner(id).0))
+            let source_of = |id| Some(stream.home.owner(id)).filter(|&o| !stream.reads_locally(o)).map(|o| o.0);
+            let assembled =
+                metrics.timed(Phase::Assemble, || assemble_received(&r, fields, &recv, &recv_counts, source_of));
+            assembled.and_then(|(mut batches, local)| {
+                let start = Instant::now();
+                let read = engine.reads.read_local(stream, &mut batches, &local, &mut metrics);
+                metrics.phase[Phase::Read as usize] += start.elapsed();
+                read.map(|()| batches)
+            })
         }
         Route::TwoPhase => two_phase::complete(
             stream,

@@ -8,6 +8,7 @@
 use std::ops::Range;
 
 use super::batch::{Batch, FieldData};
+use super::reads::LocalRow;
 use crate::dataset::{Field, FieldKind};
 use crate::error::{Error, Result};
 use crate::plan::FieldPart;
@@ -131,6 +132,23 @@ pub(crate) fn assemble(
     recv_counts: &[usize],
     source_of: impl Fn(SampleId) -> usize,
 ) -> Result<Vec<Batch>> {
+    let (batches, local) = assemble_received(r, fields, recv, recv_counts, |id| Some(source_of(id)))?;
+    debug_assert!(local.is_empty());
+    Ok(batches)
+}
+
+/// [`assemble`] where some rows were not sent: `source_of(id)` is `None` for them. Their
+/// places in the batches are left for the caller to fill, and listed, in batch and row
+/// order. Only tensor parts can be left: a variable-length value's size is known once it
+/// is received.
+pub(crate) fn assemble_received(
+    r: &Receipt<'_>,
+    fields: &[Field],
+    recv: &[u8],
+    recv_counts: &[usize],
+    source_of: impl Fn(SampleId) -> Option<usize>,
+) -> Result<(Vec<Batch>, Vec<LocalRow>)> {
+    let mut local = Vec::new();
     let mut cursors = Cursors::new(recv, recv_counts);
     let nrows = r.rows.len();
     let mut out = Vec::with_capacity((r.steps.end - r.steps.start) as usize);
@@ -144,7 +162,11 @@ pub(crate) fn assemble(
             .collect();
         let mut var_values: Vec<Vec<&[u8]>> = vec![Vec::new(); r.parts.len()];
         for (i, &id) in ids.iter().enumerate() {
-            let src = source_of(id);
+            let Some(src) = source_of(id) else {
+                debug_assert!(tensors.iter().all(Option::is_some), "only tensor parts are read locally");
+                local.push(LocalRow { batch: s, row: i, id });
+                continue;
+            };
             for (k, p) in r.parts.iter().enumerate() {
                 match &mut tensors[k] {
                     Some(t) => {
@@ -166,5 +188,5 @@ pub(crate) fn assemble(
         out.push(Batch { coords: r.coords.to_vec(), epoch: r.epoch, step: Step(step), rows, ids, fields: field_data });
     }
     cursors.check_consumed()?;
-    Ok(out)
+    Ok((out, local))
 }

@@ -67,7 +67,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
-pub use crate::config::{ExchangeMode, Layout, LoaderOptions, TailPolicy};
+pub use crate::config::{ExchangeMode, Layout, LoaderOptions, LocalReads, TailPolicy};
 use crate::dataset::{Dataset, DatasetOptions};
 use crate::error::{Error, Result};
 use crate::plan::{Mesh, Placement, WindowBudget};
@@ -128,7 +128,8 @@ impl Loader {
         // Ranks given different options would wait in collectives the others never join,
         // or exchange what the others did not plan: name the difference instead.
         agree_settings(comm, &options.settings())?;
-        let built = Stream::build(comm.rank(), comm.size(), Arc::new(dataset), options).and_then(|s| {
+        let hosts = crate::transport::hosts::host_groups(comm)?;
+        let built = Stream::build(comm.rank(), comm.size(), hosts, Arc::new(dataset), options).and_then(|s| {
             if s.options.prefetch > 0 && !comm.concurrent() {
                 return Err(Error::Config(
                     "the loader's background producer needs MPI initialised with MPI_THREAD_MULTIPLE (mpi4py \

@@ -2,9 +2,11 @@
 //! home-range cache, and the [`ReadSet`] that packing copies values out of.
 
 use std::collections::{HashMap, HashSet};
+use std::io::IoSliceMut;
 use std::ops::Range;
 use std::sync::Arc;
 
+use super::batch::Batch;
 use super::exchange::ValueSource;
 use super::metrics::Metrics;
 use super::stream::Stream;
@@ -141,9 +143,7 @@ impl Reads {
                 // Values adjacent in the file and in the buffer are read at once.
                 let mut run: Option<(u64, Range<usize>)> = None;
                 for p in parts.iter() {
-                    let r = reader.value_range(row, p.field).ok_or_else(|| {
-                        Error::file(&dataset.files()[file].path, format!("row {row} is past the end of the file"))
-                    })?;
+                    let r = reader.value_range(row, p.field).ok_or_else(|| past_end(stream, file, row))?;
                     let len = (r.end - r.start) as usize;
                     match &mut run {
                         Some((offset, dst)) if *offset + dst.len() as u64 == r.start => dst.end += len,
@@ -171,6 +171,96 @@ impl Reads {
         Ok((send, counts))
     }
 
+    /// Reads the values of rows that did not cross the exchange (their owners share this
+    /// rank's host: [`Stream::reads_locally`]) straight from the files into their places
+    /// in `batches`: one copy, from the page cache the owners filled. The reads of a window
+    /// go in file and offset order. Only for streams with direct reads: every part is a
+    /// whole tensor field, so a part's bytes are the field's value.
+    pub fn read_local(
+        &mut self,
+        stream: &Stream,
+        batches: &mut [Batch],
+        rows: &[LocalRow],
+        metrics: &mut Metrics,
+    ) -> Result<()> {
+        let dataset = &stream.dataset;
+        // (file, offset, length, batch, part, row in batch), sorted by file and offset.
+        let mut reads = Vec::with_capacity(rows.len() * batches.first().map_or(0, |b| b.fields.len()));
+        for r in rows {
+            let (file, row) = dataset.locate(r.id);
+            let reader = self.readers.get(file, || dataset.open_reader(file))?;
+            for (k, part) in batches[r.batch].fields.iter().enumerate() {
+                let range = reader.value_range(row, part.part().field).ok_or_else(|| past_end(stream, file, row))?;
+                reads.push((file, range.start, (range.end - range.start) as usize, r.batch, k, r.row));
+            }
+        }
+        reads.sort_unstable();
+        // Every row's place in every batch tensor, taken out as it is read into.
+        let mut places: Vec<Vec<Vec<&mut [u8]>>> = batches
+            .iter_mut()
+            .map(|b| {
+                let rows = b.ids.len();
+                b.fields
+                    .iter_mut()
+                    .map(|f| match f.bytes_mut() {
+                        bytes if bytes.is_empty() => (0..rows).map(|_| <&mut [u8]>::default()).collect(),
+                        bytes => bytes.chunks_exact_mut(bytes.len() / rows).collect(),
+                    })
+                    .collect()
+            })
+            .collect();
+        let mut total = 0u64;
+        for same_file in reads.chunk_by(|a, b| a.0 == b.0) {
+            let file = same_file[0].0;
+            let reader = self.readers.get(file, || dataset.open_reader(file))?;
+            // Values that follow each other in the file (the fields of a record, adjacent
+            // records) are one read, scattered into their places.
+            for run in same_file.chunk_by(|a, b| a.1 + a.2 as u64 == b.1) {
+                let mut bufs: Vec<IoSliceMut<'_>> = run
+                    .iter()
+                    .map(|&(_, _, _, b, k, i)| IoSliceMut::new(std::mem::take(&mut places[b][k][i])))
+                    .collect();
+                reader.read_vectored_at(run[0].1, &mut bufs)?;
+                total += run.iter().map(|r| r.2 as u64).sum::<u64>();
+            }
+            reader.check()?;
+        }
+        metrics.bytes_read += total;
+        metrics.bytes_copied += total;
+        Ok(())
+    }
+
+    /// Readahead, by the owner, of its rows that receivers on its host read themselves
+    /// ([`Reads::read_local`]): the spans of the files they lie in, in file order, so
+    /// that a cold page cache is filled by sorted reads rather than by the receivers'
+    /// scattered ones. `rows` are window rows of this rank's home range.
+    pub fn advise(&mut self, stream: &Stream, rows: impl Iterator<Item = usize>, ids: &[SampleId]) -> Result<()> {
+        let dataset = &stream.dataset;
+        let fields = dataset.fields().len();
+        let mut spans = Vec::new();
+        for i in rows {
+            let (file, row) = dataset.locate(ids[i]);
+            let reader = self.readers.get(file, || dataset.open_reader(file))?;
+            let mut ranges = (0..fields).filter_map(|f| reader.value_range(row, f));
+            if let Some(first) = ranges.next() {
+                let (start, end) = ranges.fold((first.start, first.end), |(s, e), r| (s.min(r.start), e.max(r.end)));
+                spans.push((file, start, end));
+            }
+        }
+        spans.sort_unstable();
+        let mut merged: Vec<(usize, u64, u64)> = Vec::with_capacity(spans.len());
+        for (file, start, end) in spans {
+            match merged.last_mut() {
+                Some(m) if m.0 == file && start <= m.2 + crate::dataset::rows::RECORD_GAP_BYTES => m.2 = m.2.max(end),
+                _ => merged.push((file, start, end)),
+            }
+        }
+        for (file, start, end) in merged {
+            self.readers.get(file, || dataset.open_reader(file))?.advise(start..end);
+        }
+        Ok(())
+    }
+
     /// Reads rows (sorted, local to the file) of file `file`.
     fn read_file_rows(
         &mut self,
@@ -191,6 +281,19 @@ impl Reads {
         metrics.bytes_copied += chunk.bytes_read();
         Ok(chunk)
     }
+}
+
+/// A row of a window's batches whose values this rank reads itself: row `row` of
+/// `batches[batch]`, sample `id`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct LocalRow {
+    pub batch: usize,
+    pub row: usize,
+    pub id: SampleId,
+}
+
+fn past_end(stream: &Stream, file: usize, row: u64) -> Error {
+    Error::file(&stream.dataset.files()[file].path, format!("row {row} is past the end of the file"))
 }
 
 /// Values read for one window: chunk `k` holds the values of `ids[starts[k]..]`.

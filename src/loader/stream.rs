@@ -11,7 +11,7 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use super::layout;
-use crate::config::{ExchangeMode, LoaderOptions, TailPolicy};
+use crate::config::{ExchangeMode, LoaderOptions, LocalReads, TailPolicy};
 use crate::dataset::{Dataset, Format};
 use crate::error::{Error, Result};
 use crate::plan::{budget, HomeRanges, Mesh, Placement, WindowBudget};
@@ -71,15 +71,31 @@ pub(crate) struct Stream {
     pub index_entries: u64,
     /// Whether windows are packed straight from the files ([`direct_reads`]).
     pub direct_reads: bool,
+    /// The host index of every rank ([`crate::transport::hosts`]).
+    pub hosts: Vec<usize>,
+    /// Whether receivers read the rows of owners on their own host straight from the
+    /// files into their batches, and owners leave those rows out of the exchange
+    /// ([`LocalReads`]): where reads are direct, with the fused exchange.
+    pub local_reads: bool,
     pub budget: WindowBudget,
     /// Whether this rank keeps its home range in memory.
     pub cache_home_range: bool,
 }
 
 impl Stream {
-    /// Validates the options against the dataset and the world and derives the stream.
-    pub fn build(rank: Rank, world: usize, dataset: Arc<Dataset>, options: LoaderOptions) -> Result<Stream> {
+    /// Validates the options against the dataset and the world and derives the stream;
+    /// `hosts[r]` is the host index of rank `r`.
+    pub fn build(
+        rank: Rank,
+        world: usize,
+        hosts: Vec<usize>,
+        dataset: Arc<Dataset>,
+        options: LoaderOptions,
+    ) -> Result<Stream> {
         let (n, b) = (dataset.len(), options.batch_size);
+        if hosts.len() != world {
+            return Err(Error::Internal(format!("{} host indices for {world} ranks", hosts.len())));
+        }
         if n == 0 {
             return Err(Error::Config("the dataset has no samples".into()));
         }
@@ -146,6 +162,7 @@ impl Stream {
         let direct_reads = !cache_home_range
             && mode != ExchangeMode::Broadcast
             && direct_reads(&dataset, placements.into_iter().flatten());
+        let local_reads = direct_reads && mode == ExchangeMode::Fused && options.local_reads == LocalReads::Auto;
         Ok(Stream {
             coords: mesh.coords(rank),
             rank,
@@ -160,6 +177,8 @@ impl Stream {
             steps_per_window,
             index_entries,
             direct_reads,
+            hosts,
+            local_reads,
             budget,
             cache_home_range,
             dataset,
@@ -173,6 +192,18 @@ impl Stream {
             Some(t) if step.0 + 1 == self.steps_per_epoch => t,
             _ => &self.placement,
         }
+    }
+
+    /// Whether this rank reads the rows owned by `owner` itself instead of receiving them
+    /// (and `owner` leaves them out of its sends): local reads, one host.
+    pub fn reads_locally(&self, owner: Rank) -> bool {
+        self.local_reads && self.hosts[owner.0] == self.hosts[self.rank.0]
+    }
+
+    /// Whether `receiver` reads this rank's rows itself ([`Stream::reads_locally`], seen
+    /// from the owner).
+    pub fn is_read_by(&self, receiver: Rank) -> bool {
+        self.local_reads && self.hosts[receiver.0] == self.hosts[self.rank.0]
     }
 
     /// Whether `w` is the partial last batch's window (always exchanged fused).
@@ -250,7 +281,7 @@ mod tests {
         };
         let dataset = Arc::new(Dataset::from_files(vec![info], Default::default()).unwrap());
         let options = LoaderOptions { batch_size: batch, window_bytes, prefetch: 0, tail, ..Default::default() };
-        Stream::build(Rank(0), 2, dataset, options).unwrap()
+        Stream::build(Rank(0), 2, vec![0, 0], dataset, options).unwrap()
     }
 
     #[test]
@@ -288,10 +319,16 @@ mod tests {
         };
         let ds = Arc::new(Dataset::from_files(vec![info], Default::default()).unwrap());
         let build = |world, batch| {
-            Stream::build(Rank(0), world, ds.clone(), LoaderOptions { batch_size: batch, ..Default::default() })
-                .err()
-                .map(|e| e.to_string())
-                .unwrap_or_default()
+            Stream::build(
+                Rank(0),
+                world,
+                vec![0; world],
+                ds.clone(),
+                LoaderOptions { batch_size: batch, ..Default::default() },
+            )
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default()
         };
         assert!(build(4, 1).contains("more ranks (4) than samples (3)"));
         assert!(build(1, 4).contains("batch size 4 is larger than the dataset (3 samples)"));

@@ -10,6 +10,7 @@
 
 mod agree;
 pub mod counts;
+pub mod hosts;
 pub mod local;
 #[cfg(feature = "mpi")]
 pub mod mpi;
