@@ -327,8 +327,9 @@ named_enum!(
     /// straight from the files (through the page cache they share) instead of receiving
     /// them in the all-to-all.
     LocalReads, "local reads" {
-        /// Where values sit whole at fixed offsets (`.npy`, raw records) and are large
-        /// enough to be read one by one (the direct-read rule), with the fused exchange.
+        /// Where values sit whole at fixed offsets (`.npy`, raw records, fixed-size Arrow
+        /// columns) and are large enough to be read one by one (the direct-read rule),
+        /// with the fused exchange.
         Auto => "auto",
         /// Every row crosses the exchange, whatever host its owner is on.
         Off => "off",

@@ -147,9 +147,9 @@ fn first_file(dir: &Path, ext: &str) -> PathBuf {
 over_transports! {
     /// A file truncated while the job reads it: every format, every rank exits 1 naming the
     /// file and the change (HDF5 used to deliver zero-filled rows and exit 0). Samples of
-    /// 1 KiB and more of .npy and raw files are read by the receivers on the owner's host
-    /// straight into their batches (local reads), or, with those off, straight into send
-    /// buffers: those too.
+    /// 1 KiB and more of .npy, raw, Arrow and contiguous HDF5 files are read by the
+    /// receivers on the owner's host straight into their batches (local reads), or, with
+    /// those off, straight into send buffers: those too.
     fn a_file_truncated_mid_job_stops_every_rank(t: Transport) {
         let (small, large) = (["x:f32:64", "y:i64"], ["x:f32:1024", "y:i64"]);
         let (local, sent) = ("auto", "off");
@@ -160,6 +160,8 @@ over_transports! {
             ("raw", "raw", small, local),
             ("npy", "npy", large, local),
             ("raw", "raw", large, local),
+            ("arrow", "arrow", large, local),
+            ("hdf5", "h5", large, local),
             ("npy", "npy", large, sent),
         ] {
             let out = tempdir();

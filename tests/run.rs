@@ -344,16 +344,21 @@ over_transports! {
     }
 }
 
-/// Samples of 1 KiB and more in .npy and raw files are read straight into the send
-/// buffers (local reads off, as between hosts): each delivered byte is copied twice (file
-/// → send buffer, receive buffer → batch) and a rank reads exactly the bytes it sends,
-/// where smaller samples take a third copy and coalesced reads bring in more than they
-/// need.
+/// Samples of 1 KiB and more in .npy, raw, fixed-size Arrow columns and contiguous HDF5
+/// datasets are read straight into the send buffers (local reads off, as between hosts):
+/// each delivered byte is copied twice (file → send buffer, receive buffer → batch) and a
+/// rank reads exactly the bytes it sends, where smaller samples take a third copy and
+/// coalesced reads bring in more than they need.
 #[test]
 fn large_samples_are_read_straight_into_send_buffers() {
     let out = tempdir();
-    for (format, field, direct) in [("npy", "x:u8:1024", true), ("raw", "x:u8:8192", true), ("npy", "x:u8:512", false)]
-    {
+    for (format, field, direct) in [
+        ("npy", "x:u8:1024", true),
+        ("raw", "x:u8:8192", true),
+        ("arrow", "x:u8:4096", true),
+        ("hdf5", "x:u8:2048", true),
+        ("npy", "x:u8:512", false),
+    ] {
         let data = out.path().join(format!("{format}-{field}"));
         let d = data.to_str().unwrap();
         ok(&meshfeed(&["gen", "--format", format, "--samples", "3000", "--files", "3", "--field", field, "--out", d]));
@@ -414,13 +419,16 @@ over_transports! {
     /// delivered byte is read once and copied once. Ranks posing as hosts of two ranks
     /// exchange exactly the rows whose owner is on another host (copied twice). Either
     /// way, every rank's batches are byte for byte those of the exchange (local reads off).
+    /// npy, the fixed-size columns of Arrow files and contiguous HDF5 datasets.
     fn ranks_on_one_host_read_each_others_rows_from_the_files(t: Transport) {
         let out = tempdir();
-        let data = out.path().join("data");
-        let d = data.to_str().unwrap();
-        ok(&meshfeed(&["gen", "--format", "npy", "--samples", "3000", "--files", "3", "--field", "x:u8:2048", "--field", "y:i64", "--out", d]));
-        for np in [2, 3, 4] {
-            let dump = |name: &str| out.path().join(format!("{name}-{np}"));
+        for (format, np) in [("npy", 2), ("npy", 3), ("npy", 4), ("arrow", 3), ("hdf5", 4)] {
+            let data = out.path().join(format);
+            let d = data.to_str().unwrap();
+            if !data.exists() {
+                ok(&meshfeed(&["gen", "--format", format, "--samples", "3000", "--files", "3", "--field", "x:u8:2048", "--field", "y:i64", "--out", d]));
+            }
+            let dump = |name: &str| out.path().join(format!("{name}-{format}-{np}"));
             let args = |name: &str, reads: &str| -> Vec<String> {
                 ["run", "--data", d, "--batch-size", "48", "--epochs", "2", "--window-bytes", "256K", "--verify", "--json"]
                     .iter()
@@ -437,16 +445,16 @@ over_transports! {
             let exchanged = summary(&t.run(np, &strs(&args("exchanged", "off"))));
             for (name, l) in [("one host", &one_host), ("hosts of two", &two_hosts), ("local reads off", &exchanged)] {
                 let n = |k: &str| l[k].as_u64().unwrap();
-                assert_eq!(l["verified"], true, "{name}, {np} ranks: {l}");
+                assert_eq!(l["verified"], true, "{name}, {format}, {np} ranks: {l}");
                 // Every delivered value is read once: by its receiver or by its owner.
-                assert_eq!(n("bytes_read"), n("bytes_delivered"), "{name}, {np} ranks: {l}");
+                assert_eq!(n("bytes_read"), n("bytes_delivered"), "{name}, {format}, {np} ranks: {l}");
                 // Once from the file, and twice more for what crossed the exchange.
-                assert_eq!(n("bytes_copied"), n("bytes_delivered") + n("bytes_exchanged"), "{name}, {np} ranks: {l}");
+                assert_eq!(n("bytes_copied"), n("bytes_delivered") + n("bytes_exchanged"), "{name}, {format}, {np} ranks: {l}");
             }
             let delivered = one_host["bytes_delivered"].as_u64().unwrap();
-            assert_eq!(one_host["bytes_exchanged"], 0, "{np} ranks: {one_host}");
-            assert_eq!(one_host["copies_per_byte"], 1.0, "{np} ranks: {one_host}");
-            assert_eq!(exchanged["bytes_exchanged"], delivered, "{np} ranks: {exchanged}");
+            assert_eq!(one_host["bytes_exchanged"], 0, "{format}, {np} ranks: {one_host}");
+            assert_eq!(one_host["copies_per_byte"], 1.0, "{format}, {np} ranks: {one_host}");
+            assert_eq!(exchanged["bytes_exchanged"], delivered, "{format}, {np} ranks: {exchanged}");
             let across = two_hosts["bytes_exchanged"].as_u64().unwrap();
             if np == 2 {
                 assert_eq!(across, 0, "two ranks are one host of two: {two_hosts}");
@@ -456,11 +464,11 @@ over_transports! {
                 // 4 ranks: 2 · (1/2 · 1/2) = 1/2.
                 let share = across as f64 / delivered as f64;
                 let expected = if np == 3 { 4.0 / 9.0 } else { 0.5 };
-                assert!((share - expected).abs() < 0.05, "{np} ranks: {share} of the bytes crossed, not ~{expected}");
+                assert!((share - expected).abs() < 0.05, "{format}, {np} ranks: {share} of the bytes crossed, not ~{expected}");
             }
             let reference = dump_bytes(&dump("exchanged"), np);
-            assert_eq!(dump_bytes(&dump("one-host"), np), reference, "{np} ranks, one host");
-            assert_eq!(dump_bytes(&dump("two-hosts"), np), reference, "{np} ranks, hosts of two");
+            assert_eq!(dump_bytes(&dump("one-host"), np), reference, "{format}, {np} ranks, one host");
+            assert_eq!(dump_bytes(&dump("two-hosts"), np), reference, "{format}, {np} ranks, hosts of two");
         }
     }
 }

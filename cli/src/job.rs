@@ -73,8 +73,8 @@ pub struct JobArgs {
     #[arg(long, value_name = "BYTES")]
     pub cache_bytes: Option<ByteSize>,
     /// Ranks on one host read the rows they receive from each other's home ranges straight
-    /// from the files (the page cache they share) instead of exchanging them: auto (npy and
-    /// raw samples of 1 KiB and more, fused exchange) or off [default: auto].
+    /// from the files (the page cache they share) instead of exchanging them: auto (npy, raw
+    /// and fixed-size Arrow samples of 1 KiB and more, fused exchange) or off [default: auto].
     #[arg(long, value_parser = named::<LocalReads>())]
     pub local_reads: Option<LocalReads>,
     /// Transport: mpi (launch with mpirun/srun) or ucx (launch with `meshfeed launch`, Ray or

@@ -20,6 +20,7 @@
 //! refused, and, as in Arrow C++, a null count of zero means every value is valid.
 
 use std::fs::File;
+use std::io::IoSliceMut;
 use std::ops::Range;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
@@ -29,7 +30,7 @@ use arrow_buffer::Buffer;
 use arrow_ipc::{Block, MetadataVersion};
 use arrow_schema::{DataType, Schema};
 
-use super::rows::{RowChunk, RECORD_GAP_BYTES};
+use super::rows::{advise_willneed, read_vectored_exact_at, RowChunk, RECORD_GAP_BYTES};
 use super::schema::{DType, Field, FieldKind};
 use crate::error::{Error, Result};
 
@@ -494,6 +495,41 @@ impl ArrowReader {
 }
 
 impl super::FileReader for ArrowReader {
+    /// Values of fixed-size columns (primitives, fixed-size lists and binaries) sit at
+    /// fixed offsets of their record batch's buffer, uncompressed and without nulls (both
+    /// refused at open): they can be read in place. Variable-length values cannot.
+    fn value_range(&self, row: u64, field: usize) -> Option<Range<u64>> {
+        let b = self.starts.partition_point(|&s| s <= row).checked_sub(1)?;
+        let batch = self.footer.batches.get(b)?;
+        match *batch.columns.get(field)? {
+            // Inside the buffer: rows × width ≤ its length (checked at open).
+            Column::Fixed { values, width } => {
+                let start = values.start + (row - self.starts[b]) * width;
+                Some(start..start + width)
+            }
+            Column::Var { .. } => None,
+        }
+    }
+
+    fn read_at(&mut self, offset: u64, out: &mut [u8]) -> Result<()> {
+        self.read_vectored_at(offset, &mut [IoSliceMut::new(out)])
+    }
+
+    fn read_vectored_at(&mut self, offset: u64, bufs: &mut [IoSliceMut<'_>]) -> Result<()> {
+        let len: u64 = bufs.iter().map(|b| b.len() as u64).sum();
+        read_vectored_exact_at(&self.file, offset, bufs).map_err(|e| match e.kind() {
+            std::io::ErrorKind::UnexpectedEof => Error::file(
+                &self.path,
+                format!("truncated: values ({len} bytes at {offset}) lie past the end of the file"),
+            ),
+            _ => Error::io(&self.path, e),
+        })
+    }
+
+    fn advise(&self, range: Range<u64>) {
+        advise_willneed(&self.file, range)
+    }
+
     fn read_rows(&mut self, rows: &[u64]) -> Result<RowChunk> {
         let fields = self.footer.fields.len();
         let mut chunk = RowChunk::new(fields);

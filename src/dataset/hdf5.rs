@@ -4,9 +4,13 @@
 //! Chunked and compressed (gzip) datasets written by h5py work: HDF5 itself decodes them.
 //! The `hdf5` crate serialises all HDF5 calls behind one lock, so reads are issued as few,
 //! large hyperslabs: needed rows are coalesced into spans (see [`super::rows::coalesce`]).
+//! Files whose datasets are all contiguous, unfiltered and little-endian (HDF5's default
+//! layout, and what `meshfeed gen` writes) skip the library for data: their values lie at
+//! fixed offsets and are read with `pread`, like `.npy` records ([`in_place_offsets`]).
 //! Readers only open files read-only; set `HDF5_USE_FILE_LOCKING=FALSE` when a writer may
 //! hold a file (readers otherwise fail with "unable to lock file, errno = 11").
 
+use std::io::IoSliceMut;
 use std::ops::Range;
 use std::path::Path;
 
@@ -14,7 +18,7 @@ use arrow_buffer::Buffer;
 use hdf5::types::{FloatSize, IntSize, TypeDescriptor};
 use hdf5::{Hyperslab, SliceOrIndex};
 
-use super::rows::{coalesce, RowChunk};
+use super::rows::{advise_willneed, coalesce, read_vectored_exact_at, RowChunk};
 use super::schema::{DType, Field};
 use super::DatasetOptions;
 use crate::error::{Error, Result};
@@ -154,11 +158,33 @@ fn open_file(path: &Path) -> Result<hdf5::File> {
     hdf5::File::open(path).map_err(|e| Error::file(path, format!("cannot open as HDF5: {e}")))
 }
 
-/// Reads the sample count and fields of an HDF5 file.
-pub fn scan(path: &Path, group: Option<&str>) -> Result<(u64, Vec<Field>)> {
+/// Reads the sample count and fields of an HDF5 file, and whether its values can be read
+/// in place ([`in_place_offsets`]).
+pub fn scan(path: &Path, group: Option<&str>) -> Result<(u64, Vec<Field>, bool)> {
     let file = open_file(path)?;
-    let (n, fields, _) = fields_of(path, &file, group)?;
-    Ok((n, fields))
+    let (n, fields, datasets) = fields_of(path, &file, group)?;
+    let in_place = in_place_offsets(&datasets, &fields).is_some();
+    Ok((n, fields, in_place))
+}
+
+/// Where each dataset's values start in the file, when every one lies whole at a fixed
+/// offset in the bytes this host reads them in: contiguous (not chunked or compact, so
+/// unfiltered) with its storage allocated, and little-endian on a little-endian host (a
+/// byte of `bool` is an HDF5 enum, read through HDF5). Such values are read with `pread`
+/// like `.npy` rows, instead of one HDF5 hyperslab per span of rows.
+fn in_place_offsets(datasets: &[hdf5::Dataset], fields: &[Field]) -> Option<Vec<u64>> {
+    use hdf5::datatype::ByteOrder;
+    datasets
+        .iter()
+        .zip(fields)
+        .map(|(ds, f)| {
+            let order = ds.dtype().ok()?.byte_order();
+            let native = matches!(order, ByteOrder::LittleEndian | ByteOrder::None) && cfg!(target_endian = "little");
+            let boolean = matches!(f.kind, super::FieldKind::Tensor { dtype: DType::Bool, .. });
+            let plain = native && !boolean && !ds.is_chunked() && ds.filters().is_empty();
+            plain.then(|| ds.offset()).flatten()
+        })
+        .collect()
 }
 
 /// Reads rows of one HDF5 file.
@@ -169,6 +195,9 @@ pub struct Hdf5Reader {
     datasets: Vec<(hdf5::Dataset, DType, usize)>,
     row_bytes: u64,
     samples: u64,
+    /// With every dataset contiguous: the file, read with `pread`, and where each
+    /// dataset's values start and how many bytes one sample holds.
+    in_place: Option<(std::fs::File, Vec<(u64, u64)>)>,
 }
 
 impl Hdf5Reader {
@@ -180,6 +209,14 @@ impl Hdf5Reader {
             return Err(Error::file(path, "fields changed since the dataset was scanned"));
         }
         let row_bytes = fields.iter().filter_map(Field::fixed_bytes).sum::<usize>() as u64;
+        let in_place = match in_place_offsets(&datasets, &fields) {
+            Some(offsets) => {
+                let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+                let sizes = fields.iter().map(|f| f.fixed_bytes().unwrap_or(0) as u64);
+                Some((file, offsets.into_iter().zip(sizes).collect()))
+            }
+            None => None,
+        };
         let datasets = datasets
             .into_iter()
             .zip(&fields)
@@ -188,7 +225,7 @@ impl Hdf5Reader {
                 super::FieldKind::Bytes { .. } => unreachable!("HDF5 fields are tensors"),
             })
             .collect();
-        Ok(Hdf5Reader { path: path.to_path_buf(), _file: file, datasets, row_bytes, samples })
+        Ok(Hdf5Reader { path: path.to_path_buf(), _file: file, datasets, row_bytes, samples, in_place })
     }
 }
 
@@ -221,7 +258,46 @@ fn read_span(ds: &hdf5::Dataset, dtype: DType, ndim: usize, rows: Range<u64>) ->
     })
 }
 
+impl Hdf5Reader {
+    /// A failed `pread` of bytes `offset..offset + len`.
+    fn read_error(&self, e: std::io::Error, offset: u64, len: usize) -> Error {
+        match e.kind() {
+            std::io::ErrorKind::UnexpectedEof => Error::file(
+                &self.path,
+                format!("truncated: bytes {offset}..{} end past the end of the file", offset + len as u64),
+            ),
+            _ => Error::io(&self.path, e),
+        }
+    }
+}
+
 impl super::FileReader for Hdf5Reader {
+    fn value_range(&self, row: u64, field: usize) -> Option<Range<u64>> {
+        let (offset, n) = *self.in_place.as_ref()?.1.get(field)?;
+        (row < self.samples).then(|| offset + row * n..offset + (row + 1) * n)
+    }
+
+    fn read_at(&mut self, offset: u64, out: &mut [u8]) -> Result<()> {
+        self.read_vectored_at(offset, &mut [IoSliceMut::new(out)])
+    }
+
+    fn read_vectored_at(&mut self, offset: u64, bufs: &mut [IoSliceMut<'_>]) -> Result<()> {
+        let len = bufs.iter().map(|b| b.len()).sum();
+        let Some((file, _)) = &self.in_place else {
+            return Err(Error::Internal(format!(
+                "{}: HDF5 datasets that are not contiguous are read by rows",
+                self.path.display()
+            )));
+        };
+        read_vectored_exact_at(file, offset, bufs).map_err(|e| self.read_error(e, offset, len))
+    }
+
+    fn advise(&self, range: Range<u64>) {
+        if let Some((file, _)) = &self.in_place {
+            advise_willneed(file, range)
+        }
+    }
+
     fn read_rows(&mut self, rows: &[u64]) -> Result<RowChunk> {
         let mut chunk = RowChunk::new(self.datasets.len());
         if let Some(&last) = rows.last().filter(|&&r| r >= self.samples) {
@@ -233,12 +309,23 @@ impl super::FileReader for Hdf5Reader {
         let spans = coalesce(rows, self.row_bytes, HDF5_GAP_BYTES);
         // Values are pushed field-major (all rows of one dataset, then the next) because
         // each dataset is read as its own hyperslab; transposed at the end.
-        for (ds, dtype, ndim) in &self.datasets {
+        for (d, (ds, dtype, ndim)) in self.datasets.iter().enumerate() {
             let value_bytes = ds.size() / ds.shape()[0].max(1) * dtype.size();
             let mut next = rows.iter().peekable();
             for span in &spans {
-                let buf = read_span(ds, *dtype, *ndim, span.clone())
-                    .map_err(|e| Error::file(&self.path, format!("reading rows {}..{}: {e}", span.start, span.end)))?;
+                let buf = match &self.in_place {
+                    Some((file, layout)) => {
+                        let (offset, n) = layout[d];
+                        let mut buf = vec![0u8; ((span.end - span.start) * n) as usize];
+                        let at = offset + span.start * n;
+                        read_vectored_exact_at(file, at, &mut [IoSliceMut::new(&mut buf)])
+                            .map_err(|e| self.read_error(e, at, buf.len()))?;
+                        Buffer::from_vec(buf)
+                    }
+                    None => read_span(ds, *dtype, *ndim, span.clone()).map_err(|e| {
+                        Error::file(&self.path, format!("reading rows {}..{}: {e}", span.start, span.end))
+                    })?,
+                };
                 let b = chunk.add_buffer(buf);
                 while let Some(&&r) = next.peek() {
                     if r >= span.end {
@@ -309,4 +396,75 @@ pub fn write(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dataset::FileReader;
+
+    fn fields() -> Vec<Field> {
+        vec![Field::tensor("x", DType::U16, vec![3]), Field::tensor("y", DType::I64, vec![])]
+    }
+
+    /// Sample `id`'s value of field `f`: little-endian bytes that name both.
+    fn value(id: u64, f: usize, out: &mut Vec<u8>) {
+        match f {
+            0 => (0..3).for_each(|k| out.extend((id as u16 * 10 + k).to_le_bytes())),
+            _ => out.extend((-(id as i64)).to_le_bytes()),
+        }
+    }
+
+    #[test]
+    fn contiguous_datasets_are_read_in_place_and_agree_with_hyperslabs() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a.h5");
+        write(&path, &fields(), 20, value).unwrap();
+        let (n, f, in_place) = scan(&path, None).unwrap();
+        assert_eq!((n, &f, in_place), (20, &fields(), true));
+        let mut reader = Hdf5Reader::open(&path, &Default::default(), &fields()).unwrap();
+        // Rows read through pread spans are the values written.
+        let chunk = reader.read_rows(&[0, 7, 19]).unwrap();
+        for (i, id) in [0u64, 7, 19].into_iter().enumerate() {
+            for fi in 0..2 {
+                let mut want = Vec::new();
+                value(id, fi, &mut want);
+                assert_eq!(chunk.value(i, fi), &want[..], "row {id} field {fi}");
+                // And so are single values read at their offsets.
+                let range = reader.value_range(id, fi).unwrap();
+                let mut got = vec![0u8; (range.end - range.start) as usize];
+                reader.read_at(range.start, &mut got).unwrap();
+                assert_eq!(got, want, "row {id} field {fi} in place");
+            }
+        }
+        assert_eq!(reader.value_range(20, 0), None, "past the end");
+        // A file cut short is an error naming it, never zeros.
+        let len = std::fs::metadata(&path).unwrap().len();
+        let range = reader.value_range(19, 1).unwrap();
+        std::fs::OpenOptions::new().write(true).open(&path).unwrap().set_len(range.start + 2).unwrap();
+        let mut got = [0u8; 8];
+        let err = reader.read_at(range.start, &mut got).unwrap_err().to_string();
+        assert!(err.contains("a.h5") && err.contains("truncated"), "{err} (file of {len} bytes)");
+    }
+
+    #[test]
+    fn chunked_or_boolean_datasets_are_read_through_hdf5() {
+        let dir = tempfile::tempdir().unwrap();
+        let chunked = dir.path().join("chunked.h5");
+        {
+            let file = hdf5::File::create(&chunked).unwrap();
+            let data = ndarray::Array1::from_iter(0..64i64);
+            file.new_dataset_builder().chunk(16).with_data(&data).create("y").unwrap();
+        }
+        let (n, _, in_place) = scan(&chunked, None).unwrap();
+        assert_eq!((n, in_place), (64, false));
+        let y = vec![Field::tensor("y", DType::I64, vec![])];
+        let mut reader = Hdf5Reader::open(&chunked, &Default::default(), &y).unwrap();
+        assert_eq!(reader.value_range(3, 0), None);
+        assert_eq!(reader.read_rows(&[3]).unwrap().value(0, 0), &3i64.to_le_bytes());
+        let boolean = dir.path().join("bool.h5");
+        let b = vec![Field::tensor("b", DType::Bool, vec![])];
+        write(&boolean, &b, 4, |id, _, out| out.push((id % 2) as u8)).unwrap();
+        assert!(!scan(&boolean, None).unwrap().2, "HDF5 booleans are enums, converted by HDF5");
+    }
 }

@@ -98,6 +98,13 @@ pub struct FileInfo {
     /// budget sizes windows by them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub value_bytes: Vec<u64>,
+    /// Whether every fixed-size value lies whole, uncompressed and in the host's byte order
+    /// at a fixed offset of the file, so that it can be read in place
+    /// ([`FileReader::value_range`]): `.npy`, raw records and Arrow IPC always (their
+    /// readers refuse anything else), HDF5 where every dataset is contiguous, unfiltered
+    /// and little-endian.
+    #[serde(default)]
+    pub in_place: bool,
 }
 
 /// The identity of a file besides its size: its last modification time and inode number.
@@ -256,10 +263,15 @@ pub fn scan_file(path: &Path, format: Format, options: &DatasetOptions) -> Resul
     regular_file(path, &meta)?;
     let (bytes, stamp) = (meta.len(), FileStamp::of(&meta));
     let mut value_bytes = Vec::new();
+    let mut in_place = format != Format::Hdf5;
     let (samples, fields) = match format {
         Format::Npy => npy::scan(path)?,
         #[cfg(feature = "hdf5")]
-        Format::Hdf5 => hdf5::scan(path, options.hdf5_group.as_deref())?,
+        Format::Hdf5 => {
+            let (samples, fields, contiguous) = hdf5::scan(path, options.hdf5_group.as_deref())?;
+            in_place = contiguous;
+            (samples, fields)
+        }
         #[cfg(not(feature = "hdf5"))]
         Format::Hdf5 => {
             let _ = options; // only HDF5 files have options (the group)
@@ -275,7 +287,7 @@ pub fn scan_file(path: &Path, format: Format, options: &DatasetOptions) -> Resul
     if let Some(reason) = schema::duplicate_name(&fields) {
         return Err(Error::file(path, reason));
     }
-    Ok(FileInfo { path: path.to_path_buf(), format, samples, fields, bytes, stamp, value_bytes })
+    Ok(FileInfo { path: path.to_path_buf(), format, samples, fields, bytes, stamp, value_bytes, in_place })
 }
 
 /// Reads rows of one file.
@@ -508,6 +520,7 @@ mod tests {
             bytes: 0,
             stamp: FileStamp::default(),
             value_bytes: vec![],
+            in_place: true,
         }
     }
 

@@ -6,6 +6,7 @@
 //! buffer (docs/design.md, "The pipeline").
 
 use std::fs::File;
+use std::io::IoSliceMut;
 use std::ops::Range;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
@@ -139,6 +140,43 @@ pub struct RecordFile {
     field_ranges: Vec<Range<usize>>,
 }
 
+/// Reads exactly the bytes of `bufs` at `offset` of `file`, one after another, with
+/// `preadv` (retried on short reads and interrupts); a file that ends first is an
+/// `UnexpectedEof` error.
+pub(crate) fn read_vectored_exact_at(file: &File, offset: u64, mut bufs: &mut [IoSliceMut<'_>]) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let mut at = offset;
+    while bufs.iter().any(|b| !b.is_empty()) {
+        let n = bufs.len().min(1024) as libc::c_int; // IOV_MAX
+                                                     // SAFETY: IoSliceMut is ABI-compatible with iovec, and each one points at writable
+                                                     // memory of its length that `bufs` borrows mutably for this call.
+        let got = unsafe { libc::preadv(file.as_raw_fd(), bufs.as_ptr().cast(), n, at as libc::off_t) };
+        match got {
+            0 => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+            n if n < 0 => {
+                let e = std::io::Error::last_os_error();
+                if e.kind() != std::io::ErrorKind::Interrupted {
+                    return Err(e);
+                }
+            }
+            n => {
+                at += n as u64;
+                IoSliceMut::advance_slices(&mut bufs, n as usize);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Tells the kernel that bytes `range` of `file` will be read soon (`POSIX_FADV_WILLNEED`:
+/// readahead into the page cache). Best effort: the result is ignored.
+pub(crate) fn advise_willneed(file: &File, range: Range<u64>) {
+    use std::os::fd::AsRawFd;
+    let (start, len) = (range.start as libc::off_t, range.end.saturating_sub(range.start) as libc::off_t);
+    // SAFETY: posix_fadvise reads no memory; the descriptor belongs to `file`.
+    let _ = unsafe { libc::posix_fadvise(file.as_raw_fd(), start, len, libc::POSIX_FADV_WILLNEED) };
+}
+
 /// Gaps up to this size are read through rather than split into separate reads.
 pub(crate) const RECORD_GAP_BYTES: u64 = 64 << 10;
 
@@ -178,38 +216,13 @@ impl super::FileReader for RecordFile {
         self.file.read_exact_at(out, offset).map_err(|e| self.read_error(e, offset, out.len()))
     }
 
-    fn read_vectored_at(&mut self, offset: u64, mut bufs: &mut [std::io::IoSliceMut<'_>]) -> Result<()> {
-        use std::os::fd::AsRawFd;
-        let len: usize = bufs.iter().map(|b| b.len()).sum();
-        let (mut at, end) = (offset, offset + len as u64);
-        while at < end {
-            let n = bufs.len().min(1024) as libc::c_int; // IOV_MAX
-                                                         // SAFETY: IoSliceMut is ABI-compatible with iovec, and each one points at
-                                                         // writable memory of its length that `bufs` borrows mutably for this call.
-            let got = unsafe { libc::preadv(self.file.as_raw_fd(), bufs.as_ptr().cast(), n, at as libc::off_t) };
-            match got {
-                0 => return Err(self.read_error(std::io::ErrorKind::UnexpectedEof.into(), offset, len)),
-                n if n < 0 => {
-                    let e = std::io::Error::last_os_error();
-                    if e.kind() != std::io::ErrorKind::Interrupted {
-                        return Err(self.read_error(e, offset, len));
-                    }
-                }
-                n => {
-                    at += n as u64;
-                    std::io::IoSliceMut::advance_slices(&mut bufs, n as usize);
-                }
-            }
-        }
-        Ok(())
+    fn read_vectored_at(&mut self, offset: u64, bufs: &mut [IoSliceMut<'_>]) -> Result<()> {
+        let len = bufs.iter().map(|b| b.len()).sum();
+        read_vectored_exact_at(&self.file, offset, bufs).map_err(|e| self.read_error(e, offset, len))
     }
 
     fn advise(&self, range: Range<u64>) {
-        use std::os::fd::AsRawFd;
-        let (start, len) = (range.start as libc::off_t, (range.end - range.start) as libc::off_t);
-        // SAFETY: posix_fadvise reads no memory; the descriptor is this reader's open file.
-        // The advice is best effort: its result is ignored.
-        let _ = unsafe { libc::posix_fadvise(self.file.as_raw_fd(), start, len, libc::POSIX_FADV_WILLNEED) };
+        advise_willneed(&self.file, range)
     }
 
     fn read_rows(&mut self, rows: &[u64]) -> Result<RowChunk> {
@@ -284,7 +297,6 @@ mod tests {
     #[test]
     fn record_file_reads_requested_rows_and_reports_truncation() {
         use crate::dataset::FileReader;
-        use std::io::IoSliceMut;
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("r.raw");
         // header of 3 bytes, then 5 records of 4 bytes: [i, i, 100 + i, 100 + i]

@@ -21,6 +21,7 @@ struct WireInfo {
     /// The identity every reader of the file checks against (see [`FileStamp`]).
     stamp: FileStamp,
     value_bytes: Vec<u64>,
+    in_place: bool,
 }
 
 impl From<FileInfo> for WireInfo {
@@ -33,6 +34,7 @@ impl From<FileInfo> for WireInfo {
             bytes: f.bytes,
             stamp: f.stamp,
             value_bytes: f.value_bytes,
+            in_place: f.in_place,
         }
     }
 }
@@ -47,6 +49,7 @@ impl From<WireInfo> for FileInfo {
             bytes: w.bytes,
             stamp: w.stamp,
             value_bytes: w.value_bytes,
+            in_place: w.in_place,
         }
     }
 }

@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use super::layout;
 use crate::config::{ExchangeMode, LoaderOptions, LocalReads, TailPolicy};
-use crate::dataset::{Dataset, Format};
+use crate::dataset::Dataset;
 use crate::error::{Error, Result};
 use crate::plan::{budget, HomeRanges, Mesh, Placement, WindowBudget};
 use crate::types::{Epoch, Rank, Step};
@@ -251,12 +251,14 @@ impl Stream {
 pub const DIRECT_READ_MIN_BYTES: u64 = 1024;
 
 /// Whether every window can be packed straight from the files: every file stores values
-/// whole at fixed offsets (`.npy`, raw records), every receiver takes whole tensor fields
+/// whole at fixed offsets ([`crate::dataset::FileInfo::in_place`]: `.npy`, raw records,
+/// the fixed-size columns of Arrow IPC files, contiguous HDF5 datasets), every receiver
+/// takes whole tensor fields
 /// (no slices, no variable-length values), and samples are large enough
 /// ([`DIRECT_READ_MIN_BYTES`]).
 fn direct_reads<'a>(dataset: &Dataset, placements: impl Iterator<Item = &'a Placement>) -> bool {
     let fields = dataset.fields();
-    let fixed = dataset.files().iter().all(|f| matches!(f.format, Format::Npy | Format::Raw));
+    let fixed = dataset.files().iter().all(|f| f.in_place);
     let sample: u64 = fields.iter().map(|f| f.fixed_bytes().unwrap_or(0) as u64).sum();
     let mut parts = placements.flat_map(|p| p.blocks()).flat_map(|b| &b.receivers).flat_map(|r| &r.parts);
     fixed
@@ -278,6 +280,7 @@ mod tests {
             bytes: 0,
             stamp: FileStamp::default(),
             value_bytes: vec![],
+            in_place: true,
         };
         let dataset = Arc::new(Dataset::from_files(vec![info], Default::default()).unwrap());
         let options = LoaderOptions { batch_size: batch, window_bytes, prefetch: 0, tail, ..Default::default() };
@@ -316,6 +319,7 @@ mod tests {
             bytes: 0,
             stamp: FileStamp::default(),
             value_bytes: vec![],
+            in_place: true,
         };
         let ds = Arc::new(Dataset::from_files(vec![info], Default::default()).unwrap());
         let build = |world, batch| {
