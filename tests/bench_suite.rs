@@ -114,7 +114,7 @@ fn every_mode_reports_what_the_suite_needs_at_1_and_2_ranks() {
         assert_eq!(x["total_sent"], m["total_sent"], "{x}\n{m}");
         assert_eq!(x["delivered_bytes"], m["total_sent"]);
         // Each rank reads its home range's share of the files once; memcpy copies what
-        // every rank received.
+        // is delivered to every rank.
         let files: u64 = std::fs::read_dir(&data)
             .unwrap()
             .map(|e| e.unwrap())

@@ -8,8 +8,10 @@
 //!   (`Metrics::window_sends`). Those exact counts are then replayed window by window
 //!   through the transport's bare `all_to_all_v` (rsmpi's `MPI_Alltoallv` under MPI), from
 //!   send buffers filled before the clock starts.
-//! * `memcpy-limit`: each rank copies the bytes it received in that epoch, in window-sized
-//!   chunks, between buffers larger than the caches (memory bandwidth, one copy).
+//! * `memcpy-limit`: each rank copies the bytes delivered to it in that epoch, in
+//!   window-sized chunks, between buffers larger than the caches (memory bandwidth, one
+//!   copy: every delivered byte is copied at least once, into its batch, whether it
+//!   crossed the exchange or was read where it is delivered).
 
 use std::os::unix::fs::FileExt;
 
@@ -93,6 +95,8 @@ pub struct Reference {
     window_sends: Vec<Vec<usize>>,
     /// Bytes this rank received in the epoch.
     received: u64,
+    /// Bytes delivered to this rank in the epoch.
+    delivered: u64,
     windows: u64,
     /// All ranks' bytes sent, as the loader's metrics counted them.
     loader_bytes_sent: u64,
@@ -106,12 +110,13 @@ impl Reference {
     pub fn record(t: &dyn Transport, dataset: &Dataset, job: &Job, setting: &Setting) -> Result<Reference> {
         let mut loader = agree(t, warm_loader(t, dataset, job, None))?;
         loader.keep_window_sends(true);
-        run_epoch(&mut loader, 1, 0.0)?;
+        let delivered = run_epoch(&mut loader, 1, 0.0)?;
         let m = loader.take_metrics();
         let [loader_bytes_sent] = sum_u64(t, [m.bytes_sent])?;
         let steps = loader.steps_per_epoch();
         Ok(Reference {
             received: m.bytes_received,
+            delivered,
             windows: m.windows,
             window_sends: m.window_sends,
             loader_bytes_sent,
@@ -176,7 +181,7 @@ pub fn exchange(t: &dyn Transport, reference: &Reference, job: &Job, setting: &S
 }
 
 pub fn memcpy(t: &dyn Transport, reference: &Reference, job: &Job, setting: &Setting) -> Result<Record> {
-    let total = reference.received;
+    let total = reference.delivered;
     let chunk = total.div_ceil(reference.windows.max(1)).max(1);
     let span = total.clamp(1, MEMCPY_SPAN.max(chunk)) as usize;
     let src = vec![1u8; span];

@@ -79,7 +79,9 @@ fn range(values: impl Iterator<Item = f64> + Clone, log: bool) -> (f64, f64) {
         return (0.1, 1.0);
     }
     if log {
-        let lo = lo.max(1e-9);
+        // At most four decades: a limit that is all but zero (nothing crosses the
+        // exchange on one host) would otherwise squash every loader into the top row.
+        let lo = lo.max(hi / 1e4).max(1e-9);
         (lo / 1.3, hi.max(lo) * 1.3)
     } else {
         (0.0, if hi > 0.0 { hi * 1.1 } else { 1.0 })
@@ -108,12 +110,14 @@ fn draw_lines<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, c: &Lines) -> st
                 .map_err(e)?;
             for (i, s) in c.series.iter().enumerate() {
                 let col = color(i);
+                // Points below the range sit on its bottom edge.
+                let points: Vec<(f64, f64)> = s.points.iter().map(|&(x, y)| (x, y.max(y0))).collect();
                 chart
-                    .draw_series(LineSeries::new(s.points.clone(), col.stroke_width(2)))
+                    .draw_series(LineSeries::new(points.clone(), col.stroke_width(2)))
                     .map_err(e)?
                     .label(s.name.clone())
                     .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], col.stroke_width(2)));
-                chart.draw_series(s.points.iter().map(|&p| Circle::new(p, 4, col.filled()))).map_err(e)?;
+                chart.draw_series(points.iter().map(|&p| Circle::new(p, 4, col.filled()))).map_err(e)?;
             }
             chart
                 .configure_series_labels()
@@ -135,6 +139,9 @@ fn draw_lines<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, c: &Lines) -> st
 
 /// A number for an axis label: no trailing zeros.
 fn trim(v: f64) -> String {
+    if v != 0.0 && v.abs() < 0.001 {
+        return format!("{v:.0e}");
+    }
     let s = if v.abs() >= 100.0 { format!("{v:.0}") } else { format!("{v:.3}") };
     if s.contains('.') {
         s.trim_end_matches('0').trim_end_matches('.').to_string()
