@@ -51,7 +51,7 @@ pub(crate) fn prepare(
     } else {
         metrics.timed(Phase::Exchange, || agree(transport, Ok(())))?;
     }
-    Ok(Packed { spec, route: Route::Broadcast, ids, send, counts: vec![], metrics })
+    Ok(Packed { spec, route: Route::Broadcast, ids, send, counts: vec![], metrics, deferred: None })
 }
 
 /// Broadcasts rank 0's buffer (an all-gather to which only rank 0 contributes).

@@ -58,6 +58,7 @@ impl Engine {
 /// The route of a window.
 fn route(stream: &Stream, spec: &WindowSpec) -> Route {
     match stream.mode {
+        _ if stream.all_local => Route::Local,
         _ if stream.is_tail_window(spec) => Route::Fused,
         ExchangeMode::TwoPhase => Route::TwoPhase,
         ExchangeMode::Broadcast => Route::Broadcast,
@@ -102,25 +103,32 @@ pub(crate) fn prepare(
     let plan = metrics
         .timed(Phase::Plan, || WindowPlan::new(&order, index, placement, stream.rank, spec.steps.clone(), own_rows));
     metrics.evaluations += plan.evaluations;
-    let local = route == Route::Fused && stream.local_reads;
+    let local = matches!(route, Route::Fused | Route::Local) && stream.local_reads;
     // Receivers on this host read this rank's rows themselves: nothing goes to them, and
     // the rows they will read are read ahead here, in file order.
     let sent_to = |d: usize| !(local && stream.is_read_by(Rank(d)));
-    if local {
-        let start = Instant::now();
-        let read_there = (0..placement.world()).filter(|&d| !sent_to(d)).flat_map(|d| plan.sends[d].iter().copied());
-        reads.advise(stream, read_there, &plan.ids)?;
-        metrics.phase[Phase::Read as usize] += start.elapsed();
-    }
     let parts: Vec<Option<&[FieldPart]>> = (0..placement.world())
         .map(|d| placement.receiver(Rank(d)).filter(|_| sent_to(d)).map(|(_, rc)| &rc.parts[..]))
         .collect();
-    let (send, counts) = if stream.direct_reads {
+    let (send, counts, deferred) = if stream.direct_reads {
         // Read straight into the send buffer: reading is packing.
         let start = Instant::now();
-        let packed = reads.pack_direct(stream, &plan.sends, &parts, &plan.ids, &mut metrics);
+        let read_there = (0..placement.world()).filter(|&d| !sent_to(d)).flat_map(|d| plan.sends[d].iter().copied());
+        let packed = reads
+            .advise(stream, read_there, &plan.ids)
+            .and_then(|()| reads.pack_direct(stream, &plan.sends, &parts, &plan.ids, &mut metrics));
         metrics.phase[Phase::Read as usize] += start.elapsed();
-        metrics.timed(Phase::Exchange, || agree(transport, packed))?
+        if route == Route::Local {
+            // Nothing was read or is sent: an error waits for the assembly agreement,
+            // the window's only collective.
+            match packed {
+                Ok((send, counts)) => (send, counts, None),
+                Err(e) => (Vec::new(), vec![0; placement.world()], Some(e)),
+            }
+        } else {
+            let (send, counts) = metrics.timed(Phase::Exchange, || agree(transport, packed))?;
+            (send, counts, None)
+        }
     } else {
         let start = Instant::now();
         let read = reads.read(stream, &plan.reads, &mut metrics);
@@ -129,11 +137,11 @@ pub(crate) fn prepare(
         let source = FromReads { ids: &plan.ids, read: &read };
         let packed = metrics.timed(Phase::Pack, || pack(&plan.sends, &parts, stream.dataset.fields(), &source));
         metrics.bytes_copied += packed.0.len() as u64;
-        packed
+        (packed.0, packed.1, None)
     };
     metrics.bytes_sent += send.len() as u64;
     metrics.window_sends.push(counts.clone());
-    Ok(Packed { spec, route, ids: plan.ids, send, counts, metrics })
+    Ok(Packed { spec, route, ids: plan.ids, send, counts, metrics, deferred })
 }
 
 /// Step 2: exchanges a packed window. With `during`, the exchange is non-blocking and
@@ -143,10 +151,18 @@ pub(crate) fn exchange(
     packed: Packed,
     during: Option<&mut dyn FnMut()>,
 ) -> Result<Received> {
-    let Packed { spec, route, ids, send, counts, mut metrics } = packed;
+    let Packed { spec, route, ids, send, counts, mut metrics, deferred } = packed;
     let start = Instant::now();
     let mut busy = std::time::Duration::ZERO;
     let (recv, recv_counts) = match (route, during) {
+        (Route::Local, during) => {
+            if let Some(during) = during {
+                let t = Instant::now();
+                during();
+                busy = t.elapsed();
+            }
+            (send, counts)
+        }
         (Route::Broadcast, during) => {
             let r = broadcast::exchange(transport, send)?;
             if let Some(during) = during {
@@ -168,16 +184,17 @@ pub(crate) fn exchange(
     };
     metrics.phase[Phase::Exchange as usize] += start.elapsed().saturating_sub(busy);
     metrics.bytes_received += recv.len() as u64;
-    Ok(Received { spec, route, ids, recv, recv_counts, metrics })
+    Ok(Received { spec, route, ids, recv, recv_counts, metrics, deferred })
 }
 
 /// Step 3: assembles a received window into batches. Collective (the assembly agreement,
 /// and the two-phase scatter).
 pub(crate) fn complete(engine: &mut Engine, received: Received) -> Result<Window> {
-    let Received { spec, route, ids, recv, recv_counts, mut metrics } = received;
+    let Received { spec, route, ids, recv, recv_counts, mut metrics, deferred } = received;
     let stream = &*engine.stream;
     let batches = match route {
-        Route::Fused => {
+        _ if deferred.is_some() => Err(deferred.expect("checked")),
+        Route::Fused | Route::Local => {
             let placement = stream.placement_for_step(first_step(&spec));
             let r = receipt(stream, placement, &spec, &ids);
             let fields = stream.dataset.fields();

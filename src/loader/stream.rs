@@ -77,6 +77,8 @@ pub(crate) struct Stream {
     /// files into their batches, and owners leave those rows out of the exchange
     /// ([`LocalReads`]): where reads are direct, with the fused exchange.
     pub local_reads: bool,
+    /// Local reads with every rank on one host: no row crosses the exchange.
+    pub all_local: bool,
     pub budget: WindowBudget,
     /// Whether this rank keeps its home range in memory.
     pub cache_home_range: bool,
@@ -177,6 +179,7 @@ impl Stream {
             steps_per_window,
             index_entries,
             direct_reads,
+            all_local: local_reads && hosts.iter().all(|&h| h == hosts[0]),
             hosts,
             local_reads,
             budget,

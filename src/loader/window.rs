@@ -21,6 +21,9 @@ pub(crate) struct Window {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Route {
     Fused,
+    /// Fused, with every rank on one host and local reads: no row crosses the exchange,
+    /// so the window skips it (and the read agreement); the assembly agreement remains.
+    Local,
     TwoPhase,
     Broadcast,
 }
@@ -34,6 +37,8 @@ pub(crate) struct Packed {
     pub send: Vec<u8>,
     pub counts: Vec<usize>,
     pub metrics: Metrics,
+    /// An error of a [`Route::Local`] window, agreed at its assembly.
+    pub deferred: Option<crate::error::Error>,
 }
 
 /// A window after its exchange: the bytes this rank received.
@@ -44,6 +49,7 @@ pub(crate) struct Received {
     pub recv: Vec<u8>,
     pub recv_counts: Vec<usize>,
     pub metrics: Metrics,
+    pub deferred: Option<crate::error::Error>,
 }
 
 /// What this rank receives of each global batch under `placement`, for
