@@ -10,6 +10,10 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 HDF5_USE_FILE_L
 cargo build --release --workspace --all-targets
 # Two test threads: multi-rank tests oversubscribe the 2 cores already.
 cargo test --release --workspace --no-fail-fast -- --test-threads=2
+# The Python package (python/, PyO3 + maturin): installed the way users install it, then
+# tested from Python under real mpirun and the UCX launcher against the command line.
+.venv/bin/pip install -q --disable-pip-version-check --no-build-isolation ./python
+.venv/bin/python -m pytest -q -p no:cacheprovider python/tests
 # The benchmark suite's smoke version (seconds, tiny data, no PyTorch, no ratios asserted):
 # every measurement mode and the report's table and plots, so that the suite cannot rot.
 bash bench/run.sh --smoke --out "$(mktemp -d)/bench-smoke"

@@ -202,6 +202,12 @@ impl Batch {
     pub fn field(&self, name: &str) -> Option<&FieldData> {
         self.fields.iter().find(|f| f.field.name == name)
     }
+
+    /// The fields, taken out of the batch without copying their bytes (for bindings that
+    /// hand each field's buffer to another owner, such as a Python array).
+    pub fn into_fields(self) -> Vec<FieldData> {
+        self.fields
+    }
 }
 
 #[cfg(test)]

@@ -1,0 +1,55 @@
+"""Runs a meshfeed.Loader and writes what this rank received in the command line's
+``--dump`` format (``DIR/rank-<r>.jsonl``: one line per step, ids and per-field CRC-32 of
+each row). Options: a JSON object of Loader keyword arguments.
+
+    python dump_job.py OPTIONS_JSON OUT_DIR EPOCHS [STOP_AFTER STATE_OUT | RESUME_STATE]
+
+With STOP_AFTER, stops after that many batches and writes the loader's state_dict to
+STATE_OUT; with RESUME_STATE, loads it first and runs to the end of the last epoch.
+"""
+
+import json
+import os
+import sys
+import zlib
+
+import meshfeed
+
+
+def main() -> None:
+    options, out, epochs = json.loads(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+    stop_after = int(sys.argv[4]) if len(sys.argv) > 5 else None
+    resume = sys.argv[4] if len(sys.argv) == 5 else None
+    data = options.pop("data")
+    loader = meshfeed.Loader(data, **options)
+    os.makedirs(out, exist_ok=True)
+    first = 0
+    if resume:
+        with open(resume) as f:
+            state = json.load(f)
+        loader.load_state_dict(state)
+        first = state["epoch"]
+    delivered = 0
+    with open(os.path.join(out, f"rank-{loader.rank}.jsonl"), "w") as dump:
+        for epoch in range(first, epochs):
+            if not resume or epoch != first:
+                loader.set_epoch(epoch)
+            for batch in loader:
+                crc = {}
+                for name in sorted(batch):
+                    value = batch[name]
+                    rows = value if isinstance(value, list) else [row.tobytes() for row in value]
+                    crc[name] = [zlib.crc32(r) for r in rows]
+                line = {"epoch": batch.epoch, "step": batch.step, "ids": batch.ids.tolist(), "crc32": crc}
+                dump.write(json.dumps(line, separators=(",", ":")) + "\n")
+                delivered += 1
+                if stop_after is not None and delivered == stop_after:
+                    with open(sys.argv[5], "w") as f:
+                        json.dump(loader.state_dict(), f)
+                    loader.close()
+                    return
+    loader.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,160 @@
+"""The Python package under real mpirun (and the UCX launcher): what a training loop sees
+from Python equals what the command line delivers for the same job (`--dump`), states
+resume on another rank count, and errors reach every rank as meshfeed.Error.
+
+Run by tests/ci.sh after `pip install ./python` into the test venv: `pytest python/tests`.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = ROOT / "target" / "release" / "meshfeed"
+DUMP_JOB = Path(__file__).with_name("dump_job.py")
+MPIRUN = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--mca", "mpi_yield_when_idle", "1"]
+ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", HDF5_USE_FILE_LOCKING="FALSE")
+# A hang is a failure (never a pass): every command is bounded.
+TIMEOUT = 180
+
+
+def run(cmd, **kw):
+    return subprocess.run([str(c) for c in cmd], env=kw.pop("env", ENV), capture_output=True, text=True,
+                          timeout=TIMEOUT, **kw)
+
+
+def ok(r):
+    assert r.returncode == 0, f"exit {r.returncode}\nstdout:\n{r.stdout}\nstderr:\n{r.stderr}"
+    return r
+
+
+def read_dump(d: Path, np_: int):
+    return [[json.loads(l) for l in (d / f"rank-{r}.jsonl").read_text().splitlines()] for r in range(np_)]
+
+
+def python_job(np_, options, out, epochs, *extra, transport="mpi"):
+    args = [sys.executable, DUMP_JOB, json.dumps(options), out, epochs, *extra]
+    if transport == "mpi":
+        return run(MPIRUN + ["-np", np_] + args)
+    env = dict(ENV, UCX_NET_DEVICES="lo")
+    env.pop("MESHFEED_JOB_TOKEN", None)
+    return run([BIN, "launch", "-n", np_, "--exe", args[0], "--"] + args[1:], env=env)
+
+
+@pytest.fixture(scope="module")
+def datasets(tmp_path_factory):
+    base = tmp_path_factory.mktemp("data")
+    out = {}
+    for fmt, fields in [("npy", ["x:f32:4x6", "y:i64"]), ("arrow", ["x:f32:4x6", "t:utf8", "y:i64"])]:
+        d = base / fmt
+        args = [BIN, "gen", "--format", fmt, "--samples", "600", "--files", "3", "--out", d]
+        for f in fields:
+            args += ["--field", f]
+        ok(run(args))
+        out[fmt] = d
+    return out
+
+
+JOBS = [
+    # (name, format, ranks, Loader options beyond data, the CLI's flags for the same job)
+    ("dp", "npy", 1, {}, []),
+    ("dp", "npy", 2, {}, []),
+    ("dp", "npy", 4, {}, []),
+    ("var-length", "arrow", 3, {}, []),
+    ("mesh", "npy", 4, {"mesh": "dp=2,tp=2", "shard": {"x": "dp,tp"}}, ["--mesh", "dp=2,tp=2", "--shard", "x=dp,tp"]),
+]
+
+
+@pytest.mark.parametrize("name,fmt,np_,options,flags", JOBS, ids=[f"{j[0]}-{j[1]}-np{j[2]}" for j in JOBS])
+def test_batches_from_python_equal_the_command_lines(datasets, tmp_path, name, fmt, np_, options, flags):
+    data = datasets[fmt]
+    cli = tmp_path / "cli"
+    ok(run(MPIRUN + ["-np", np_, BIN, "run", "--data", data, "--batch-size", "12", "--epochs", "2", "--seed", "5",
+                     "--window-bytes", "2K", "--dump", cli] + flags))
+    py = tmp_path / "py"
+    ok(python_job(np_, {"data": [str(data)], "batch_size": 12, "seed": 5, "window_bytes": "2K", **options}, py, 2))
+    expected = read_dump(cli, np_)
+    assert sum(len(r) for r in expected) == 2 * 50 * np_
+    assert read_dump(py, np_) == expected
+
+
+def test_the_ucx_launcher_delivers_the_same_batches(datasets, tmp_path):
+    data = datasets["npy"]
+    cli = tmp_path / "cli"
+    ok(run(MPIRUN + ["-np", 2, BIN, "run", "--data", data, "--batch-size", "12", "--epochs", "1", "--seed", "5",
+                     "--dump", cli]))
+    py = tmp_path / "py"
+    ok(python_job(2, {"data": [str(data)], "batch_size": 12, "seed": 5, "transport": "ucx"}, py, 1, transport="ucx"))
+    assert read_dump(py, 2) == read_dump(cli, 2)
+
+
+def global_batches(dump):
+    """(epoch, step) -> the global batch's ids (data parallel: ranks hold consecutive rows)."""
+    out = {}
+    for rank_lines in dump:
+        for line in rank_lines:
+            out.setdefault((line["epoch"], line["step"]), []).extend(line["ids"])
+    return out
+
+
+def test_state_dict_resumes_exactly_on_another_rank_count(datasets, tmp_path):
+    data = datasets["npy"]
+    options = {"data": [str(data)], "batch_size": 12, "seed": 9, "window_bytes": "2K"}
+    whole = tmp_path / "whole"
+    ok(python_job(2, options, whole, 2))
+    first, state = tmp_path / "first", tmp_path / "state.json"
+    ok(python_job(2, options, first, 2, 70, state))  # stops at epoch 1, step 20
+    saved = json.loads(state.read_text())
+    assert (saved["epoch"], saved["step"]) == (1, 20)
+    rest = tmp_path / "rest"
+    ok(python_job(3, options, rest, 2, state))
+    combined = global_batches(read_dump(first, 2))
+    resumed = global_batches(read_dump(rest, 3))
+    assert min(resumed) == (1, 20) and not set(resumed) & set(combined)
+    combined.update(resumed)
+    assert combined == global_batches(read_dump(whole, 2))
+
+
+def test_an_error_reaches_every_rank_as_meshfeed_error(datasets, tmp_path):
+    script = (
+        "import meshfeed, os\n"
+        "rank = int(os.environ['OMPI_COMM_WORLD_RANK'])\n"
+        "try:\n"
+        f"    meshfeed.Loader([{str(datasets['npy'])!r}], batch_size=12, seed=rank)\n"
+        "except meshfeed.Error as e:\n"
+        "    print('meshfeed.Error:', e)\n"
+    )
+    r = ok(run(MPIRUN + ["-np", 3, sys.executable, "-c", script]))
+    lines = [l for l in r.stdout.splitlines() if l.startswith("meshfeed.Error:")]
+    assert len(lines) == 3, r.stdout + r.stderr
+    assert all("seed" in l for l in lines), lines
+    # Uncaught, it ends every rank with a non-zero exit and the message.
+    r = run(MPIRUN + ["-np", 2, sys.executable, "-c", "import meshfeed; meshfeed.Loader(['/nonexistent/data'], batch_size=4)"])
+    assert r.returncode != 0
+    assert r.stderr.count("/nonexistent/data: no such file or directory") == 2, r.stderr
+
+
+def test_batches_are_read_only_views_that_outlive_the_loader(datasets):
+    script = (
+        "import meshfeed, numpy as np\n"
+        f"l = meshfeed.Loader([{str(datasets['npy'])!r}], batch_size=12, seed=1)\n"
+        "b = next(iter(l))\n"
+        "x = b['x']\n"
+        "assert x.shape == (12, 4, 6) and x.dtype == np.float32 and not x.flags.writeable\n"
+        "try:\n"
+        "    x[0, 0, 0] = 1\n"
+        "    raise SystemExit('writable')\n"
+        "except ValueError:\n"
+        "    pass\n"
+        "assert sorted(b) == ['x', 'y'] and b.ids.dtype == np.int64 and len(b.ids) == 12\n"
+        "assert len(l) == 50 and (b.epoch, b.step) == (0, 0)\n"
+        "l.close(); del l, b\n"
+        "assert float(x[0, 0, 0]) == float(x[0, 0, 0])\n"
+        "print('ok', x.sum())\n"
+    )
+    r = ok(run(MPIRUN + ["-np", 1, sys.executable, "-c", script]))
+    assert r.stdout.startswith("ok"), r.stdout
