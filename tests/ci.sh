@@ -12,7 +12,8 @@ cargo build --release --workspace --all-targets
 cargo test --release --workspace --no-fail-fast -- --test-threads=2
 # The Python package (python/, PyO3 + maturin): installed the way users install it, then
 # tested from Python under real mpirun and the UCX launcher against the command line.
-.venv/bin/pip install -q --disable-pip-version-check --no-build-isolation ./python
+# (maturin's build hook runs the `maturin` program: the venv's bin goes on PATH.)
+PATH="$PWD/.venv/bin:$PATH" .venv/bin/pip install -q --disable-pip-version-check --no-build-isolation ./python
 .venv/bin/python -m pytest -q -p no:cacheprovider python/tests
 # The benchmark suite's smoke version (seconds, tiny data, no PyTorch, no ratios asserted):
 # every measurement mode and the report's table and plots, so that the suite cannot rot.

@@ -419,7 +419,8 @@ over_transports! {
     /// delivered byte is read once and copied once. Ranks posing as hosts of two ranks
     /// exchange exactly the rows whose owner is on another host (copied twice). Either
     /// way, every rank's batches are byte for byte those of the exchange (local reads off).
-    /// npy, the fixed-size columns of Arrow files and contiguous HDF5 datasets.
+    /// npy, the fixed-size columns of Arrow files and contiguous HDF5 datasets; with a
+    /// partial last batch.
     fn ranks_on_one_host_read_each_others_rows_from_the_files(t: Transport) {
         let out = tempdir();
         for (format, np) in [("npy", 2), ("npy", 3), ("npy", 4), ("arrow", 3), ("hdf5", 4)] {
@@ -430,8 +431,11 @@ over_transports! {
             }
             let dump = |name: &str| out.path().join(format!("{name}-{format}-{np}"));
             let args = |name: &str, reads: &str| -> Vec<String> {
-                ["run", "--data", d, "--batch-size", "48", "--epochs", "2", "--window-bytes", "256K", "--verify", "--json"]
+                // 3000 = 62 × 48 + 24: the partial last batch has a window of its own.
+                let tail = ["--tail", "partial", "--verify", "--json"];
+                ["run", "--data", d, "--batch-size", "48", "--epochs", "2", "--window-bytes", "256K"]
                     .iter()
+                    .chain(&tail)
                     .map(|s| s.to_string())
                     .chain(["--local-reads".into(), reads.into(), "--dump".into(), dump(name).display().to_string()])
                     .collect()

@@ -262,15 +262,16 @@ pub fn scan_file(path: &Path, format: Format, options: &DatasetOptions) -> Resul
     let meta = std::fs::metadata(path).map_err(|e| unusable(path, e))?;
     regular_file(path, &meta)?;
     let (bytes, stamp) = (meta.len(), FileStamp::of(&meta));
-    let mut value_bytes = Vec::new();
-    let mut in_place = format != Format::Hdf5;
-    let (samples, fields) = match format {
-        Format::Npy => npy::scan(path)?,
+    // Variable-length value sizes (Arrow), and whether values can be read in place.
+    let (samples, fields, value_bytes, in_place) = match format {
+        Format::Npy => {
+            let (samples, fields) = npy::scan(path)?;
+            (samples, fields, Vec::new(), true)
+        }
         #[cfg(feature = "hdf5")]
         Format::Hdf5 => {
             let (samples, fields, contiguous) = hdf5::scan(path, options.hdf5_group.as_deref())?;
-            in_place = contiguous;
-            (samples, fields)
+            (samples, fields, Vec::new(), contiguous)
         }
         #[cfg(not(feature = "hdf5"))]
         Format::Hdf5 => {
@@ -279,10 +280,12 @@ pub fn scan_file(path: &Path, format: Format, options: &DatasetOptions) -> Resul
         }
         Format::Arrow => {
             let (samples, fields, values) = arrow::scan(path)?;
-            value_bytes = values;
-            (samples, fields)
+            (samples, fields, values, true)
         }
-        Format::Raw => raw::scan(path)?,
+        Format::Raw => {
+            let (samples, fields) = raw::scan(path)?;
+            (samples, fields, Vec::new(), true)
+        }
     };
     if let Some(reason) = schema::duplicate_name(&fields) {
         return Err(Error::file(path, reason));

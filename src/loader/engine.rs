@@ -106,7 +106,7 @@ pub(crate) fn prepare(
     let local = matches!(route, Route::Fused | Route::Local) && stream.local_reads;
     // Receivers on this host read this rank's rows themselves: nothing goes to them, and
     // the rows they will read are read ahead here, in file order.
-    let sent_to = |d: usize| !(local && stream.is_read_by(Rank(d)));
+    let sent_to = |d: usize| !(local && stream.reads_locally_with(Rank(d)));
     let parts: Vec<Option<&[FieldPart]>> = (0..placement.world())
         .map(|d| placement.receiver(Rank(d)).filter(|_| sent_to(d)).map(|(_, rc)| &rc.parts[..]))
         .collect();
@@ -199,7 +199,7 @@ pub(crate) fn complete(engine: &mut Engine, received: Received) -> Result<Window
             let r = receipt(stream, placement, &spec, &ids);
             let fields = stream.dataset.fields();
             metrics.bytes_copied += recv.len() as u64;
-            let source_of = |id| Some(stream.home.owner(id)).filter(|&o| !stream.reads_locally(o)).map(|o| o.0);
+            let source_of = |id| Some(stream.home.owner(id)).filter(|&o| !stream.reads_locally_with(o)).map(|o| o.0);
             let assembled =
                 metrics.timed(Phase::Assemble, || assemble_received(&r, fields, &recv, &recv_counts, source_of));
             assembled.and_then(|(mut batches, local)| {

@@ -172,7 +172,7 @@ impl Reads {
     }
 
     /// Reads the values of rows that did not cross the exchange (their owners share this
-    /// rank's host: [`Stream::reads_locally`]) straight from the files into their places
+    /// rank's host: [`Stream::reads_locally_with`]) straight from the files into their places
     /// in `batches`: one copy, from the page cache the owners filled. The reads of a window
     /// go in file and offset order. Only for streams with direct reads: every part is a
     /// whole tensor field, so a part's bytes are the field's value.

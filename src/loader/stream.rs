@@ -197,16 +197,11 @@ impl Stream {
         }
     }
 
-    /// Whether this rank reads the rows owned by `owner` itself instead of receiving them
-    /// (and `owner` leaves them out of its sends): local reads, one host.
-    pub fn reads_locally(&self, owner: Rank) -> bool {
-        self.local_reads && self.hosts[owner.0] == self.hosts[self.rank.0]
-    }
-
-    /// Whether `receiver` reads this rank's rows itself ([`Stream::reads_locally`], seen
-    /// from the owner).
-    pub fn is_read_by(&self, receiver: Rank) -> bool {
-        self.local_reads && self.hosts[receiver.0] == self.hosts[self.rank.0]
+    /// Whether rows between this rank and `other`, either way, are read by their receiver
+    /// instead of exchanged: local reads, and one host. An owner leaves such rows out of
+    /// its sends; the receiver reads them from the files.
+    pub fn reads_locally_with(&self, other: Rank) -> bool {
+        self.local_reads && self.hosts[other.0] == self.hosts[self.rank.0]
     }
 
     /// Whether `w` is the partial last batch's window (always exchanged fused).
