@@ -30,7 +30,7 @@ use arrow_buffer::Buffer;
 use arrow_ipc::{Block, MetadataVersion};
 use arrow_schema::{DataType, Schema};
 
-use super::rows::{advise_willneed, read_vectored_exact_at, RowChunk, RECORD_GAP_BYTES};
+use super::rows::{advise_willneed, read_error, read_vectored_exact_at, RowChunk, RECORD_GAP_BYTES};
 use super::schema::{DType, Field, FieldKind};
 use crate::error::{Error, Result};
 
@@ -516,14 +516,8 @@ impl super::FileReader for ArrowReader {
     }
 
     fn read_vectored_at(&mut self, offset: u64, bufs: &mut [IoSliceMut<'_>]) -> Result<()> {
-        let len: u64 = bufs.iter().map(|b| b.len() as u64).sum();
-        read_vectored_exact_at(&self.file, offset, bufs).map_err(|e| match e.kind() {
-            std::io::ErrorKind::UnexpectedEof => Error::file(
-                &self.path,
-                format!("truncated: values ({len} bytes at {offset}) lie past the end of the file"),
-            ),
-            _ => Error::io(&self.path, e),
-        })
+        let len = bufs.iter().map(|b| b.len()).sum();
+        read_vectored_exact_at(&self.file, offset, bufs).map_err(|e| read_error(&self.path, e, offset, len))
     }
 
     fn advise(&self, range: Range<u64>) {

@@ -18,7 +18,7 @@ use arrow_buffer::Buffer;
 use hdf5::types::{FloatSize, IntSize, TypeDescriptor};
 use hdf5::{Hyperslab, SliceOrIndex};
 
-use super::rows::{advise_willneed, coalesce, read_vectored_exact_at, RowChunk};
+use super::rows::{advise_willneed, coalesce, read_error, read_vectored_exact_at, RowChunk};
 use super::schema::{DType, Field};
 use super::DatasetOptions;
 use crate::error::{Error, Result};
@@ -258,19 +258,6 @@ fn read_span(ds: &hdf5::Dataset, dtype: DType, ndim: usize, rows: Range<u64>) ->
     })
 }
 
-impl Hdf5Reader {
-    /// A failed `pread` of bytes `offset..offset + len`.
-    fn read_error(&self, e: std::io::Error, offset: u64, len: usize) -> Error {
-        match e.kind() {
-            std::io::ErrorKind::UnexpectedEof => Error::file(
-                &self.path,
-                format!("truncated: bytes {offset}..{} end past the end of the file", offset + len as u64),
-            ),
-            _ => Error::io(&self.path, e),
-        }
-    }
-}
-
 impl super::FileReader for Hdf5Reader {
     fn value_range(&self, row: u64, field: usize) -> Option<Range<u64>> {
         let (offset, n) = *self.in_place.as_ref()?.1.get(field)?;
@@ -289,7 +276,7 @@ impl super::FileReader for Hdf5Reader {
                 self.path.display()
             )));
         };
-        read_vectored_exact_at(file, offset, bufs).map_err(|e| self.read_error(e, offset, len))
+        read_vectored_exact_at(file, offset, bufs).map_err(|e| read_error(&self.path, e, offset, len))
     }
 
     fn advise(&self, range: Range<u64>) {
@@ -319,7 +306,7 @@ impl super::FileReader for Hdf5Reader {
                         let mut buf = vec![0u8; ((span.end - span.start) * n) as usize];
                         let at = offset + span.start * n;
                         read_vectored_exact_at(file, at, &mut [IoSliceMut::new(&mut buf)])
-                            .map_err(|e| self.read_error(e, at, buf.len()))?;
+                            .map_err(|e| read_error(&self.path, e, at, buf.len()))?;
                         Buffer::from_vec(buf)
                     }
                     None => read_span(ds, *dtype, *ndim, span.clone()).map_err(|e| {

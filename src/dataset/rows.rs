@@ -192,16 +192,17 @@ impl RecordFile {
         let file = File::open(path).map_err(|e| Error::io(path, e))?;
         Ok(RecordFile { file, path: path.to_path_buf(), samples, data_offset, record_bytes, field_ranges })
     }
+}
 
-    /// A failed read of bytes `offset..offset + len`.
-    fn read_error(&self, e: std::io::Error, offset: u64, len: usize) -> Error {
-        match e.kind() {
-            std::io::ErrorKind::UnexpectedEof => Error::file(
-                &self.path,
-                format!("truncated: bytes {offset}..{} end past the end of the file", offset + len as u64),
-            ),
-            _ => Error::io(&self.path, e),
-        }
+/// A failed read of bytes `offset..offset + len` of `path`: a file that ended first is
+/// named truncated.
+pub(crate) fn read_error(path: &Path, e: std::io::Error, offset: u64, len: usize) -> Error {
+    match e.kind() {
+        std::io::ErrorKind::UnexpectedEof => Error::file(
+            path,
+            format!("truncated: bytes {offset}..{} end past the end of the file", offset + len as u64),
+        ),
+        _ => Error::io(path, e),
     }
 }
 
@@ -213,12 +214,12 @@ impl super::FileReader for RecordFile {
     }
 
     fn read_at(&mut self, offset: u64, out: &mut [u8]) -> Result<()> {
-        self.file.read_exact_at(out, offset).map_err(|e| self.read_error(e, offset, out.len()))
+        self.file.read_exact_at(out, offset).map_err(|e| read_error(&self.path, e, offset, out.len()))
     }
 
     fn read_vectored_at(&mut self, offset: u64, bufs: &mut [IoSliceMut<'_>]) -> Result<()> {
         let len = bufs.iter().map(|b| b.len()).sum();
-        read_vectored_exact_at(&self.file, offset, bufs).map_err(|e| self.read_error(e, offset, len))
+        read_vectored_exact_at(&self.file, offset, bufs).map_err(|e| read_error(&self.path, e, offset, len))
     }
 
     fn advise(&self, range: Range<u64>) {
