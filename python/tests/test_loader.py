@@ -49,13 +49,18 @@ def python_job(np_, options, out, epochs, *extra, transport="mpi"):
 def datasets(tmp_path_factory):
     base = tmp_path_factory.mktemp("data")
     out = {}
-    for fmt, fields in [("npy", ["x:f32:4x6", "y:i64"]), ("arrow", ["x:f32:4x6", "t:utf8", "y:i64"])]:
-        d = base / fmt
+    for name, fmt, fields in [
+        ("npy", "npy", ["x:f32:4x6", "y:i64"]),
+        ("arrow", "arrow", ["x:f32:4x6", "t:utf8", "y:i64"]),
+        # 2 KiB samples: read in place, by the receiving rank (local reads).
+        ("large", "npy", ["x:u8:2040", "y:i64"]),
+    ]:
+        d = base / name
         args = [BIN, "gen", "--format", fmt, "--samples", "600", "--files", "3", "--out", d]
         for f in fields:
             args += ["--field", f]
         ok(run(args))
-        out[fmt] = d
+        out[name] = d
     return out
 
 
@@ -65,6 +70,7 @@ JOBS = [
     ("dp", "npy", 2, {}, []),
     ("dp", "npy", 4, {}, []),
     ("var-length", "arrow", 3, {}, []),
+    ("local-reads", "large", 3, {}, []),
     ("mesh", "npy", 4, {"mesh": "dp=2,tp=2", "shard": {"x": "dp,tp"}}, ["--mesh", "dp=2,tp=2", "--shard", "x=dp,tp"]),
 ]
 
