@@ -35,11 +35,11 @@ fi
 if [[ "${1:-}" == "--test" ]]; then
     # numpy/h5py/pyarrow write the test fixtures; ray and kubernetes-validate test the
     # Ray launcher and the Kubernetes manifests; maturin builds the Python package and
-    # pytest tests it.
-    if ! .venv/bin/python -c "import numpy, h5py, pyarrow, ray, kubernetes_validate, maturin, pytest" 2>/dev/null; then
-        echo "setup: creating .venv with numpy, h5py, pyarrow, ray, kubernetes-validate, maturin, pytest (tests)"
+    # pytest tests it (mpi4py: MPI initialised by another library).
+    if ! .venv/bin/python -c "import numpy, h5py, pyarrow, ray, kubernetes_validate, maturin, pytest, mpi4py" 2>/dev/null; then
+        echo "setup: creating .venv with numpy, h5py, pyarrow, ray, kubernetes-validate, maturin, pytest, mpi4py (tests)"
         python3 -m venv .venv
-        .venv/bin/pip install -q --disable-pip-version-check numpy h5py pyarrow ray kubernetes-validate maturin pytest
+        .venv/bin/pip install -q --disable-pip-version-check numpy h5py pyarrow ray kubernetes-validate maturin pytest mpi4py
     fi
 fi
 echo "setup: OK"

@@ -167,3 +167,28 @@ def test_batches_are_read_only_views_that_outlive_the_loader(datasets):
     )
     r = ok(run(MPIRUN + ["-np", 1, sys.executable, "-c", script]))
     assert r.stdout.startswith("ok"), r.stdout
+
+
+def test_mpi_initialised_by_mpi4py_is_adopted_and_left_to_it(datasets):
+    # mpi4py initialises MPI at import (MPI_THREAD_MULTIPLE); the loader adopts it, runs its
+    # collectives on its own communicator between the program's own, and leaves MPI to
+    # mpi4py, which finalises it at exit.
+    script = (
+        "from mpi4py import MPI\n"
+        "import meshfeed\n"
+        "comm = MPI.COMM_WORLD\n"
+        f"loader = meshfeed.Loader([{str(datasets['npy'])!r}], batch_size=12, seed=2, window_bytes='2K')\n"
+        "steps = 0\n"
+        "for batch in loader:\n"
+        "    ids = [i for part in comm.allgather(batch.ids.tolist()) for i in part]\n"
+        "    assert len(ids) == len(set(ids)) == 12, ids\n"
+        "    steps += 1\n"
+        "assert steps == len(loader) == 50\n"
+        "loader.close()\n"
+        "assert not MPI.Is_finalized()\n"
+        "comm.Barrier()\n"
+        "print(f'ok {comm.rank}', flush=True)\n"
+    )
+    for np_ in (2, 3):
+        r = ok(run(MPIRUN + ["-np", np_, sys.executable, "-c", script]))
+        assert sorted(r.stdout.split("\n")[:-1]) == [f"ok {k}" for k in range(np_)], r.stdout + r.stderr
