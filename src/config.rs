@@ -360,8 +360,8 @@ impl Default for TransportKind {
 }
 
 /// How batches are laid out over a device mesh. The default is data parallelism over all
-/// ranks (`dp=<world>`, batch split over `dp`).
-#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+/// ranks (`dp=<world>`, batch split over `dp`), one device per rank.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Layout {
     /// Mesh axes; `None`: `dp=<world>`.
     pub mesh: Option<MeshSpec>,
@@ -375,6 +375,29 @@ pub struct Layout {
     pub stages: BTreeMap<String, Stage>,
     /// Exchange algorithm.
     pub exchange: ExchangeMode,
+    /// Mesh devices each rank drives (JAX: one process per host, several local devices):
+    /// the mesh has `world × devices_per_process` devices, rank `r` drives devices
+    /// `r·K .. (r+1)·K` and receives the union of their shards.
+    #[serde(default = "one")]
+    pub devices_per_process: usize,
+}
+
+fn one() -> usize {
+    1
+}
+
+impl Default for Layout {
+    fn default() -> Self {
+        Layout {
+            mesh: None,
+            mesh_order: vec![],
+            pipeline_axis: None,
+            shard: BTreeMap::new(),
+            stages: BTreeMap::new(),
+            exchange: ExchangeMode::default(),
+            devices_per_process: 1,
+        }
+    }
 }
 
 /// Default window budget: 64 MiB per rank.
@@ -424,6 +447,7 @@ impl LoaderOptions {
             ("shard", pairs(l.shard.iter().map(|(f, s)| format!("{f}={s}")).collect())),
             ("stages", pairs(l.stages.iter().map(|(f, s)| format!("{f}={s}")).collect())),
             ("exchange", l.exchange.to_string()),
+            ("devices_per_process", l.devices_per_process.to_string()),
             ("tail", self.tail.to_string()),
             ("cache_bytes", self.cache_bytes.to_string()),
             ("local_reads", self.local_reads.to_string()),
@@ -468,6 +492,7 @@ pub struct JobFile {
     pub stages: BTreeMap<String, Stage>,
     pub exchange: Option<ExchangeMode>,
     pub local_reads: Option<LocalReads>,
+    pub devices_per_process: Option<usize>,
 }
 
 /// A validated job: what to load and how.
@@ -514,6 +539,10 @@ impl JobFile {
             return Err(Error::Config("batch size must be at least 1".into()));
         }
         let epochs = self.epochs.unwrap_or(1);
+        let devices_per_process = self.devices_per_process.unwrap_or(1);
+        if devices_per_process == 0 {
+            return Err(Error::Config("devices_per_process must be at least 1".into()));
+        }
         Ok(Job {
             data: self.data,
             dataset: DatasetOptions { hdf5_group: self.group },
@@ -529,6 +558,7 @@ impl JobFile {
                     shard: self.shard,
                     stages: self.stages,
                     exchange: self.exchange.unwrap_or_default(),
+                    devices_per_process,
                 },
                 tail: self.tail.unwrap_or_default(),
                 cache_bytes: self.cache_bytes.map_or(0, |b| b.0),
@@ -619,8 +649,8 @@ mod tests {
             (get("batch_size"), get("mesh"), get("shard"), get("tail")),
             ("32", "dp=<ranks>", "x=dp,tp; y=dp", "drop")
         );
-        assert_eq!(get("local_reads"), "auto");
-        assert_eq!(s.len(), 13);
+        assert_eq!((get("local_reads"), get("devices_per_process")), ("auto", "1"));
+        assert_eq!(s.len(), 14);
         let other = LoaderOptions { seed: 9, ..LoaderOptions::default() };
         assert_ne!(other.settings(), LoaderOptions::default().settings());
     }
@@ -628,6 +658,9 @@ mod tests {
     #[test]
     fn job_files_fill_defaults_and_refuse_gaps() {
         let f = JobFile { data: vec!["d".into()], batch_size: Some(8), ..Default::default() };
+        assert_eq!(f.clone().into_job().unwrap().loader.layout.devices_per_process, 1);
+        let zero = JobFile { devices_per_process: Some(0), ..f.clone() };
+        assert!(zero.into_job().unwrap_err().to_string().contains("devices_per_process must be at least 1"));
         let job = f.clone().relative_to(Path::new("/jobs")).into_job().unwrap();
         assert_eq!(job.data, vec![PathBuf::from("/jobs/d")]);
         assert_eq!((job.epochs, job.loader.prefetch, job.loader.window_bytes), (1, 2, 64 << 20));

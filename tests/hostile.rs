@@ -254,7 +254,7 @@ fn specs_never_panic(line: &str) {
     let mut meshes = vec![fixed];
     if let Ok(m) = line.parse::<MeshSpec>() {
         let mesh = Mesh::from_spec(&m);
-        if mesh.check_world(8).is_ok() {
+        if mesh.check_world(8, 1).is_ok() {
             meshes.push(mesh);
         }
     }

@@ -19,6 +19,8 @@ fn xyz() -> Vec<(&'static str, Vec<usize>, usize)> {
 
 struct Case {
     np: usize,
+    /// Mesh devices per process (`--devices-per-process`).
+    k: usize,
     mesh: &'static str,
     order: Option<&'static str>,
     shard: &'static [(&'static str, &'static str)],
@@ -26,14 +28,15 @@ struct Case {
 }
 
 const CASES: &[Case] = &[
-    Case { np: 4, mesh: "dp=4", order: None, shard: &[], stages: &[] },
+    Case { np: 4, k: 1, mesh: "dp=4", order: None, shard: &[], stages: &[] },
     // Sequence/feature dims split over tp, labels (y) replicated over tp.
-    Case { np: 4, mesh: "dp=2,tp=2", order: None, shard: &[("x", "dp,tp"), ("z", "dp,tp")], stages: &[] },
-    Case { np: 4, mesh: "dp=2,tp=2", order: Some("tp,dp"), shard: &[("x", "dp,tp")], stages: &[] },
+    Case { np: 4, k: 1, mesh: "dp=2,tp=2", order: None, shard: &[("x", "dp,tp"), ("z", "dp,tp")], stages: &[] },
+    Case { np: 4, k: 1, mesh: "dp=2,tp=2", order: Some("tp,dp"), shard: &[("x", "dp,tp")], stages: &[] },
     // Batch not split at all.
-    Case { np: 4, mesh: "tp=4", order: None, shard: &[("x", "-,tp"), ("y", "-"), ("z", "-")], stages: &[] },
+    Case { np: 4, k: 1, mesh: "tp=4", order: None, shard: &[("x", "-,tp"), ("y", "-"), ("z", "-")], stages: &[] },
     Case {
         np: 4,
+        k: 1,
         mesh: "dp=2,pp=2",
         order: None,
         shard: &[],
@@ -42,6 +45,7 @@ const CASES: &[Case] = &[
     // Tuple split of the batch dimension.
     Case {
         np: 4,
+        k: 1,
         mesh: "dp=2,fsdp=2",
         order: None,
         shard: &[("x", "dp+fsdp"), ("y", "dp+fsdp"), ("z", "dp+fsdp")],
@@ -50,6 +54,7 @@ const CASES: &[Case] = &[
     // Middle pipeline stages receive nothing but step in lockstep.
     Case {
         np: 8,
+        k: 1,
         mesh: "dp=2,pp=4",
         order: None,
         shard: &[],
@@ -57,11 +62,28 @@ const CASES: &[Case] = &[
     },
     Case {
         np: 8,
+        k: 1,
         mesh: "dp=2,tp=2,pp=2",
         order: None,
         shard: &[("x", "dp,tp"), ("z", "dp,tp")],
         stages: &[("x", "first"), ("z", "first"), ("y", "last")],
     },
+    // Several devices per process (JAX's one process per host): a process receives the
+    // union of its devices' shards. Here each process drives one dp row: its rows, whole
+    // fields.
+    Case { np: 2, k: 2, mesh: "dp=2,tp=2", order: None, shard: &[("x", "dp,tp"), ("z", "dp,tp")], stages: &[] },
+    // Each process drives one tp column: every row, its half of x and z.
+    Case { np: 2, k: 2, mesh: "tp=2,dp=2", order: None, shard: &[("x", "dp,tp"), ("z", "dp,tp")], stages: &[] },
+    // Pipeline stages and a process of four devices across them.
+    Case {
+        np: 2,
+        k: 4,
+        mesh: "dp=2,tp=2,pp=2",
+        order: None,
+        shard: &[("x", "dp,tp"), ("z", "dp,tp")],
+        stages: &[("x", "first"), ("z", "first"), ("y", "last")],
+    },
+    Case { np: 1, k: 4, mesh: "dp=4", order: None, shard: &[], stages: &[] },
 ];
 
 /// The oracle: JAX PartitionSpec semantics written out directly.
@@ -108,7 +130,8 @@ impl Oracle {
 }
 
 /// The expected dump of one rank at one step: ids and, per field received, the CRC of
-/// each row's slice.
+/// each row's slice. A rank driving several devices (`case.k`) receives, per dimension,
+/// the smallest range covering its devices' ranges.
 fn expected_line(
     o: &Oracle,
     case: &Case,
@@ -116,7 +139,6 @@ fn expected_line(
     global_ids: &[u64],
     rows_bin: &BTreeMap<String, Vec<u8>>,
 ) -> (Vec<u64>, BTreeMap<String, Vec<u32>>) {
-    let c = o.coords(rank);
     let spec_of = |f: &str| {
         case.shard.iter().find(|(g, _)| *g == f).map(|(_, s)| s.to_string()).unwrap_or_else(|| {
             if o.names.iter().any(|n| n == "dp") {
@@ -126,36 +148,42 @@ fn expected_line(
             }
         })
     };
-    let (stage, stages) = match o.names.iter().position(|n| n == "pp") {
-        Some(a) => (c[a], o.sizes[a]),
-        None => (0, 1),
+    let cover = |a: Option<std::ops::Range<usize>>, b: std::ops::Range<usize>| match a {
+        Some(a) => a.start.min(b.start)..a.end.max(b.end),
+        None => b,
     };
     let mut crcs = BTreeMap::new();
-    let mut batch_block = None;
+    let mut batch_rows = None;
     for (name, shape, elem) in xyz() {
-        let st = case.stages.iter().find(|(g, _)| *g == name).map_or("all", |(_, s)| s);
-        let included = match st {
-            "first" => stage == 0,
-            "last" => stage + 1 == stages,
-            _ => true,
-        };
-        if !included {
-            continue;
-        }
         let spec = spec_of(name);
         let dims: Vec<&str> = spec.split(',').collect();
-        let (k, n) = o.block(&c, dims[0]);
-        batch_block = Some((k, n));
-        let ranges: Vec<std::ops::Range<usize>> = shape
-            .iter()
-            .enumerate()
-            .map(|(d, &len)| {
+        let (mut rows, mut ranges) = (None, vec![None; shape.len()]);
+        for device in rank * case.k..(rank + 1) * case.k {
+            let c = o.coords(device);
+            let (stage, stages) = match o.names.iter().position(|n| n == "pp") {
+                Some(a) => (c[a], o.sizes[a]),
+                None => (0, 1),
+            };
+            let st = case.stages.iter().find(|(g, _)| *g == name).map_or("all", |(_, s)| s);
+            let included = match st {
+                "first" => stage == 0,
+                "last" => stage + 1 == stages,
+                _ => true,
+            };
+            if !included {
+                continue;
+            }
+            let (k, n) = o.block(&c, dims[0]);
+            rows = Some(cover(rows, k * B / n..(k + 1) * B / n));
+            for (d, &len) in shape.iter().enumerate() {
                 let (k, n) = o.block(&c, dims.get(d + 1).copied().unwrap_or("-"));
-                k * len / n..(k + 1) * len / n
-            })
-            .collect();
+                ranges[d] = Some(cover(ranges[d].take(), k * len / n..(k + 1) * len / n));
+            }
+        }
+        let Some(rows) = rows else { continue };
+        let ranges: Vec<std::ops::Range<usize>> = ranges.into_iter().map(|r| r.unwrap()).collect();
+        batch_rows = Some(rows.clone());
         let value_bytes = shape.iter().product::<usize>() * elem;
-        let rows = k * B / n..(k + 1) * B / n;
         let list = rows
             .map(|row| {
                 let id = global_ids[row] as usize;
@@ -179,10 +207,7 @@ fn expected_line(
             .collect();
         crcs.insert(name.to_string(), list);
     }
-    let ids = match batch_block {
-        Some((k, n)) => global_ids[k * B / n..(k + 1) * B / n].to_vec(),
-        None => vec![],
-    };
+    let ids = batch_rows.map_or(vec![], |rows| global_ids[rows].to_vec());
     (ids, crcs)
 }
 
@@ -200,6 +225,10 @@ fn run_case(t: Transport, data: &Path, case: &Case, exchange: &str, dump: &Path)
     ]);
     if let Some(o) = case.order {
         args.extend(["--mesh-order", o]);
+    }
+    let k = case.k.to_string();
+    if case.k > 1 {
+        args.extend(["--devices-per-process", &k]);
     }
     let pairs: Vec<String> = case
         .shard
@@ -246,7 +275,7 @@ fn check_format(t: Transport, format: &str, exchanges: &[&str]) {
         let o = Oracle::new(case.mesh, case.order);
         let mut first: Option<Vec<Vec<u8>>> = None;
         for &exchange in exchanges {
-            let dump = out.path().join(format!("{}-{}-{exchange}", case.mesh, case.order.unwrap_or("")));
+            let dump = out.path().join(format!("{}-{}-{}-{exchange}", case.mesh, case.order.unwrap_or(""), case.k));
             run_case(t, &data, case, exchange, &dump);
             let lines = read_dump(&dump, case.np);
             for (rank, rank_lines) in lines.iter().enumerate() {
@@ -311,6 +340,8 @@ over_transports! {
         for (np, mesh, specs) in [
             (4, "dp=2,tp=2", vec!["--shard", "x=dp,-,tp"]),
             (4, "dp=2,fsdp=2", vec!["--shard", "x=dp+fsdp", "--shard", "y=dp+fsdp", "--shard", "t=dp+fsdp"]),
+            (2, "dp=2,tp=2", vec!["--shard", "x=dp,-,tp", "--devices-per-process", "2"]),
+            (2, "tp=2,dp=2", vec!["--shard", "x=dp,-,tp", "--devices-per-process", "2"]),
             (
                 8,
                 "dp=2,tp=2,pp=2",
@@ -351,6 +382,16 @@ over_transports! {
             (4, vec!["--mesh", "dp=2,tp=2", "--shard", "x=dp,tp+tp"], "axis 'tp' is used twice"),
             (4, vec!["--mesh", "dp=2,tp=2", "--shard", "z=dp,-,tp"], "dimension 2 (size 3) is not divisible by tp (2)"),
             (4, vec!["--mesh", "dp=2,tp=2", "--shard", "x=dp+tp"], "split the batch dimension differently"),
+            (
+                2,
+                vec!["--mesh", "dp=2,tp=2", "--devices-per-process", "3"],
+                "mesh dp=2,tp=2 has 4 devices but the world has 2 ranks × 3 devices per process",
+            ),
+            (
+                3,
+                vec!["--mesh", "dp=2,tp=3", "--devices-per-process", "2"],
+                "process 1 would hold rows 0..8 of the batch, which overlap rows 0..4 of another process",
+            ),
         ] {
             let mut args = vec!["run", "--data", d, "--batch-size", "8"];
             args.extend(&extra);

@@ -51,6 +51,11 @@ pub struct JobArgs {
     /// Mesh axes from slowest to fastest varying in the rank numbering [default: as written].
     #[arg(long, value_delimiter = ',')]
     pub mesh_order: Vec<String>,
+    /// Mesh devices each rank drives (one process per host with several devices, as JAX
+    /// runs): the mesh has ranks × K devices and a rank receives the union of its devices'
+    /// shards [default: 1].
+    #[arg(long, value_name = "K")]
+    pub devices_per_process: Option<usize>,
     /// The pipeline axis [default: pp].
     #[arg(long)]
     pub pipeline_axis: Option<String>,
@@ -97,7 +102,7 @@ impl JobArgs {
             ($($field:ident),*) => { $(if let Some(v) = &self.$field { file.$field = Some(v.clone()); })* };
         }
         flag_wins!(group, batch_size, epochs, seed, window_bytes, prefetch, cache_bytes, tail, transport, mesh);
-        flag_wins!(pipeline_axis, exchange, local_reads);
+        flag_wins!(pipeline_axis, exchange, local_reads, devices_per_process);
         if !self.mesh_order.is_empty() {
             file.mesh_order = self.mesh_order.clone();
         }

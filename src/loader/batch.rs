@@ -178,7 +178,8 @@ impl Batch {
         self.step
     }
 
-    /// This rank's mesh coordinate, indexed by mesh axis.
+    /// This rank's mesh coordinate, indexed by mesh axis (of its first device, with several
+    /// devices per process).
     pub fn coords(&self) -> &[usize] {
         &self.coords
     }

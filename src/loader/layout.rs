@@ -21,7 +21,8 @@ const BANDWIDTH: f64 = 10e9;
 /// Per-message latency assumed by the cost model (s).
 const LATENCY: f64 = 5e-6;
 
-/// The mesh a layout gives a world of `world` ranks.
+/// The mesh a layout gives a world of `world` ranks (each driving
+/// `layout.devices_per_process` of its devices).
 pub fn mesh(layout: &Layout, world: usize) -> Result<Mesh> {
     let mut mesh = match &layout.mesh {
         Some(spec) => Mesh::from_spec(spec),
@@ -33,7 +34,7 @@ pub fn mesh(layout: &Layout, world: usize) -> Result<Mesh> {
     if let Some(p) = &layout.pipeline_axis {
         mesh = mesh.with_pipeline_axis(p)?;
     }
-    mesh.check_world(world)?;
+    mesh.check_world(world, layout.devices_per_process)?;
     Ok(mesh)
 }
 

@@ -329,7 +329,7 @@ impl Loader {
         &self.stream.mesh
     }
 
-    /// This rank's mesh coordinate.
+    /// This rank's mesh coordinate (of its first device, with several devices per process).
     pub fn coords(&self) -> &[usize] {
         &self.stream.coords
     }

@@ -58,6 +58,7 @@ pub(crate) struct Stream {
     pub world: usize,
     pub home: HomeRanges,
     pub mesh: Mesh,
+    /// The mesh coordinate of this rank's (first) device.
     pub coords: Vec<usize>,
     pub placement: Placement,
     /// The placement of a partial last batch (tail policy `partial`).
@@ -113,7 +114,10 @@ impl Stream {
         let fields = dataset.fields();
         let mesh = layout::mesh(&options.layout, world)?;
         let sharding = layout::sharding(&options.layout, &mesh, fields, b)?;
-        let placement = Placement::from_mesh(b, &mesh, fields, &sharding)?;
+        // Devices, then the processes that drive them (one device per rank by default).
+        let k = options.layout.devices_per_process;
+        let place = |rows| Placement::from_mesh(rows, &mesh, fields, &sharding)?.for_processes(k, fields);
+        let placement = place(b)?;
         let sizes = budget::value_sizes(fields, &dataset.mean_value_bytes());
         let mode = layout::choose(options.layout.exchange, &placement, fields, &sizes)?;
         let remainder = (n % b as u64) as usize;
@@ -122,7 +126,7 @@ impl Stream {
             TailPolicy::Pad | TailPolicy::Partial => n.div_ceil(b as u64),
         };
         let tail_placement = match (options.tail, remainder) {
-            (TailPolicy::Partial, r) if r > 0 => Some(Placement::from_mesh(r, &mesh, fields, &sharding)?),
+            (TailPolicy::Partial, r) if r > 0 => Some(place(r)?),
             _ => None,
         };
         if mode == ExchangeMode::Broadcast && tail_placement.is_some() {
@@ -166,7 +170,7 @@ impl Stream {
             && direct_reads(&dataset, placements.into_iter().flatten());
         let local_reads = direct_reads && mode == ExchangeMode::Fused && options.local_reads == LocalReads::Auto;
         Ok(Stream {
-            coords: mesh.coords(rank),
+            coords: mesh.coords(Rank(rank.0 * k)),
             rank,
             world,
             home,

@@ -92,11 +92,12 @@ impl Mesh {
         self.sizes.iter().product()
     }
 
-    /// Checks that the mesh has one device per rank.
-    pub fn check_world(&self, world: usize) -> Result<()> {
-        if self.devices() != world {
+    /// Checks that the mesh has `per_rank` devices per rank.
+    pub fn check_world(&self, world: usize, per_rank: usize) -> Result<()> {
+        if self.devices() != world * per_rank {
+            let of = if per_rank == 1 { String::new() } else { format!(" × {per_rank} devices per process") };
             return Err(Error::Config(format!(
-                "mesh {self} has {} devices but the world has {world} ranks",
+                "mesh {self} has {} devices but the world has {world} ranks{of}",
                 self.devices()
             )));
         }
@@ -158,7 +159,7 @@ pub(crate) mod tests {
     fn invalid_meshes() {
         let m = mesh("dp=2,tp=3");
         assert!(m
-            .check_world(4)
+            .check_world(4, 1)
             .unwrap_err()
             .to_string()
             .contains("mesh dp=2,tp=3 has 6 devices but the world has 4 ranks"));

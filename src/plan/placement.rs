@@ -180,6 +180,82 @@ impl Placement {
         Placement::from_blocks(batch_size, world, blocks)
     }
 
+    /// The placement of processes that each drive `k` devices of this (device) placement:
+    /// process `p` drives devices `p·k .. (p+1)·k` and receives the union of their shards,
+    /// the layout `jax.make_array_from_process_local_data` expects: the rows of its
+    /// devices' row blocks, in batch order, and of each field any of its devices needs,
+    /// per dimension, the union of their ranges. Each union must be one contiguous range,
+    /// and two processes' rows must be equal or disjoint; anything else is an error naming
+    /// the process and what it would hold.
+    pub fn for_processes(&self, k: usize, fields: &[Field]) -> Result<Placement> {
+        if k == 1 {
+            return Ok(self.clone());
+        }
+        if k == 0 || self.world % k != 0 {
+            return Err(Error::Config(format!(
+                "devices_per_process {k} does not divide the mesh's {} devices",
+                self.world
+            )));
+        }
+        let contiguous = |p: usize, what: &str| {
+            Error::Config(format!(
+                "process {p} (devices {}..{}) would hold {what} that is not one contiguous range; number the \
+                 mesh so that a process's devices are adjacent on the axes it is split over (mesh_order)",
+                p * k,
+                (p + 1) * k
+            ))
+        };
+        let mut blocks: Vec<RowBlock> = Vec::new();
+        let mut idle = Vec::new();
+        for p in 0..self.world / k {
+            let held: Vec<(&RowBlock, &Receiver)> =
+                (p * k..(p + 1) * k).filter_map(|d| self.receiver(Rank(d))).collect();
+            if held.is_empty() {
+                idle.push(Receiver { rank: Rank(p), parts: vec![] });
+                continue;
+            }
+            let rows =
+                union(held.iter().map(|(b, _)| b.rows.clone())).ok_or_else(|| contiguous(p, "rows of the batch"))?;
+            let mut wanted: Vec<usize> = held.iter().flat_map(|(_, rc)| rc.parts.iter().map(|q| q.field)).collect();
+            wanted.sort_unstable();
+            wanted.dedup();
+            let mut parts = Vec::with_capacity(wanted.len());
+            for field in wanted {
+                let of_field: Vec<&FieldPart> =
+                    held.iter().flat_map(|(_, rc)| rc.parts.iter().filter(|q| q.field == field)).collect();
+                let mut slice = None;
+                if let (Some(first), true) = (of_field[0].slice.as_ref(), of_field.iter().all(|q| q.slice.is_some())) {
+                    let dims = (0..first.len())
+                        .map(|d| union(of_field.iter().map(|q| q.slice.as_ref().expect("all sliced")[d].clone())))
+                        .collect::<Option<Vec<_>>>()
+                        .ok_or_else(|| contiguous(p, &format!("a slice of field '{}'", fields[field].name)))?;
+                    let whole = matches!(&fields[field].kind, FieldKind::Tensor { shape, .. }
+                        if dims.iter().zip(shape).all(|(r, &n)| *r == (0..n)));
+                    slice = (!whole).then_some(dims);
+                }
+                parts.push(FieldPart { field, slice });
+            }
+            let receiver = Receiver { rank: Rank(p), parts };
+            if let Some(b) = blocks.iter_mut().find(|b| b.rows == rows) {
+                b.receivers.push(receiver);
+                continue;
+            }
+            if let Some(b) = blocks.iter().find(|b| b.rows.start < rows.end && rows.start < b.rows.end) {
+                return Err(Error::Config(format!(
+                    "process {p} would hold rows {rows:?} of the batch, which overlap rows {:?} of another process; \
+                     processes must hold equal or disjoint rows",
+                    b.rows
+                )));
+            }
+            blocks.push(RowBlock { rows, receivers: vec![receiver] });
+        }
+        blocks.sort_by_key(|b| b.rows.start);
+        if let Some(first) = blocks.first_mut() {
+            first.receivers.extend(idle);
+        }
+        Placement::from_blocks(self.batch_size, self.world / k, blocks)
+    }
+
     /// Builds a placement from blocks, checking that they tile the batch and that each
     /// rank appears at most once.
     pub fn from_blocks(batch_size: usize, world: usize, blocks: Vec<RowBlock>) -> Result<Placement> {
@@ -236,6 +312,21 @@ impl Placement {
         let rc = block.receivers.iter().find(|rc| rc.rank == r).expect("block_of is consistent");
         (!rc.parts.is_empty()).then_some((block, rc))
     }
+}
+
+/// The union of ranges when it is one contiguous range (ranges may repeat or touch).
+fn union(ranges: impl Iterator<Item = Range<usize>>) -> Option<Range<usize>> {
+    let mut sorted: Vec<Range<usize>> = ranges.collect();
+    sorted.sort_by_key(|r| (r.start, r.end));
+    let mut it = sorted.into_iter();
+    let mut out = it.next()?;
+    for r in it {
+        if r.start > out.end {
+            return None;
+        }
+        out.end = out.end.max(r.end);
+    }
+    Some(out)
 }
 
 #[cfg(test)]
@@ -310,6 +401,72 @@ mod tests {
         let p = Placement::from_mesh(8, &m, &fields, &s).unwrap();
         assert!(p.receiver(Rank(1)).is_none() && p.receiver(Rank(2)).is_none());
         assert!(p.receiver(Rank(0)).is_some() && p.receiver(Rank(3)).is_some());
+    }
+
+    #[test]
+    fn processes_of_several_devices_receive_the_union_of_their_shards() {
+        use crate::dataset::DType;
+        use crate::plan::mesh::tests::mesh;
+        use crate::plan::sharding::resolve;
+        use std::collections::BTreeMap;
+        let fields = vec![Field::tensor("x", DType::F32, vec![8, 4]), Field::tensor("y", DType::I64, vec![])];
+        let spec = |x: &str| [("x".to_string(), x.parse().unwrap())].into_iter().collect::<BTreeMap<_, _>>();
+        let devices = |m: &str, x: &str| {
+            let m = mesh(m);
+            let s = resolve(&m, &fields, 8, &spec(x), &BTreeMap::new()).unwrap();
+            Placement::from_mesh(8, &m, &fields, &s).unwrap()
+        };
+        let receiver = |p: &Placement, r: usize| {
+            let (b, rc) = p.receiver(Rank(r)).unwrap();
+            (b.rows.clone(), rc.parts.iter().map(|q| q.slice.clone()).collect::<Vec<_>>())
+        };
+        // dp=2,tp=2 on 2 processes: each drives one dp row of devices, so it gets its dp
+        // block and the whole of x (both tp halves): whole fields, no slice.
+        let p = devices("dp=2,tp=2", "dp,tp").for_processes(2, &fields).unwrap();
+        assert_eq!((p.world(), p.blocks().len()), (2, 2));
+        assert_eq!(receiver(&p, 1), (4..8, vec![None, None]));
+        // tp=2,dp=2: process 0 drives (tp 0, dp 0..2): all rows, x's first tp half.
+        let p = devices("tp=2,dp=2", "dp,tp").for_processes(2, &fields).unwrap();
+        assert_eq!(p.blocks().len(), 1);
+        assert_eq!(receiver(&p, 0), (0..8, vec![Some(vec![0..4, 0..4]), None]));
+        assert_eq!(receiver(&p, 1), (0..8, vec![Some(vec![4..8, 0..4]), None]));
+        // dp=8 on 2 processes of 4 devices: rows halves.
+        let p = devices("dp=8", "dp").for_processes(4, &fields).unwrap();
+        assert_eq!(receiver(&p, 1), (4..8, vec![None, None]));
+        // Two processes of two devices with a 2-D split of x: dims unioned.
+        let p = devices("dp=2,a=2,b=2", "dp,a,b").for_processes(2, &fields).unwrap();
+        assert_eq!(receiver(&p, 3), (4..8, vec![Some(vec![4..8, 0..4]), None]));
+        // k = 1 is the device placement itself.
+        assert_eq!(devices("dp=4", "dp").for_processes(1, &fields).unwrap(), devices("dp=4", "dp"));
+    }
+
+    #[test]
+    fn processes_whose_shards_are_not_one_range_are_refused() {
+        use crate::dataset::DType;
+        use crate::plan::mesh::tests::mesh;
+        use crate::plan::sharding::resolve;
+        use std::collections::BTreeMap;
+        let fields = vec![Field::tensor("x", DType::F32, vec![8])];
+        let place = |m: &crate::plan::Mesh, batch: &str| {
+            let spec = [("x".to_string(), batch.parse().unwrap())].into();
+            let s = resolve(m, &fields, 8, &spec, &BTreeMap::new()).unwrap();
+            Placement::from_mesh(8, m, &fields, &s).unwrap()
+        };
+        let e = place(&mesh("dp=4"), "dp").for_processes(3, &fields).unwrap_err().to_string();
+        assert!(e.contains("devices_per_process 3 does not divide the mesh's 4 devices"), "{e}");
+        // a=2,dp=2 numbered with a fastest, batch over a+dp: devices 0 and 1 hold blocks
+        // 0 and 2 (rows 0..2 and 4..6).
+        let m = mesh("a=2,dp=2").with_rank_order(&["dp".into(), "a".into()]).unwrap();
+        let e = place(&m, "a+dp").for_processes(2, &fields).unwrap_err().to_string();
+        assert!(
+            e.contains("process 0 (devices 0..2) would hold rows of the batch that is not one contiguous range"),
+            "{e}"
+        );
+        // dp=2,tp=3 in pairs: process 0 holds rows 0..4 (dp 0), process 1 rows 0..8.
+        let e = place(&mesh("dp=2,tp=3"), "dp").for_processes(2, &fields).unwrap_err().to_string();
+        assert!(e.contains("process 1 would hold rows 0..8 of the batch, which overlap rows 0..4"), "{e}");
+        // In threes, each process holds one dp block.
+        assert_eq!(place(&mesh("dp=2,tp=3"), "dp").for_processes(3, &fields).unwrap().blocks().len(), 2);
     }
 
     #[test]
