@@ -19,25 +19,76 @@ use meshfeed::runtime::Runtime;
 use meshfeed::types::Epoch;
 
 pyo3::create_exception!(
-    _meshfeed,
+    meshfeed,
     Error,
     pyo3::exceptions::PyException,
     "A meshfeed error: the same message the command line prints, on every rank."
 );
+pyo3::create_exception!(
+    meshfeed,
+    DataError,
+    Error,
+    "A dataset file is missing, unreadable, truncated or corrupt, or files' schemas differ."
+);
+pyo3::create_exception!(meshfeed, ConfigError, Error, "Invalid options, job file or launch environment.");
+pyo3::create_exception!(meshfeed, TransportError, Error, "Communication between ranks failed.");
+pyo3::create_exception!(meshfeed, VerifyError, Error, "Delivered data failed verification.");
+pyo3::create_exception!(meshfeed, MisuseError, Error, "The loader was used in a way it does not allow.");
+pyo3::create_exception!(meshfeed, InternalError, Error, "A bug in meshfeed, or a build without a needed feature.");
 
+/// The exception for `e`, of the class of its kind (the same on every rank of an agreed
+/// failure), with `rank` set to the rank it came from (`None`: this rank, not agreed).
 fn error(e: meshfeed::Error) -> PyErr {
-    Error::new_err(e.to_string())
+    use meshfeed::error::ErrorKind;
+    let message = e.to_string();
+    let err = match e.kind() {
+        ErrorKind::Data => DataError::new_err(message),
+        ErrorKind::Config => ConfigError::new_err(message),
+        ErrorKind::Transport => TransportError::new_err(message),
+        ErrorKind::Verify => VerifyError::new_err(message),
+        ErrorKind::Misuse => MisuseError::new_err(message),
+        ErrorKind::Internal => InternalError::new_err(message),
+    };
+    let rank = match e {
+        meshfeed::Error::Remote { rank, .. } => Some(rank),
+        _ => None,
+    };
+    Python::with_gil(|py| {
+        // Setting an attribute on a fresh exception cannot fail but for memory.
+        let _ = err.value(py).setattr("rank", rank);
+    });
+    err
 }
 
 /// The process's runtime (MPI initialised or adopted, or the UCX rendezvous joined),
 /// made by the first loader and kept until `shutdown`.
 static RUNTIME: Mutex<Option<Runtime>> = Mutex::new(None);
 
-/// Runs `f` with the runtime of `kind`, making it first if there is none.
-fn with_runtime<T>(kind: TransportKind, f: impl FnOnce(&Runtime) -> meshfeed::Result<T>) -> meshfeed::Result<T> {
+/// How a UCX process finds its peers when a framework's store is at hand: its rank, the
+/// world size, and a Python callable `all_gather(bytes) -> list[bytes]` over the store.
+type Bootstrap = (usize, usize, PyObject);
+
+/// Runs `f` with the runtime of `kind`, making it first if there is none (over UCX through
+/// `bootstrap` when given, otherwise from the environment).
+fn with_runtime<T>(
+    kind: TransportKind,
+    bootstrap: Option<Bootstrap>,
+    f: impl FnOnce(&Runtime) -> meshfeed::Result<T>,
+) -> meshfeed::Result<T> {
     let mut runtime = RUNTIME.lock().unwrap_or_else(|p| p.into_inner());
     if runtime.is_none() {
-        *runtime = Some(Runtime::from_env(kind)?);
+        *runtime = Some(match (kind, bootstrap) {
+            (TransportKind::Ucx, Some((rank, world, all_gather))) => Runtime::ucx_with(rank, world, |payload| {
+                Python::with_gil(|py| {
+                    let all: Vec<Vec<u8>> =
+                        all_gather.call1(py, (PyBytes::new(py, &payload),)).and_then(|v| v.extract(py)).map_err(
+                            |e| meshfeed::Error::Transport(format!("exchanging UCX addresses through the store: {e}")),
+                        )?;
+                    Ok(all)
+                })
+            })?,
+            _ => Runtime::from_env(kind)?,
+        });
     }
     let runtime = runtime.as_ref().expect("made above");
     if runtime.transport_kind() != kind {
@@ -58,12 +109,12 @@ struct Loader {
 }
 
 impl Loader {
-    fn open(py: Python<'_>, file: JobFile) -> PyResult<Loader> {
+    fn open(py: Python<'_>, file: JobFile, bootstrap: Option<Bootstrap>) -> PyResult<Loader> {
         let job: Job = file.into_job().map_err(error)?;
         // Opening is collective: other ranks may take a while to arrive.
         let loader = py
             .allow_threads(|| {
-                with_runtime(job.transport, |rt| {
+                with_runtime(job.transport, bootstrap, |rt| {
                     meshfeed::loader::Loader::open(rt.world(), &job.data, job.dataset.clone(), job.loader.clone())
                 })
             })
@@ -74,28 +125,72 @@ impl Loader {
     /// Runs `f` on the loader (an error once it is closed).
     fn with<T>(&self, f: impl FnOnce(&mut meshfeed::loader::Loader) -> PyResult<T>) -> PyResult<T> {
         let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        f(inner.as_mut().ok_or_else(|| Error::new_err("the loader was closed"))?)
+        f(inner.as_mut().ok_or_else(|| MisuseError::new_err("the loader was closed"))?)
     }
 }
 
 #[pymethods]
 impl Loader {
-    /// Opens a loader from the job file's keys, as a JSON object.
+    /// Opens a loader from the job file's keys, as a JSON object; over UCX, `bootstrap`
+    /// (rank, world size, all_gather) joins the job through a framework's store.
     #[new]
-    fn new(py: Python<'_>, options_json: &str) -> PyResult<Loader> {
-        let file: JobFile =
-            serde_json::from_str(options_json).map_err(|e| Error::new_err(format!("invalid loader options: {e}")))?;
-        Loader::open(py, file)
+    #[pyo3(signature = (options_json, bootstrap=None))]
+    fn new(py: Python<'_>, options_json: &str, bootstrap: Option<Bootstrap>) -> PyResult<Loader> {
+        let file: JobFile = serde_json::from_str(options_json)
+            .map_err(|e| ConfigError::new_err(format!("invalid loader options: {e}")))?;
+        Loader::open(py, file, bootstrap)
     }
 
     /// Opens a loader from a TOML job file (relative dataset paths are relative to it).
     #[staticmethod]
-    fn from_config(py: Python<'_>, path: &str) -> PyResult<Loader> {
+    #[pyo3(signature = (path, bootstrap=None))]
+    fn from_config(py: Python<'_>, path: &str, bootstrap: Option<Bootstrap>) -> PyResult<Loader> {
         let path = Path::new(path);
-        let text = std::fs::read_to_string(path).map_err(|e| error(meshfeed::Error::io(path, e)))?;
-        let file: JobFile = toml::from_str(&text)
-            .map_err(|e| error(meshfeed::Error::file(path, format!("invalid job file: {}", e.message()))))?;
-        Loader::open(py, file.relative_to(path.parent().unwrap_or(Path::new("."))))
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| ConfigError::new_err(meshfeed::Error::io(path, e).to_string()))?;
+        let file: JobFile = toml::from_str(&text).map_err(|e| {
+            ConfigError::new_err(meshfeed::Error::file(path, format!("invalid job file: {}", e.message())).to_string())
+        })?;
+        Loader::open(py, file.relative_to(path.parent().unwrap_or(Path::new("."))), bootstrap)
+    }
+
+    /// The loader's layout as JSON: mesh axes (name, size), each device's coordinate (device
+    /// `d` is driven by rank `d / devices_per_process`), devices per process, this
+    /// rank's local rank and the ranks on its host, and per field its name, dtype (null:
+    /// variable length), shape and the mesh axes splitting each dimension of
+    /// `[batch, *shape]`.
+    fn layout_json(&self) -> PyResult<String> {
+        self.with(|l| {
+            let mesh = l.mesh();
+            let axes: Vec<(&String, usize)> = mesh.names().iter().zip(mesh.sizes().iter().copied()).collect();
+            let fields: Vec<serde_json::Value> = l
+                .dataset()
+                .fields()
+                .iter()
+                .zip(l.sharding())
+                .map(|(f, s)| {
+                    let (dtype, shape) = match &f.kind {
+                        FieldKind::Tensor { dtype, shape } => (Some(dtype.name()), Some(shape.clone())),
+                        FieldKind::Bytes { .. } => (None, None),
+                    };
+                    let dims: Vec<Vec<&String>> =
+                        s.dims.iter().map(|axes| axes.iter().map(|&a| &mesh.names()[a]).collect()).collect();
+                    serde_json::json!({"name": f.name, "dtype": dtype, "shape": shape, "dims": dims})
+                })
+                .collect();
+            let (local_rank, local_size) = l.local_rank();
+            let device_coords: Vec<Vec<usize>> =
+                (0..mesh.devices()).map(|d| mesh.coords(meshfeed::types::Rank(d))).collect();
+            Ok(serde_json::json!({
+                "mesh": axes,
+                "device_coords": device_coords,
+                "devices_per_process": l.options().layout.devices_per_process,
+                "local_rank": local_rank,
+                "local_size": local_size,
+                "fields": fields,
+            })
+            .to_string())
+        })
     }
 
     fn steps_per_epoch(&self) -> PyResult<u64> {
@@ -117,12 +212,19 @@ impl Loader {
         })
     }
 
-    /// The next batch of the epoch as `(epoch, step, coords, ids, fields)`, or `None` at
-    /// the epoch's end; `ids` are int64 bytes and each field is `(name, dtype, shape,
-    /// buffer)` (tensors) or `(name, None, None, [bytes, ...])` (variable length). The GIL
-    /// is released while it waits.
+    /// The next batch of the epoch as `(epoch, step, coords, ids, fields, global_rows)`, or
+    /// `None` at the epoch's end; `ids` are int64 bytes, each field is `(name, dtype, shape,
+    /// buffer)` (tensors) or `(name, None, None, [bytes, ...])` (variable length), and
+    /// `global_rows` is the global batch's size. The GIL is released while it waits.
     fn next_batch<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyTuple>>> {
-        let Some(batch) = self.with(|l| py.allow_threads(|| l.next_batch()).map_err(error))? else {
+        let Some((batch, rows)) = self.with(|l| {
+            let batch = py.allow_threads(|| l.next_batch()).map_err(error)?;
+            Ok(batch.map(|b| {
+                let rows = l.placement_for_step(b.step()).batch_size();
+                (b, rows)
+            }))
+        })?
+        else {
             return Ok(None);
         };
         let (epoch, step, coords) = (batch.epoch().0, batch.step().0, batch.coords().to_vec());
@@ -147,18 +249,18 @@ impl Loader {
             };
             fields.append(item)?;
         }
-        Ok(Some((epoch, step, coords, PyBytes::new(py, &ids), fields).into_pyobject(py)?))
+        Ok(Some((epoch, step, coords, PyBytes::new(py, &ids), fields, rows).into_pyobject(py)?))
     }
 
     /// The loader's state ([`LoaderState`]) as JSON.
     fn state_json(&self) -> PyResult<String> {
-        self.with(|l| serde_json::to_string(&l.state()).map_err(|e| Error::new_err(format!("state: {e}"))))
+        self.with(|l| serde_json::to_string(&l.state()).map_err(|e| InternalError::new_err(format!("state: {e}"))))
     }
 
     /// Continues where a state from `state_json` (of any rank count) says.
     fn load_state_json(&self, py: Python<'_>, state: &str) -> PyResult<()> {
         let state: LoaderState =
-            serde_json::from_str(state).map_err(|e| Error::new_err(format!("invalid loader state: {e}")))?;
+            serde_json::from_str(state).map_err(|e| ConfigError::new_err(format!("invalid loader state: {e}")))?;
         self.with(|l| py.allow_threads(|| l.seek(&state)).map_err(error))
     }
 
@@ -231,5 +333,11 @@ fn _meshfeed(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<FieldBuffer>()?;
     m.add_function(wrap_pyfunction!(shutdown, m)?)?;
     m.add("Error", m.py().get_type::<Error>())?;
+    m.add("DataError", m.py().get_type::<DataError>())?;
+    m.add("ConfigError", m.py().get_type::<ConfigError>())?;
+    m.add("TransportError", m.py().get_type::<TransportError>())?;
+    m.add("VerifyError", m.py().get_type::<VerifyError>())?;
+    m.add("MisuseError", m.py().get_type::<MisuseError>())?;
+    m.add("InternalError", m.py().get_type::<InternalError>())?;
     Ok(())
 }

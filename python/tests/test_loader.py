@@ -137,6 +137,23 @@ def test_an_error_reaches_every_rank_as_meshfeed_error(datasets, tmp_path):
     r = ok(run(MPIRUN + ["-np", 3, sys.executable, "-c", script]))
     # (Ranks print at once: their lines can run together.)
     assert r.stdout.count("meshfeed.Error: rank 1: ranks disagree on seed:") == 3, r.stdout + r.stderr
+    # Every rank raises the same subclass, naming the rank the failure came from.
+    script = (
+        "import meshfeed, os, sys\n"
+        "rank = int(os.environ['OMPI_COMM_WORLD_RANK'])\n"
+        f"data = [{str(datasets['npy'])!r}] if rank != 1 else ['/nonexistent/data']\n"
+        "try:\n"
+        "    meshfeed.Loader(data, batch_size=12)\n"
+        "except meshfeed.DataError as e:\n"
+        "    print(f'{type(e).__module__}.{type(e).__name__} from rank {e.rank}', flush=True)\n"
+        "try:\n"
+        f"    meshfeed.Loader([{str(datasets['npy'])!r}], batch_size=12, mesh='dp=5')\n"
+        "except meshfeed.ConfigError as e:\n"
+        "    print(f'{type(e).__name__}: {e}', flush=True)\n"
+    )
+    r = ok(run(MPIRUN + ["-np", 3, sys.executable, "-c", script]))
+    assert r.stdout.count("meshfeed.DataError from rank 1") == 3, r.stdout + r.stderr
+    assert r.stdout.count("ConfigError: rank 0: invalid configuration: mesh dp=5 has 5 devices") == 3, r.stdout
     # Uncaught, it ends every rank with exit code 1 and the message. mpirun is told not to
     # kill the other ranks when the first one exits non-zero (it could before they print),
     # so each rank reports its own exit code.

@@ -334,6 +334,20 @@ impl Loader {
         &self.stream.coords
     }
 
+    /// Each field's sharding over the mesh's axes, in field order (defaults resolved).
+    pub fn sharding(&self) -> &[crate::plan::sharding::FieldSharding] {
+        &self.stream.sharding
+    }
+
+    /// This rank's index among the ranks on its host, and their number (hosts as
+    /// `MESHFEED_HOST` or the host name tells).
+    pub fn local_rank(&self) -> (usize, usize) {
+        let hosts = &self.stream.hosts;
+        let mine = hosts[self.stream.rank.0];
+        let before = hosts[..self.stream.rank.0].iter().filter(|&&h| h == mine).count();
+        (before, hosts.iter().filter(|&&h| h == mine).count())
+    }
+
     /// The placement of batch rows and slices on ranks.
     pub fn placement(&self) -> &Placement {
         &self.stream.placement

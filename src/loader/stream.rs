@@ -14,6 +14,7 @@ use super::layout;
 use crate::config::{ExchangeMode, LoaderOptions, LocalReads, TailPolicy};
 use crate::dataset::Dataset;
 use crate::error::{Error, Result};
+use crate::plan::sharding::FieldSharding;
 use crate::plan::{budget, HomeRanges, Mesh, Placement, WindowBudget};
 use crate::types::{Epoch, Rank, Step};
 
@@ -60,6 +61,8 @@ pub(crate) struct Stream {
     pub mesh: Mesh,
     /// The mesh coordinate of this rank's (first) device.
     pub coords: Vec<usize>,
+    /// Each field's sharding over the mesh (defaults resolved).
+    pub sharding: Vec<FieldSharding>,
     pub placement: Placement,
     /// The placement of a partial last batch (tail policy `partial`).
     pub tail_placement: Option<Placement>,
@@ -171,6 +174,7 @@ impl Stream {
         let local_reads = direct_reads && mode == ExchangeMode::Fused && options.local_reads == LocalReads::Auto;
         Ok(Stream {
             coords: mesh.coords(Rank(rank.0 * k)),
+            sharding,
             rank,
             world,
             home,

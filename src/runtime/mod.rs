@@ -21,9 +21,7 @@
 mod signals;
 
 use crate::config::TransportKind;
-#[cfg(not(all(feature = "mpi", feature = "ucx")))]
-use crate::error::Error;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::transport::Transport;
 pub use signals::{signal_name, StopCheck, StopSignal};
 
@@ -75,14 +73,33 @@ impl Runtime {
     #[cfg(feature = "ucx")]
     pub fn ucx_from_env() -> Result<Runtime> {
         use crate::transport::rendezvous::{self, RendezvousConfig};
-        use crate::transport::ucx::{UcxConfig, UcxTransport};
         let rendezvous = RendezvousConfig::from_vars(env_var)?;
+        Runtime::ucx_with(rendezvous.rank, rendezvous.world, |addr| rendezvous::exchange(&rendezvous, addr))
+    }
+
+    /// Joins over UCX as rank `rank` of `world`, publishing this rank's worker address
+    /// with `all_gather` (which returns every rank's, in rank order): a framework's own
+    /// store (torch.distributed's, JAX's) instead of the TCP rendezvous.
+    #[cfg(feature = "ucx")]
+    pub fn ucx_with(
+        rank: usize,
+        world: usize,
+        all_gather: impl FnOnce(Vec<u8>) -> Result<Vec<Vec<u8>>>,
+    ) -> Result<Runtime> {
+        use crate::transport::ucx::{UcxConfig, UcxTransport};
+        if world == 0 || rank >= world {
+            return Err(Error::Config(format!("rank {rank} is not below the world size {world}")));
+        }
         let config = UcxConfig::parse(
             env_var("MESHFEED_PEER_TIMEOUT")?.as_deref(),
             env_var("MESHFEED_UCX_PEER_ERRORS")?.as_deref(),
         )?;
-        let world = UcxTransport::connect(rendezvous.rank, rendezvous.world, &config, |addr| {
-            rendezvous::exchange(&rendezvous, addr)
+        let world = UcxTransport::connect(rank, world, &config, |addr| {
+            let all = all_gather(addr)?;
+            if all.len() != world {
+                return Err(Error::Transport(format!("the address exchange returned {} of {world} ranks", all.len())));
+            }
+            Ok(all)
         })?;
         Ok(Runtime {
             world: Box::new(world),
@@ -96,6 +113,16 @@ impl Runtime {
     #[cfg(not(feature = "ucx"))]
     pub fn ucx_from_env() -> Result<Runtime> {
         Err(Error::feature_disabled("ucx", "the UCX transport (--transport ucx; needs libucx-dev)"))
+    }
+
+    /// Without the `ucx` feature, UCX is a clear error.
+    #[cfg(not(feature = "ucx"))]
+    pub fn ucx_with(
+        _rank: usize,
+        _world: usize,
+        _all_gather: impl FnOnce(Vec<u8>) -> Result<Vec<Vec<u8>>>,
+    ) -> Result<Runtime> {
+        Runtime::ucx_from_env()
     }
 
     /// A world of one process (no communication).

@@ -10,7 +10,7 @@
 use std::collections::BTreeMap;
 
 use super::{ReduceOp, Transport};
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorKind, Result};
 
 /// Failure agreement: every rank calls this with the outcome of a local phase. If any rank
 /// failed, every rank returns [`Error::Remote`] naming the first failing rank and its
@@ -22,30 +22,34 @@ pub fn agree<T>(transport: &dyn Transport, local: Result<T>) -> Result<T> {
     if failed[0] == 0 {
         return local;
     }
+    // Each failed rank sends its error's kind (one byte) and message; the others nothing.
     let message = match &local {
-        Err(Error::Remote { message, .. }) => message.clone(),
-        Err(e) => e.to_string(),
-        Ok(_) => String::new(),
+        Err(e @ Error::Remote { message, .. }) => [&[e.kind().code()], message.as_bytes()].concat(),
+        Err(e) => [&[e.kind().code()], e.to_string().as_bytes()].concat(),
+        Ok(_) => vec![],
     };
-    let all = transport.all_gather(message.as_bytes())?;
+    let all = transport.all_gather(&message)?;
     if let Err(Error::Remote { .. }) = local {
         // Already agreed (an earlier agreement failed on every rank alike): keep its
         // origin and text rather than attributing it again.
         return local;
     }
-    let failures: Vec<(usize, String)> = all
+    let failures: Vec<(usize, ErrorKind, String)> = all
         .into_iter()
         .enumerate()
-        .filter(|(_, m)| !m.is_empty())
-        .map(|(r, m)| (r, String::from_utf8_lossy(&m).into_owned()))
+        .filter_map(|(r, m)| {
+            let (code, text) = m.split_first()?;
+            Some((r, ErrorKind::from_code(*code), String::from_utf8_lossy(text).into_owned()))
+        })
         .collect();
-    let (rank, mut message) = failures.first().cloned().unwrap_or((0, "unknown failure".into()));
-    if failures.len() == transport.size() && failures.len() > 1 && failures.iter().all(|(_, m)| *m == message) {
+    let (rank, kind, mut message) =
+        failures.first().cloned().unwrap_or((0, ErrorKind::Internal, "unknown failure".into()));
+    if failures.len() == transport.size() && failures.len() > 1 && failures.iter().all(|(_, _, m)| *m == message) {
         message.push_str(" (on every rank)");
     } else if failures.len() > 1 {
         message.push_str(&format!(" (and {} more rank(s) failed)", failures.len() - 1));
     }
-    Err(Error::Remote { rank, message })
+    Err(Error::Remote { rank, kind, message })
 }
 
 /// Checks that every rank holds the same value of every setting (collective). Each
@@ -62,7 +66,7 @@ pub fn agree_settings(transport: &dyn Transport, settings: &[(&str, String)]) ->
         .map_err(|e| Error::Transport(format!("bad settings from a peer: {e}")))?;
     match disagreements(&all) {
         None => Ok(()),
-        Some((rank, message)) => Err(Error::Remote { rank, message }),
+        Some((rank, message)) => Err(Error::Remote { rank, kind: ErrorKind::Config, message }),
     }
 }
 
@@ -132,8 +136,12 @@ mod tests {
         assert_eq!(agree(&t, Ok(5)).unwrap(), 5);
         let err = agree::<()>(&t, Err(Error::file("/d/x.npy", "truncated"))).unwrap_err();
         assert_eq!(err.to_string(), "rank 0: /d/x.npy: truncated");
+        assert_eq!(err.kind(), ErrorKind::Data);
+        let err = agree::<()>(&t, Err(Error::Config("bad".into()))).unwrap_err();
+        assert_eq!((err.kind(), err.to_string().as_str()), (ErrorKind::Config, "rank 0: invalid configuration: bad"));
         // Agreeing on an agreed failure keeps it as it is.
-        let again = agree::<()>(&t, Err(Error::Remote { rank: 3, message: "m".into() })).unwrap_err();
+        let again =
+            agree::<()>(&t, Err(Error::Remote { rank: 3, kind: ErrorKind::Data, message: "m".into() })).unwrap_err();
         assert_eq!(again.to_string(), "rank 3: m");
     }
 

@@ -2,7 +2,8 @@
 //! the local launcher) find each other.
 //!
 //! Every process gets `RANK`, `WORLD_SIZE`, `MASTER_ADDR`, `MASTER_PORT` (the convention of
-//! torchrun, Ray Train and Kubernetes training operators), `MESHFEED_JOB_TOKEN`, a secret
+//! torchrun, Ray Train and Kubernetes training operators; `MESHFEED_MASTER_PORT`, when set,
+//! replaces `MASTER_PORT`, which torchrun's own store holds), `MESHFEED_JOB_TOKEN`, a secret
 //! shared by the job's processes, and optionally `MESHFEED_JOB_ID`, an identity of this
 //! launch of the job (a nonce the launcher makes). Rank 0 listens on `MASTER_PORT` (all
 //! addresses) and acts as a small store; every other rank connects to
@@ -143,11 +144,14 @@ impl RendezvousConfig {
             Some(v) => Some(number::<i32>("MESHFEED_RENDEZVOUS_FD", v)?).filter(|_| rank == 0),
             None => None,
         };
-        let port = required("MASTER_PORT")?;
+        // MESHFEED_MASTER_PORT, when set, is meshfeed's own: under torchrun, MASTER_PORT is
+        // the port of torch's store, already taken.
+        let port_var = if var("MESHFEED_MASTER_PORT")?.is_some() { "MESHFEED_MASTER_PORT" } else { "MASTER_PORT" };
+        let port = required(port_var)?;
         // 0 would have rank 0 listen on a port nobody knows.
-        let master_port = match number::<u64>("MASTER_PORT", port.clone())? {
+        let master_port = match number::<u64>(port_var, port.clone())? {
             p @ 1..=65535 => p as u16,
-            _ => return Err(Error::Config(format!("MASTER_PORT='{port}' is not a TCP port (1-65535)"))),
+            _ => return Err(Error::Config(format!("{port_var}='{port}' is not a TCP port (1-65535)"))),
         };
         Ok(RendezvousConfig {
             rank,
@@ -501,6 +505,10 @@ mod tests {
             |extra: &[(&'static str, &'static str)]| RendezvousConfig::from_vars(vars(extra)).unwrap_err().to_string();
         assert!(err(&[("RANK", "3")]).contains("RANK 3 is not below WORLD_SIZE 3"));
         assert!(err(&[("MASTER_PORT", "x")]).contains("MASTER_PORT='x' is not a valid number"));
+        // meshfeed's own port wins over MASTER_PORT (torchrun's store holds that one).
+        let own = RendezvousConfig::from_vars(vars(&[("MESHFEED_MASTER_PORT", "29611")])).unwrap();
+        assert_eq!(own.master_port, 29611);
+        assert!(err(&[("MESHFEED_MASTER_PORT", "0")]).contains("MESHFEED_MASTER_PORT='0' is not a TCP port"));
         for bad in ["1e19", "inf", "nan", "0", "-1", "1e-300", "-inf", ""] {
             let e = err(&[("MESHFEED_RENDEZVOUS_TIMEOUT", bad)]);
             assert!(e.contains("MESHFEED_RENDEZVOUS_TIMEOUT") && e.contains(bad), "{e}");

@@ -12,12 +12,23 @@ this rank's shard of every global batch, as numpy arrays::
             x, y = batch["image"], batch["label"]
 
 Every rank must consume the same batches: the loader's windows are collectives.
+
+Hand-off to frameworks: :meth:`Batch.to_torch` (DLPack on the CPU, pinned buffers and
+asynchronous copies to a GPU) and :func:`meshfeed.jax.make_global` (global ``jax.Array``
+s for a ``jax.sharding.Mesh``; with ``devices_per_process=K``, one process drives K
+devices).
+
+Errors are :class:`Error` subclasses (:class:`DataError`, :class:`ConfigError`,
+:class:`TransportError`, :class:`VerifyError`, :class:`MisuseError`,
+:class:`InternalError`), raised on every rank with the same class and message.
 """
 
 from __future__ import annotations
 
 import atexit
 import json
+import os
+import sys
 import weakref
 from collections.abc import Mapping
 from typing import Any, Iterator, Optional, Sequence, Union
@@ -25,9 +36,27 @@ from typing import Any, Iterator, Optional, Sequence, Union
 import numpy as np
 
 from . import _meshfeed
-from ._meshfeed import Error
+from ._meshfeed import (
+    ConfigError,
+    DataError,
+    Error,
+    InternalError,
+    MisuseError,
+    TransportError,
+    VerifyError,
+)
 
-__all__ = ["Loader", "Batch", "Error"]
+__all__ = [
+    "Loader",
+    "Batch",
+    "Error",
+    "DataError",
+    "ConfigError",
+    "TransportError",
+    "VerifyError",
+    "MisuseError",
+    "InternalError",
+]
 
 # meshfeed dtype names -> numpy dtypes (little-endian, as meshfeed delivers them).
 _DTYPES = {
@@ -52,21 +81,24 @@ class Batch(Mapping):
     Attributes:
         ids: numpy int64 array of the global sample ids of the rows, in row order.
         epoch, step: which global batch this is.
-        coords: this rank's coordinate on each mesh axis.
+        coords: this rank's coordinate on each mesh axis (of its first device).
+        global_rows: the size of the global batch (smaller for a ``partial`` tail).
 
     Tensor fields are numpy arrays of shape ``[rows, *slice]`` that view the loader's
     buffer (no copy; read-only; valid as long as you hold them). Variable-length fields
     are lists of ``bytes``, one per row.
     """
 
-    __slots__ = ("ids", "epoch", "step", "coords", "_fields")
+    __slots__ = ("ids", "epoch", "step", "coords", "global_rows", "_fields", "_loader")
 
-    def __init__(self, raw: tuple) -> None:
-        epoch, step, coords, ids, fields = raw
+    def __init__(self, raw: tuple, loader: Optional["Loader"] = None) -> None:
+        epoch, step, coords, ids, fields, global_rows = raw
         self.epoch: int = epoch
         self.step: int = step
         self.coords: tuple = tuple(coords)
+        self.global_rows: int = global_rows
         self.ids: np.ndarray = np.frombuffer(ids, dtype="<i8")
+        self._loader = loader
         self._fields: dict = {}
         for name, dtype, shape, data in fields:
             if dtype is None:
@@ -89,6 +121,134 @@ class Batch(Mapping):
             for k, v in self._fields.items()
         )
         return f"Batch(epoch={self.epoch}, step={self.step}, rows={len(self.ids)}, {fields})"
+
+    def to_torch(self, device: Any = None, non_blocking: bool = True) -> dict:
+        """The batch as a dict of ``torch.Tensor`` (plus ``"ids"``, int64).
+
+        On the CPU the tensors share the loader's buffers through DLPack (no copy; do not
+        write to them). On a GPU each field is copied into a pinned host buffer that the
+        loader reuses, then to the device with ``non_blocking``; a buffer is only reused
+        after its copy has finished. ``device`` defaults to ``cuda:<local rank>`` when
+        CUDA is available (the launcher's ``LOCAL_RANK``), else the CPU. Variable-length
+        fields stay lists of ``bytes``.
+        """
+        import torch
+
+        if device is None:
+            local = self._loader.local_rank if self._loader is not None else 0
+            device = f"cuda:{local}" if torch.cuda.is_available() else "cpu"
+        device = torch.device(device)
+        items = [("ids", self.ids)] + [(k, v) for k, v in self._fields.items() if k != "ids"]
+        out = {}
+        for name, value in items:
+            if not isinstance(value, np.ndarray):
+                out[name] = value
+                continue
+            host = torch.from_dlpack(value)
+            if device.type == "cpu":
+                out[name] = host
+            else:
+                pool = self._loader._pinned if self._loader is not None else _PinnedPool()
+                out[name] = pool.copy_to(name, host, device, non_blocking)
+        return out
+
+
+class _PinnedPool:
+    """Pinned host buffers for copies to a GPU, a few per field, reused round-robin once
+    the copy that last used a buffer has finished (a CUDA event marks it)."""
+
+    SLOTS = 3
+
+    def __init__(self) -> None:
+        self._slots: dict = {}
+        self._next: dict = {}
+
+    def copy_to(self, name: str, host: Any, device: Any, non_blocking: bool) -> Any:
+        import torch
+
+        slots = self._slots.setdefault(name, [None] * self.SLOTS)
+        i = self._next.get(name, 0)
+        self._next[name] = (i + 1) % self.SLOTS
+        slot = slots[i]
+        nbytes = host.numel() * host.element_size()
+        if slot is None or slot[0].numel() < nbytes:
+            slot = (torch.empty(max(nbytes, 1), dtype=torch.uint8, pin_memory=True), None)
+        elif slot[1] is not None:
+            slot[1].synchronize()
+        buf, _ = slot
+        pinned = buf[:nbytes].view(host.dtype).view(host.shape)
+        pinned.copy_(host)
+        on_device = pinned.to(device, non_blocking=non_blocking)
+        event = torch.cuda.Event()
+        event.record(torch.cuda.current_stream(device))
+        slots[i] = (buf, event)
+        return on_device
+
+
+def _launcher_local_rank() -> Optional[int]:
+    """The local rank the launcher set: LOCAL_RANK (torchrun, Ray Train, Kubernetes
+    operators), Open MPI's, Slurm's, MPICH's."""
+    for var in ("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "MPI_LOCALRANKID"):
+        value = os.environ.get(var, "").strip()
+        if value.isdigit():
+            return int(value)
+    return None
+
+
+_exchanges = 0
+
+
+def _store_all_gather(kind: str, rank: int, world: int, set_: Any, get_all: Any) -> Any:
+    """An all-gather of bytes over a key-value store, under a prefix that is fresh for each
+    exchange and each restart of the job (torchrun's TORCHELASTIC_RESTART_COUNT)."""
+
+    def all_gather(payload: bytes) -> list:
+        global _exchanges
+        _exchanges += 1
+        restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        prefix = f"meshfeed/{kind}/{restart}/{_exchanges}/"
+        set_(prefix + str(rank), bytes(payload))
+        return get_all([prefix + str(r) for r in range(world)])
+
+    return all_gather
+
+
+def _bootstrap(transport: str, bootstrap: str) -> Optional[tuple]:
+    """(rank, world, all_gather) over a framework's store, or None for the environment."""
+    if bootstrap not in ("auto", "env", "torch", "jax"):
+        raise ConfigError(f"bootstrap='{bootstrap}': expected auto, env, torch or jax")
+    if transport != "ucx" or bootstrap == "env":
+        return None
+    from datetime import timedelta
+
+    timeout = float(os.environ.get("MESHFEED_RENDEZVOUS_TIMEOUT", "120"))
+    dist = sys.modules.get("torch.distributed")
+    if bootstrap in ("auto", "torch") and dist is not None and dist.is_available() and dist.is_initialized():
+        store = dist.distributed_c10d._get_default_store()
+        rank, world = dist.get_rank(), dist.get_world_size()
+
+        def get_all(keys: list) -> list:
+            store.wait(keys, timedelta(seconds=timeout))
+            return [store.get(k) for k in keys]
+
+        return rank, world, _store_all_gather("torch", rank, world, store.set, get_all)
+    if bootstrap in ("auto", "jax") and "jax" in sys.modules:
+        from jax._src.distributed import global_state
+
+        client = global_state.client
+        if client is not None:
+            rank, world = global_state.process_id, global_state.num_processes
+
+            def get_all(keys: list) -> list:
+                return [client.blocking_key_value_get_bytes(k, int(timeout * 1000)) for k in keys]
+
+            return rank, world, _store_all_gather("jax", rank, world, client.key_value_set_bytes, get_all)
+    if bootstrap != "auto":
+        raise ConfigError(
+            f"bootstrap='{bootstrap}': {bootstrap} has no distributed store initialised in this process "
+            f"(call {'torch.distributed.init_process_group' if bootstrap == 'torch' else 'jax.distributed.initialize'} first)"
+        )
+    return None
 
 
 _live: "weakref.WeakSet[Loader]" = weakref.WeakSet()
@@ -122,6 +282,17 @@ class Loader:
         local_reads: ``auto`` or ``off``: ranks on one host read the rows they get from
             each other straight from the files instead of exchanging them.
         group: the HDF5 group holding the datasets.
+        devices_per_process: mesh devices this process drives (default 1). The mesh then
+            has ``world × K`` devices; process ``p`` drives devices ``p·K .. (p+1)·K`` and
+            receives the union of their shards, as
+            ``jax.make_array_from_process_local_data`` expects (see
+            :func:`meshfeed.jax.make_global`).
+        bootstrap: how ``transport="ucx"`` finds the other ranks: ``"auto"`` (default)
+            uses torch.distributed's store when a process group is initialised, else
+            JAX's key-value store when ``jax.distributed`` is initialised, else the
+            environment; ``"torch"``, ``"jax"`` or ``"env"`` force one. The environment's
+            rendezvous is on ``MASTER_ADDR`` and ``MESHFEED_MASTER_PORT`` (or
+            ``MASTER_PORT``, which torchrun's own store already holds).
 
     These are the command line's options and the job file's keys (``meshfeed run
     --help``); :meth:`from_config` reads a job file.
@@ -146,6 +317,8 @@ class Loader:
         cache_bytes: Union[int, str, None] = None,
         local_reads: Optional[str] = None,
         group: Optional[str] = None,
+        devices_per_process: Optional[int] = None,
+        bootstrap: str = "auto",
     ) -> None:
         if isinstance(data, (str, bytes)) or hasattr(data, "__fspath__"):
             data = [data]
@@ -166,22 +339,60 @@ class Loader:
             "cache_bytes": cache_bytes,
             "local_reads": local_reads,
             "group": group,
+            "devices_per_process": devices_per_process,
         }
         options = {k: v for k, v in options.items() if v is not None}
-        self._init(_meshfeed.Loader(json.dumps(options)))
+        self._init(_meshfeed.Loader(json.dumps(options), _bootstrap(transport, bootstrap)))
 
     @classmethod
-    def from_config(cls, path: str) -> "Loader":
+    def from_config(cls, path: str, *, bootstrap: str = "auto") -> "Loader":
         """A loader from a TOML job file (the command line's ``--config``)."""
+        transport = "mpi"
+        try:
+            import tomllib
+
+            with open(path, "rb") as f:
+                transport = str(tomllib.load(f).get("transport", "mpi"))
+        except (ImportError, OSError, ValueError):
+            pass  # the extension reports an unreadable job file
         self = cls.__new__(cls)
-        self._init(_meshfeed.Loader.from_config(str(path)))
+        self._init(_meshfeed.Loader.from_config(str(path), _bootstrap(transport, bootstrap)))
         return self
 
     def _init(self, inner: Any) -> None:
         self._inner = inner
         self.rank: int = inner.rank()
         self.world_size: int = inner.world_size()
+        self.layout: dict = json.loads(inner.layout_json())
+        launcher = _launcher_local_rank()
+        #: This process's index among the job's processes on its host: the launcher's
+        #: LOCAL_RANK (or Open MPI's, Slurm's, MPICH's) when set, else counted from the
+        #: ranks' host names.
+        self.local_rank: int = launcher if launcher is not None else self.layout["local_rank"]
+        self._pinned = _PinnedPool()
         _live.add(self)
+
+    @property
+    def mesh_shape(self) -> dict:
+        """The device mesh's axes and sizes, e.g. ``{"dp": 2, "tp": 2}``."""
+        return {name: size for name, size in self.layout["mesh"]}
+
+    @property
+    def devices_per_process(self) -> int:
+        """Mesh devices this process drives."""
+        return self.layout["devices_per_process"]
+
+    def partition_specs(self) -> dict:
+        """Per tensor field, the mesh axes splitting each dimension of ``[batch, *shape]``,
+        as ``jax.sharding.PartitionSpec`` arguments: ``None`` (not split), an axis name,
+        or a tuple of names (trailing unsplit dimensions left out)."""
+        specs = {}
+        for f in self.layout["fields"]:
+            dims = [None if not axes else axes[0] if len(axes) == 1 else tuple(axes) for axes in f["dims"]]
+            while dims and dims[-1] is None:
+                dims.pop()
+            specs[f["name"]] = tuple(dims)
+        return specs
 
     def __len__(self) -> int:
         """Steps (global batches) per epoch."""
@@ -199,7 +410,7 @@ class Loader:
             raw = self._inner.next_batch()
             if raw is None:
                 return
-            yield Batch(raw)
+            yield Batch(raw, self)
 
     def state_dict(self) -> dict:
         """The position after the last delivered batch, and what defines the stream (a

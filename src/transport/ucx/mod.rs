@@ -49,7 +49,7 @@ use std::time::{Duration, Instant};
 
 use super::counts::check_send_table;
 use super::{ReduceOp, Transport};
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorKind, Result};
 use crate::types::Rank;
 use raw::{Request, Worker};
 
@@ -255,7 +255,7 @@ impl Exchange<'_> {
 
 /// How a transport failed, kept so that every later collective fails alike at once.
 enum Failed {
-    Remote { rank: usize, message: String },
+    Remote { rank: usize, kind: ErrorKind, message: String },
     Local(String),
 }
 
@@ -502,7 +502,9 @@ impl UcxTransport {
     fn check_alive(&self) -> Result<()> {
         if let Some(failed) = &*self.failed.borrow() {
             return Err(match failed {
-                Failed::Remote { rank, message } => Error::Remote { rank: *rank, message: message.clone() },
+                Failed::Remote { rank, kind, message } => {
+                    Error::Remote { rank: *rank, kind: *kind, message: message.clone() }
+                }
                 Failed::Local(message) => Error::Transport(message.clone()),
             });
         }
@@ -714,9 +716,17 @@ impl UcxTransport {
                     let len = request.received().unwrap_or(0).min(slot.buf.len());
                     let text = &slot.buf[..len];
                     let end = text.iter().position(|&b| b == 0).unwrap_or(len);
-                    Some(Error::Remote { rank, message: String::from_utf8_lossy(&text[..end]).into_owned() })
+                    Some(Error::Remote {
+                        rank,
+                        kind: ErrorKind::Transport,
+                        message: String::from_utf8_lossy(&text[..end]).into_owned(),
+                    })
                 }
-                Err(f) => Some(Error::Remote { rank, message: format!("aborted (unreadable abort message: {f})") }),
+                Err(f) => Some(Error::Remote {
+                    rank,
+                    kind: ErrorKind::Transport,
+                    message: format!("aborted (unreadable abort message: {f})"),
+                }),
             }
         })
     }
@@ -730,7 +740,9 @@ impl UcxTransport {
         }
         let error = self.fail_once(error);
         *self.failed.borrow_mut() = Some(match &error {
-            Error::Remote { rank, message } => Failed::Remote { rank: *rank, message: message.clone() },
+            Error::Remote { rank, kind, message } => {
+                Failed::Remote { rank: *rank, kind: *kind, message: message.clone() }
+            }
             Error::Transport(message) => Failed::Local(message.clone()),
             other => Failed::Local(other.to_string()),
         });
