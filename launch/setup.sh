@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what meshfeed needs on Debian 12, as root: OpenMPI, HDF5, UCX and libclang
 # (system packages; fontconfig, FreeType and a font for the benchmark's plots), and with
-# --test a Python venv (.venv) with numpy, h5py and pyarrow for the test fixtures. Safe to
+# --test a Python venv (.venv) with what the tests use (numpy, h5py, pyarrow, Ray, torch, JAX,
+# ...). Safe to
 # run again: it installs only what is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -35,11 +36,14 @@ fi
 if [[ "${1:-}" == "--test" ]]; then
     # numpy/h5py/pyarrow write the test fixtures; ray and kubernetes-validate test the
     # Ray launcher and the Kubernetes manifests; maturin builds the Python package and
-    # pytest tests it (mpi4py: MPI initialised by another library).
-    if ! .venv/bin/python -c "import numpy, h5py, pyarrow, ray, kubernetes_validate, maturin, pytest, mpi4py" 2>/dev/null; then
-        echo "setup: creating .venv with numpy, h5py, pyarrow, ray, kubernetes-validate, maturin, pytest, mpi4py (tests)"
+    # pytest tests it (mpi4py: MPI initialised by another library; torch, jax and Ray Train
+    # run the framework tests and the examples on the CPU: PyPI's torch brings CUDA
+    # libraries, ~5 GB, about a minute and a half to download here).
+    if ! .venv/bin/python -c "import numpy, h5py, pyarrow, ray.train, kubernetes_validate, maturin, pytest, mpi4py, torch, jax" 2>/dev/null; then
+        echo "setup: creating .venv with numpy, h5py, pyarrow, ray[train], kubernetes-validate, maturin, pytest, mpi4py, torch, jax (tests)"
         python3 -m venv .venv
-        .venv/bin/pip install -q --disable-pip-version-check numpy h5py pyarrow ray kubernetes-validate maturin pytest mpi4py
+        .venv/bin/pip install -q --disable-pip-version-check numpy h5py pyarrow "ray[train]" kubernetes-validate maturin \
+            pytest mpi4py torch jax
     fi
 fi
 echo "setup: OK"

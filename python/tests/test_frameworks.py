@@ -78,3 +78,54 @@ def test_torchrun_joins_over_ucx_without_taking_its_port(npy, tmp_path, mode):
                            mode], env=env))
     assert sorted(re.findall(r"ok rank (\d) local (\d)", r.stdout)) == [("0", "0"), ("1", "1")], r.stdout + r.stderr
     assert read_dump(out, 2) == read_dump(cli, 2)
+
+
+@pytest.fixture(scope="module")
+def learnable(tmp_path_factory):
+    d = tmp_path_factory.mktemp("learnable") / "data"
+    ok(run([sys.executable, EXAMPLES / "python" / "make_data.py", d]))
+    return d
+
+
+def losses(stdout: str, epochs: int) -> list:
+    """The per-epoch losses an example printed, checking each epoch saw every sample once."""
+    found = [float(x) for x in re.findall(r"epoch \d+ loss ([0-9.]+) \(4096 samples, each once", stdout)]
+    assert len(found) == epochs, stdout
+    return found
+
+
+def falls(values: list) -> bool:
+    return all(b < a for a, b in zip(values, values[1:])) and values[-1] < 0.5 * values[0]
+
+
+def test_the_pytorch_example_trains_under_mpirun_and_torchrun(learnable):
+    script = EXAMPLES / "python" / "torch_ddp.py"
+    env = dict(ENV, MASTER_PORT=str(free_port()))
+    r = ok(run(MPIRUN + ["-x", "MASTER_PORT", "-np", 4, sys.executable, script, learnable, "--epochs", 4], env=env))
+    over_mpi = losses(r.stdout, 4)
+    assert falls(over_mpi), over_mpi
+    # torchrun, meshfeed over UCX through torch's store, 2 ranks: the same global batches,
+    # so the same losses.
+    r = ok(run(TORCHRUN + ["--standalone", "--nproc-per-node", 2, script, learnable, "--epochs", 4, "--transport", "ucx"],
+               env=dict(ENV, UCX_NET_DEVICES="lo")))
+    assert losses(r.stdout, 4) == pytest.approx(over_mpi, abs=2e-4)
+
+
+def test_the_jax_example_trains_on_several_processes_and_devices(learnable):
+    env = dict(ENV, XLA_FLAGS="--xla_force_host_platform_device_count=2",
+               MESHFEED_JAX_COORDINATOR=f"127.0.0.1:{free_port()}")
+    r = ok(run(MPIRUN + ["-x", "XLA_FLAGS", "-x", "MESHFEED_JAX_COORDINATOR", "-np", 4, sys.executable,
+                         EXAMPLES / "python" / "jax_train.py", learnable, "--epochs", 4], env=env))
+    found = losses(r.stdout, 4)
+    assert falls(found), found
+    assert r.stdout.count("on 8 devices in 4 processes") == 4, r.stdout
+
+
+def test_the_ray_train_example_trains_over_ucx(learnable):
+    r = ok(run([sys.executable, EXAMPLES / "python" / "ray_train.py", learnable, "--workers", 2, "--epochs", 3],
+               env=dict(ENV, UCX_NET_DEVICES="lo")))
+    # Ray may repeat a worker's lines in the driver's log: the distinct epochs count.
+    found = sorted(set(re.findall(r"epoch (\d+) loss ([0-9.]+) \(4096 samples, each once", r.stdout)))
+    assert [e for e, _ in found] == ["0", "1", "2"], r.stdout
+    assert falls([float(l) for _, l in found]), found
+    assert "ray_train: finished (no error)" in r.stdout, r.stdout
