@@ -209,3 +209,26 @@ def test_mpi_initialised_by_mpi4py_is_adopted_and_left_to_it(datasets):
     for np_ in (2, 3):
         r = ok(run(MPIRUN + ["-np", np_, sys.executable, "-c", script]))
         assert sorted(r.stdout.split("\n")[:-1]) == [f"ok {k}" for k in range(np_)], r.stdout + r.stderr
+
+
+def test_a_rank_that_leaves_with_an_exception_does_not_leave_the_others_waiting(datasets):
+    # Rank 1 fails in its own code after the first batch while rank 0 goes on into the
+    # next window's collectives. mpirun is told not to end the job when a rank exits
+    # non-zero (srun's default): rank 1's loader, closed at exit, tells rank 0, which
+    # raises instead of waiting for it.
+    script = (
+        "import meshfeed, os\n"
+        "rank = int(os.environ['OMPI_COMM_WORLD_RANK'])\n"
+        f"loader = meshfeed.Loader([{str(datasets['npy'])!r}], batch_size=12, seed=3, window_bytes='2K')\n"
+        "try:\n"
+        "    for step, batch in enumerate(loader):\n"
+        "        if rank == 1 and step == 1:\n"
+        "            raise RuntimeError('boom on rank 1')\n"
+        "except meshfeed.MisuseError as e:\n"
+        "    print(f'rank {rank}: {type(e).__name__}: {e}', flush=True)\n"
+    )
+    keep = ["--mca", "orte_abort_on_non_zero_status", "0"]
+    r = run(MPIRUN + keep + ["-np", 2, sys.executable, "-c", script])
+    assert "RuntimeError: boom on rank 1" in r.stderr, r.stderr
+    assert "rank 0: MisuseError: rank 1 stopped or repositioned its loader while this rank still reads from it" \
+        in r.stdout, r.stdout + r.stderr

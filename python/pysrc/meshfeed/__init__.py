@@ -426,6 +426,7 @@ class Loader:
     def close(self) -> None:
         """Stops the loader (collective: at the same point on every rank)."""
         self._inner.close()
+        _live.discard(self)
 
     def __enter__(self) -> "Loader":
         return self
