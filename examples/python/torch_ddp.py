@@ -9,16 +9,50 @@ meets at MASTER_ADDR:MASTER_PORT (default 127.0.0.1:29500; set MASTER_ADDR to ra
 host across nodes), and meshfeed uses MPI. Under torchrun, meshfeed's UCX transport
 joins through torch.distributed's store. Each epoch the example checks that the ranks
 together received every sample once, and rank 0 prints the mean loss, which falls.
+
+At the end rank 0 prints the share of step time spent waiting for data (fetching the
+next batch and handing it to the device). ``--device cuda`` trains on each rank's GPU
+(``cuda:LOCAL_RANK``); ``--loader dataloader`` runs the baseline instead: PyTorch's
+``DataLoader`` + ``DistributedSampler`` over the same files (``--workers`` processes,
+pinned memory on a GPU), to compare the two:
+
+    torchrun --nproc-per-node 4 torch_ddp.py DATA --transport ucx --device cuda
+    torchrun --nproc-per-node 4 torch_ddp.py DATA --loader dataloader --workers 4 --device cuda
 """
 
 import argparse
+import glob
 import os
+import time
 
+import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
 import meshfeed
+
+
+class NpyFiles(torch.utils.data.Dataset):
+    """The baseline's dataset: the same structured .npy files, memory-mapped, one sample
+    per index (random reads, as DistributedSampler asks for them)."""
+
+    def __init__(self, data: str) -> None:
+        self.files = [np.load(f, mmap_mode="r") for f in sorted(glob.glob(os.path.join(data, "*.npy")))]
+        self.starts = np.cumsum([0] + [len(f) for f in self.files])
+
+    def __len__(self) -> int:
+        return int(self.starts[-1])
+
+    def __getitem__(self, i: int) -> dict:
+        f = int(np.searchsorted(self.starts, i, side="right")) - 1
+        row = self.files[f][i - self.starts[f]]
+        return {"x": torch.from_numpy(np.array(row["x"])), "y": int(row["y"]), "ids": i}
+
+
+def baseline_batches(loader: torch.utils.data.DataLoader, device: torch.device):
+    for batch in loader:
+        yield {k: v.to(device, non_blocking=True) for k, v in batch.items()}
 
 
 def main() -> None:
@@ -27,6 +61,9 @@ def main() -> None:
     p.add_argument("--epochs", type=int, default=5)
     p.add_argument("--batch-size", type=int, default=128, help="global batch size")
     p.add_argument("--transport", default="mpi", choices=["mpi", "ucx"])
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--loader", default="meshfeed", choices=["meshfeed", "dataloader"])
+    p.add_argument("--workers", type=int, default=2, help="DataLoader worker processes (baseline)")
     a = p.parse_args()
     if "RANK" not in os.environ:  # mpirun: Open MPI's variables
         os.environ["RANK"] = os.environ["OMPI_COMM_WORLD_RANK"]
@@ -37,33 +74,64 @@ def main() -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
 
     torch.manual_seed(0)
-    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(16, 4))
+    if a.device == "cuda":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    model = torch.nn.Linear(16, 4).to(device)
+    model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device] if a.device == "cuda" else None)
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
-    loader = meshfeed.Loader([a.data], batch_size=a.batch_size, seed=42, transport=a.transport)
+    if a.loader == "meshfeed":
+        loader = meshfeed.Loader([a.data], batch_size=a.batch_size, seed=42, transport=a.transport)
+    else:
+        dataset = NpyFiles(a.data)
+        sampler = torch.utils.data.distributed.DistributedSampler(dataset, seed=42, drop_last=True)
+        loader = torch.utils.data.DataLoader(dataset, batch_size=a.batch_size // world, sampler=sampler,
+                                             num_workers=a.workers, pin_memory=a.device == "cuda", drop_last=True,
+                                             persistent_workers=a.workers > 0)
+    waited = stepped = 0.0
     for epoch in range(a.epochs):
-        loader.set_epoch(epoch)
+        (loader if a.loader == "meshfeed" else sampler).set_epoch(epoch)
+        if a.loader == "meshfeed":
+            batches = (b.to_torch(device) for b in loader)
+        else:
+            batches = baseline_batches(loader, device)
         seen, total, steps = [], 0.0, 0
-        for batch in loader:
-            t = batch.to_torch(device="cpu")
+        start = time.perf_counter()
+        while True:
+            t = next(batches, None)  # waiting for data: the next batch, on the device
+            got = time.perf_counter()
+            if t is None:
+                break
             loss = F.cross_entropy(model(t["x"]), t["y"])
             opt.zero_grad()
             loss.backward()
             opt.step()
-            seen.append(t["ids"].clone())
-            total += loss.item()
+            seen.append(t["ids"].to("cpu", copy=True))
+            total += loss.item()  # waits for the device: the step is over
             steps += 1
+            end = time.perf_counter()
+            waited, stepped, start = waited + (got - start), stepped + (end - start), end
         # Every rank received a disjoint part of each global batch: together, each sample
         # of the epoch's batches exactly once.
         mine = torch.cat(seen)
         parts = [torch.empty_like(mine) for _ in range(world)]
         dist.all_gather(parts, mine)
         ids = torch.cat(parts)
-        assert len(ids) == len(loader) * a.batch_size == len(torch.unique(ids)), "a sample twice or missing"
+        assert len(ids) == len(loader) * (a.batch_size if a.loader == "meshfeed" else a.batch_size // world * world) \
+            == len(torch.unique(ids)), "a sample twice or missing"
         mean = torch.tensor([total / steps])
         dist.all_reduce(mean)
         if rank == 0:
             print(f"epoch {epoch} loss {mean.item() / world:.4f} ({len(ids)} samples, each once)", flush=True)
-    loader.close()
+    share = torch.tensor([waited / stepped])
+    dist.all_reduce(share)
+    if rank == 0:
+        print(f"data wait: {100 * share.item() / world:.1f}% of step time ({a.loader}, {device.type}, "
+              f"{world} ranks)", flush=True)
+    if a.loader == "meshfeed":
+        loader.close()
     dist.destroy_process_group()
 
 
