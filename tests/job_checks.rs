@@ -178,3 +178,29 @@ fn inspect_and_gen_with_a_closed_stdout_do_not_panic() {
     let out = dir.path().join("g");
     closed(&["gen", "--format", "raw", "--samples", "10", "--field", "x:u8", "--out", out.to_str().unwrap()]);
 }
+
+/// srun with the wrong `--mpi` plugin starts each task as an MPI singleton (MPICH does):
+/// a process whose world has one rank while Slurm started several is refused, naming
+/// the variable; `mpirun` inside an allocation (whose ranks inherit the daemons' step,
+/// one task per node) is not.
+#[test]
+fn a_singleton_that_srun_started_as_one_of_several_tasks_is_refused() {
+    let data = fixtures().join("npy_struct");
+    let args = ["run", "--data", data.to_str().unwrap(), "--batch-size", "8"];
+    let mut cmd = Command::new(bin());
+    cmd.args(args).env("SLURM_STEP_NUM_TASKS", "3");
+    let run = wait_bounded(cmd, "a singleton in a 3-task step");
+    assert_ne!(run.code, 0);
+    assert!(
+        run.stderr.contains(
+            "the launcher started 3 processes (SLURM_STEP_NUM_TASKS) but MPI_COMM_WORLD has 1 rank(s): \
+             meshfeed was built against a different MPI than the launcher that started it, or srun used the wrong --mpi plugin"
+        ),
+        "{}",
+        run.stderr
+    );
+    let mut cmd = Command::new("mpirun");
+    cmd.args(MPIRUN_FLAGS).args(["-np", "2", "-x", "SLURM_STEP_NUM_TASKS", bin()]).args(args);
+    cmd.env("SLURM_STEP_NUM_TASKS", "1");
+    ok(&wait_bounded(cmd, "mpirun -np 2 in a step of 1 task"));
+}

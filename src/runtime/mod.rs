@@ -191,12 +191,23 @@ pub fn env_var(name: &str) -> Result<Option<String>> {
 }
 
 /// What the launcher's environment says about the number of processes it started: Open
-/// MPI's `mpirun` sets `OMPI_COMM_WORLD_SIZE`; MPICH's and PMI-2 `srun`, `PMI_SIZE`.
+/// MPI's `mpirun` sets `OMPI_COMM_WORLD_SIZE`; MPICH's and PMI-2 `srun`, `PMI_SIZE`; `srun`,
+/// `SLURM_STEP_NUM_TASKS` (the step's tasks), so that a wrong `--mpi` plugin that starts
+/// N singletons is refused.
 pub fn launcher_sizes() -> Vec<(&'static str, usize)> {
-    ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE"]
-        .into_iter()
-        .filter_map(|var| std::env::var(var).ok()?.parse().ok().map(|n| (var, n)))
-        .collect()
+    launcher_sizes_from(|var| std::env::var(var).ok())
+}
+
+/// [`launcher_sizes`] from `var` (the environment). Slurm's count is used only when no MPI
+/// launcher's is: `mpirun` inside an allocation starts its daemons as an `srun` step (one
+/// task per node), and its ranks inherit that step's variables.
+fn launcher_sizes_from(var: impl Fn(&str) -> Option<String>) -> Vec<(&'static str, usize)> {
+    let size = |name: &'static str| var(name)?.trim().parse().ok().map(|n| (name, n));
+    let mpi: Vec<(&'static str, usize)> = ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE"].into_iter().filter_map(size).collect();
+    if !mpi.is_empty() {
+        return mpi;
+    }
+    size("SLURM_STEP_NUM_TASKS").into_iter().collect()
 }
 
 /// Peak resident set size of this process, in bytes (0 where unknown).
@@ -234,5 +245,26 @@ mod mpi_session {
                 None => Ok(MpiSession { _universe: None }),
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn launcher_sizes_prefer_the_mpi_launchers_over_slurms() {
+        let env = |pairs: &'static [(&'static str, &'static str)]| {
+            launcher_sizes_from(move |v| pairs.iter().find(|(k, _)| *k == v).map(|(_, x)| x.to_string()))
+        };
+        // srun --mpi=pmix: only Slurm's count.
+        assert_eq!(env(&[("SLURM_STEP_NUM_TASKS", "4")]), vec![("SLURM_STEP_NUM_TASKS", 4)]);
+        // mpirun -np 4 inside a 2-node allocation: the ranks inherit the daemons' step.
+        assert_eq!(
+            env(&[("OMPI_COMM_WORLD_SIZE", "4"), ("SLURM_STEP_NUM_TASKS", "2")]),
+            vec![("OMPI_COMM_WORLD_SIZE", 4)]
+        );
+        assert_eq!(env(&[("PMI_SIZE", "3"), ("SLURM_STEP_NUM_TASKS", "3")]), vec![("PMI_SIZE", 3)]);
+        assert!(env(&[]).is_empty());
     }
 }

@@ -34,7 +34,9 @@ pub struct Run {
     pub elapsed: Duration,
 }
 
-fn wait_bounded(mut cmd: Command, what: &str) -> Run {
+/// Runs `cmd` to its end and collects its output; a command that outlives the tests' bound
+/// fails the test (a hang is never a pass).
+pub fn wait_bounded(mut cmd: Command, what: &str) -> Run {
     let start = Instant::now();
     let mut child = cmd
         .stdin(Stdio::null())
