@@ -1,0 +1,99 @@
+//! meshfeed on a real Slurm: `slurm/cluster.sh` brings up munge, slurmctld and a slurmd
+//! per node (each node a network namespace on a bridge), jobs run with `srun --mpi=pmix`
+//! and `sbatch`, and `down` removes everything it started. One test: the cluster is one
+//! per machine (a fixed bridge and subnet).
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+
+use common::*;
+
+fn cluster(args: &[&str]) -> Run {
+    let mut cmd = Command::new("bash");
+    cmd.arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("slurm/cluster.sh")).args(args);
+    cmd.env("MESHFEED_CLUSTER_DIR", cluster_dir());
+    wait_bounded(cmd, &format!("cluster.sh {}", args.join(" ")))
+}
+
+fn cluster_dir() -> String {
+    std::env::temp_dir().join("meshfeed-test-cluster").to_string_lossy().into_owned()
+}
+
+/// A Slurm command against the test cluster.
+fn slurm(program: &str, args: &[&str]) -> Run {
+    let mut cmd = Command::new(program);
+    cmd.args(args).env("SLURM_CONF", format!("{}/etc/slurm.conf", cluster_dir()));
+    cmd.env("HDF5_USE_FILE_LOCKING", "FALSE").env("MESHFEED_BIN", bin());
+    wait_bounded(cmd, &format!("{program} {}", args.join(" ")))
+}
+
+/// Takes the cluster down however the test ends.
+struct Down;
+
+impl Drop for Down {
+    fn drop(&mut self) {
+        let run = cluster(&["down"]);
+        if !std::thread::panicking() {
+            ok(&run);
+        }
+    }
+}
+
+#[test]
+fn jobs_on_a_two_node_slurm_deliver_what_mpirun_delivers() {
+    let out = tempdir();
+    let data = out.path().join("d");
+    let d = data.to_str().unwrap();
+    ok(&meshfeed(&["gen", "--format", "npy", "--samples", "600", "--files", "3", "--field", "x:f32:8", "--out", d]));
+    let down = Down;
+    ok(&cluster(&["up", "--nodes", "2"]));
+    // Idempotent at the same size; another size is refused while it is up.
+    ok(&cluster(&["up", "--nodes", "2"]));
+    let again = cluster(&["up", "--nodes", "3"]);
+    assert!(again.code != 0 && again.stderr.contains("a cluster of 2 nodes is up: run 'down' first"), "{}", again.stderr);
+    let nodes = slurm("sinfo", &["-h", "-N", "-o", "%N %T"]);
+    ok(&nodes);
+    assert_eq!(nodes.stdout.lines().collect::<Vec<_>>(), ["mfnode1 idle", "mfnode2 idle"], "{}", nodes.stdout);
+
+    // srun across both nodes: the same bytes as mpirun on one host, verified.
+    let job = ["run", "--data", d, "--batch-size", "12", "--epochs", "2", "--seed", "5", "--window-bytes", "2K"];
+    let srun_dump = out.path().join("srun");
+    let mut args = vec!["-N2", "-n4", "--mpi=pmix", bin()];
+    args.extend(job);
+    args.extend(["--verify", "--dump", srun_dump.to_str().unwrap()]);
+    let run = slurm("srun", &args);
+    ok(&run);
+    assert!(run.stdout.contains("meshfeed: done: 2 epoch(s) on 4 ranks, verified"), "{}", run.stdout);
+    let hosts = slurm("srun", &["-N2", "-n4", "--mpi=pmix", "sh", "-c", "echo $SLURM_PROCID $MESHFEED_HOST"]);
+    ok(&hosts);
+    let mut on: Vec<&str> = hosts.stdout.lines().filter_map(|l| l.split_whitespace().nth(1)).collect();
+    on.sort_unstable();
+    on.dedup();
+    assert_eq!(on, ["mfnode1", "mfnode2"], "the tasks ran on both nodes: {}", hosts.stdout);
+    let mpirun_dump = out.path().join("mpirun");
+    let mut args = job.to_vec();
+    args.extend(["--dump", mpirun_dump.to_str().unwrap()]);
+    ok(&mpirun(4, &args));
+    assert_eq!(dump_bytes(&srun_dump, 4), dump_bytes(&mpirun_dump, 4), "srun's dump equals mpirun's");
+
+    // The batch script, through sbatch (waiting for the job).
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("slurm/shuffle.sbatch");
+    let log = out.path().join("job-%j.out");
+    let run = slurm(
+        "sbatch",
+        &["-W", "-N", "2", "-n", "4", "-o", log.to_str().unwrap(), script.to_str().unwrap(), d, "12"],
+    );
+    ok(&run);
+    let id = run.stdout.trim().rsplit(' ').next().unwrap().to_string();
+    let text = std::fs::read_to_string(out.path().join(format!("job-{id}.out"))).unwrap();
+    let last = text.lines().rfind(|l| l.starts_with('{')).unwrap_or_else(|| panic!("no JSON summary: {text}"));
+    assert!(last.contains("\"ranks\":4") && last.ends_with("\"verified\":true}"), "{text}");
+    drop(down);
+    // Down removed what up made: the bridge, the namespaces, the directory.
+    assert!(!Command::new("ip").args(["link", "show", "mfbr0"]).output().unwrap().status.success());
+    let netns = Command::new("ip").args(["netns", "list"]).output().unwrap();
+    assert!(!String::from_utf8_lossy(&netns.stdout).contains("mf-node"), "namespaces left behind");
+    assert!(!Path::new(&cluster_dir()).exists());
+}
