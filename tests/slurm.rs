@@ -52,7 +52,11 @@ fn jobs_on_a_two_node_slurm_deliver_what_mpirun_delivers() {
     // Idempotent at the same size; another size is refused while it is up.
     ok(&cluster(&["up", "--nodes", "2"]));
     let again = cluster(&["up", "--nodes", "3"]);
-    assert!(again.code != 0 && again.stderr.contains("a cluster of 2 nodes is up: run 'down' first"), "{}", again.stderr);
+    assert!(
+        again.code != 0 && again.stderr.contains("a cluster of 2 nodes is up: run 'down' first"),
+        "{}",
+        again.stderr
+    );
     let nodes = slurm("sinfo", &["-h", "-N", "-o", "%N %T"]);
     ok(&nodes);
     assert_eq!(nodes.stdout.lines().collect::<Vec<_>>(), ["mfnode1 idle", "mfnode2 idle"], "{}", nodes.stdout);
@@ -81,19 +85,89 @@ fn jobs_on_a_two_node_slurm_deliver_what_mpirun_delivers() {
     // The batch script, through sbatch (waiting for the job).
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("slurm/shuffle.sbatch");
     let log = out.path().join("job-%j.out");
-    let run = slurm(
-        "sbatch",
-        &["-W", "-N", "2", "-n", "4", "-o", log.to_str().unwrap(), script.to_str().unwrap(), d, "12"],
-    );
+    let run =
+        slurm("sbatch", &["-W", "-N", "2", "-n", "4", "-o", log.to_str().unwrap(), script.to_str().unwrap(), d, "12"]);
     ok(&run);
     let id = run.stdout.trim().rsplit(' ').next().unwrap().to_string();
     let text = std::fs::read_to_string(out.path().join(format!("job-{id}.out"))).unwrap();
     let last = text.lines().rfind(|l| l.starts_with('{')).unwrap_or_else(|| panic!("no JSON summary: {text}"));
     assert!(last.contains("\"ranks\":4") && last.ends_with("\"verified\":true}"), "{text}");
+    // Preempted (Slurm signals every process and requeues the job), and told its time is
+    // nearly up (--signal=B:TERM: the batch shell alone; the script requeues itself).
+    preempted_job_resumes_exactly(&out.path().join("preempted"), d, false, |id| vec!["scontrol", "requeue", id]);
+    preempted_job_resumes_exactly(&out.path().join("time-limit"), d, true, |id| {
+        vec!["scancel", "--batch", "--signal=TERM", id]
+    });
     drop(down);
     // Down removed what up made: the bridge, the namespaces, the directory.
     assert!(!Command::new("ip").args(["link", "show", "mfbr0"]).output().unwrap().status.success());
     let netns = Command::new("ip").args(["netns", "list"]).output().unwrap();
     assert!(!String::from_utf8_lossy(&netns.stdout).contains("mf-node"), "namespaces left behind");
     assert!(!Path::new(&cluster_dir()).exists());
+}
+
+/// `scontrol show job ID`'s value of `key`.
+fn job_field(id: &str, key: &str) -> String {
+    let run = slurm("scontrol", &["show", "job", id]);
+    ok(&run);
+    let at = run.stdout.find(&format!("{key}=")).unwrap_or_else(|| panic!("no {key} in {}", run.stdout));
+    run.stdout[at + key.len() + 1..].split_whitespace().next().unwrap_or("").to_string()
+}
+
+/// Polls `f` every 200 ms for up to `secs` seconds; panics with `what` when it never holds.
+fn wait_for(secs: u64, what: &str, mut f: impl FnMut() -> bool) {
+    let start = std::time::Instant::now();
+    while !f() {
+        assert!(start.elapsed().as_secs() < secs, "{what} did not happen within {secs} s");
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+}
+
+/// slurm/preemptible.sbatch, stopped mid-run by the command `stop(job id)` gives: the
+/// ranks stop at a step boundary (exit 75) and save the state, the job is requeued, the
+/// next run resumes from the state, and the runs' dumps together are an uninterrupted
+/// run's. `requeues_itself`: the script, not Slurm, requeues the job (and says so; when
+/// Slurm requeues it, the batch shell may be killed before it can).
+fn preempted_job_resumes_exactly(dir: &Path, data: &str, requeues_itself: bool, stop: impl Fn(&str) -> Vec<&str>) {
+    std::fs::create_dir_all(dir).unwrap();
+    let job = ["run", "--data", data, "--batch-size", "12", "--epochs", "2", "--seed", "0", "--window-bytes", "2K"];
+    let reference = dir.join("uninterrupted");
+    let mut args = job.to_vec();
+    args.extend(["--dump", reference.to_str().unwrap()]);
+    ok(&mpirun(4, &args));
+    let (dumps, work) = (dir.join("preempted"), dir.join("work"));
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("slurm/preemptible.sbatch");
+    let mut cmd = Command::new("sbatch");
+    cmd.args(["--parsable", "-N", "2", "-n", "4", "-o"]).arg(dir.join("preemptible-%j.out")).arg(&script);
+    cmd.args([data, "12", "2", "--window-bytes", "2K", "--compute-ms", "40"]);
+    cmd.env("SLURM_CONF", format!("{}/etc/slurm.conf", cluster_dir())).env("MESHFEED_BIN", bin());
+    cmd.env("MESHFEED_DUMP", &dumps).env("MESHFEED_WORK", &work);
+    let run = wait_bounded(cmd, "sbatch preemptible.sbatch");
+    ok(&run);
+    let id = run.stdout.trim().to_string();
+    // Preempt it once it has delivered 20 of its 100 steps.
+    let first = dumps.join("run-0/rank-0.jsonl");
+    wait_for(60, "20 steps of the first run", || {
+        std::fs::read_to_string(&first).map_or(false, |t| t.lines().count() >= 20)
+    });
+    let stop = stop(&id);
+    ok(&slurm(stop[0], &stop[1..]));
+    wait_for(60, "the requeue", || job_field(&id, "Restarts") == "1" && job_field(&id, "JobState") == "PENDING");
+    // Slurm holds a requeued job back (BeginTime, about two minutes): start it now.
+    ok(&slurm("scontrol", &["update", &format!("JobId={id}"), "StartTime=now"]));
+    wait_for(90, "the requeued job's end", || job_field(&id, "JobState") == "COMPLETED");
+    let log = std::fs::read_to_string(dir.join(format!("preemptible-{id}.out"))).unwrap();
+    assert!(log.contains("meshfeed: stopped by SIGTERM at epoch"), "{log}");
+    if requeues_itself {
+        assert!(log.contains(&format!("job {id} run 0 stopped cleanly; requeueing")), "{log}");
+    }
+    assert!(log.contains(&format!("job {id} run 1 resumes from {}", work.join("state.json").display())), "{log}");
+    assert!(log.contains(&format!("job {id} run 1 ended with exit code 0")), "{log}");
+    let (before, after) = (read_dump(&dumps.join("run-0"), 4), read_dump(&dumps.join("run-1"), 4));
+    let whole = read_dump(&reference, 4);
+    for r in 0..4 {
+        assert!(!before[r].is_empty() && !after[r].is_empty(), "rank {r}: both runs delivered");
+        let joined: Vec<DumpLine> = before[r].iter().chain(&after[r]).cloned().collect();
+        assert_eq!(joined, whole[r], "rank {r}: the runs together equal an uninterrupted run");
+    }
 }
