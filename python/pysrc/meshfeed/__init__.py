@@ -123,7 +123,8 @@ class Batch(Mapping):
         return f"Batch(epoch={self.epoch}, step={self.step}, rows={len(self.ids)}, {fields})"
 
     def to_torch(self, device: Any = None, non_blocking: bool = True) -> dict:
-        """The batch as a dict of ``torch.Tensor`` (plus ``"ids"``, int64).
+        """The batch as a dict of ``torch.Tensor`` (plus ``"ids"``, int64, unless a field
+        has that name).
 
         On the CPU the tensors share the loader's buffers through DLPack (no copy; do not
         write to them). On a GPU each field is copied into a pinned host buffer that the
@@ -138,7 +139,8 @@ class Batch(Mapping):
             local = self._loader.local_rank if self._loader is not None else 0
             device = f"cuda:{local}" if torch.cuda.is_available() else "cpu"
         device = torch.device(device)
-        items = [("ids", self.ids)] + [(k, v) for k, v in self._fields.items() if k != "ids"]
+        # The sample ids as "ids", unless a field has that name (then they stay batch.ids).
+        items = ([] if "ids" in self._fields else [("ids", self.ids)]) + list(self._fields.items())
         out = {}
         for name, value in items:
             if not isinstance(value, np.ndarray):
@@ -221,7 +223,10 @@ def _bootstrap(transport: str, bootstrap: str) -> Optional[tuple]:
         return None
     from datetime import timedelta
 
-    timeout = float(os.environ.get("MESHFEED_RENDEZVOUS_TIMEOUT", "120"))
+    try:
+        timeout = float(os.environ.get("MESHFEED_RENDEZVOUS_TIMEOUT", "120"))
+    except ValueError:
+        raise ConfigError("MESHFEED_RENDEZVOUS_TIMEOUT is not a number of seconds") from None
     dist = sys.modules.get("torch.distributed")
     if bootstrap in ("auto", "torch") and dist is not None and dist.is_available() and dist.is_initialized():
         store = dist.distributed_c10d._get_default_store()
