@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
 # A real Slurm cluster on one machine, for tests and scaling studies: munge, slurmctld
 # and one slurmd per "node", each node a network namespace with its own address on a
-# bridge, all from Debian's packages and without systemd.
+# bridge, and shared storage that every node mounts over the network, all from Debian's
+# packages and without systemd.
 #
 #   bash slurm/cluster.sh up [--nodes N] [--cpus C] [--bandwidth RATE] [--delay TIME]
+#                            [--storage-bandwidth RATE] [--storage-delay TIME]
+#   bash slurm/cluster.sh paths               # STORAGE=... SHARED=...
+#   bash slurm/cluster.sh drop-caches
 #   eval "$(bash slurm/cluster.sh env)"      # SLURM_CONF for srun, sbatch, sinfo
 #   bash slurm/cluster.sh status
 #   bash slurm/cluster.sh down
@@ -14,15 +18,28 @@
 # --bandwidth (tc rate, e.g. 1gbit) and --delay (e.g. 200us) shape every node's link, so
 # that traffic between nodes is slower than inside one.
 #
+# Shared storage, as a parallel filesystem is on a real cluster: a "storage" namespace
+# (10.77.0.2) serves the directory STORAGE over SSH, and every node mounts it with sshfs
+# (FUSE: this kernel has no NFS) at SHARED, in its own mount namespace and over its own
+# link (--storage-bandwidth, --storage-delay shape the storage's link), so a random small
+# read costs a round trip while sequential reads stream. Write datasets under STORAGE
+# (locally); jobs read them under SHARED. `drop-caches` empties the page cache between
+# runs.
+#
 # Nodes are mfnode1..N at 10.77.0.11.. (slurmctld on the bridge, 10.77.0.1). Tasks get
 # MESHFEED_HOST=<node> (the namespaces share one host name) and Open MPI's TCP interfaces
 # limited to the bridge's subnet, through the cluster's TaskProlog.
-# Needs root. The directory is $MESHFEED_CLUSTER_DIR (default /tmp/meshfeed-cluster).
+# Needs root. The directory is $MESHFEED_CLUSTER_DIR (default /tmp/meshfeed-cluster);
+# MESHFEED_CLUSTER_ID (0-9, default 0) keeps clusters on one machine apart (subnet
+# 10.77.<id>, bridge, namespaces and ports); the addresses above are cluster 0's.
 set -euo pipefail
 
 base=${MESHFEED_CLUSTER_DIR:-/tmp/meshfeed-cluster}
-subnet=10.77.0
-bridge=mfbr0
+id=${MESHFEED_CLUSTER_ID:-0}
+[[ $id =~ ^[0-9]$ ]] || { echo "cluster: MESHFEED_CLUSTER_ID must be 0-9" >&2; exit 1; }
+subnet=10.77.$id
+bridge=mfbr$id
+pre=mf$id # namespaces $pre-node<i>, $pre-storage; veths ${pre}v<i>, ${pre}vs
 
 die() { echo "cluster: $*" >&2; exit 1; }
 say() { echo "cluster: $*" >&2; }
@@ -56,6 +73,9 @@ install_packages() {
     command -v ip >/dev/null || missing+=(iproute2)
     command -v tc >/dev/null || missing+=(iproute2)
     command -v nsenter >/dev/null || missing+=(util-linux)
+    command -v sshfs >/dev/null || missing+=(sshfs)
+    command -v sshd >/dev/null || missing+=(openssh-server)
+    command -v ssh-keygen >/dev/null || missing+=(openssh-client)
     if ((${#missing[@]})); then
         say "installing ${missing[*]}"
         apt-get update -qq
@@ -80,8 +100,8 @@ EOF
         cat <<EOF
 ClusterName=meshfeed
 SlurmctldHost=$(hostname)($subnet.1)
-SlurmctldPort=16817
-SlurmdPort=16818
+SlurmctldPort=$((16817 + 10 * id))
+SlurmdPort=$((16818 + 10 * id))
 AuthType=auth/munge
 CredType=cred/munge
 AuthInfo=socket=$base/munge/munge.socket
@@ -115,41 +135,90 @@ EOF
     } >"$base/etc/slurm.conf"
 }
 
-network_up() { # NODES BANDWIDTH DELAY
-    local n=$1 rate=$2 delay=$3 i ns
+# One namespace on the bridge: NS VETH ADDRESS RATE DELAY.
+attach() {
+    local ns=$1 veth=$2 addr=$3 rate=$4 delay=$5
+    ip netns list | grep -qx "$ns\( .*\)\?" || ip netns add "$ns"
+    if ! ip link show "$veth" >/dev/null 2>&1; then
+        ip link add "$veth" type veth peer name eth0 netns "$ns"
+        ip link set "$veth" master "$bridge" up
+        ip -n "$ns" addr add "$addr/24" dev eth0
+        ip -n "$ns" link set eth0 up
+        ip -n "$ns" link set lo up
+        ip -n "$ns" route add default via "$subnet.1"
+    fi
+    if [[ -n $rate || -n $delay ]]; then
+        # Both directions: the namespace's egress (eth0) and its ingress (the bridge port).
+        # A delay needs netem; a rate alone uses tbf (kernels without sch_netem have it).
+        local shape=(tbf rate "$rate" burst 256kb latency 100ms)
+        [[ -n $delay ]] && shape=(netem delay "$delay" ${rate:+rate "$rate"})
+        if ! ip netns exec "$ns" tc qdisc replace dev eth0 root "${shape[@]}" 2>/dev/null ||
+            ! tc qdisc replace dev "$veth" root "${shape[@]}" 2>/dev/null; then
+            die "this kernel cannot shape links with '${shape[*]}' (no sch_${shape[0]}): ${delay:+--delay needs netem; }--bandwidth alone uses tbf"
+        fi
+    fi
+}
+
+network_up() { # NODES BANDWIDTH DELAY STORAGE_BANDWIDTH STORAGE_DELAY
+    local n=$1 rate=$2 delay=$3 i
     ip link show "$bridge" >/dev/null 2>&1 || {
         ip link add "$bridge" type bridge
         ip addr add "$subnet.1/24" dev "$bridge"
         ip link set "$bridge" up
     }
     for i in $(seq 1 "$n"); do
-        ns=mf-node$i
-        ip netns list | grep -qx "$ns\( .*\)\?" || ip netns add "$ns"
-        if ! ip link show "mfv$i" >/dev/null 2>&1; then
-            ip link add "mfv$i" type veth peer name eth0 netns "$ns"
-            ip link set "mfv$i" master "$bridge" up
-            ip -n "$ns" addr add "$subnet.$((10 + i))/24" dev eth0
-            ip -n "$ns" link set eth0 up
-            ip -n "$ns" link set lo up
-            ip -n "$ns" route add default via "$subnet.1"
-        fi
-        if [[ -n $rate || -n $delay ]]; then
-            # Both directions: the node's egress (eth0) and its ingress (the bridge port).
-            local shape=(netem ${delay:+delay "$delay"} ${rate:+rate "$rate"})
-            ip netns exec "$ns" tc qdisc replace dev eth0 root "${shape[@]}"
-            tc qdisc replace dev "mfv$i" root "${shape[@]}"
-        fi
+        attach "$pre-node$i" "${pre}v$i" "$subnet.$((10 + i))" "$rate" "$delay"
     done
+    attach "$pre-storage" "${pre}vs" "$subnet.2" "$4" "$5"
+}
+
+# The storage server: sshd in the storage namespace, serving $base/storage by SFTP to the
+# cluster's key.
+storage_up() {
+    mkdir -p "$base/ssh" "$base/storage" "$base/shared" /run/sshd
+    chmod 0700 "$base/ssh"
+    [[ -f $base/ssh/host_key ]] || ssh-keygen -q -t ed25519 -N "" -f "$base/ssh/host_key"
+    [[ -f $base/ssh/client_key ]] || ssh-keygen -q -t ed25519 -N "" -f "$base/ssh/client_key"
+    cp "$base/ssh/client_key.pub" "$base/ssh/authorized_keys"
+    {
+        echo "ListenAddress $subnet.2"
+        echo "Port $((2222 + id))"
+        echo "HostKey $base/ssh/host_key"
+        echo "AuthorizedKeysFile $base/ssh/authorized_keys"
+        echo "PermitRootLogin prohibit-password"
+        echo "PasswordAuthentication no"
+        echo "KbdInteractiveAuthentication no"
+        echo "UsePAM no"
+        echo "StrictModes no"
+        echo "PidFile $base/run/sshd.pid"
+        echo "Subsystem sftp internal-sftp"
+    } >"$base/ssh/sshd_config"
+    alive "$base/run/sshd.pid.own" ||
+        start "$base/run/sshd.pid.own" "$pre-storage" "$base/log/sshd.out" /usr/sbin/sshd -D -e -f "$base/ssh/sshd_config"
+}
+
+# The command that starts node I's slurmd: in the node's own mount namespace, sshfs mounts
+# the storage at $base/shared (its pid in run/sshfs-mfnodeI.pid.own), then slurmd.
+node_command() {
+    local i=$1 shared=$base/shared
+    local ssh_opts="IdentityFile=$base/ssh/client_key,StrictHostKeyChecking=no,UserKnownHostsFile=/dev/null"
+    echo "sshfs -f -o $ssh_opts,port=$((2222 + id)),reconnect,ServerAliveInterval=5 root@$subnet.2:$base/storage $shared &"
+    echo "echo \$! > $base/run/sshfs-mfnode$i.pid.own"
+    echo "for _ in \$(seq 100); do mountpoint -q $shared && break; sleep 0.1; done"
+    echo "mountpoint -q $shared || { echo 'mfnode$i: sshfs did not mount the storage'; exit 1; }"
+    echo "exec slurmd -D -N mfnode$i -f $base/etc/slurm.conf"
 }
 
 up() {
-    local n=2 cpus=8 rate="" delay=""
+    local n=2 cpus=8 rate="" delay="" srate="" sdelay=""
     while (($#)); do
         case $1 in
             --nodes) n=$2; shift ;;
             --cpus) cpus=$2; shift ;;
             --bandwidth) rate=$2; shift ;;
             --delay) delay=$2; shift ;;
+            --storage-bandwidth) srate=$2; shift ;;
+            --storage-delay) sdelay=$2; shift ;;
             *) die "unknown option $1" ;;
         esac
         shift
@@ -163,7 +232,8 @@ up() {
     mkdir -p "$base"
     echo "$n" >"$base/nodes"
     write_config "$n" "$cpus"
-    network_up "$n" "$rate" "$delay"
+    network_up "$n" "$rate" "$delay" "$srate" "$sdelay"
+    storage_up
     if ! alive "$base/run/munged.pid"; then
         [[ -f $base/munge/munge.key ]] || { dd if=/dev/urandom of="$base/munge/munge.key" bs=1024 count=1 status=none; chmod 0400 "$base/munge/munge.key"; }
         start "$base/run/munged.pid" "" "$base/log/munged.out" munged -F --force --key-file="$base/munge/munge.key" \
@@ -178,8 +248,8 @@ up() {
     local i
     for i in $(seq 1 "$n"); do
         alive "$base/run/slurmd-mfnode$i.pid.own" ||
-            start "$base/run/slurmd-mfnode$i.pid.own" "mf-node$i" "$base/log/slurmd-mfnode$i.out" \
-                slurmd -D -N "mfnode$i" -f "$SLURM_CONF"
+            start "$base/run/slurmd-mfnode$i.pid.own" "$pre-node$i" "$base/log/slurmd-mfnode$i.out" \
+                unshare --mount --propagation private sh -c "$(node_command "$i")"
     done
     # Ready when every node is idle (or allocated: an earlier job still runs).
     local ready=0
@@ -208,10 +278,12 @@ down() {
     local n
     n=$(cat "$base/nodes" 2>/dev/null || echo 0)
     for i in $(seq 1 "$n"); do
-        ns=mf-node$i
-        ip link del "mfv$i" 2>/dev/null || true
+        ns=$pre-node$i
+        ip link del "${pre}v$i" 2>/dev/null || true
         ip netns del "$ns" 2>/dev/null || true
     done
+    ip link del "${pre}vs" 2>/dev/null || true
+    ip netns del "$pre-storage" 2>/dev/null || true
     ip link del "$bridge" 2>/dev/null || true
     rm -rf "$base"
     say "down"
@@ -227,5 +299,8 @@ case ${1:-} in
     down) down ;;
     status) status ;;
     env) echo "export SLURM_CONF=$base/etc/slurm.conf" ;;
-    *) die "usage: cluster.sh up [--nodes N] [--cpus C] [--bandwidth RATE] [--delay TIME] | down | status | env" ;;
+    paths) echo "STORAGE=$base/storage SHARED=$base/shared" ;;
+    drop-caches) sync && echo 3 >/proc/sys/vm/drop_caches ;;
+    *) die "usage: cluster.sh up [--nodes N] [--cpus C] [--bandwidth RATE] [--delay TIME] [--storage-bandwidth RATE]
+       [--storage-delay TIME] | down | status | env | paths | drop-caches" ;;
 esac

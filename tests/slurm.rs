@@ -1,7 +1,7 @@
 //! meshfeed on a real Slurm: `slurm/cluster.sh` brings up munge, slurmctld and a slurmd
-//! per node (each node a network namespace on a bridge), jobs run with `srun --mpi=pmix`
-//! and `sbatch`, and `down` removes everything it started. One test: the cluster is one
-//! per machine (a fixed bridge and subnet).
+//! per node (each node a network namespace on a bridge, mounting the shared storage over
+//! the network), jobs run with `srun --mpi=pmix` and `sbatch`, and `down` removes
+//! everything it started. One test: the test cluster (id 9) is one per machine.
 
 mod common;
 
@@ -13,7 +13,7 @@ use common::*;
 fn cluster(args: &[&str]) -> Run {
     let mut cmd = Command::new("bash");
     cmd.arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("slurm/cluster.sh")).args(args);
-    cmd.env("MESHFEED_CLUSTER_DIR", cluster_dir());
+    cmd.env("MESHFEED_CLUSTER_DIR", cluster_dir()).env("MESHFEED_CLUSTER_ID", "9");
     wait_bounded(cmd, &format!("cluster.sh {}", args.join(" ")))
 }
 
@@ -44,11 +44,8 @@ impl Drop for Down {
 #[test]
 fn jobs_on_a_two_node_slurm_deliver_what_mpirun_delivers() {
     let out = tempdir();
-    let data = out.path().join("d");
-    let d = data.to_str().unwrap();
-    ok(&meshfeed(&["gen", "--format", "npy", "--samples", "600", "--files", "3", "--field", "x:f32:8", "--out", d]));
     let down = Down;
-    ok(&cluster(&["up", "--nodes", "2"]));
+    ok(&cluster(&["up", "--nodes", "2", "--storage-bandwidth", "400mbit"]));
     // Idempotent at the same size; another size is refused while it is up.
     ok(&cluster(&["up", "--nodes", "2"]));
     let again = cluster(&["up", "--nodes", "3"]);
@@ -60,7 +57,24 @@ fn jobs_on_a_two_node_slurm_deliver_what_mpirun_delivers() {
     let nodes = slurm("sinfo", &["-h", "-N", "-o", "%N %T"]);
     ok(&nodes);
     assert_eq!(nodes.stdout.lines().collect::<Vec<_>>(), ["mfnode1 idle", "mfnode2 idle"], "{}", nodes.stdout);
-
+    // The dataset is written to the storage here; the nodes read it from their network
+    // mounts of it (here, the mount point is an empty directory).
+    let (storage, shared) = (format!("{}/storage/d", cluster_dir()), format!("{}/shared/d", cluster_dir()));
+    ok(&meshfeed(&[
+        "gen",
+        "--format",
+        "npy",
+        "--samples",
+        "600",
+        "--files",
+        "3",
+        "--field",
+        "x:f32:8",
+        "--out",
+        &storage,
+    ]));
+    assert!(!Path::new(&shared).exists());
+    let d = shared.as_str();
     // srun across both nodes: the same bytes as mpirun on one host, verified.
     let job = ["run", "--data", d, "--batch-size", "12", "--epochs", "2", "--seed", "5", "--window-bytes", "2K"];
     let srun_dump = out.path().join("srun");
@@ -78,6 +92,7 @@ fn jobs_on_a_two_node_slurm_deliver_what_mpirun_delivers() {
     assert_eq!(on, ["mfnode1", "mfnode2"], "the tasks ran on both nodes: {}", hosts.stdout);
     let mpirun_dump = out.path().join("mpirun");
     let mut args = job.to_vec();
+    args[2] = &storage;
     args.extend(["--dump", mpirun_dump.to_str().unwrap()]);
     ok(&mpirun(4, &args));
     assert_eq!(dump_bytes(&srun_dump, 4), dump_bytes(&mpirun_dump, 4), "srun's dump equals mpirun's");
@@ -94,15 +109,17 @@ fn jobs_on_a_two_node_slurm_deliver_what_mpirun_delivers() {
     assert!(last.contains("\"ranks\":4") && last.ends_with("\"verified\":true}"), "{text}");
     // Preempted (Slurm signals every process and requeues the job), and told its time is
     // nearly up (--signal=B:TERM: the batch shell alone; the script requeues itself).
-    preempted_job_resumes_exactly(&out.path().join("preempted"), d, false, |id| vec!["scontrol", "requeue", id]);
-    preempted_job_resumes_exactly(&out.path().join("time-limit"), d, true, |id| {
+    preempted_job_resumes_exactly(&out.path().join("preempted"), &storage, d, false, |id| {
+        vec!["scontrol", "requeue", id]
+    });
+    preempted_job_resumes_exactly(&out.path().join("time-limit"), &storage, d, true, |id| {
         vec!["scancel", "--batch", "--signal=TERM", id]
     });
     drop(down);
     // Down removed what up made: the bridge, the namespaces, the directory.
-    assert!(!Command::new("ip").args(["link", "show", "mfbr0"]).output().unwrap().status.success());
+    assert!(!Command::new("ip").args(["link", "show", "mfbr9"]).output().unwrap().status.success());
     let netns = Command::new("ip").args(["netns", "list"]).output().unwrap();
-    assert!(!String::from_utf8_lossy(&netns.stdout).contains("mf-node"), "namespaces left behind");
+    assert!(!String::from_utf8_lossy(&netns.stdout).contains("mf9-"), "namespaces left behind");
     assert!(!Path::new(&cluster_dir()).exists());
 }
 
@@ -127,10 +144,18 @@ fn wait_for(secs: u64, what: &str, mut f: impl FnMut() -> bool) {
 /// ranks stop at a step boundary (exit 75) and save the state, the job is requeued, the
 /// next run resumes from the state, and the runs' dumps together are an uninterrupted
 /// run's. `requeues_itself`: the script, not Slurm, requeues the job (and says so; when
-/// Slurm requeues it, the batch shell may be killed before it can).
-fn preempted_job_resumes_exactly(dir: &Path, data: &str, requeues_itself: bool, stop: impl Fn(&str) -> Vec<&str>) {
+/// Slurm requeues it, the batch shell may be killed before it can). The job reads `data`
+/// (the shared storage's mount on the nodes); the uninterrupted run reads `local` (the
+/// same files, here).
+fn preempted_job_resumes_exactly(
+    dir: &Path,
+    local: &str,
+    data: &str,
+    requeues_itself: bool,
+    stop: impl Fn(&str) -> Vec<&str>,
+) {
     std::fs::create_dir_all(dir).unwrap();
-    let job = ["run", "--data", data, "--batch-size", "12", "--epochs", "2", "--seed", "0", "--window-bytes", "2K"];
+    let job = ["run", "--data", local, "--batch-size", "12", "--epochs", "2", "--seed", "0", "--window-bytes", "2K"];
     let reference = dir.join("uninterrupted");
     let mut args = job.to_vec();
     args.extend(["--dump", reference.to_str().unwrap()]);
