@@ -8,6 +8,7 @@
 #                            [--storage-bandwidth RATE] [--storage-delay TIME]
 #   bash slurm/cluster.sh paths               # STORAGE=... SHARED=...
 #   bash slurm/cluster.sh drop-caches
+#   bash slurm/cluster.sh shape NODE RATE     # slow one node's link: a straggler
 #   eval "$(bash slurm/cluster.sh env)"      # SLURM_CONF for srun, sbatch, sinfo
 #   bash slurm/cluster.sh status
 #   bash slurm/cluster.sh down
@@ -94,6 +95,11 @@ write_config() { # NODES CPUS
 echo "export MESHFEED_HOST=\$SLURMD_NODENAME"
 echo "export OMPI_MCA_btl_tcp_if_include=$subnet.0/24"
 echo "export OMPI_MCA_oob_tcp_if_include=$subnet.0/24"
+# The nodes share one kernel and host name: Open MPI's shared-memory transport (vader)
+# between two ranks of one node crashed here (SIGSEGV in mca_btl_vader_poll_handle_frag,
+# 2 ranks per node). TCP everywhere, as between real nodes.
+echo "export OMPI_MCA_pml=ob1"
+echo "export OMPI_MCA_btl=self,tcp"
 EOF
     chmod 0755 "$base/etc/task_prolog.sh"
     {
@@ -147,16 +153,29 @@ attach() {
         ip -n "$ns" link set lo up
         ip -n "$ns" route add default via "$subnet.1"
     fi
-    if [[ -n $rate || -n $delay ]]; then
-        # Both directions: the namespace's egress (eth0) and its ingress (the bridge port).
-        # A delay needs netem; a rate alone uses tbf (kernels without sch_netem have it).
-        local shape=(tbf rate "$rate" burst 256kb latency 100ms)
-        [[ -n $delay ]] && shape=(netem delay "$delay" ${rate:+rate "$rate"})
-        if ! ip netns exec "$ns" tc qdisc replace dev eth0 root "${shape[@]}" 2>/dev/null ||
-            ! tc qdisc replace dev "$veth" root "${shape[@]}" 2>/dev/null; then
-            die "this kernel cannot shape links with '${shape[*]}' (no sch_${shape[0]}): ${delay:+--delay needs netem; }--bandwidth alone uses tbf"
-        fi
+    [[ -n $rate || -n $delay ]] && shape_link "$ns" "$veth" "$rate" "$delay"
+    return 0
+}
+
+# Shapes a namespace's link both ways: its egress (eth0) and its ingress (the bridge
+# port). A delay needs netem; a rate alone uses tbf (kernels without sch_netem have it).
+shape_link() { # NS VETH RATE DELAY
+    local ns=$1 veth=$2 rate=$3 delay=$4
+    local shape=(tbf rate "$rate" burst 256kb latency 100ms)
+    [[ -n $delay ]] && shape=(netem delay "$delay" ${rate:+rate "$rate"})
+    if ! ip netns exec "$ns" tc qdisc replace dev eth0 root "${shape[@]}" 2>/dev/null ||
+        ! tc qdisc replace dev "$veth" root "${shape[@]}" 2>/dev/null; then
+        die "this kernel cannot shape links with '${shape[*]}' (no sch_${shape[0]}): ${delay:+--delay needs netem; }--bandwidth alone uses tbf"
     fi
+}
+
+# `shape NODE RATE`: slows one node's link (a straggler), e.g. `shape mfnode2 16mbit`.
+shape_node() {
+    local node=${1:-} rate=${2:-}
+    [[ $node =~ ^mfnode([1-9][0-9]*)$ && -n $rate ]] || die "usage: cluster.sh shape mfnode<i> RATE"
+    local i=${BASH_REMATCH[1]}
+    [[ -f $base/nodes && $i -le $(cat "$base/nodes") ]] || die "no node $node is up"
+    shape_link "$pre-node$i" "${pre}v$i" "$rate" ""
 }
 
 network_up() { # NODES BANDWIDTH DELAY STORAGE_BANDWIDTH STORAGE_DELAY
@@ -300,7 +319,8 @@ case ${1:-} in
     status) status ;;
     env) echo "export SLURM_CONF=$base/etc/slurm.conf" ;;
     paths) echo "STORAGE=$base/storage SHARED=$base/shared" ;;
+    shape) shift; shape_node "$@" ;;
     drop-caches) sync && echo 3 >/proc/sys/vm/drop_caches ;;
     *) die "usage: cluster.sh up [--nodes N] [--cpus C] [--bandwidth RATE] [--delay TIME] [--storage-bandwidth RATE]
-       [--storage-delay TIME] | down | status | env | paths | drop-caches" ;;
+       [--storage-delay TIME] | down | status | env | paths | drop-caches | shape NODE RATE" ;;
 esac

@@ -115,6 +115,7 @@ fn jobs_on_a_two_node_slurm_deliver_what_mpirun_delivers() {
     preempted_job_resumes_exactly(&out.path().join("time-limit"), &storage, d, true, |id| {
         vec!["scancel", "--batch", "--signal=TERM", id]
     });
+    straggler_node_is_named(out.path(), &storage);
     drop(down);
     // Down removed what up made: the bridge, the namespaces, the directory.
     assert!(!Command::new("ip").args(["link", "show", "mfbr9"]).output().unwrap().status.success());
@@ -195,4 +196,61 @@ fn preempted_job_resumes_exactly(
         let joined: Vec<DumpLine> = before[r].iter().chain(&after[r]).cloned().collect();
         assert_eq!(joined, whole[r], "rank {r}: the runs together equal an uninterrupted run");
     }
+}
+
+/// One node's link slowed to 16 Mbit/s: its ranks read the shared storage slowly, and
+/// `meshfeed report` on the run's telemetry names that node, its ranks and the read phase.
+fn straggler_node_is_named(dir: &Path, storage: &str) {
+    let data = storage.replace("/storage/d", "/storage/s");
+    ok(&meshfeed(&[
+        "gen",
+        "--format",
+        "npy",
+        "--samples",
+        "1200",
+        "--files",
+        "4",
+        "--field",
+        "x:u8:4096",
+        "--out",
+        &data,
+    ]));
+    ok(&cluster(&["shape", "mfnode2", "16mbit"]));
+    ok(&cluster(&["drop-caches"]));
+    let telemetry = dir.join("telemetry").join("slow-node");
+    let shared = data.replace("/storage/", "/shared/");
+    let run = slurm(
+        "srun",
+        &[
+            "-N2",
+            "--ntasks-per-node=2",
+            "--mpi=pmix",
+            bin(),
+            "run",
+            "--data",
+            &shared,
+            "--batch-size",
+            "32",
+            "--telemetry",
+            telemetry.to_str().unwrap(),
+        ],
+    );
+    ok(&run);
+    let run_json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(telemetry.join("run.json")).unwrap()).unwrap();
+    assert_eq!((run_json["ranks"].as_u64(), run_json["batch_size"].as_u64()), (Some(4), Some(32)), "{run_json}");
+    // The report of the results directory (its runs are its subdirectories).
+    let report = meshfeed(&["report", "--json", dir.join("telemetry").to_str().unwrap()]);
+    ok(&report);
+    let epoch: serde_json::Value = serde_json::from_str(report.stdout.lines().next().unwrap()).unwrap();
+    assert_eq!(epoch["slow_hosts"], serde_json::json!(["mfnode2"]), "{epoch}");
+    let stragglers = epoch["stragglers"].as_array().unwrap();
+    assert!(!stragglers.is_empty(), "{epoch}");
+    for s in stragglers {
+        assert!(s["host"] == "mfnode2" && s["phase"] == "read" && s["rank"].as_u64().unwrap() >= 2, "{epoch}");
+    }
+    assert!(epoch["what_if_s"].as_f64().unwrap() < epoch["seconds"].as_f64().unwrap(), "{epoch}");
+    let table = meshfeed(&["report", dir.join("telemetry").to_str().unwrap()]);
+    ok(&table);
+    assert!(table.stdout.contains("slowest host(s): mfnode2"), "{}", table.stdout);
 }

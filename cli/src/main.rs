@@ -13,6 +13,7 @@ macro_rules! out {
     };
 }
 
+mod analysis;
 mod bench;
 mod gen;
 mod inspect;
@@ -20,6 +21,7 @@ mod job;
 mod launch;
 mod report;
 mod run;
+mod telemetry;
 
 use clap::{Parser, Subcommand};
 
@@ -46,6 +48,10 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Start N ranks on this host with the rendezvous environment (for --transport ucx).
     Launch(launch::LaunchArgs),
+    /// Summarise runs' telemetry (`run --telemetry DIR`): per run and epoch, time per
+    /// phase, skew between ranks, the slowest ranks and hosts and why, and what the epoch
+    /// would have taken had every rank been as fast as the median.
+    Report(analysis::ReportArgs),
 }
 
 fn main() {
@@ -62,6 +68,7 @@ fn main() {
         Command::Run(a) => run::main(a),
         Command::Bench(a) => bench::main(a),
         Command::Launch(a) => report::exit_code(None, launch::run(a)),
+        Command::Report(a) => report::exit_code(None, analysis::run(a).map(|()| 0)),
     };
     std::process::exit(code);
 }

@@ -20,6 +20,7 @@ use meshfeed::{Error, Result};
 
 use crate::job::{with_runtime, JobArgs};
 use crate::report::{self, print_verify_report, progress_bar, EpochSummary, EpochTimes};
+use crate::telemetry::TelemetryWriter;
 
 #[derive(clap::Args, Debug)]
 pub struct RunArgs {
@@ -32,6 +33,11 @@ pub struct RunArgs {
     /// Write one rank-<r>.jsonl per rank: ids and CRC-32 of every delivered row.
     #[arg(long, value_name = "DIR")]
     pub dump: Option<PathBuf>,
+    /// Write per-rank telemetry here: rank-<r>.jsonl (one JSON line per epoch: host, time
+    /// per phase, waiting, bytes, peak memory) and run.json (the configuration), for
+    /// `meshfeed report`.
+    #[arg(long, value_name = "DIR")]
+    pub telemetry: Option<PathBuf>,
     /// Print the per-epoch summary as JSON lines on stdout.
     #[arg(long)]
     pub json: bool,
@@ -176,6 +182,10 @@ fn run(args: &RunArgs, job: Result<Job>, rt: &Runtime) -> Result<i32> {
         Some(dir) => Some(agree(world, DumpWriter::create(dir, rank))?),
         None => None,
     };
+    let mut telemetry = match &args.telemetry {
+        Some(dir) => Some(agree(world, TelemetryWriter::create(dir, rank, world.size(), &job, &loader))?),
+        None => None,
+    };
     if rank == 0 && !args.json {
         out!(
             "meshfeed: {} samples, {} field(s), {} ranks, mesh {}, {} exchange; batch {} → {} steps/epoch ({} dropped), {} steps per window, prefetch {}",
@@ -255,7 +265,11 @@ fn run(args: &RunArgs, job: Result<Job>, rt: &Runtime) -> Result<i32> {
             compute_s: computing.as_secs_f64(),
             delivered,
         };
-        let metrics = loader.take_metrics().reduce(world)?;
+        let mine = loader.take_metrics();
+        if let Some(t) = telemetry.as_mut() {
+            agree(world, t.epoch(&times, &mine))?;
+        }
+        let metrics = mine.reduce(world)?;
         let mut summary = EpochSummary::reduce(world, &times, &metrics)?;
         if let Some(v) = verifier.as_mut() {
             let b = job.loader.batch_size as u64;

@@ -1,0 +1,88 @@
+//! Per-rank telemetry (`meshfeed run --telemetry DIR`): every rank appends one JSON line
+//! per epoch to `DIR/rank-<r>.jsonl` — its host, its time in each phase, waiting for the
+//! producer and computing, its bytes and peak memory — and rank 0 writes `DIR/run.json`,
+//! the run's configuration, so that records of many runs join without wrapper scripts.
+//! `meshfeed report` reads them ([`crate::analysis`]).
+
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+
+use meshfeed::config::Job;
+use meshfeed::loader::{Loader, Metrics, Phase};
+use meshfeed::{Error, Result};
+
+use crate::report::EpochTimes;
+
+/// Version of the telemetry records' layout.
+pub const SCHEMA: u64 = 1;
+
+/// One rank's telemetry file.
+pub struct TelemetryWriter {
+    path: PathBuf,
+    file: BufWriter<File>,
+    rank: usize,
+    ranks: usize,
+    host: String,
+}
+
+impl TelemetryWriter {
+    /// Creates `dir` and this rank's file (rank 0 also writes `run.json`).
+    pub fn create(dir: &Path, rank: usize, ranks: usize, job: &Job, loader: &Loader) -> Result<TelemetryWriter> {
+        std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+        if rank == 0 {
+            let run = serde_json::json!({
+                "schema": SCHEMA,
+                "version": env!("CARGO_PKG_VERSION"),
+                "ranks": ranks,
+                "data": job.data,
+                "samples": loader.dataset().len(),
+                "batch_size": job.loader.batch_size,
+                "epochs": job.epochs,
+                "seed": job.loader.seed,
+                "mesh": loader.mesh().to_string(),
+                "exchange": loader.exchange_mode().to_string(),
+                "transport": job.transport.to_string(),
+                "window_bytes": job.loader.window_bytes,
+                "prefetch": job.loader.prefetch,
+                "steps_per_window": loader.steps_per_window(),
+            });
+            let path = dir.join("run.json");
+            std::fs::write(&path, format!("{run}\n")).map_err(|e| Error::io(&path, e))?;
+        }
+        let path = dir.join(format!("rank-{rank}.jsonl"));
+        let file = File::create(&path).map_err(|e| Error::io(&path, e))?;
+        Ok(TelemetryWriter {
+            path,
+            file: BufWriter::new(file),
+            rank,
+            ranks,
+            host: meshfeed::transport::hosts::this_host(),
+        })
+    }
+
+    /// Appends this rank's record of an epoch (its own metrics, before any reduction).
+    pub fn epoch(&mut self, t: &EpochTimes, m: &Metrics) -> Result<()> {
+        let phase: serde_json::Map<String, serde_json::Value> =
+            Phase::ALL.iter().map(|&p| (p.name().to_string(), m.time(p).as_secs_f64().into())).collect();
+        let record = serde_json::json!({
+            "schema": SCHEMA,
+            "rank": self.rank,
+            "ranks": self.ranks,
+            "host": self.host,
+            "epoch": t.epoch,
+            "steps": t.steps,
+            "samples": t.samples,
+            "seconds": t.seconds,
+            "phase_s": phase,
+            "wait_s": m.wait.as_secs_f64(),
+            "compute_s": t.compute_s,
+            "bytes_read": m.bytes_read,
+            "bytes_sent": m.bytes_sent,
+            "bytes_received": m.bytes_received,
+            "windows": m.windows,
+            "peak_rss_bytes": meshfeed::runtime::peak_rss_bytes(),
+        });
+        writeln!(self.file, "{record}").and_then(|()| self.file.flush()).map_err(|e| Error::io(&self.path, e))
+    }
+}
