@@ -476,3 +476,26 @@ over_transports! {
         }
     }
 }
+
+/// Batch jobs (stderr not a terminal, so no progress bar) get rank 0's JSON heartbeat on
+/// stdout every --heartbeat seconds, with the step advancing; 0 turns it off.
+#[test]
+fn batch_jobs_print_a_heartbeat() {
+    let data = fixtures().join("npy_struct");
+    let args = ["run", "--data", data.to_str().unwrap(), "--batch-size", "4", "--compute-ms", "20", "--heartbeat"];
+    let run = mpirun(2, &[&args[..], &["0.1"]].concat());
+    ok(&run);
+    let beats: Vec<serde_json::Value> = run
+        .stdout
+        .lines()
+        .filter(|l| l.starts_with("{\"elapsed_s\""))
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert!(beats.len() >= 3, "25 steps of 20 ms, a beat every 0.1 s: {}", run.stdout);
+    assert!(beats.iter().all(|b| b["heartbeat"] == true && b["steps"] == 25 && b["epoch"] == 0), "{beats:?}");
+    let steps: Vec<u64> = beats.iter().map(|b| b["step"].as_u64().unwrap()).collect();
+    assert!(steps.windows(2).all(|w| w[0] < w[1]) && steps[0] > 0, "{steps:?}");
+    let quiet = mpirun(2, &[&args[..], &["0"]].concat());
+    ok(&quiet);
+    assert!(!quiet.stdout.contains("heartbeat"), "{}", quiet.stdout);
+}

@@ -38,6 +38,11 @@ pub struct RunArgs {
     /// `meshfeed report`.
     #[arg(long, value_name = "DIR")]
     pub telemetry: Option<PathBuf>,
+    /// When the progress bar cannot be shown (stderr is not a terminal: a batch job), rank
+    /// 0 prints a JSON heartbeat line on stdout this often: epoch, step, elapsed seconds,
+    /// samples per second (0: never).
+    #[arg(long, default_value_t = 30.0, value_name = "SECONDS")]
+    pub heartbeat: f64,
     /// Print the per-epoch summary as JSON lines on stdout.
     #[arg(long)]
     pub json: bool,
@@ -143,6 +148,12 @@ fn run(args: &RunArgs, job: Result<Job>, rt: &Runtime) -> Result<i32> {
     settings.extend(job.loader.settings());
     settings.extend([("verify", args.verify.to_string()), ("dump", args.dump.is_some().to_string())]);
     agree_settings(world, &settings)?;
+    if !(args.heartbeat >= 0.0 && args.heartbeat.is_finite()) {
+        return Err(Error::Config(format!(
+            "--heartbeat {}: expected a non-negative number of seconds",
+            args.heartbeat
+        )));
+    }
     if !(args.compute_ms >= 0.0 && args.compute_ms.is_finite()) {
         return Err(Error::Config(format!("--compute-ms {}: expected a non-negative number", args.compute_ms)));
     }
@@ -205,6 +216,8 @@ fn run(args: &RunArgs, job: Result<Job>, rt: &Runtime) -> Result<i32> {
     // Stop requests are agreed about every 50 ms of steps (every step when steps are
     // longer), so that all ranks stop after the same step.
     let mut stop_check = StopCheck::new(Duration::from_millis(50));
+    let beats = rank == 0 && args.heartbeat > 0.0 && !std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let mut heartbeat = Heartbeat::new(Duration::from_secs_f64(args.heartbeat));
     let mut all_ok = true;
     for e in start_at.epoch.0..job.epochs {
         let first = loader.position().step.0;
@@ -228,6 +241,9 @@ fn run(args: &RunArgs, job: Result<Job>, rt: &Runtime) -> Result<i32> {
                 local = d.write(&batch);
             }
             bar.inc(1);
+            if beats {
+                heartbeat.beat(e, loader.position().step.0, steps, job.loader.batch_size as u64);
+            }
             drop(batch);
             computing += compute(args.compute_ms);
             if let Some(signal) = stop_check.after_step(world, &stop)? {
@@ -313,4 +329,38 @@ fn run(args: &RunArgs, job: Result<Job>, rt: &Runtime) -> Result<i32> {
         report::line(&format!("meshfeed: done: {} epoch(s) on {} ranks{verified}", job.epochs, world.size()));
     }
     Ok(0)
+}
+
+/// Rank 0's periodic progress line for batch jobs (no progress bar there).
+struct Heartbeat {
+    every: Duration,
+    start: Instant,
+    last: Instant,
+    steps_done: u64,
+}
+
+impl Heartbeat {
+    fn new(every: Duration) -> Heartbeat {
+        let now = Instant::now();
+        Heartbeat { every, start: now, last: now, steps_done: 0 }
+    }
+
+    /// Called after each step: prints a line when `every` has passed since the last.
+    fn beat(&mut self, epoch: u64, step: u64, steps: u64, batch: u64) {
+        self.steps_done += 1;
+        if self.last.elapsed() < self.every {
+            return;
+        }
+        self.last = Instant::now();
+        let elapsed = self.start.elapsed().as_secs_f64();
+        let line = serde_json::json!({
+            "heartbeat": true,
+            "epoch": epoch,
+            "step": step,
+            "steps": steps,
+            "elapsed_s": elapsed,
+            "samples_per_s": (self.steps_done * batch) as f64 / elapsed.max(1e-9),
+        });
+        report::line(&line.to_string());
+    }
 }
