@@ -218,6 +218,8 @@ storage_up() {
 
 # The command that starts node I's slurmd: in the node's own mount namespace, sshfs mounts
 # the storage at $base/shared (its pid in run/sshfs-mfnodeI.pid.own), then slurmd.
+# sshfs numbers inodes per mount (they differ between nodes, unlike NFS, Lustre and
+# GPFS): meshfeed compares a file's inode only on the host that scanned it.
 node_command() {
     local i=$1 shared=$base/shared
     local ssh_opts="IdentityFile=$base/ssh/client_key,StrictHostKeyChecking=no,UserKnownHostsFile=/dev/null"

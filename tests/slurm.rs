@@ -116,6 +116,9 @@ fn jobs_on_a_two_node_slurm_deliver_what_mpirun_delivers() {
         vec!["scancel", "--batch", "--signal=TERM", id]
     });
     straggler_node_is_named(out.path(), &storage);
+    // Another size: down, then up with 4 nodes for a sweep over 1, 2 and 4 of them.
+    ok(&cluster(&["down"]));
+    sweep_over_one_two_and_four_nodes(out.path());
     drop(down);
     // Down removed what up made: the bridge, the namespaces, the directory.
     assert!(!Command::new("ip").args(["link", "show", "mfbr9"]).output().unwrap().status.success());
@@ -253,4 +256,72 @@ fn straggler_node_is_named(dir: &Path, storage: &str) {
     let table = meshfeed(&["report", dir.join("telemetry").to_str().unwrap()]);
     ok(&table);
     assert!(table.stdout.contains("slowest host(s): mfnode2"), "{}", table.stdout);
+}
+
+/// `slurm/sweep.sh` over 1, 2 and 4 nodes, meshfeed and the broadcast baseline, MPI and
+/// UCX, with mfnode4's link slowed, on the shared storage with caches dropped before each
+/// point: every point runs and verifies, the report's scaling table has every point with
+/// its efficiency, and the 4-node runs name mfnode4 as the slow host.
+fn sweep_over_one_two_and_four_nodes(dir: &Path) {
+    ok(&cluster(&["up", "--nodes", "4", "--storage-bandwidth", "400mbit"]));
+    ok(&cluster(&["shape", "mfnode4", "16mbit"]));
+    let storage = format!("{}/storage/sweep", cluster_dir());
+    ok(&meshfeed(&[
+        "gen",
+        "--format",
+        "npy",
+        "--samples",
+        "1600",
+        "--files",
+        "4",
+        "--field",
+        "x:u8:4096",
+        "--out",
+        &storage,
+    ]));
+    let sweep = dir.join("sweep.toml");
+    let script = |name: &str| Path::new(env!("CARGO_MANIFEST_DIR")).join("slurm").join(name);
+    std::fs::write(
+        &sweep,
+        format!(
+            "name = \"ci\"\ndata = \"{}/shared/sweep\"\nepochs = 1\nverify = true\n\
+             drop_caches = \"MESHFEED_CLUSTER_ID=9 MESHFEED_CLUSTER_DIR={} bash {} drop-caches\"\n\
+             [grid]\nnodes = [1, 2, 4]\nranks_per_node = [1]\nbatch_size = [32]\nwindow_bytes = [\"1M\"]\n\
+             transport = [\"mpi\", \"ucx\"]\nloader = [\"meshfeed\", \"broadcast\"]\n",
+            cluster_dir(),
+            cluster_dir(),
+            script("cluster.sh").display()
+        ),
+    )
+    .unwrap();
+    let results = dir.join("results");
+    let mut cmd = Command::new("bash");
+    cmd.arg(script("sweep.sh")).arg(&sweep).arg(&results);
+    cmd.env("SLURM_CONF", format!("{}/etc/slurm.conf", cluster_dir())).env("MESHFEED_BIN", bin());
+    let run = wait_bounded(cmd, "slurm/sweep.sh");
+    ok(&run);
+    assert!(run.stdout.contains("sweep: 12 point(s)"), "{}", run.stdout);
+    let report = meshfeed(&["report", "--json", results.join("ci").to_str().unwrap()]);
+    ok(&report);
+    let lines: Vec<serde_json::Value> = report.stdout.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let epochs: Vec<&serde_json::Value> = lines.iter().filter(|l| l["kind"] == "epoch").collect();
+    let rows: Vec<&serde_json::Value> = lines.iter().filter(|l| l["kind"] == "scaling").collect();
+    assert_eq!((epochs.len(), rows.len()), (12, 12), "{}", report.stdout);
+    assert!(epochs.iter().all(|e| e["verified"] == true), "every run verified exactly-once: {}", report.stdout);
+    for loader in ["meshfeed", "broadcast"] {
+        let hosts: Vec<u64> =
+            rows.iter().filter(|r| r["loader"] == loader).map(|r| r["hosts"].as_u64().unwrap()).collect();
+        assert_eq!(hosts, [1, 1, 2, 2, 4, 4], "{loader}: {}", report.stdout);
+    }
+    assert!(rows.iter().all(|r| r["efficiency"].as_f64().is_some_and(|e| e > 0.0 && e.is_finite())));
+    for e in epochs.iter().filter(|e| e["hosts"] == 4 && e["loader"] == "meshfeed") {
+        assert_eq!(e["slow_hosts"], serde_json::json!(["mfnode4"]), "{e}");
+    }
+    let table = meshfeed(&["report", results.join("ci").to_str().unwrap()]);
+    ok(&table);
+    assert!(
+        table.stdout.contains("efficiency") && table.stdout.contains("slowest host(s): mfnode4"),
+        "{}",
+        table.stdout
+    );
 }

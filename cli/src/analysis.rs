@@ -39,9 +39,13 @@ pub struct RankEpoch {
     pub host: String,
     pub epoch: u64,
     pub seconds: f64,
+    /// Samples the epoch delivered (all ranks together).
+    pub samples: u64,
     /// Seconds per phase, as [`PHASES`].
     pub phase: [f64; 5],
     pub wait: f64,
+    /// Whether the epoch verified (`None`: not checked).
+    pub verified: Option<bool>,
 }
 
 impl RankEpoch {
@@ -66,9 +70,18 @@ pub struct Straggler {
 /// What one epoch of one run looked like across its ranks.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct EpochReport {
+    pub kind: &'static str,
     pub run: String,
+    /// meshfeed, or the broadcast baseline.
+    pub loader: String,
     pub epoch: u64,
     pub ranks: usize,
+    /// Distinct hosts (nodes) of the ranks.
+    pub hosts: usize,
+    pub samples: u64,
+    pub samples_per_s: f64,
+    /// Every rank verified the epoch (`None`: not checked).
+    pub verified: Option<bool>,
     /// The epoch's time: the slowest rank's.
     pub seconds: f64,
     /// The epoch's time had every rank's own work taken the median's.
@@ -97,8 +110,8 @@ fn is_straggler(own: f64, median: f64, epoch: f64) -> bool {
     own > 1.25 * median && own - median > (0.02 * epoch).max(0.01)
 }
 
-/// The report of one epoch from its ranks' records (pure).
-pub fn analyse(run: &str, records: &[RankEpoch]) -> EpochReport {
+/// The report of one epoch of `loader` from its ranks' records (pure).
+pub fn analyse(run: &str, loader: &str, records: &[RankEpoch]) -> EpochReport {
     let seconds = records.iter().map(|r| r.seconds).fold(0.0, f64::max);
     let own: Vec<f64> = records.iter().map(RankEpoch::own).collect();
     let own_median = median(own.clone());
@@ -130,10 +143,24 @@ pub fn analyse(run: &str, records: &[RankEpoch]) -> EpochReport {
             slow_hosts.push(s.host.clone());
         }
     }
+    let mut hosts: Vec<&str> = records.iter().map(|r| r.host.as_str()).collect();
+    hosts.sort_unstable();
+    hosts.dedup();
+    let samples = records.first().map_or(0, |r| r.samples);
+    let verified = match records.iter().map(|r| r.verified).collect::<Option<Vec<bool>>>() {
+        Some(v) if !v.is_empty() => Some(v.iter().all(|&ok| ok)),
+        _ => None,
+    };
     EpochReport {
+        kind: "epoch",
         run: run.to_string(),
+        loader: loader.to_string(),
         epoch: records.first().map_or(0, |r| r.epoch),
         ranks: records.len(),
+        hosts: hosts.len(),
+        samples,
+        samples_per_s: samples as f64 / seconds.max(1e-9),
+        verified,
         seconds,
         what_if_s: (seconds - (own_max - own_median)).max(0.0),
         skew: if own_median > 0.0 { own_max / own_median } else { 1.0 },
@@ -141,6 +168,63 @@ pub fn analyse(run: &str, records: &[RankEpoch]) -> EpochReport {
         phase_max_s: PHASES.iter().copied().zip(phase_max).collect(),
         stragglers,
         slow_hosts,
+    }
+}
+
+/// One row of the scaling table: a run's last epoch, against the run of the same loader on
+/// the fewest hosts.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ScalingRow {
+    pub kind: &'static str,
+    pub loader: String,
+    pub hosts: usize,
+    pub ranks: usize,
+    pub samples_per_s: f64,
+    /// Throughput per host over the smallest run's: 1.0 is linear scaling.
+    pub efficiency: f64,
+    pub run: String,
+}
+
+/// The scaling table of the runs' last epochs, per loader, by hosts then ranks (pure).
+pub fn scaling(reports: &[EpochReport]) -> Vec<ScalingRow> {
+    let mut last: Vec<&EpochReport> = Vec::new();
+    for r in reports {
+        match last.iter_mut().find(|l| l.run == r.run) {
+            Some(l) if l.epoch < r.epoch => *l = r,
+            Some(_) => {}
+            None => last.push(r),
+        }
+    }
+    last.sort_by(|a, b| (&a.loader, a.hosts, a.ranks, &a.run).cmp(&(&b.loader, b.hosts, b.ranks, &b.run)));
+    let mut rows = Vec::new();
+    for r in &last {
+        let base = last.iter().find(|b| b.loader == r.loader).expect("r itself");
+        let per_host = |x: &EpochReport| x.samples_per_s / x.hosts.max(1) as f64;
+        rows.push(ScalingRow {
+            kind: "scaling",
+            loader: r.loader.clone(),
+            hosts: r.hosts,
+            ranks: r.ranks,
+            samples_per_s: r.samples_per_s,
+            efficiency: per_host(r) / per_host(base).max(1e-12),
+            run: r.run.clone(),
+        });
+    }
+    rows
+}
+
+/// The loader a run measured: a sweep's `point.json` says; else run.json's exchange (the
+/// broadcast baseline, or meshfeed).
+fn loader_of(dir: &Path) -> String {
+    let read = |name: &str| -> Option<serde_json::Value> {
+        serde_json::from_str(&std::fs::read_to_string(dir.join(name)).ok()?).ok()
+    };
+    if let Some(loader) = read("point.json").and_then(|p| p["loader"].as_str().map(str::to_string)) {
+        return loader;
+    }
+    match read("run.json").and_then(|r| r["exchange"].as_str().map(str::to_string)).as_deref() {
+        Some("broadcast") => "broadcast".into(),
+        _ => "meshfeed".into(),
     }
 }
 
@@ -191,8 +275,10 @@ fn read_run(dir: &Path) -> Result<Vec<Vec<RankEpoch>>> {
                 host: v["host"].as_str().unwrap_or("?").to_string(),
                 epoch: num("epoch")? as u64,
                 seconds: num("seconds")?,
+                samples: num("samples")? as u64,
                 phase,
                 wait: num("wait_s")?,
+                verified: v["verified"].as_bool(),
             };
             by_epoch.entry(record.epoch).or_default().push(record);
         }
@@ -206,14 +292,19 @@ pub fn run(args: ReportArgs) -> Result<()> {
     for dir in &args.dirs {
         for run in runs(dir)? {
             let name = run.display().to_string();
+            let loader = loader_of(&run);
             for records in read_run(&run)? {
-                reports.push(analyse(&name, &records));
+                reports.push(analyse(&name, &loader, &records));
             }
         }
     }
+    let table = scaling(&reports);
     if args.json {
         for r in &reports {
-            crate::report::line(&serde_json::to_string(r).map_err(|e| Error::Internal(e.to_string()))?);
+            crate::report::line(&json(r)?);
+        }
+        for row in &table {
+            crate::report::line(&json(row)?);
         }
         return Ok(());
     }
@@ -249,8 +340,32 @@ pub fn run(args: ReportArgs) -> Result<()> {
         if !r.slow_hosts.is_empty() {
             crate::report::line(&format!("    slowest host(s): {}", r.slow_hosts.join(", ")));
         }
+        if r.verified == Some(false) {
+            crate::report::line("    NOT VERIFIED: a sample was missing, repeated, out of order or wrong");
+        }
+    }
+    crate::report::line("");
+    crate::report::line(&format!(
+        "{:<10} {:>5} {:>5} {:>12} {:>10}  {}",
+        "loader",
+        "nodes",
+        "ranks",
+        "samples/s",
+        "efficiency",
+        "run (last epoch; efficiency: per node, against the fewest nodes)"
+    ));
+    for row in &table {
+        crate::report::line(&format!(
+            "{:<10} {:>5} {:>5} {:>12.0} {:>10.2}  {}",
+            row.loader, row.hosts, row.ranks, row.samples_per_s, row.efficiency, row.run
+        ));
     }
     Ok(())
+}
+
+/// One JSON line.
+fn json<T: Serialize>(v: &T) -> Result<String> {
+    serde_json::to_string(v).map_err(|e| Error::Internal(e.to_string()))
 }
 
 #[cfg(test)]
@@ -263,8 +378,10 @@ mod tests {
             host: host.into(),
             epoch: 0,
             seconds: 10.0,
+            samples: 1000,
             phase: [0.1, read, 0.2, exchange, 0.3],
             wait: 0.0,
+            verified: Some(true),
         }
     }
 
@@ -273,7 +390,7 @@ mod tests {
         // Ranks 2 and 3 (host b) read 4 s where the others read 1 s; everyone's exchange
         // waits for them.
         let records = [rank(0, "a", 1.0, 5.0), rank(1, "a", 1.0, 5.0), rank(2, "b", 4.0, 2.0), rank(3, "b", 4.2, 2.0)];
-        let r = analyse("run", &records);
+        let r = analyse("run", "meshfeed", &records);
         assert_eq!((r.ranks, r.seconds), (4, 10.0));
         assert_eq!(r.stragglers.iter().map(|s| (s.rank, s.phase)).collect::<Vec<_>>(), [(3, "read"), (2, "read")]);
         assert_eq!(r.slow_hosts, ["b"]);
@@ -286,9 +403,37 @@ mod tests {
     #[test]
     fn even_ranks_have_no_stragglers() {
         let records = [rank(0, "a", 1.0, 5.0), rank(1, "a", 1.05, 5.0), rank(2, "b", 0.95, 5.0)];
-        let r = analyse("run", &records);
+        let r = analyse("run", "meshfeed", &records);
         assert!(r.stragglers.is_empty() && r.slow_hosts.is_empty());
         assert!((r.what_if_s - (10.0 - 0.05)).abs() < 1e-9);
         assert_eq!(median(vec![3.0, 1.0, 2.0, 10.0]), 2.5);
+        assert_eq!((r.hosts, r.samples_per_s, r.verified), (2, 100.0, Some(true)));
+    }
+
+    #[test]
+    fn scaling_compares_throughput_per_host_with_the_fewest_hosts() {
+        let report = |run: &str, loader: &str, hosts: usize, epoch: u64, seconds: f64| {
+            let records: Vec<RankEpoch> = (0..hosts * 2)
+                .map(|r| RankEpoch { host: format!("n{}", r / 2), epoch, seconds, ..rank(r, "", 1.0, 1.0) })
+                .collect();
+            analyse(run, loader, &records)
+        };
+        let reports = [
+            report("a", "meshfeed", 1, 0, 10.0),
+            report("b", "meshfeed", 2, 0, 9.0),
+            report("b", "meshfeed", 2, 1, 6.0), // the last epoch counts
+            report("c", "broadcast", 1, 0, 10.0),
+            report("d", "broadcast", 2, 0, 10.0),
+        ];
+        let rows = scaling(&reports);
+        let got: Vec<(&str, usize, f64)> = rows.iter().map(|r| (r.loader.as_str(), r.hosts, r.efficiency)).collect();
+        // meshfeed: 100 samples/s on 1 host, 1000/6 on 2: 83.3 per host, 0.83; broadcast
+        // does not speed up: 0.5.
+        assert_eq!(got[0], ("broadcast", 1, 1.0));
+        assert_eq!((got[1].0, got[1].1), ("broadcast", 2));
+        assert!((got[1].2 - 0.5).abs() < 1e-9);
+        assert_eq!(got[2], ("meshfeed", 1, 1.0));
+        assert!((got[3].2 - (1000.0 / 6.0 / 2.0) / 100.0).abs() < 1e-9, "{got:?}");
+        assert!(rows.iter().all(|r| r.kind == "scaling") && rows.len() == 4);
     }
 }

@@ -282,15 +282,15 @@ fn run(args: &RunArgs, job: Result<Job>, rt: &Runtime) -> Result<i32> {
             delivered,
         };
         let mine = loader.take_metrics();
-        if let Some(t) = telemetry.as_mut() {
-            agree(world, t.epoch(&times, &mine))?;
-        }
         let metrics = mine.reduce(world)?;
         let mut summary = EpochSummary::reduce(world, &times, &metrics)?;
         if let Some(v) = verifier.as_mut() {
             let b = job.loader.batch_size as u64;
             let (report, first_problem) = v.finish_epoch(world, &loader.home_ranges(), first * b..end * b)?;
             summary.verified = Some(report.ok());
+            if let Some(t) = telemetry.as_mut() {
+                agree(world, t.epoch(&times, &mine, summary.verified))?;
+            }
             all_ok &= report.ok();
             if rank == 0 && !args.json {
                 print_verify_report(e, summary.samples, n, &report, v.checks_contents(), first_problem.as_deref());
@@ -304,6 +304,9 @@ fn run(args: &RunArgs, job: Result<Job>, rt: &Runtime) -> Result<i32> {
                     first_problem.unwrap_or_else(|| "see report".into())
                 )));
             }
+        }
+        if let (Some(t), None) = (telemetry.as_mut(), summary.verified) {
+            agree(world, t.epoch(&times, &mine, None))?;
         }
         if rank == 0 {
             if args.json {

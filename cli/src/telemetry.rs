@@ -1,6 +1,7 @@
 //! Per-rank telemetry (`meshfeed run --telemetry DIR`): every rank appends one JSON line
 //! per epoch to `DIR/rank-<r>.jsonl` — its host, its time in each phase, waiting for the
-//! producer and computing, its bytes and peak memory — and rank 0 writes `DIR/run.json`,
+//! producer and computing, its bytes and peak memory, whether the epoch verified (null
+//! without `--verify`) — and rank 0 writes `DIR/run.json`,
 //! the run's configuration, so that records of many runs join without wrapper scripts.
 //! `meshfeed report` reads them ([`crate::analysis`]).
 
@@ -61,8 +62,9 @@ impl TelemetryWriter {
         })
     }
 
-    /// Appends this rank's record of an epoch (its own metrics, before any reduction).
-    pub fn epoch(&mut self, t: &EpochTimes, m: &Metrics) -> Result<()> {
+    /// Appends this rank's record of an epoch (its own metrics, before any reduction) and,
+    /// with `--verify`, whether the epoch verified (every rank learns the outcome).
+    pub fn epoch(&mut self, t: &EpochTimes, m: &Metrics, verified: Option<bool>) -> Result<()> {
         let phase: serde_json::Map<String, serde_json::Value> =
             Phase::ALL.iter().map(|&p| (p.name().to_string(), m.time(p).as_secs_f64().into())).collect();
         let record = serde_json::json!({
@@ -82,6 +84,7 @@ impl TelemetryWriter {
             "bytes_received": m.bytes_received,
             "windows": m.windows,
             "peak_rss_bytes": meshfeed::runtime::peak_rss_bytes(),
+            "verified": verified,
         });
         writeln!(self.file, "{record}").and_then(|()| self.file.flush()).map_err(|e| Error::io(&self.path, e))
     }

@@ -112,22 +112,33 @@ pub struct FileInfo {
 /// was scanned. Neither is part of the stream's fingerprint: a copy of a dataset resumes
 /// the same stream.
 ///
-/// The scan of a file happens on one rank and its stamp is checked on others, so it holds
-/// nothing that differs between the hosts of one shared filesystem (the device number
-/// does; NFS, Lustre and GPFS give every client the same inode numbers and times).
+/// The scan of a file happens on one rank and its stamp is checked on others, maybe on
+/// other hosts of one shared filesystem. The modification time is the same on every
+/// client; the device number is not, and the inode number is on NFS, Lustre and GPFS but
+/// not on every filesystem (sshfs numbers inodes per mount): the inode is compared only
+/// on the host that scanned the file (`host`, a hash of its name).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct FileStamp {
     /// Last modification time, nanoseconds since the Unix epoch.
     pub modified_ns: i64,
     pub inode: u64,
+    /// CRC-32 of the name of the host that took the stamp (0: unknown).
+    #[serde(default)]
+    pub host: u32,
 }
 
 impl FileStamp {
-    /// The stamp of a file's metadata.
+    /// The stamp of a file's metadata, taken on this host.
     pub fn of(meta: &std::fs::Metadata) -> FileStamp {
         let ns = meta.mtime().saturating_mul(1_000_000_000).saturating_add(meta.mtime_nsec());
-        FileStamp { modified_ns: ns, inode: meta.ino() }
+        FileStamp { modified_ns: ns, inode: meta.ino(), host: this_host_hash() }
     }
+}
+
+/// [`FileStamp::host`] of this process's host.
+fn this_host_hash() -> u32 {
+    static HASH: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    *HASH.get_or_init(|| crc32fast::hash(crate::transport::hosts::this_host().as_bytes()).max(1))
 }
 
 /// `secs.nanos` of a time in nanoseconds since the epoch, for messages.
@@ -137,14 +148,15 @@ fn show_time(ns: i64) -> String {
 
 impl FileInfo {
     /// How the file at `meta` differs from this scanned file, if it does: its size, its
-    /// modification time or its inode (the path now names another file).
+    /// modification time or, on the host that scanned it, its inode (the path now names
+    /// another file).
     pub fn describe_change(&self, meta: &std::fs::Metadata) -> Option<String> {
         let stamp = FileStamp::of(meta);
         let mut changes = Vec::new();
         if meta.len() != self.bytes {
             changes.push(format!("{} → {} bytes", self.bytes, meta.len()));
         }
-        if stamp.inode != self.stamp.inode {
+        if stamp.inode != self.stamp.inode && stamp.host == self.stamp.host {
             changes.push(format!("replaced by another file (inode {} → {})", self.stamp.inode, stamp.inode));
         }
         if stamp.modified_ns != self.stamp.modified_ns {
@@ -667,6 +679,11 @@ mod tests {
         moved.stamp.modified_ns = FileStamp::of(&std::fs::metadata(&info.path).unwrap()).modified_ns;
         let err = moved.check_unchanged().unwrap_err().to_string();
         assert!(err.contains("replaced by another file (inode"), "{err}");
+        // Scanned on another host, whose inode numbers may differ from this one's (sshfs):
+        // the inode is not compared there.
+        let mut elsewhere = moved.clone();
+        elsewhere.stamp.host ^= 1;
+        elsewhere.check_unchanged().unwrap();
         // Removed.
         std::fs::remove_file(&info.path).unwrap();
         let err = info.check_unchanged().unwrap_err().to_string();

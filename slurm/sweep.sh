@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# A scaling sweep on Slurm: one job per point of a grid, run one after another (each
+# with its nodes to itself), each writing its telemetry to RESULTS/<sweep>/<point>/;
+# then `meshfeed report` of the results.
+#
+#   bash slurm/sweep.sh SWEEP.toml [RESULTS_DIR]       # default RESULTS_DIR: results
+#
+# SWEEP.toml (every grid key optional but nodes; lists are crossed):
+#
+#   name = "small"                    # the results directory's name
+#   data = "/shared/datasets/train"   # as the nodes see it
+#   epochs = 1
+#   verify = true                     # check exactly-once in every run
+#   drop_caches = "bash slurm/cluster.sh drop-caches"   # run before each point (cold reads)
+#   [grid]
+#   nodes = [1, 2, 4]
+#   ranks_per_node = [2]
+#   batch_size = [64]
+#   window_bytes = ["8M"]
+#   transport = ["mpi"]               # mpi | ucx
+#   loader = ["meshfeed", "broadcast"]   # broadcast: the single-loader baseline
+#
+# Each point's directory holds point.json (its configuration), run.json and
+# rank-<r>.jsonl (meshfeed's telemetry: hosts, versions, time per phase, bytes) and
+# job.out; records join without wrapper scripts. Runs go through sbatch -W with srun
+# --mpi=pmix; SLURM_CONF must point at the cluster (slurm/cluster.sh env). The meshfeed
+# binary: MESHFEED_BIN, PATH, or this checkout's build.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+sweep=${1:?usage: sweep.sh SWEEP.toml [RESULTS_DIR]}
+results=${2:-results}
+bin=${MESHFEED_BIN:-$(command -v meshfeed || echo "$here/../target/release/meshfeed")}
+[[ -x $bin ]] || { echo "sweep: no meshfeed binary at $bin (cargo build --release, or MESHFEED_BIN)" >&2; exit 1; }
+
+# The grid's points, one JSON object per line (Python's tomllib reads the TOML).
+points=$(python3 - "$sweep" <<'PY'
+import itertools, json, sys, tomllib
+with open(sys.argv[1], "rb") as f:
+    s = tomllib.load(f)
+for key in ("name", "data"):
+    if key not in s:
+        sys.exit(f"sweep: {sys.argv[1]}: no '{key}'")
+grid = s.get("grid", {})
+if "nodes" not in grid:
+    sys.exit(f"sweep: {sys.argv[1]}: no [grid] nodes")
+keys = ["nodes", "ranks_per_node", "batch_size", "window_bytes", "transport", "loader"]
+defaults = {"ranks_per_node": [1], "batch_size": [64], "window_bytes": ["64M"], "transport": ["mpi"], "loader": ["meshfeed"]}
+unknown = set(grid) - set(keys)
+if unknown:
+    sys.exit(f"sweep: {sys.argv[1]}: unknown grid keys {sorted(unknown)} (known: {keys})")
+values = [grid.get(k, defaults.get(k)) for k in keys]
+for combo in itertools.product(*values):
+    p = dict(zip(keys, combo))
+    if p["loader"] not in ("meshfeed", "broadcast"):
+        sys.exit(f"sweep: loader '{p['loader']}': expected meshfeed or broadcast")
+    p.update(sweep=s["name"], data=s["data"], epochs=s.get("epochs", 1), verify=bool(s.get("verify", False)),
+             drop_caches=s.get("drop_caches", ""))
+    p["id"] = "{loader}-n{nodes}x{ranks_per_node}-b{batch_size}-w{window_bytes}-{transport}".format(**p)
+    print(json.dumps(p))
+PY
+)
+name=$(head -1 <<<"$points" | python3 -c 'import json,sys; print(json.load(sys.stdin)["sweep"])')
+out=$results/$name
+mkdir -p "$out"
+total=$(wc -l <<<"$points")
+echo "sweep: $total point(s) into $out"
+i=0
+while IFS= read -r point; do
+    i=$((i + 1))
+    eval "$(python3 -c 'import json,shlex,sys
+p = json.loads(sys.argv[1])
+for k in ("id", "nodes", "ranks_per_node", "batch_size", "window_bytes", "transport", "loader", "data", "epochs",
+          "drop_caches"):
+    print(f"{k}={shlex.quote(str(p[k]))}")
+print("verify=" + ("1" if p["verify"] else "0"))' "$point")"
+    dir=$(cd "$out" && pwd)/$id
+    rm -rf "$dir" && mkdir -p "$dir"
+    echo "$point" >"$dir/point.json"
+    args=(run --data "$data" --batch-size "$batch_size" --window-bytes "$window_bytes" --epochs "$epochs"
+        --transport "$transport" --telemetry "$dir" --json --heartbeat 0)
+    [[ $loader == broadcast ]] && args+=(--exchange broadcast)
+    ((verify)) && args+=(--verify)
+    launch=(srun --mpi=pmix)
+    # UCX ranks find each other through the rendezvous: rank 0's node, a port, a token.
+    [[ $transport == ucx ]] && launch=(srun --mpi=none "$here/ucx_task.sh")
+    echo "sweep: [$i/$total] $id"
+    if [[ -n $drop_caches ]]; then
+        bash -c "$drop_caches" || { echo "sweep: drop_caches failed: $drop_caches" >&2; exit 1; }
+    fi
+    MESHFEED_JOB_TOKEN=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
+    export MESHFEED_JOB_TOKEN
+    if ! sbatch -W --exclusive -N "$nodes" --ntasks-per-node "$ranks_per_node" -J "sweep-$id" -o "$dir/job.out" \
+        --wrap "$(printf '%q ' "${launch[@]}" "$bin" "${args[@]}")" >/dev/null; then
+        echo "sweep: $id failed; see $dir/job.out" >&2
+        tail -5 "$dir/job.out" >&2 || true
+        exit 1
+    fi
+done <<<"$points"
+"$bin" report "$out"
