@@ -177,7 +177,7 @@ fn preempted_job_resumes_exactly(
     // Preempt it once it has delivered 20 of its 100 steps.
     let first = dumps.join("run-0/rank-0.jsonl");
     wait_for(60, "20 steps of the first run", || {
-        std::fs::read_to_string(&first).map_or(false, |t| t.lines().count() >= 20)
+        std::fs::read_to_string(&first).is_ok_and(|t| t.lines().count() >= 20)
     });
     let stop = stop(&id);
     ok(&slurm(stop[0], &stop[1..]));
