@@ -4,7 +4,8 @@
 writes, as a user would write it.
 
 Launched like meshfeed, ``mpirun -np P python3 bench/torch_loader.py ...``: each process
-reads its rank from OMPI_COMM_WORLD_RANK / OMPI_COMM_WORLD_SIZE (or RANK / WORLD_SIZE);
+reads its rank from OMPI_COMM_WORLD_RANK / OMPI_COMM_WORLD_SIZE (or RANK / WORLD_SIZE, or
+Slurm's SLURM_PROCID / SLURM_NTASKS under ``srun``);
 no torch.distributed is needed, the sampler is given ``num_replicas`` and ``rank``.
 shuffle=True, drop_last=True, per-rank batch = global batch / P.
 
@@ -37,7 +38,9 @@ import time
 
 
 def rank_and_size():
-    for r, s in (("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"), ("PMI_RANK", "PMI_SIZE"), ("RANK", "WORLD_SIZE")):
+    pairs = (("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"), ("PMI_RANK", "PMI_SIZE"), ("RANK", "WORLD_SIZE"),
+             ("SLURM_PROCID", "SLURM_NTASKS"))
+    for r, s in pairs:
         if r in os.environ and s in os.environ:
             return int(os.environ[r]), int(os.environ[s])
     return 0, 1

@@ -18,7 +18,12 @@
 #   batch_size = [64]
 #   window_bytes = ["8M"]
 #   transport = ["mpi"]               # mpi | ucx
-#   loader = ["meshfeed", "broadcast"]   # broadcast: the single-loader baseline
+#   loader = ["meshfeed", "broadcast", "pytorch"]
+#       # broadcast: the single-loader baseline; pytorch: DataLoader + DistributedSampler
+#       # (bench/torch_loader.py, random reads from every rank; needs torch in `python`)
+#   format = "npy"                    # the dataset's format (for the pytorch loader)
+#   python = "python3"                # the pytorch loader's interpreter
+#   pytorch_workers = "0,1,2"         # DataLoader worker counts it tries (the best counts)
 #
 # Each point's directory holds point.json (its configuration), run.json and
 # rank-<r>.jsonl (meshfeed's telemetry: hosts, versions, time per phase, bytes) and
@@ -51,11 +56,16 @@ if unknown:
 values = [grid.get(k, defaults.get(k)) for k in keys]
 for combo in itertools.product(*values):
     p = dict(zip(keys, combo))
-    if p["loader"] not in ("meshfeed", "broadcast"):
-        sys.exit(f"sweep: loader '{p['loader']}': expected meshfeed or broadcast")
+    if p["loader"] not in ("meshfeed", "broadcast", "pytorch"):
+        sys.exit(f"sweep: loader '{p['loader']}': expected meshfeed, broadcast or pytorch")
+    if p["loader"] == "pytorch" and p["transport"] != grid.get("transport", ["mpi"])[0]:
+        continue  # the PyTorch baseline has no transport: run it once per other point
     p.update(sweep=s["name"], data=s["data"], epochs=s.get("epochs", 1), verify=bool(s.get("verify", False)),
-             drop_caches=s.get("drop_caches", ""))
+             drop_caches=s.get("drop_caches", ""), format=s.get("format", "npy"), python=s.get("python", "python3"),
+             pytorch_workers=str(s.get("pytorch_workers", "0,1,2")))
     p["id"] = "{loader}-n{nodes}x{ranks_per_node}-b{batch_size}-w{window_bytes}-{transport}".format(**p)
+    if p["loader"] == "pytorch":
+        p["id"] = "pytorch-n{nodes}x{ranks_per_node}-b{batch_size}".format(**p)
     print(json.dumps(p))
 PY
 )
@@ -70,7 +80,7 @@ while IFS= read -r point; do
     eval "$(python3 -c 'import json,shlex,sys
 p = json.loads(sys.argv[1])
 for k in ("id", "nodes", "ranks_per_node", "batch_size", "window_bytes", "transport", "loader", "data", "epochs",
-          "drop_caches"):
+          "drop_caches", "format", "python", "pytorch_workers"):
     print(f"{k}={shlex.quote(str(p[k]))}")
 print("verify=" + ("1" if p["verify"] else "0"))' "$point")"
     dir=$(cd "$out" && pwd)/$id
@@ -80,17 +90,22 @@ print("verify=" + ("1" if p["verify"] else "0"))' "$point")"
         --transport "$transport" --telemetry "$dir" --json --heartbeat 0)
     [[ $loader == broadcast ]] && args+=(--exchange broadcast)
     ((verify)) && args+=(--verify)
-    launch=(srun --mpi=pmix)
+    launch=(srun --mpi=pmix "$bin")
     # UCX ranks find each other through the rendezvous: rank 0's node, a port, a token.
-    [[ $transport == ucx ]] && launch=(srun --mpi=none "$here/ucx_task.sh")
-    echo "sweep: [$i/$total] $id"
+    [[ $transport == ucx ]] && launch=(srun --mpi=none "$here/ucx_task.sh" "$bin")
+    if [[ $loader == pytorch ]]; then
+        launch=(srun --mpi=none "$python" "$here/../bench/torch_loader.py")
+        args=(--data "$data" --format "$format" --batch-size "$batch_size" --epochs "$epochs" --workers "$pytorch_workers"
+            --out "$dir/pytorch.jsonl" --tag "$id")
+    fi
+    echo "sweep: [$i/$total] $id ($(date +%T))"
     if [[ -n $drop_caches ]]; then
         bash -c "$drop_caches" || { echo "sweep: drop_caches failed: $drop_caches" >&2; exit 1; }
     fi
     MESHFEED_JOB_TOKEN=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
     export MESHFEED_JOB_TOKEN
     if ! sbatch -W --exclusive -N "$nodes" --ntasks-per-node "$ranks_per_node" -J "sweep-$id" -o "$dir/job.out" \
-        --wrap "$(printf '%q ' "${launch[@]}" "$bin" "${args[@]}")" >/dev/null; then
+        --wrap "$(printf '%q ' "${launch[@]}" "${args[@]}")" >/dev/null; then
         echo "sweep: $id failed; see $dir/job.out" >&2
         tail -5 "$dir/job.out" >&2 || true
         exit 1

@@ -228,9 +228,10 @@ fn loader_of(dir: &Path) -> String {
     }
 }
 
-/// The runs under `dir`: itself when it holds telemetry, else its subdirectories that do.
+/// The runs under `dir`: itself when it holds telemetry (or a PyTorch baseline's record),
+/// else its subdirectories that do.
 fn runs(dir: &Path) -> Result<Vec<PathBuf>> {
-    let has_telemetry = |d: &Path| d.join("rank-0.jsonl").is_file();
+    let has_telemetry = |d: &Path| d.join("rank-0.jsonl").is_file() || d.join(PYTORCH).is_file();
     if has_telemetry(dir) {
         return Ok(vec![dir.to_path_buf()]);
     }
@@ -244,6 +245,43 @@ fn runs(dir: &Path) -> Result<Vec<PathBuf>> {
         return Err(Error::file(dir, "no telemetry here (rank-0.jsonl, from `meshfeed run --telemetry DIR`)"));
     }
     Ok(found)
+}
+
+/// The PyTorch baseline's record in a sweep point (`bench/torch_loader.py --out`).
+const PYTORCH: &str = "pytorch.jsonl";
+
+/// The report of a PyTorch baseline run: its best epoch, over the point's nodes; no
+/// per-rank phases (the baseline has none), no verification.
+fn read_pytorch(dir: &Path) -> Result<EpochReport> {
+    let path = dir.join(PYTORCH);
+    let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
+    let line = text.lines().last().ok_or_else(|| Error::file(&path, "empty"))?;
+    let v: serde_json::Value = serde_json::from_str(line).map_err(|e| Error::file(&path, e.to_string()))?;
+    let num = |k: &str| v[k].as_f64().ok_or_else(|| Error::file(&path, format!("no number '{k}'")));
+    let point: serde_json::Value = std::fs::read_to_string(dir.join("point.json"))
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok())
+        .unwrap_or_default();
+    let seconds = num("epoch_s_best")?;
+    let samples = num("samples_per_epoch")? as u64;
+    Ok(EpochReport {
+        kind: "epoch",
+        run: dir.display().to_string(),
+        loader: "pytorch".into(),
+        epoch: 0,
+        ranks: num("ranks")? as usize,
+        hosts: point["nodes"].as_u64().unwrap_or(1) as usize,
+        samples,
+        samples_per_s: samples as f64 / seconds.max(1e-9),
+        verified: None,
+        seconds,
+        what_if_s: seconds,
+        skew: 1.0,
+        phase_median_s: vec![],
+        phase_max_s: vec![],
+        stragglers: vec![],
+        slow_hosts: vec![],
+    })
 }
 
 /// Every record of a run, by epoch (each epoch's records in rank order).
@@ -291,6 +329,10 @@ pub fn run(args: ReportArgs) -> Result<()> {
     let mut reports = Vec::new();
     for dir in &args.dirs {
         for run in runs(dir)? {
+            if !run.join("rank-0.jsonl").is_file() {
+                reports.push(read_pytorch(&run)?);
+                continue;
+            }
             let name = run.display().to_string();
             let loader = loader_of(&run);
             for records in read_run(&run)? {
