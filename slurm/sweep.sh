@@ -27,9 +27,10 @@
 #
 # Each point's directory holds point.json (its configuration), run.json and
 # rank-<r>.jsonl (meshfeed's telemetry: hosts, versions, time per phase, bytes) and
-# job.out; records join without wrapper scripts. Runs go through sbatch -W with srun
-# --mpi=pmix; SLURM_CONF must point at the cluster (slurm/cluster.sh env). The meshfeed
-# binary: MESHFEED_BIN, PATH, or this checkout's build.
+# job.out; records join without wrapper scripts. The report's plots go to
+# RESULTS/<sweep>/plots. Runs go through sbatch -W with srun --mpi=pmix; SLURM_CONF must
+# point at the cluster (slurm/cluster.sh env). The meshfeed binary: MESHFEED_BIN, PATH,
+# or this checkout's build.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 sweep=${1:?usage: sweep.sh SWEEP.toml [RESULTS_DIR]}
@@ -111,4 +112,4 @@ print("verify=" + ("1" if p["verify"] else "0"))' "$point")"
         exit 1
     fi
 done <<<"$points"
-"$bin" report "$out"
+"$bin" report --plots "$out/plots" "$out"

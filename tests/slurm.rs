@@ -323,6 +323,7 @@ fn sweep_over_one_two_and_four_nodes(dir: &Path) {
     let run = wait_bounded(cmd, "slurm/sweep.sh");
     ok(&run);
     assert!(run.stdout.contains("sweep: 9 point(s)"), "{}", run.stdout);
+    assert!(results.join("ci/plots/throughput.svg").is_file(), "the sweep's report draws its plots");
     let report = meshfeed(&["report", "--json", results.join("ci").to_str().unwrap()]);
     ok(&report);
     let lines: Vec<serde_json::Value> = report.stdout.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
@@ -341,8 +342,15 @@ fn sweep_over_one_two_and_four_nodes(dir: &Path) {
     for e in epochs.iter().filter(|e| e["hosts"] == 4 && e["loader"] == "meshfeed") {
         assert_eq!(e["slow_hosts"], serde_json::json!(["mfnode4"]), "{e}");
     }
-    let table = meshfeed(&["report", results.join("ci").to_str().unwrap()]);
+    let plots = dir.join("plots");
+    let table = meshfeed(&["report", "--plots", plots.to_str().unwrap(), results.join("ci").to_str().unwrap()]);
     ok(&table);
+    for name in ["throughput", "phases", "skew"] {
+        for ext in ["png", "svg"] {
+            let len = std::fs::metadata(plots.join(format!("{name}.{ext}"))).map_or(0, |m| m.len());
+            assert!(len > 1000, "{name}.{ext}: {len} bytes");
+        }
+    }
     assert!(
         table.stdout.contains("efficiency") && table.stdout.contains("slowest host(s): mfnode4"),
         "{}",

@@ -30,6 +30,10 @@ pub struct ReportArgs {
     /// Print one JSON line per run and epoch instead of the table.
     #[arg(long)]
     pub json: bool,
+    /// Draw plots into this directory, each as PNG and SVG: throughput vs nodes per
+    /// loader, time per phase per run, and each rank's own work per run (skew).
+    #[arg(long, value_name = "DIR")]
+    pub plots: Option<PathBuf>,
 }
 
 /// One rank's record of one epoch.
@@ -93,6 +97,8 @@ pub struct EpochReport {
     pub stragglers: Vec<Straggler>,
     /// Hosts of the stragglers, slowest first.
     pub slow_hosts: Vec<String>,
+    /// Each rank's own work, in rank order.
+    pub rank_own_s: Vec<f64>,
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -168,6 +174,7 @@ pub fn analyse(run: &str, loader: &str, records: &[RankEpoch]) -> EpochReport {
         phase_max_s: PHASES.iter().copied().zip(phase_max).collect(),
         stragglers,
         slow_hosts,
+        rank_own_s: own,
     }
 }
 
@@ -281,6 +288,7 @@ fn read_pytorch(dir: &Path) -> Result<EpochReport> {
         phase_max_s: vec![],
         stragglers: vec![],
         slow_hosts: vec![],
+        rank_own_s: vec![],
     })
 }
 
@@ -341,6 +349,10 @@ pub fn run(args: ReportArgs) -> Result<()> {
         }
     }
     let table = scaling(&reports);
+    if let Some(dir) = &args.plots {
+        let written = plots(dir, &reports, &table)?;
+        crate::report::line_err(&format!("report: {} plot file(s) in {}", written.len(), dir.display()));
+    }
     if args.json {
         for r in &reports {
             crate::report::line(&json(r)?);
@@ -403,6 +415,75 @@ pub fn run(args: ReportArgs) -> Result<()> {
         ));
     }
     Ok(())
+}
+
+/// The report's plots, as PNG and SVG in `dir`.
+fn plots(dir: &Path, reports: &[EpochReport], table: &[ScalingRow]) -> Result<Vec<PathBuf>> {
+    use crate::bench::plots::{save_bars, save_lines, Bars, Lines, Series};
+    std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+    // A run's directory name; a sweep point's id (loader-nodes-batch-window-transport)
+    // shortened to loader, nodes and transport.
+    let short = |run: &str| {
+        let name = Path::new(run).file_name().map_or(run.to_string(), |n| n.to_string_lossy().into_owned());
+        let parts: Vec<&str> = name.split('-').collect();
+        match parts.len() {
+            5.. => format!("{} {} {}", parts[0], parts[1], parts[parts.len() - 1]),
+            _ => name,
+        }
+    };
+    let mut written = Vec::new();
+    // Throughput vs nodes, per loader (the best run at each node count).
+    let mut loaders: Vec<&str> = table.iter().map(|r| r.loader.as_str()).collect();
+    loaders.dedup();
+    let series = loaders
+        .iter()
+        .map(|&loader| {
+            let mut best: std::collections::BTreeMap<usize, f64> = Default::default();
+            for r in table.iter().filter(|r| r.loader == loader) {
+                let b = best.entry(r.hosts).or_insert(0.0);
+                *b = b.max(r.samples_per_s);
+            }
+            Series { name: loader.to_string(), points: best.into_iter().map(|(h, v)| (h as f64, v)).collect() }
+        })
+        .collect();
+    let chart =
+        Lines { title: "throughput vs nodes".into(), x: "nodes", y: "samples/s", log_x: false, log_y: false, series };
+    written.extend(save_lines(dir, "throughput", &chart)?);
+    // Time per phase of each run's last epoch: the slowest rank's, stacked; the epoch marked.
+    let last: Vec<&EpochReport> = table
+        .iter()
+        .filter_map(|row| reports.iter().filter(|r| r.run == row.run).max_by_key(|r| r.epoch))
+        .filter(|r| !r.phase_max_s.is_empty())
+        .collect();
+    let bars = Bars {
+        title: "time per phase (slowest rank; last epoch)".into(),
+        labels: last.iter().map(|r| short(&r.run)).collect(),
+        stacks: last
+            .iter()
+            .map(|r| (r.phase_max_s.iter().map(|(p, s)| (p.to_string(), *s)).collect(), r.seconds))
+            .collect(),
+    };
+    written.extend(save_bars(dir, "phases", &bars)?);
+    // Each rank's own work, for the most skewed runs.
+    let mut skewed: Vec<&&EpochReport> = last.iter().filter(|r| r.rank_own_s.len() > 1).collect();
+    skewed.sort_by(|a, b| b.skew.total_cmp(&a.skew));
+    let chart = Lines {
+        title: "own work per rank (plan, read, pack, assemble; last epoch)".into(),
+        x: "rank",
+        y: "seconds",
+        log_x: false,
+        log_y: false,
+        series: skewed
+            .iter()
+            .take(8)
+            .map(|r| Series {
+                name: short(&r.run),
+                points: r.rank_own_s.iter().enumerate().map(|(i, s)| (i as f64, *s)).collect(),
+            })
+            .collect(),
+    };
+    written.extend(save_lines(dir, "skew", &chart)?);
+    Ok(written)
 }
 
 /// One JSON line.

@@ -21,7 +21,7 @@
 mod limits;
 mod loader;
 mod modes;
-mod plots;
+pub mod plots;
 mod random_access;
 mod record;
 mod report;

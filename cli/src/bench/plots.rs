@@ -28,27 +28,27 @@ const LOADERS: [&str; 9] = [
 ];
 
 /// A line of a chart.
-struct Series {
-    name: String,
-    points: Vec<(f64, f64)>,
+pub struct Series {
+    pub name: String,
+    pub points: Vec<(f64, f64)>,
 }
 
 /// A line chart.
-struct Lines {
-    title: String,
-    x: &'static str,
-    y: &'static str,
-    log_x: bool,
-    log_y: bool,
-    series: Vec<Series>,
+pub struct Lines {
+    pub title: String,
+    pub x: &'static str,
+    pub y: &'static str,
+    pub log_x: bool,
+    pub log_y: bool,
+    pub series: Vec<Series>,
 }
 
 /// The stacked bars of the phase plot.
-struct Bars {
-    title: String,
-    labels: Vec<String>,
+pub struct Bars {
+    pub title: String,
+    pub labels: Vec<String>,
     /// Per bar, per segment (name, seconds); and the epoch time, drawn as a marker.
-    stacks: Vec<(Vec<(String, f64)>, f64)>,
+    pub stacks: Vec<(Vec<(String, f64)>, f64)>,
 }
 
 const SIZE: (u32, u32) = (900, 540);
@@ -220,7 +220,8 @@ fn save(dir: &Path, name: &str, draw: impl Fn(&Path, bool) -> std::result::Resul
     Ok(written)
 }
 
-fn save_lines(dir: &Path, name: &str, chart: &Lines) -> Result<Vec<PathBuf>> {
+/// Draws a line chart as `<name>.png` and `<name>.svg` (nothing when it has no points).
+pub fn save_lines(dir: &Path, name: &str, chart: &Lines) -> Result<Vec<PathBuf>> {
     if chart.series.iter().all(|s| s.points.is_empty()) {
         return Ok(Vec::new());
     }
@@ -229,6 +230,20 @@ fn save_lines(dir: &Path, name: &str, chart: &Lines) -> Result<Vec<PathBuf>> {
             draw_lines(SVGBackend::new(path, SIZE).into_drawing_area(), chart)
         } else {
             draw_lines(BitMapBackend::new(path, SIZE).into_drawing_area(), chart)
+        }
+    })
+}
+
+/// Draws stacked bars as `<name>.png` and `<name>.svg` (nothing when there are none).
+pub fn save_bars(dir: &Path, name: &str, bars: &Bars) -> Result<Vec<PathBuf>> {
+    if bars.stacks.is_empty() {
+        return Ok(Vec::new());
+    }
+    save(dir, name, |path, svg| {
+        if svg {
+            draw_bars(SVGBackend::new(path, SIZE).into_drawing_area(), bars)
+        } else {
+            draw_bars(BitMapBackend::new(path, SIZE).into_drawing_area(), bars)
         }
     })
 }
@@ -310,15 +325,7 @@ pub fn draw_all(grid: &Grid, dir: &Path) -> Result<Vec<PathBuf>> {
             m.epoch_s_best,
         ));
     }
-    if !bars.stacks.is_empty() {
-        written.extend(save(dir, "phases", |path, svg| {
-            if svg {
-                draw_bars(SVGBackend::new(path, SIZE).into_drawing_area(), &bars)
-            } else {
-                draw_bars(BitMapBackend::new(path, SIZE).into_drawing_area(), &bars)
-            }
-        })?);
-    }
+    written.extend(save_bars(dir, "phases", &bars)?);
     // Scaling: epoch time vs sample size (at the most ranks), per loader.
     let chart = Lines {
         title: format!("epoch time vs sample size ({most} ranks, {format}; datasets differ in size)"),
