@@ -483,18 +483,26 @@ over_transports! {
 fn batch_jobs_print_a_heartbeat() {
     let data = fixtures().join("npy_struct");
     let args = ["run", "--data", data.to_str().unwrap(), "--batch-size", "4", "--compute-ms", "20", "--heartbeat"];
-    let run = mpirun(2, &[&args[..], &["0.1"]].concat());
-    ok(&run);
-    let beats: Vec<serde_json::Value> = run
-        .stdout
-        .lines()
-        .filter(|l| l.starts_with("{\"elapsed_s\""))
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
-    assert!(beats.len() >= 3, "25 steps of 20 ms, a beat every 0.1 s: {}", run.stdout);
-    assert!(beats.iter().all(|b| b["heartbeat"] == true && b["steps"] == 25 && b["epoch"] == 0), "{beats:?}");
-    let steps: Vec<u64> = beats.iter().map(|b| b["step"].as_u64().unwrap()).collect();
-    assert!(steps.windows(2).all(|w| w[0] < w[1]) && steps[0] > 0, "{steps:?}");
+    let beats = |interval: &str| -> Vec<serde_json::Value> {
+        let run = mpirun(2, &[&args[..], &[interval]].concat());
+        ok(&run);
+        run.stdout
+            .lines()
+            .filter(|l| l.starts_with("{\"elapsed_s\""))
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    };
+    let some = beats("0.1");
+    assert!(some.len() >= 3, "25 steps of 20 ms, a beat every 0.1 s: {some:?}");
+    assert!(some.iter().all(|b| b["heartbeat"] == true && b["steps"] == 25 && b["epoch"] == 0), "{some:?}");
+    // A beat after (nearly) every step (20 ms apart, every 1 ms asked): the epoch's steps
+    // done, one more each time, up to 25 — also after the last step, when the loader
+    // already stands at the next epoch.
+    let every = beats("0.001");
+    let steps: Vec<u64> = every.iter().map(|b| b["step"].as_u64().unwrap()).collect();
+    assert!(steps.len() >= 20 && steps.windows(2).all(|w| w[1] == w[0] + 1), "{steps:?}");
+    assert_eq!(steps.last(), Some(&25), "{steps:?}");
+    assert!(every.iter().all(|b| b["epoch"] == 0), "{every:?}");
     let quiet = mpirun(2, &[&args[..], &["0"]].concat());
     ok(&quiet);
     assert!(!quiet.stdout.contains("heartbeat"), "{}", quiet.stdout);

@@ -228,6 +228,9 @@ fn run(args: &RunArgs, job: Result<Job>, rt: &Runtime) -> Result<i32> {
         }
         let start = Instant::now();
         let (mut delivered, mut computing) = (0u64, Duration::ZERO);
+        // Steps of this epoch done (the loader's position moves on to the next epoch after
+        // its last step).
+        let mut done = first;
         // A local failure while consuming (e.g. the dump disk is full) must not stop this
         // rank from taking part in the remaining windows: remember it, agree at the end.
         let mut local: Result<()> = Ok(());
@@ -241,8 +244,9 @@ fn run(args: &RunArgs, job: Result<Job>, rt: &Runtime) -> Result<i32> {
                 local = d.write(&batch);
             }
             bar.inc(1);
+            done += 1;
             if beats {
-                heartbeat.beat(e, loader.position().step.0, steps, job.loader.batch_size as u64);
+                heartbeat.beat(e, done, steps, job.loader.batch_size as u64);
             }
             drop(batch);
             computing += compute(args.compute_ms);
@@ -348,7 +352,8 @@ impl Heartbeat {
         Heartbeat { every, start: now, last: now, steps_done: 0 }
     }
 
-    /// Called after each step: prints a line when `every` has passed since the last.
+    /// Called after each step (`step`: the epoch's steps done): prints a line when `every`
+    /// has passed since the last.
     fn beat(&mut self, epoch: u64, step: u64, steps: u64, batch: u64) {
         self.steps_done += 1;
         if self.last.elapsed() < self.every {
