@@ -359,6 +359,85 @@ impl Default for TransportKind {
     }
 }
 
+/// The all-to-all's costs, which `exchange = auto` weighs the fused and the two-phase
+/// exchange with: a latency per peer, the bandwidth of one rank to ranks on its host, and
+/// the bandwidth of one host's link to other hosts (its ranks share it). Written
+/// `latency=5e-6,intra=1e10,inter=1.2e9` (seconds, bytes per second); `meshfeed report
+/// --predict` fits them to measured runs and prints them in this form.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct ExchangeCosts {
+    pub latency_ns: u64,
+    pub intra_bytes_per_s: u64,
+    pub inter_bytes_per_s: u64,
+}
+
+impl Default for ExchangeCosts {
+    /// Measured on the machines meshfeed is developed on ([`ExchangeCosts`]'s fit, see
+    /// the README's cost model): Open MPI's shared-memory all-to-all-v (about 10 GB/s a
+    /// rank) and TCP between network namespaces.
+    fn default() -> Self {
+        ExchangeCosts { latency_ns: 5_000, intra_bytes_per_s: 10_000_000_000, inter_bytes_per_s: 1_250_000_000 }
+    }
+}
+
+impl FromStr for ExchangeCosts {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<ExchangeCosts> {
+        let bad = |why: String| {
+            Error::Config(format!("exchange costs '{s}': {why} (e.g. latency=5e-6,intra=1e10,inter=1.2e9)"))
+        };
+        let mut c = ExchangeCosts::default();
+        let mut seen = Vec::new();
+        for pair in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let (key, value) = pair.split_once('=').ok_or_else(|| bad(format!("'{pair}' is not key=value")))?;
+            let v: f64 = value
+                .trim()
+                .parse()
+                .ok()
+                .filter(|v: &f64| v.is_finite() && *v > 0.0)
+                .ok_or_else(|| bad(format!("'{value}' is not a positive number")))?;
+            match key.trim() {
+                "latency" => c.latency_ns = (v * 1e9).round() as u64,
+                "intra" => c.intra_bytes_per_s = v.round().max(1.0) as u64,
+                "inter" => c.inter_bytes_per_s = v.round().max(1.0) as u64,
+                k => return Err(bad(format!("unknown key '{k}' (latency, intra, inter)"))),
+            }
+            seen.push(key.trim().to_string());
+        }
+        if seen.is_empty() {
+            return Err(bad("no key given".into()));
+        }
+        Ok(c)
+    }
+}
+
+impl fmt::Display for ExchangeCosts {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "latency={:e},intra={:e},inter={:e}",
+            self.latency_ns as f64 / 1e9,
+            self.intra_bytes_per_s as f64,
+            self.inter_bytes_per_s as f64
+        )
+    }
+}
+
+impl TryFrom<String> for ExchangeCosts {
+    type Error = Error;
+    fn try_from(s: String) -> Result<ExchangeCosts> {
+        s.parse()
+    }
+}
+
+impl From<ExchangeCosts> for String {
+    fn from(c: ExchangeCosts) -> String {
+        c.to_string()
+    }
+}
+
 /// How batches are laid out over a device mesh. The default is data parallelism over all
 /// ranks (`dp=<world>`, batch split over `dp`), one device per rank.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -375,6 +454,9 @@ pub struct Layout {
     pub stages: BTreeMap<String, Stage>,
     /// Exchange algorithm.
     pub exchange: ExchangeMode,
+    /// The costs `exchange = auto` decides with.
+    #[serde(default)]
+    pub exchange_costs: ExchangeCosts,
     /// Mesh devices each rank drives (JAX: one process per host, several local devices):
     /// the mesh has `world × devices_per_process` devices, rank `r` drives devices
     /// `r·K .. (r+1)·K` and receives the union of their shards.
@@ -395,6 +477,7 @@ impl Default for Layout {
             shard: BTreeMap::new(),
             stages: BTreeMap::new(),
             exchange: ExchangeMode::default(),
+            exchange_costs: ExchangeCosts::default(),
             devices_per_process: 1,
         }
     }
@@ -447,6 +530,7 @@ impl LoaderOptions {
             ("shard", pairs(l.shard.iter().map(|(f, s)| format!("{f}={s}")).collect())),
             ("stages", pairs(l.stages.iter().map(|(f, s)| format!("{f}={s}")).collect())),
             ("exchange", l.exchange.to_string()),
+            ("exchange_costs", l.exchange_costs.to_string()),
             ("devices_per_process", l.devices_per_process.to_string()),
             ("tail", self.tail.to_string()),
             ("cache_bytes", self.cache_bytes.to_string()),
@@ -491,6 +575,7 @@ pub struct JobFile {
     pub shard: BTreeMap<String, ShardSpec>,
     pub stages: BTreeMap<String, Stage>,
     pub exchange: Option<ExchangeMode>,
+    pub exchange_costs: Option<ExchangeCosts>,
     pub local_reads: Option<LocalReads>,
     pub devices_per_process: Option<usize>,
 }
@@ -558,6 +643,7 @@ impl JobFile {
                     shard: self.shard,
                     stages: self.stages,
                     exchange: self.exchange.unwrap_or_default(),
+                    exchange_costs: self.exchange_costs.unwrap_or_default(),
                     devices_per_process,
                 },
                 tail: self.tail.unwrap_or_default(),
@@ -583,6 +669,27 @@ pub fn parse_pair<T: FromStr<Err = Error>>(s: &str) -> Result<(String, T)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn exchange_costs_parse_and_print() {
+        let c: ExchangeCosts = "latency=2e-5, intra=5e9,inter=1.5e8".parse().unwrap();
+        assert_eq!(
+            c,
+            ExchangeCosts { latency_ns: 20_000, intra_bytes_per_s: 5_000_000_000, inter_bytes_per_s: 150_000_000 }
+        );
+        assert_eq!(c.to_string().parse::<ExchangeCosts>().unwrap(), c);
+        // Keys left out keep their defaults.
+        let d: ExchangeCosts = "inter=1e9".parse().unwrap();
+        assert_eq!((d.inter_bytes_per_s, d.latency_ns), (1_000_000_000, ExchangeCosts::default().latency_ns));
+        let err = |s: &str| s.parse::<ExchangeCosts>().unwrap_err().to_string();
+        assert!(err("speed=3").contains("unknown key 'speed'"));
+        assert!(err("inter=-1").contains("'-1' is not a positive number"));
+        assert!(err("inter").contains("'inter' is not key=value"));
+        assert!(err("").contains("no key given"));
+        // In a job file, as a string.
+        let f: JobFile = serde_json::from_str(r#"{"exchange_costs": "inter=2e9"}"#).unwrap();
+        assert_eq!(f.exchange_costs.unwrap().inter_bytes_per_s, 2_000_000_000);
+    }
 
     #[test]
     fn byte_sizes() {

@@ -5,8 +5,8 @@ use std::path::{Path, PathBuf};
 
 use clap::builder::{PossibleValuesParser, TypedValueParser};
 use meshfeed::config::{
-    parse_pair, ByteSize, ExchangeMode, Job, JobFile, LocalReads, MeshSpec, NamedValues, ShardSpec, Stage, TailPolicy,
-    TransportKind,
+    parse_pair, ByteSize, ExchangeCosts, ExchangeMode, Job, JobFile, LocalReads, MeshSpec, NamedValues, ShardSpec,
+    Stage, TailPolicy, TransportKind,
 };
 use meshfeed::runtime::Runtime;
 use meshfeed::{Error, Result};
@@ -69,6 +69,12 @@ pub struct JobArgs {
     /// broadcast: the single-loader baseline) [default: auto].
     #[arg(long, value_parser = named::<ExchangeMode>())]
     pub exchange: Option<ExchangeMode>,
+    /// The all-to-all costs `--exchange auto` decides with: latency per peer (s), bandwidth
+    /// of a rank on its host and of a host's link (bytes/s), e.g.
+    /// latency=5e-6,intra=1e10,inter=1.2e9 (`meshfeed report --predict` fits them)
+    /// [default: measured here, see the README's cost model].
+    #[arg(long, value_name = "latency=S,intra=B/S,inter=B/S")]
+    pub exchange_costs: Option<ExchangeCosts>,
     /// Last incomplete batch of an epoch: drop, pad (with the epoch's first samples) or
     /// partial (a short batch) [default: drop].
     #[arg(long, value_parser = named::<TailPolicy>())]
@@ -102,7 +108,7 @@ impl JobArgs {
             ($($field:ident),*) => { $(if let Some(v) = &self.$field { file.$field = Some(v.clone()); })* };
         }
         flag_wins!(group, batch_size, epochs, seed, window_bytes, prefetch, cache_bytes, tail, transport, mesh);
-        flag_wins!(pipeline_axis, exchange, local_reads, devices_per_process);
+        flag_wins!(pipeline_axis, exchange, exchange_costs, local_reads, devices_per_process);
         if !self.mesh_order.is_empty() {
             file.mesh_order = self.mesh_order.clone();
         }

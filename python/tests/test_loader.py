@@ -151,10 +151,18 @@ def test_an_error_reaches_every_rank_as_meshfeed_error(datasets, tmp_path):
         f"    meshfeed.Loader([{str(datasets['npy'])!r}], batch_size=12, mesh='dp=5')\n"
         "except meshfeed.ConfigError as e:\n"
         "    print(f'{type(e).__name__}: {e}', flush=True)\n"
+        "try:\n"
+        f"    meshfeed.Loader([{str(datasets['npy'])!r}], batch_size=12, exchange_costs='speed=3')\n"
+        "except meshfeed.ConfigError as e:\n"
+        "    print(f'costs {type(e).__name__}: {e}', flush=True)\n"
+        f"l = meshfeed.Loader([{str(datasets['npy'])!r}], batch_size=12, exchange_costs='inter=1e8')\n"
+        "print('costs ok', sum(1 for _ in l), flush=True)\n"
     )
     r = ok(run(MPIRUN + ["-np", 3, sys.executable, "-c", script]))
     assert r.stdout.count("meshfeed.DataError from rank 1") == 3, r.stdout + r.stderr
     assert r.stdout.count("ConfigError: rank 0: invalid configuration: mesh dp=5 has 5 devices") == 3, r.stdout
+    assert r.stdout.count("costs ConfigError:") == 3 and "unknown key 'speed'" in r.stdout, r.stdout
+    assert r.stdout.count("costs ok") == 3, r.stdout
     # Uncaught, it ends every rank with exit code 1 and the message. mpirun is told not to
     # kill the other ranks when the first one exits non-zero (it could before they print),
     # so each rank reports its own exit code.

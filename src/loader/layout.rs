@@ -7,19 +7,16 @@
 //!   lowest rank that needs them); each leader then scatters every member's slices inside
 //!   its row block's sub-communicator.
 //!
-//! The cost model compares, for one step, the most any rank sends plus receives, and the
-//! messages it exchanges: `cost = bytes / BANDWIDTH + messages · LATENCY`.
+//! The cost model compares, for one step, the busiest rank's time in each: its bytes on
+//! its host over the on-host bandwidth, its host's bytes to and from other hosts over the
+//! host's link, and a latency per message ([`ExchangeCosts`]: measured defaults, or fitted
+//! by `meshfeed report --predict`).
 
-use crate::config::{ExchangeMode, Layout};
+use crate::config::{ExchangeCosts, ExchangeMode, Layout};
 use crate::dataset::{Field, FieldKind};
 use crate::error::Result;
 use crate::plan::placement::{Receiver, RowBlock};
 use crate::plan::{sharding, FieldPart, Mesh, Placement};
-
-/// Bandwidth assumed by the cost model (bytes/s): shared-memory MPI_Alltoallv measured here.
-const BANDWIDTH: f64 = 10e9;
-/// Per-message latency assumed by the cost model (s).
-const LATENCY: f64 = 5e-6;
 
 /// The mesh a layout gives a world of `world` ranks (each driving
 /// `layout.devices_per_process` of its devices).
@@ -91,42 +88,84 @@ pub fn recv_bytes_per_step(placement: &Placement, fields: &[Field], sizes: &[u64
     out
 }
 
+/// Per-rank time (seconds) of an all-to-all in which rank `r` receives `recv[r]` bytes
+/// from home ranks spread uniformly over the world (each rank sends `total / P`, split in
+/// proportion to what each receiver gets). A rank's on-host bytes (in and out) go at
+/// `intra`; a host's off-host bytes (the larger of in and out, its ranks together) at
+/// `inter`; and it exchanges a message with every rank.
+fn all_to_all_times(recv: &[u64], hosts: &[usize], costs: &ExchangeCosts) -> Vec<f64> {
+    let p = recv.len() as f64;
+    let total: f64 = recv.iter().map(|&r| r as f64).sum();
+    let hosts_n = hosts.iter().copied().max().map_or(0, |h| h + 1);
+    let mut on_host = vec![0usize; hosts_n];
+    let mut host_recv = vec![0f64; hosts_n];
+    for (r, &h) in hosts.iter().enumerate() {
+        on_host[h] += 1;
+        host_recv[h] += recv[r] as f64;
+    }
+    let (intra, inter) = (costs.intra_bytes_per_s.max(1) as f64, costs.inter_bytes_per_s.max(1) as f64);
+    let latency = costs.latency_ns as f64 * 1e-9;
+    recv.iter()
+        .zip(hosts)
+        .map(|(&r, &h)| {
+            let n = on_host[h] as f64;
+            let on = r as f64 * n / p + host_recv[h] / p;
+            let link_in = host_recv[h] * (p - n) / p;
+            let link_out = n * (total - host_recv[h]) / p;
+            on / intra + link_in.max(link_out) / inter + 2.0 * p * latency
+        })
+        .collect()
+}
+
 /// Modelled per-step cost (seconds) of the fused and two-phase exchanges: the busiest
-/// rank's bytes over the bandwidth plus its messages times the latency.
-pub fn modelled_costs(placement: &Placement, fields: &[Field], sizes: &[u64]) -> Result<(f64, f64)> {
-    let p = placement.world() as f64;
-    // Fused: home ranks are spread uniformly, so each rank sends total/P and exchanges a
-    // message with every rank.
+/// rank's time, with the ranks on hosts `hosts` (`hosts[r]`: rank `r`'s host index) and
+/// the all-to-all costing `costs`.
+pub fn modelled_costs(
+    placement: &Placement,
+    fields: &[Field],
+    sizes: &[u64],
+    hosts: &[usize],
+    costs: &ExchangeCosts,
+) -> Result<(f64, f64)> {
+    let (intra, inter) = (costs.intra_bytes_per_s.max(1) as f64, costs.inter_bytes_per_s.max(1) as f64);
+    let latency = costs.latency_ns as f64 * 1e-9;
+    // Fused: one all-to-all straight to every receiver.
     let recv = recv_bytes_per_step(placement, fields, sizes);
-    let total: u64 = recv.iter().sum();
-    let fused = recv.iter().map(|&r| (r as f64 + total as f64 / p) / BANDWIDTH + 2.0 * p * LATENCY).fold(0.0, f64::max);
-    // Two-phase: phase one to the leaders only, then each leader scatters to its group.
+    let fused = all_to_all_times(&recv, hosts, costs).into_iter().fold(0.0, f64::max);
+    // Two-phase: whole rows to the leaders only, then each leader scatters to its group.
     let leaders = leader_placement(placement)?;
-    let recv1 = recv_bytes_per_step(&leaders, fields, sizes);
-    let total1: u64 = recv1.iter().sum();
-    let n_leaders = leaders.blocks().iter().filter(|b| !b.receivers.is_empty()).count() as f64;
+    let phase1 = all_to_all_times(&recv_bytes_per_step(&leaders, fields, sizes), hosts, costs);
     let mut two = 0.0f64;
     for b in placement.blocks() {
         let members: Vec<&Receiver> = b.receivers.iter().filter(|r| !r.parts.is_empty()).collect();
-        let scatter: u64 = members.iter().map(|r| recv[r.rank.0]).sum();
+        let Some(leader) = members.first().map(|m| m.rank.0) else { continue };
+        let speed = |m: usize| if hosts[m] == hosts[leader] { intra } else { inter };
+        let scatter: f64 = members.iter().map(|m| recv[m.rank.0] as f64 / speed(m.rank.0)).sum();
         for (i, m) in members.iter().enumerate() {
-            let phase1 = (recv1[m.rank.0] as f64 + total1 as f64 / p) / BANDWIDTH + (p + n_leaders) * LATENCY;
             let phase2 = if i == 0 {
-                (scatter as f64) / BANDWIDTH + members.len() as f64 * LATENCY
+                scatter + members.len() as f64 * latency
             } else {
-                recv[m.rank.0] as f64 / BANDWIDTH + LATENCY
+                recv[m.rank.0] as f64 / speed(m.rank.0) + latency
             };
-            two = two.max(phase1 + phase2);
+            two = two.max(phase1[m.rank.0] + phase2);
         }
     }
     Ok((fused, two))
 }
 
-/// Resolves `Auto` with the cost model; other modes are taken as given.
-pub fn choose(mode: ExchangeMode, placement: &Placement, fields: &[Field], sizes: &[u64]) -> Result<ExchangeMode> {
+/// Resolves `Auto` with the cost model (`costs`, ranks on `hosts`); other modes are taken
+/// as given.
+pub fn choose(
+    mode: ExchangeMode,
+    placement: &Placement,
+    fields: &[Field],
+    sizes: &[u64],
+    hosts: &[usize],
+    costs: &ExchangeCosts,
+) -> Result<ExchangeMode> {
     Ok(match mode {
         ExchangeMode::Auto => {
-            let (fused, two) = modelled_costs(placement, fields, sizes)?;
+            let (fused, two) = modelled_costs(placement, fields, sizes, hosts, costs)?;
             if two < fused {
                 ExchangeMode::TwoPhase
             } else {
@@ -160,13 +199,49 @@ mod tests {
         assert_eq!(l.receiver(Rank(2)).unwrap().1.parts, vec![FieldPart::whole(0), FieldPart::whole(1)]);
         assert!(l.receiver(Rank(1)).is_none() && l.receiver(Rank(3)).is_none());
         let sizes = |f: &[Field]| crate::plan::budget::value_sizes(f, &[]);
-        let (fused, two) = modelled_costs(&p, &fields, &sizes(&fields)).unwrap();
+        let (one_host, costs) = (vec![0; 4], ExchangeCosts::default());
+        let (fused, two) = modelled_costs(&p, &fields, &sizes(&fields), &one_host, &costs).unwrap();
         assert!(fused > 0.0 && two > 0.0);
-        // With large values the bytes dominate: fused never moves more per rank.
+        // With large values the bytes dominate: on one host, fused never moves more per rank.
         let big = vec![Field::tensor("x", DType::F32, vec![1 << 20]), Field::tensor("y", DType::I64, vec![])];
         let p = placement(&big);
-        assert_eq!(choose(ExchangeMode::Auto, &p, &big, &sizes(&big)).unwrap(), ExchangeMode::Fused);
-        assert_eq!(choose(ExchangeMode::TwoPhase, &p, &big, &sizes(&big)).unwrap(), ExchangeMode::TwoPhase);
+        let auto = |hosts: &[usize], costs: &ExchangeCosts| {
+            choose(ExchangeMode::Auto, &p, &big, &sizes(&big), hosts, costs).unwrap()
+        };
+        assert_eq!(auto(&one_host, &costs), ExchangeMode::Fused);
+        assert_eq!(
+            choose(ExchangeMode::TwoPhase, &p, &big, &sizes(&big), &one_host, &costs).unwrap(),
+            ExchangeMode::TwoPhase
+        );
+    }
+
+    #[test]
+    fn a_slow_link_between_hosts_favours_two_phase_for_replicated_rows() {
+        // dp=2,tp=2 with x split over dp only: each row goes to both ranks of a tp pair.
+        let fields = vec![Field::tensor("x", DType::F32, vec![1 << 16])];
+        let layout = Layout {
+            mesh: Some("dp=2,tp=2".parse().unwrap()),
+            shard: [("x".to_string(), "dp,-".parse().unwrap())].into(),
+            ..Default::default()
+        };
+        let mesh = mesh(&layout, 4).unwrap();
+        let p = Placement::from_mesh(8, &mesh, &fields, &sharding(&layout, &mesh, &fields, 8).unwrap()).unwrap();
+        let sizes = crate::plan::budget::value_sizes(&fields, &[]);
+        // Each tp pair on its own host: fused sends every row across the link twice (once
+        // per pair member), two-phase once (to the leader), then copies it on the host.
+        let hosts = [0, 0, 1, 1];
+        let slow = ExchangeCosts { inter_bytes_per_s: 100_000_000, ..ExchangeCosts::default() };
+        let (fused, two) = modelled_costs(&p, &fields, &sizes, &hosts, &slow).unwrap();
+        assert!(two < fused, "two-phase {two} vs fused {fused}");
+        let auto = |hosts: &[usize], costs: &ExchangeCosts| {
+            choose(ExchangeMode::Auto, &p, &fields, &sizes, hosts, costs).unwrap()
+        };
+        assert_eq!(auto(&hosts, &slow), ExchangeMode::TwoPhase);
+        // A link as fast as shared memory: the extra phase does not pay.
+        let fast = ExchangeCosts { inter_bytes_per_s: slow.intra_bytes_per_s, ..slow };
+        assert_eq!(auto(&hosts, &fast), ExchangeMode::Fused);
+        // All on one host: fused.
+        assert_eq!(auto(&[0; 4], &slow), ExchangeMode::Fused);
     }
 
     #[test]

@@ -122,7 +122,8 @@ impl Stream {
         let place = |rows| Placement::from_mesh(rows, &mesh, fields, &sharding)?.for_processes(k, fields);
         let placement = place(b)?;
         let sizes = budget::value_sizes(fields, &dataset.mean_value_bytes());
-        let mode = layout::choose(options.layout.exchange, &placement, fields, &sizes)?;
+        let costs = &options.layout.exchange_costs;
+        let mode = layout::choose(options.layout.exchange, &placement, fields, &sizes, &hosts, costs)?;
         let remainder = (n % b as u64) as usize;
         let steps_per_epoch = match options.tail {
             TailPolicy::Drop => n / b as u64,

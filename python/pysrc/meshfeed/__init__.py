@@ -283,6 +283,9 @@ class Loader:
         prefetch: windows the background producer runs ahead (0: none).
         tail: the last incomplete batch of an epoch: ``drop``, ``pad`` or ``partial``.
         exchange: ``auto``, ``fused``, ``two-phase`` or ``broadcast``.
+        exchange_costs: the all-to-all costs ``auto`` decides with, e.g.
+            ``"latency=5e-6,intra=1e10,inter=1.2e9"`` (``meshfeed report --predict``
+            fits them to a cluster's runs).
         cache_bytes: keep this rank's home range in memory when it fits (``"4G"``).
         local_reads: ``auto`` or ``off``: ranks on one host read the rows they get from
             each other straight from the files instead of exchanging them.
@@ -319,6 +322,7 @@ class Loader:
         prefetch: Optional[int] = None,
         tail: Optional[str] = None,
         exchange: Optional[str] = None,
+        exchange_costs: Optional[str] = None,
         cache_bytes: Union[int, str, None] = None,
         local_reads: Optional[str] = None,
         group: Optional[str] = None,
@@ -341,6 +345,7 @@ class Loader:
             "prefetch": prefetch,
             "tail": tail,
             "exchange": exchange,
+            "exchange_costs": exchange_costs,
             "cache_bytes": cache_bytes,
             "local_reads": local_reads,
             "group": group,
