@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # A scaling sweep on Slurm: one job per point of a grid, run one after another (each
 # with its nodes to itself), each writing its telemetry to RESULTS/<sweep>/<point>/;
-# then `meshfeed report` of the results.
+# then `meshfeed report` of the results: the table, the plots and the cost model's
+# prediction.
 #
 #   bash slurm/sweep.sh SWEEP.toml [RESULTS_DIR]       # default RESULTS_DIR: results
 #
@@ -24,6 +25,8 @@
 #   format = "npy"                    # the dataset's format (for the pytorch loader)
 #   python = "python3"                # the pytorch loader's interpreter
 #   pytorch_workers = "0,1,2"         # DataLoader worker counts it tries (the best counts)
+#   predict = "16,64,256,1024,4096"   # node counts the cost model predicts ("": none;
+#                                     # default 1,2,4,...,4096, when a meshfeed point ran)
 #
 # Each point's directory holds point.json (its configuration), run.json and
 # rank-<r>.jsonl (meshfeed's telemetry: hosts, versions, time per phase, bytes) and
@@ -63,7 +66,8 @@ for combo in itertools.product(*values):
         continue  # the PyTorch baseline has no transport: run it once per other point
     p.update(sweep=s["name"], data=s["data"], epochs=s.get("epochs", 1), verify=bool(s.get("verify", False)),
              drop_caches=s.get("drop_caches", ""), format=s.get("format", "npy"), python=s.get("python", "python3"),
-             pytorch_workers=str(s.get("pytorch_workers", "0,1,2")))
+             pytorch_workers=str(s.get("pytorch_workers", "0,1,2")),
+             predict=str(s.get("predict", "1,2,4,8,16,32,64,128,256,512,1024,2048,4096")))
     p["id"] = "{loader}-n{nodes}x{ranks_per_node}-b{batch_size}-w{window_bytes}-{transport}".format(**p)
     if p["loader"] == "pytorch":
         p["id"] = "pytorch-n{nodes}x{ranks_per_node}-b{batch_size}".format(**p)
@@ -71,6 +75,7 @@ for combo in itertools.product(*values):
 PY
 )
 name=$(head -1 <<<"$points" | python3 -c 'import json,sys; print(json.load(sys.stdin)["sweep"])')
+predict=$(head -1 <<<"$points" | python3 -c 'import json,sys; print(json.load(sys.stdin)["predict"])')
 out=$results/$name
 mkdir -p "$out"
 total=$(wc -l <<<"$points")
@@ -112,4 +117,9 @@ print("verify=" + ("1" if p["verify"] else "0"))' "$point")"
         exit 1
     fi
 done <<<"$points"
-"$bin" report --plots "$out/plots" "$out"
+# The table, the plots and, where meshfeed ran, the cost model's prediction.
+report=(report --plots "$out/plots")
+if [[ -n $predict ]] && grep -q '"loader": "meshfeed"' <<<"$points"; then
+    report+=(--predict "$predict")
+fi
+"$bin" "${report[@]}" "$out"

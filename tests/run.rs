@@ -507,3 +507,138 @@ fn batch_jobs_print_a_heartbeat() {
     ok(&quiet);
     assert!(!quiet.stdout.contains("heartbeat"), "{}", quiet.stdout);
 }
+
+/// `--telemetry` writes one record per window per rank, which add up to the rank's epoch
+/// record, with the time waiting for the slowest peer inside the exchange and the bytes
+/// sent to other hosts: none on one host, and with ranks posing as hosts of two, the rows
+/// owned on the other host. `meshfeed report --predict` fits the cost model to those
+/// records (the link between hosts only where a run crossed hosts) and predicts the node
+/// counts asked for.
+#[test]
+fn telemetry_records_each_window_and_the_cost_model_fits_them() {
+    let out = tempdir();
+    let data = out.path().join("data");
+    let d = data.to_str().unwrap();
+    ok(&meshfeed(&[
+        "gen",
+        "--format",
+        "npy",
+        "--samples",
+        "3000",
+        "--files",
+        "3",
+        "--field",
+        "x:u8:2048",
+        "--field",
+        "y:i64",
+        "--out",
+        d,
+    ]));
+    let read = |path: &Path| -> Vec<serde_json::Value> {
+        std::fs::read_to_string(path).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+    };
+    for np in [2, 3, 4] {
+        let mut total = [0u64; 2]; // bytes sent, and sent to other hosts, over ranks (two hosts)
+        for hosts in ["one-host", "two-hosts"] {
+            let dir = out.path().join(format!("{hosts}-{np}"));
+            let t = dir.to_str().unwrap();
+            let args = [
+                "run",
+                "--data",
+                d,
+                "--batch-size",
+                "48",
+                "--epochs",
+                "2",
+                "--window-bytes",
+                "256K",
+                "--local-reads",
+                "off",
+                "--verify",
+                "--telemetry",
+                t,
+            ];
+            let run = if hosts == "one-host" {
+                mpirun(np, &args)
+            } else {
+                run_on_hosts_of_two(Transport::Mpi, out.path(), np, &args)
+            };
+            ok(&run);
+            let config = &read(&dir.join("run.json"))[0];
+            assert_eq!((config["schema"].as_u64(), config["sample_bytes"].as_u64()), (Some(2), Some(2056)), "{config}");
+            let spw = config["steps_per_window"].as_u64().unwrap();
+            for rank in 0..np {
+                let lines = read(&dir.join(format!("rank-{rank}.jsonl")));
+                for epoch in 0..2u64 {
+                    let of_epoch = |kind: &str| -> Vec<&serde_json::Value> {
+                        lines.iter().filter(|l| l["kind"] == kind && l["epoch"] == epoch).collect()
+                    };
+                    let windows = of_epoch("window");
+                    let e = of_epoch("epoch");
+                    assert_eq!(e.len(), 1, "{hosts}, {np} ranks, rank {rank}");
+                    let e = e[0];
+                    assert_eq!(e["verified"], true);
+                    assert_eq!(
+                        windows.len() as u64,
+                        e["windows"].as_u64().unwrap(),
+                        "{hosts}, {np} ranks, rank {rank}"
+                    );
+                    let firsts: Vec<u64> = windows.iter().map(|w| w["first_step"].as_u64().unwrap()).collect();
+                    assert_eq!(firsts, (0..62).step_by(spw as usize).collect::<Vec<u64>>(), "62 steps of 48 rows");
+                    let sum = |k: &str| windows.iter().map(|w| w[k].as_u64().unwrap()).sum::<u64>();
+                    for k in ["bytes_read", "bytes_sent", "bytes_sent_off_host", "bytes_received"] {
+                        assert_eq!(sum(k), e[k].as_u64().unwrap(), "{k}: {hosts}, {np} ranks, rank {rank}");
+                    }
+                    for w in &windows {
+                        let exchange = w["phase_s"]["exchange"].as_f64().unwrap();
+                        assert!(w["peer_wait_s"].as_f64().unwrap() <= exchange + 1e-9, "{w}");
+                    }
+                    let off = e["bytes_sent_off_host"].as_u64().unwrap();
+                    if hosts == "one-host" || np == 2 {
+                        assert_eq!(off, 0, "{hosts}, {np} ranks, rank {rank}: {e}");
+                    } else {
+                        total[0] += e["bytes_sent"].as_u64().unwrap();
+                        total[1] += off;
+                    }
+                }
+            }
+        }
+        if np > 2 {
+            // As in the local-reads test: 4/9 of the rows cross with 3 ranks, 1/2 with 4.
+            let share = total[1] as f64 / total[0] as f64;
+            let expected = if np == 3 { 4.0 / 9.0 } else { 0.5 };
+            assert!((share - expected).abs() < 0.05, "{np} ranks: {share} of the bytes sent crossed, not ~{expected}");
+        }
+    }
+    // The model: fitted to every run with window records; the link measured only where a
+    // run crossed hosts.
+    let report = |dirs: &[&Path]| -> Vec<serde_json::Value> {
+        let mut args = vec!["report", "--json", "--predict", "1,2,64"];
+        args.extend(dirs.iter().map(|d| d.to_str().unwrap()));
+        let run = meshfeed(&args);
+        ok(&run);
+        run.stdout.lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+    };
+    let of = |lines: &[serde_json::Value], kind: &str| -> Vec<serde_json::Value> {
+        lines.iter().filter(|l| l["kind"] == kind).cloned().collect()
+    };
+    let all = report(&[out.path()]);
+    let c = &of(&all, "calibration")[0];
+    assert_eq!(c["runs"], 6, "{c}");
+    assert!(c["inter_bytes_per_s"].as_f64().is_some_and(|b| b > 0.0), "{c}");
+    assert!(c["node_read_bytes_per_s"].as_f64().is_some_and(|b| b > 0.0), "{c}");
+    assert_eq!(of(&all, "validation").len(), 6);
+    assert!(of(&all, "validation").iter().all(|v| v["ratio"].as_f64().is_some_and(|r| r > 0.0 && r.is_finite())));
+    let p = of(&all, "prediction");
+    assert_eq!(p.iter().map(|p| p["nodes"].as_u64().unwrap()).collect::<Vec<_>>(), [1, 2, 64]);
+    // By default for the largest run's shape: 4 ranks on 2 hosts, 2 ranks a node.
+    assert_eq!(p.iter().map(|p| p["ranks"].as_u64().unwrap()).collect::<Vec<_>>(), [2, 4, 128]);
+    assert_eq!(p[0]["efficiency"], 1.0);
+    assert!(p.iter().all(|p| p["epoch_s"].as_f64().is_some_and(|s| s > 0.0)), "{p:?}");
+    let one = report(&[&out.path().join("one-host-4")]);
+    assert_eq!(of(&one, "calibration")[0]["inter_bytes_per_s"], serde_json::Value::Null);
+    // Without --predict, no model.
+    let plain = meshfeed(&["report", "--json", out.path().to_str().unwrap()]);
+    ok(&plain);
+    assert!(!plain.stdout.contains("\"calibration\""));
+}

@@ -324,6 +324,32 @@ fn sweep_over_one_two_and_four_nodes(dir: &Path) {
     ok(&run);
     assert!(run.stdout.contains("sweep: 9 point(s)"), "{}", run.stdout);
     assert!(results.join("ci/plots/throughput.svg").is_file(), "the sweep's report draws its plots");
+    // ... and the cost model's prediction to 4096 nodes, its curve beside the points.
+    assert!(results.join("ci/plots/prediction.svg").is_file(), "the sweep's report draws the prediction");
+    assert!(run.stdout.contains("cost model, fitted to 3 run(s)"), "{}", run.stdout);
+    assert!(run.stdout.contains("--exchange-costs latency="), "{}", run.stdout);
+    let model = meshfeed(&["report", "--json", "--predict", "16,4096", results.join("ci").to_str().unwrap()]);
+    ok(&model);
+    let lines: Vec<serde_json::Value> = model.stdout.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let kind = |k: &str| -> Vec<&serde_json::Value> { lines.iter().filter(|l| l["kind"] == k).collect() };
+    let c = kind("calibration")[0];
+    // Two world sizes exchanged (2 and 4 nodes): the latency per peer is measured. The
+    // bandwidths are measured where bytes explain exchange time; with this sweep's small
+    // windows on 2 shared cores they may not (then null, and the defaults are used).
+    assert!(c["latency_s"].as_f64().is_some(), "{c}");
+    assert!(
+        c["windows"].as_u64().is_some_and(|w| w > 0) && c["node_read_bytes_per_s"].as_f64().is_some_and(|b| b > 0.0),
+        "{c}"
+    );
+    assert!(c["inter_bytes_per_s"].is_null() || c["inter_bytes_per_s"].as_f64().is_some_and(|b| b > 0.0), "{c}");
+    assert_eq!(kind("validation").len(), 3, "{}", model.stdout);
+    let p = kind("prediction");
+    assert_eq!(
+        p.iter().map(|p| (p["nodes"].as_u64(), p["ranks"].as_u64())).collect::<Vec<_>>(),
+        [(Some(16), Some(16)), (Some(4096), Some(4096))],
+        "one rank per node, as the sweep ran"
+    );
+    assert!(p.iter().all(|p| p["efficiency"].as_f64().is_some_and(|e| e > 0.0 && e <= 1.0)), "{p:?}");
     let report = meshfeed(&["report", "--json", results.join("ci").to_str().unwrap()]);
     ok(&report);
     let lines: Vec<serde_json::Value> = report.stdout.lines().map(|l| serde_json::from_str(l).unwrap()).collect();

@@ -14,8 +14,11 @@
 
 use std::path::{Path, PathBuf};
 
+use meshfeed::config::ByteSize;
 use meshfeed::{Error, Result};
 use serde::Serialize;
+
+use crate::model::{self, Calibration, Prediction, Scenario, Validation, WindowSample};
 
 /// The phases of the telemetry records, in order; all but the exchange are a rank's own.
 const PHASES: [&str; 5] = ["plan", "read", "pack", "exchange", "assemble"];
@@ -34,6 +37,50 @@ pub struct ReportArgs {
     /// loader, time per phase per run, and each rank's own work per run (skew).
     #[arg(long, value_name = "DIR")]
     pub plots: Option<PathBuf>,
+    #[command(flatten)]
+    pub predict: PredictArgs,
+}
+
+/// The cost model's prediction (`--predict`) and what to predict for: by default the
+/// largest measured meshfeed run's dataset, batch, window and ranks per node.
+#[derive(clap::Args, Debug, Default)]
+pub struct PredictArgs {
+    /// Fit the cost model to the meshfeed runs' window records and predict epoch time,
+    /// throughput and scaling efficiency at these node counts (comma-separated)
+    /// [default when given alone: 1,2,4,...,4096].
+    #[arg(long, num_args = 0..=1, value_delimiter = ',', value_name = "NODES",
+          default_missing_value = "1,2,4,8,16,32,64,128,256,512,1024,2048,4096")]
+    pub predict: Option<Vec<usize>>,
+    /// Ranks per node.
+    #[arg(long, requires = "predict")]
+    pub ranks_per_node: Option<usize>,
+    /// Samples in the dataset.
+    #[arg(long, requires = "predict")]
+    pub samples: Option<u64>,
+    /// Bytes per sample (K/M/G).
+    #[arg(long, requires = "predict", value_name = "BYTES")]
+    pub sample_bytes: Option<ByteSize>,
+    /// Global batch size.
+    #[arg(long, requires = "predict")]
+    pub batch_size: Option<u64>,
+    /// Window budget per rank (K/M/G).
+    #[arg(long, requires = "predict", value_name = "BYTES")]
+    pub window_bytes: Option<ByteSize>,
+    /// Ranks that receive each sample (1: data parallel; the size of the mesh axes the
+    /// batch is replicated over, e.g. tp) [default: 1].
+    #[arg(long, requires = "predict", default_value_t = 1)]
+    pub replicas: usize,
+    /// The storage's aggregate read bandwidth, bytes/s (K/M/G) [default: fitted, or
+    /// unlimited when the runs never saturated it].
+    #[arg(long, requires = "predict", value_name = "BYTES")]
+    pub storage_bandwidth: Option<ByteSize>,
+    /// One node's read bandwidth from the storage, bytes/s (K/M/G) [default: fitted].
+    #[arg(long, requires = "predict", value_name = "BYTES")]
+    pub node_read_bandwidth: Option<ByteSize>,
+    /// One node's network link for the exchange, bytes/s (K/M/G) [default: fitted, or
+    /// the `--exchange-costs` default when no run crossed nodes].
+    #[arg(long, requires = "predict", value_name = "BYTES")]
+    pub link_bandwidth: Option<ByteSize>,
 }
 
 /// One rank's record of one epoch.
@@ -292,21 +339,32 @@ fn read_pytorch(dir: &Path) -> Result<EpochReport> {
     })
 }
 
-/// Every record of a run, by epoch (each epoch's records in rank order).
-fn read_run(dir: &Path) -> Result<Vec<Vec<RankEpoch>>> {
+/// A run's telemetry: every epoch record, by epoch (each epoch's records in rank order),
+/// and every window record (schema 2).
+struct Telemetry {
+    epochs: Vec<Vec<RankEpoch>>,
+    windows: Vec<WindowSample>,
+}
+
+/// Reads every rank's telemetry of a run.
+fn read_run(dir: &Path) -> Result<Telemetry> {
     let mut by_epoch: std::collections::BTreeMap<u64, Vec<RankEpoch>> = Default::default();
+    let mut windows = Vec::new();
+    let mut hosts: Vec<String> = Vec::new();
     for rank in 0.. {
         let path = dir.join(format!("rank-{rank}.jsonl"));
         if !path.is_file() {
             break;
         }
         let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
+        let mut mine = Vec::new();
+        let mut host = None;
         for (i, line) in text.lines().enumerate() {
             let bad = |why: &str| Error::file(&path, format!("line {}: {why}", i + 1));
             let v: serde_json::Value = serde_json::from_str(line).map_err(|e| bad(&e.to_string()))?;
-            if v["schema"].as_u64() != Some(crate::telemetry::SCHEMA) {
+            if !matches!(v["schema"].as_u64(), Some(1..=crate::telemetry::SCHEMA)) {
                 return Err(bad(&format!(
-                    "telemetry schema {} (this meshfeed reads {})",
+                    "telemetry schema {} (this meshfeed reads 1 to {})",
                     v["schema"],
                     crate::telemetry::SCHEMA
                 )));
@@ -315,6 +373,24 @@ fn read_run(dir: &Path) -> Result<Vec<Vec<RankEpoch>>> {
             let mut phase = [0.0; 5];
             for (p, name) in PHASES.iter().enumerate() {
                 phase[p] = v["phase_s"][name].as_f64().ok_or_else(|| bad(&format!("no phase_s.{name}")))?;
+            }
+            if v["kind"].as_str() == Some("window") {
+                let int = |k: &str| v[k].as_u64().ok_or_else(|| bad(&format!("no count '{k}'")));
+                mine.push(WindowSample {
+                    rank,
+                    host: 0,
+                    epoch: int("epoch")?,
+                    first_step: int("first_step")?,
+                    read_s: phase[1],
+                    cpu_s: OWN.iter().filter(|&&p| p != 1).map(|&p| phase[p]).sum(),
+                    exchange_s: phase[3],
+                    peer_wait_s: num("peer_wait_s")?,
+                    rows: int("rows")?,
+                    bytes_read: int("bytes_read")?,
+                    bytes_sent: int("bytes_sent")?,
+                    bytes_sent_off_host: int("bytes_sent_off_host")?,
+                });
+                continue;
             }
             let record = RankEpoch {
                 rank,
@@ -326,15 +402,153 @@ fn read_run(dir: &Path) -> Result<Vec<Vec<RankEpoch>>> {
                 wait: num("wait_s")?,
                 verified: v["verified"].as_bool(),
             };
+            host = Some(record.host.clone());
             by_epoch.entry(record.epoch).or_default().push(record);
         }
+        // Windows name no host: their rank's epoch records do.
+        let host = host.unwrap_or_default();
+        let index = hosts.iter().position(|h| *h == host).unwrap_or_else(|| {
+            hosts.push(host);
+            hosts.len() - 1
+        });
+        windows.extend(mine.into_iter().map(|w| WindowSample { host: index, ..w }));
     }
-    Ok(by_epoch.into_values().collect())
+    Ok(Telemetry { epochs: by_epoch.into_values().collect(), windows })
+}
+
+/// A meshfeed run as the cost model sees it: `run.json`'s configuration, its hosts, its
+/// epochs' times and its windows. `None` for runs without window records (schema 1) or
+/// configuration.
+fn model_run(dir: &Path, name: &str, t: Telemetry, reports: &[EpochReport]) -> Option<model::Run> {
+    if t.windows.is_empty() {
+        return None;
+    }
+    let run: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.join("run.json")).ok()?).ok()?;
+    let mine: Vec<&EpochReport> = reports.iter().filter(|r| r.run == name).collect();
+    let first = mine.first()?;
+    let samples = run["samples"].as_u64()?;
+    let read: u64 = t.windows.iter().filter(|w| w.epoch == first.epoch).map(|w| w.bytes_read).sum();
+    Some(model::Run {
+        name: name.to_string(),
+        nodes: first.hosts,
+        ranks: first.ranks,
+        samples,
+        batch_size: run["batch_size"].as_u64()?,
+        window_bytes: run["window_bytes"].as_u64()?,
+        prefetch: run["prefetch"].as_u64()? as usize,
+        sample_bytes: run["sample_bytes"].as_f64().unwrap_or(read as f64 / first.samples.max(1) as f64),
+        epoch_s: mine.iter().map(|r| (r.epoch, r.seconds)).collect(),
+        windows: t.windows,
+    })
+}
+
+/// The cost model fitted to `runs` and its predictions as `args` asks (`None` without
+/// `--predict`).
+struct Model {
+    calibration: Calibration,
+    validation: Vec<Validation>,
+    scenario: Scenario,
+    predictions: Vec<Prediction>,
+}
+
+fn fit_and_predict(args: &PredictArgs, runs: &[model::Run]) -> Result<Option<Model>> {
+    let Some(nodes) = &args.predict else { return Ok(None) };
+    let mut calibration = model::fit(runs).ok_or_else(|| {
+        Error::Config(
+            "--predict: no meshfeed run with window records to fit the cost model to (telemetry from \
+             `meshfeed run --telemetry DIR`, this version)"
+                .into(),
+        )
+    })?;
+    if let Some(b) = args.storage_bandwidth {
+        calibration.storage_bytes_per_s = Some(b.0 as f64);
+    }
+    if let Some(b) = args.node_read_bandwidth {
+        calibration.node_read_bytes_per_s = b.0 as f64;
+    }
+    if let Some(b) = args.link_bandwidth {
+        calibration.inter_bytes_per_s = Some(b.0 as f64);
+    }
+    let base = runs.iter().max_by_key(|r| (r.ranks, r.nodes)).expect("fitted to at least one run");
+    let scenario = Scenario {
+        nodes: 1,
+        ranks_per_node: args.ranks_per_node.unwrap_or(base.ranks.div_ceil(base.nodes.max(1))),
+        samples: args.samples.unwrap_or(base.samples),
+        sample_bytes: args.sample_bytes.map_or(base.sample_bytes, |b| b.0 as f64),
+        batch_size: args.batch_size.unwrap_or(base.batch_size),
+        window_bytes: args.window_bytes.map_or(base.window_bytes, |b| b.0),
+        prefetch: base.prefetch,
+        replicas: args.replicas.max(1),
+    };
+    let validation = model::validate(&calibration, runs);
+    let predictions = model::predict(&calibration, &scenario, nodes);
+    Ok(Some(Model { calibration, validation, scenario, predictions }))
+}
+
+/// The model's part of the report, for people.
+fn print_model(m: &Model) {
+    let c = &m.calibration;
+    let rate = |b: Option<f64>, none: &str| b.map_or(none.to_string(), |b| format!("{:.1} MB/s", b / 1e6));
+    crate::report::line("");
+    crate::report::line(&format!(
+        "cost model, fitted to {} run(s), {} window records: read {:.2} ms + bytes at {} a node (storage: {}), \
+         own work {:.2} µs a row, spread {:.0}%; exchange {:.2} ms a window + {} a peer, {} on a host, {} a node's link",
+        c.runs,
+        c.windows,
+        c.read_latency_s * 1e3,
+        rate(Some(c.node_read_bytes_per_s), "?"),
+        rate(c.storage_bytes_per_s, "not saturated"),
+        c.cpu_s_per_row * 1e6,
+        c.cv * 100.0,
+        c.overhead_s * 1e3,
+        c.latency_s.map_or("? (one world size measured; default used)".into(), |l| format!("{:.1} µs", l * 1e6)),
+        rate(c.intra_bytes_per_s, "not measured"),
+        rate(c.inter_bytes_per_s, "not measured (no run crossed nodes)"),
+    ));
+    crate::report::line(&format!("    calibrated for --exchange auto: --exchange-costs {}", c.exchange_costs()));
+    crate::report::line(&format!(
+        "{:<40} {:>5} {:>5} {:>11} {:>11} {:>6}",
+        "model vs measured (last epoch)", "nodes", "ranks", "measured_s", "predicted_s", "ratio"
+    ));
+    for v in &m.validation {
+        crate::report::line(&format!(
+            "{:<40} {:>5} {:>5} {:>11.3} {:>11.3} {:>6.2}",
+            v.run, v.nodes, v.ranks, v.measured_s, v.predicted_s, v.ratio
+        ));
+    }
+    let s = &m.scenario;
+    crate::report::line(&format!(
+        "prediction: {} samples of {:.0} B, batch {}, window {} B, {} rank(s) per node, each sample to {} rank(s)",
+        s.samples, s.sample_bytes, s.batch_size, s.window_bytes, s.ranks_per_node, s.replicas
+    ));
+    crate::report::line(&format!(
+        "{:>6} {:>7} {:>8} {:>10} {:>12} {:>10} {:>9} {:>9} {:>11} {:>6}",
+        "nodes", "ranks", "windows", "epoch_s", "samples/s", "efficiency", "read_s", "cpu_s", "exchange_s", "skew"
+    ));
+    for p in &m.predictions {
+        crate::report::line(&format!(
+            "{:>6} {:>7} {:>8} {:>10.3} {:>12.0} {:>10.2} {:>9.4} {:>9.4} {:>11.4} {:>5.0}%",
+            p.nodes,
+            p.ranks,
+            p.windows,
+            p.epoch_s,
+            p.samples_per_s,
+            p.efficiency,
+            p.read_s,
+            p.cpu_s,
+            p.exchange_s,
+            p.skew_share * 100.0
+        ));
+    }
+    crate::report::line(
+        "    (per window: read_s, cpu_s: the slowest rank's; skew: the share of a window spent waiting for it)",
+    );
 }
 
 /// `meshfeed report`.
 pub fn run(args: ReportArgs) -> Result<()> {
     let mut reports = Vec::new();
+    let mut measured = Vec::new();
     for dir in &args.dirs {
         for run in runs(dir)? {
             if !run.join("rank-0.jsonl").is_file() {
@@ -343,14 +557,20 @@ pub fn run(args: ReportArgs) -> Result<()> {
             }
             let name = run.display().to_string();
             let loader = loader_of(&run);
-            for records in read_run(&run)? {
-                reports.push(analyse(&name, &loader, &records));
+            let telemetry = read_run(&run)?;
+            let first = reports.len();
+            for records in &telemetry.epochs {
+                reports.push(analyse(&name, &loader, records));
+            }
+            if loader == "meshfeed" {
+                measured.extend(model_run(&run, &name, telemetry, &reports[first..]));
             }
         }
     }
     let table = scaling(&reports);
+    let model = fit_and_predict(&args.predict, &measured)?;
     if let Some(dir) = &args.plots {
-        let written = plots(dir, &reports, &table)?;
+        let written = plots(dir, &reports, &table, model.as_ref())?;
         crate::report::line_err(&format!("report: {} plot file(s) in {}", written.len(), dir.display()));
     }
     if args.json {
@@ -359,6 +579,15 @@ pub fn run(args: ReportArgs) -> Result<()> {
         }
         for row in &table {
             crate::report::line(&json(row)?);
+        }
+        if let Some(m) = &model {
+            crate::report::line(&json(&m.calibration)?);
+            for v in &m.validation {
+                crate::report::line(&json(v)?);
+            }
+            for p in &m.predictions {
+                crate::report::line(&json(p)?);
+            }
         }
         return Ok(());
     }
@@ -414,11 +643,14 @@ pub fn run(args: ReportArgs) -> Result<()> {
             row.loader, row.hosts, row.ranks, row.samples_per_s, row.efficiency, row.run
         ));
     }
+    if let Some(m) = &model {
+        print_model(m);
+    }
     Ok(())
 }
 
 /// The report's plots, as PNG and SVG in `dir`.
-fn plots(dir: &Path, reports: &[EpochReport], table: &[ScalingRow]) -> Result<Vec<PathBuf>> {
+fn plots(dir: &Path, reports: &[EpochReport], table: &[ScalingRow], model: Option<&Model>) -> Result<Vec<PathBuf>> {
     use crate::bench::plots::{save_bars, save_lines, Bars, Lines, Series};
     std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
     // A run's directory name; a sweep point's id (loader-nodes-batch-window-transport)
@@ -435,7 +667,7 @@ fn plots(dir: &Path, reports: &[EpochReport], table: &[ScalingRow]) -> Result<Ve
     // Throughput vs nodes, per loader (the best run at each node count).
     let mut loaders: Vec<&str> = table.iter().map(|r| r.loader.as_str()).collect();
     loaders.dedup();
-    let series = loaders
+    let series: Vec<Series> = loaders
         .iter()
         .map(|&loader| {
             let mut best: std::collections::BTreeMap<usize, f64> = Default::default();
@@ -446,9 +678,32 @@ fn plots(dir: &Path, reports: &[EpochReport], table: &[ScalingRow]) -> Result<Ve
             Series { name: loader.to_string(), points: best.into_iter().map(|(h, v)| (h as f64, v)).collect() }
         })
         .collect();
-    let chart =
-        Lines { title: "throughput vs nodes".into(), x: "nodes", y: "samples/s", log_x: false, log_y: false, series };
+    let chart = Lines {
+        title: "throughput vs nodes".into(),
+        x: "nodes",
+        y: "samples/s",
+        log_x: false,
+        log_y: false,
+        series: series.clone(),
+    };
     written.extend(save_lines(dir, "throughput", &chart)?);
+    // The model's curve beside the measured points, on log scales.
+    if let Some(m) = model {
+        let mut series = series;
+        series.push(Series {
+            name: "meshfeed, predicted".into(),
+            points: m.predictions.iter().map(|p| (p.nodes as f64, p.samples_per_s)).collect(),
+        });
+        let chart = Lines {
+            title: format!("predicted throughput vs nodes ({} ranks per node)", m.scenario.ranks_per_node),
+            x: "nodes",
+            y: "samples/s",
+            log_x: true,
+            log_y: true,
+            series,
+        };
+        written.extend(save_lines(dir, "prediction", &chart)?);
+    }
     // Time per phase of each run's last epoch: the slowest rank's, stacked; the epoch marked.
     let last: Vec<&EpochReport> = table
         .iter()

@@ -19,6 +19,7 @@ mod gen;
 mod inspect;
 mod job;
 mod launch;
+mod model;
 mod report;
 mod run;
 mod telemetry;

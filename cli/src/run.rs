@@ -33,9 +33,10 @@ pub struct RunArgs {
     /// Write one rank-<r>.jsonl per rank: ids and CRC-32 of every delivered row.
     #[arg(long, value_name = "DIR")]
     pub dump: Option<PathBuf>,
-    /// Write per-rank telemetry here: rank-<r>.jsonl (one JSON line per epoch: host, time
-    /// per phase, waiting, bytes, peak memory) and run.json (the configuration), for
-    /// `meshfeed report`.
+    /// Write per-rank telemetry here: rank-<r>.jsonl (one JSON line per window: time per
+    /// phase, waiting for the slowest peer, bytes; and one per epoch: host, time per phase,
+    /// waiting, bytes, peak memory) and run.json (the configuration), for `meshfeed
+    /// report`.
     #[arg(long, value_name = "DIR")]
     pub telemetry: Option<PathBuf>,
     /// When the progress bar cannot be shown (stderr is not a terminal: a batch job), rank
@@ -194,7 +195,10 @@ fn run(args: &RunArgs, job: Result<Job>, rt: &Runtime) -> Result<i32> {
         None => None,
     };
     let mut telemetry = match &args.telemetry {
-        Some(dir) => Some(agree(world, TelemetryWriter::create(dir, rank, world.size(), &job, &loader))?),
+        Some(dir) => {
+            loader.keep_window_records(true);
+            Some(agree(world, TelemetryWriter::create(dir, rank, world.size(), &job, &loader))?)
+        }
         None => None,
     };
     if rank == 0 && !args.json {

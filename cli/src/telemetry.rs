@@ -1,7 +1,10 @@
-//! Per-rank telemetry (`meshfeed run --telemetry DIR`): every rank appends one JSON line
-//! per epoch to `DIR/rank-<r>.jsonl` — its host, its time in each phase, waiting for the
-//! producer and computing, its bytes and peak memory, whether the epoch verified (null
-//! without `--verify`) — and rank 0 writes `DIR/run.json`,
+//! Per-rank telemetry (`meshfeed run --telemetry DIR`): every rank appends JSON lines to
+//! `DIR/rank-<r>.jsonl`, one per window (`"kind": "window"`: its steps, time in each
+//! phase, waiting for the slowest peer inside the exchange, waiting for the consumer,
+//! bytes read, sent — to other hosts too — and received), then one per epoch
+//! (`"kind": "epoch"`: its host, its time in each phase, waiting for the producer and
+//! computing, its bytes and peak memory, whether the epoch verified (null without
+//! `--verify`)) — and rank 0 writes `DIR/run.json`,
 //! the run's configuration, so that records of many runs join without wrapper scripts.
 //! `meshfeed report` reads them ([`crate::analysis`]).
 
@@ -16,7 +19,14 @@ use meshfeed::{Error, Result};
 use crate::report::EpochTimes;
 
 /// Version of the telemetry records' layout.
-pub const SCHEMA: u64 = 1;
+pub const SCHEMA: u64 = 2;
+
+/// Bytes of one sample (variable-length values at their mean size where known).
+fn sample_bytes(loader: &Loader) -> u64 {
+    use meshfeed::plan::budget;
+    let d = loader.dataset();
+    budget::sample_bytes(&budget::value_sizes(d.fields(), &d.mean_value_bytes()))
+}
 
 /// One rank's telemetry file.
 pub struct TelemetryWriter {
@@ -47,6 +57,7 @@ impl TelemetryWriter {
                 "window_bytes": job.loader.window_bytes,
                 "prefetch": job.loader.prefetch,
                 "steps_per_window": loader.steps_per_window(),
+                "sample_bytes": sample_bytes(loader),
             });
             let path = dir.join("run.json");
             std::fs::write(&path, format!("{run}\n")).map_err(|e| Error::io(&path, e))?;
@@ -62,13 +73,36 @@ impl TelemetryWriter {
         })
     }
 
-    /// Appends this rank's record of an epoch (its own metrics, before any reduction) and,
-    /// with `--verify`, whether the epoch verified (every rank learns the outcome).
+    /// Appends this rank's records of an epoch's windows (the loader keeps them:
+    /// [`Loader::keep_window_records`]), then of the epoch (its own metrics, before any
+    /// reduction) and, with `--verify`, whether the epoch verified (every rank learns the
+    /// outcome).
     pub fn epoch(&mut self, t: &EpochTimes, m: &Metrics, verified: Option<bool>) -> Result<()> {
-        let phase: serde_json::Map<String, serde_json::Value> =
-            Phase::ALL.iter().map(|&p| (p.name().to_string(), m.time(p).as_secs_f64().into())).collect();
+        let phases = |d: &[std::time::Duration; 5]| -> serde_json::Map<String, serde_json::Value> {
+            Phase::ALL.iter().map(|&p| (p.name().to_string(), d[p as usize].as_secs_f64().into())).collect()
+        };
+        for w in &m.window_records {
+            let record = serde_json::json!({
+                "schema": SCHEMA,
+                "kind": "window",
+                "rank": self.rank,
+                "epoch": w.epoch,
+                "first_step": w.first_step,
+                "steps": w.steps,
+                "rows": w.rows,
+                "phase_s": phases(&w.phase),
+                "peer_wait_s": w.peer_wait.as_secs_f64(),
+                "wait_s": w.wait.as_secs_f64(),
+                "bytes_read": w.bytes_read,
+                "bytes_sent": w.bytes_sent,
+                "bytes_sent_off_host": w.bytes_sent_off_host,
+                "bytes_received": w.bytes_received,
+            });
+            writeln!(self.file, "{record}").map_err(|e| Error::io(&self.path, e))?;
+        }
         let record = serde_json::json!({
             "schema": SCHEMA,
+            "kind": "epoch",
             "rank": self.rank,
             "ranks": self.ranks,
             "host": self.host,
@@ -76,11 +110,13 @@ impl TelemetryWriter {
             "steps": t.steps,
             "samples": t.samples,
             "seconds": t.seconds,
-            "phase_s": phase,
+            "phase_s": phases(&m.phase),
+            "peer_wait_s": m.peer_wait.as_secs_f64(),
             "wait_s": m.wait.as_secs_f64(),
             "compute_s": t.compute_s,
             "bytes_read": m.bytes_read,
             "bytes_sent": m.bytes_sent,
+            "bytes_sent_off_host": m.bytes_sent_off_host,
             "bytes_received": m.bytes_received,
             "windows": m.windows,
             "peak_rss_bytes": meshfeed::runtime::peak_rss_bytes(),

@@ -40,7 +40,7 @@ pub(crate) fn prepare(
         let start = Instant::now();
         let read = reads.read(stream, &sorted, &mut metrics);
         metrics.phase[Phase::Read as usize] += start.elapsed();
-        let read = metrics.timed(Phase::Exchange, || agree(transport, read))?;
+        let read = metrics.agreed(|| agree(transport, read))?;
         let fields = stream.dataset.fields();
         let whole = whole_parts(fields);
         let rows: Vec<usize> = (0..ids.len()).collect();
@@ -49,7 +49,7 @@ pub(crate) fn prepare(
         metrics.bytes_sent += (send.len() * (stream.world - 1)) as u64;
         metrics.bytes_copied += send.len() as u64;
     } else {
-        metrics.timed(Phase::Exchange, || agree(transport, Ok(())))?;
+        metrics.agreed(|| agree(transport, Ok(())))?;
     }
     Ok(Packed { spec, route: Route::Broadcast, ids, send, counts: vec![], metrics, deferred: None })
 }

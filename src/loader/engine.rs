@@ -126,20 +126,23 @@ pub(crate) fn prepare(
                 Err(e) => (Vec::new(), vec![0; placement.world()], Some(e)),
             }
         } else {
-            let (send, counts) = metrics.timed(Phase::Exchange, || agree(transport, packed))?;
+            let (send, counts) = metrics.agreed(|| agree(transport, packed))?;
             (send, counts, None)
         }
     } else {
         let start = Instant::now();
         let read = reads.read(stream, &plan.reads, &mut metrics);
         metrics.phase[Phase::Read as usize] += start.elapsed();
-        let read = metrics.timed(Phase::Exchange, || agree(transport, read))?;
+        let read = metrics.agreed(|| agree(transport, read))?;
         let source = FromReads { ids: &plan.ids, read: &read };
         let packed = metrics.timed(Phase::Pack, || pack(&plan.sends, &parts, stream.dataset.fields(), &source));
         metrics.bytes_copied += packed.0.len() as u64;
         (packed.0, packed.1, None)
     };
     metrics.bytes_sent += send.len() as u64;
+    let me = stream.hosts[stream.rank.0];
+    metrics.bytes_sent_off_host +=
+        counts.iter().zip(&stream.hosts).filter(|&(_, &h)| h != me).map(|(&c, _)| c as u64).sum::<u64>();
     metrics.window_sends.push(counts.clone());
     Ok(Packed { spec, route, ids: plan.ids, send, counts, metrics, deferred })
 }
@@ -221,7 +224,7 @@ pub(crate) fn complete(engine: &mut Engine, received: Received) -> Result<Window
         Route::Broadcast => broadcast::complete(stream, &spec, &ids, &recv, &mut metrics),
     };
     crate::buffers::give_bytes(recv);
-    let batches = metrics.timed(Phase::Exchange, || agree(&*engine.transport, batches))?;
+    let batches = metrics.agreed(|| agree(&*engine.transport, batches))?;
     metrics.windows += 1;
     metrics.rows_delivered += batches.iter().map(|b| b.ids.len() as u64).sum::<u64>();
     Ok(Window { spec, batches, metrics })

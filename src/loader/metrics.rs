@@ -63,11 +63,41 @@ pub struct Metrics {
     pub evaluations: u64,
     /// Time the consumer waited for the producer (for batches not yet ready).
     pub wait: Duration,
+    /// Time in the agreements, the collectives that wait for every rank to finish a phase
+    /// (part of [`Phase::Exchange`]): mostly waiting for the slowest peer.
+    pub peer_wait: Duration,
+    /// Bytes this rank sent to ranks on other hosts (part of `bytes_sent`; the two-phase
+    /// scatter's not counted).
+    pub bytes_sent_off_host: u64,
     /// Per window exchanged over the loader's communicator, the bytes this rank sent to
     /// each rank, in exchange order: what a bare all-to-all-v must move to replay the
     /// epoch's exchange (the benchmark's exchange limit). Kept only where the loader is
     /// asked to ([`super::Loader::keep_window_sends`]).
     pub window_sends: Vec<Vec<usize>>,
+    /// One record per window delivered, kept only where the loader is asked to
+    /// ([`super::Loader::keep_window_records`]).
+    pub window_records: Vec<WindowRecord>,
+}
+
+/// What one window cost this rank (`meshfeed run --telemetry` writes one line each).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct WindowRecord {
+    pub epoch: u64,
+    /// The window's first step in its epoch.
+    pub first_step: u64,
+    pub steps: u64,
+    /// Rows this rank delivered from it.
+    pub rows: u64,
+    /// Time per phase, indexed like [`Phase::ALL`].
+    pub phase: [Duration; 5],
+    /// Time in agreements (part of the exchange): waiting for the slowest peer.
+    pub peer_wait: Duration,
+    /// Time the consumer waited for this window.
+    pub wait: Duration,
+    pub bytes_read: u64,
+    pub bytes_sent: u64,
+    pub bytes_sent_off_host: u64,
+    pub bytes_received: u64,
 }
 
 impl Metrics {
@@ -84,6 +114,17 @@ impl Metrics {
         r
     }
 
+    /// Runs an agreement `f` (a collective every rank enters when done with a phase),
+    /// adding its duration to the exchange and to [`Metrics::peer_wait`].
+    pub fn agreed<R>(&mut self, f: impl FnOnce() -> R) -> R {
+        let start = Instant::now();
+        let r = f();
+        let d = start.elapsed();
+        self.phase[Phase::Exchange as usize] += d;
+        self.peer_wait += d;
+        r
+    }
+
     /// Adds another set of metrics to these.
     pub fn add(&mut self, other: &Metrics) {
         for (a, b) in self.phase.iter_mut().zip(&other.phase) {
@@ -97,7 +138,10 @@ impl Metrics {
         self.bytes_copied += other.bytes_copied;
         self.evaluations += other.evaluations;
         self.wait += other.wait;
+        self.peer_wait += other.peer_wait;
+        self.bytes_sent_off_host += other.bytes_sent_off_host;
         self.window_sends.extend(other.window_sends.iter().cloned());
+        self.window_records.extend(other.window_records.iter().cloned());
     }
 
     /// Reduces every rank's metrics (collective; every rank gets the same summary).

@@ -75,7 +75,7 @@ use crate::transport::{agree, agree_settings, Transport};
 use crate::types::{Epoch, Step};
 pub use batch::{Batch, Element, FieldData};
 use engine::Engine;
-pub use metrics::{Metrics, MetricsSummary, Phase};
+pub use metrics::{Metrics, MetricsSummary, Phase, WindowRecord};
 pub use open::open_dataset;
 use pipeline::Pipeline;
 pub use state::{Fingerprint, LoaderState};
@@ -96,6 +96,8 @@ pub struct Loader {
     metrics: Metrics,
     /// Whether they keep each window's send counts ([`Loader::keep_window_sends`]).
     keep_window_sends: bool,
+    /// Whether they keep a record of each window ([`Loader::keep_window_records`]).
+    keep_window_records: bool,
     /// Why the loader stopped working, once it has.
     failed: Option<String>,
 }
@@ -149,6 +151,7 @@ impl Loader {
             window: VecDeque::new(),
             metrics: Metrics::default(),
             keep_window_sends: false,
+            keep_window_records: false,
             failed: None,
         })
     }
@@ -167,7 +170,8 @@ impl Loader {
         if self.window.is_empty() {
             let start = Instant::now();
             let window = self.pipeline.next_window(self.position, self.stream.options.prefetch);
-            self.metrics.wait += start.elapsed();
+            let waited = start.elapsed();
+            self.metrics.wait += waited;
             let window = window.and_then(|w| {
                 let at = Position { epoch: w.spec.epoch, step: Step(w.spec.steps.start) };
                 if at != self.position || w.batches.is_empty() {
@@ -182,6 +186,23 @@ impl Loader {
                 Ok(mut w) => {
                     if !self.keep_window_sends {
                         w.metrics.window_sends = Vec::new();
+                    }
+                    if self.keep_window_records {
+                        let m = &w.metrics;
+                        let record = WindowRecord {
+                            epoch: w.spec.epoch.0,
+                            first_step: w.spec.steps.start,
+                            steps: w.spec.steps.end - w.spec.steps.start,
+                            rows: m.rows_delivered,
+                            phase: m.phase,
+                            peer_wait: m.peer_wait,
+                            wait: waited,
+                            bytes_read: m.bytes_read,
+                            bytes_sent: m.bytes_sent,
+                            bytes_sent_off_host: m.bytes_sent_off_host,
+                            bytes_received: m.bytes_received,
+                        };
+                        w.metrics.window_records = vec![record];
                     }
                     self.metrics.add(&w.metrics);
                     self.window.extend(w.batches);
@@ -281,6 +302,12 @@ impl Loader {
     /// default: a list that grows by one entry per window until `take_metrics`).
     pub fn keep_window_sends(&mut self, keep: bool) {
         self.keep_window_sends = keep;
+    }
+
+    /// Whether [`Metrics::window_records`] holds a record of each window delivered (off by
+    /// default: a list that grows by one entry per window until `take_metrics`).
+    pub fn keep_window_records(&mut self, keep: bool) {
+        self.keep_window_records = keep;
     }
 
     /// Metrics of the windows delivered since the last call (and the time spent waiting
@@ -536,5 +563,25 @@ mod tests {
         assert_eq!(m.window_sends.len() as u64, m.windows);
         let sent: usize = m.window_sends.iter().flatten().sum();
         assert_eq!((sent as u64, m.rows_delivered), (m.bytes_sent, 4 * n as u64));
+        assert!(m.window_records.is_empty());
+        // One record per window when asked for, adding up to the epoch's metrics.
+        l.keep_window_records(true);
+        l.set_epoch(Epoch(2));
+        l.by_ref().count();
+        let m = l.take_metrics();
+        let r = &m.window_records;
+        assert_eq!(r.len() as u64, m.windows);
+        assert!(r.iter().all(|w| w.epoch == 2));
+        let firsts: Vec<u64> = r.iter().map(|w| w.first_step).collect();
+        let expected: Vec<u64> = (0..12).step_by(l.steps_per_window() as usize).collect();
+        assert_eq!(firsts, expected);
+        assert_eq!(r.iter().map(|w| w.steps).sum::<u64>(), 12);
+        assert_eq!(r.iter().map(|w| w.rows).sum::<u64>(), m.rows_delivered);
+        assert_eq!(r.iter().map(|w| w.bytes_read).sum::<u64>(), m.bytes_read);
+        assert_eq!(r.iter().map(|w| w.bytes_received).sum::<u64>(), m.bytes_received);
+        assert_eq!(r.iter().map(|w| w.wait).sum::<std::time::Duration>(), m.wait);
+        assert!(r.iter().all(|w| w.peer_wait <= w.phase[Phase::Exchange as usize]));
+        // One rank, one host: nothing is sent off the host.
+        assert_eq!(m.bytes_sent_off_host, 0);
     }
 }

@@ -30,7 +30,7 @@ pub(crate) fn complete(
     metrics.bytes_copied += recv.len() as u64;
     let full =
         metrics.timed(Phase::Assemble, || assemble(&leader, fields, recv, recv_counts, |id| stream.home.owner(id).0));
-    let full = metrics.timed(Phase::Exchange, || agree(transport, full))?;
+    let full = metrics.agreed(|| agree(transport, full))?;
 
     // Phase two, inside the row block's group; the leader is the group's first member.
     if group.is_none() {

@@ -28,6 +28,7 @@ const LOADERS: [&str; 9] = [
 ];
 
 /// A line of a chart.
+#[derive(Clone, Debug)]
 pub struct Series {
     pub name: String,
     pub points: Vec<(f64, f64)>,
