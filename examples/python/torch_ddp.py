@@ -12,8 +12,9 @@ together received every sample once, and rank 0 prints the mean loss, which fall
 
 At the end rank 0 prints the share of step time spent waiting for data (fetching the
 next batch and handing it to the device). ``--device cuda`` trains on each rank's GPU
-(``cuda:LOCAL_RANK``); ``--loader dataloader`` runs the baseline instead: PyTorch's
-``DataLoader`` + ``DistributedSampler`` over the same files (``--workers`` processes,
+(``cuda:LOCAL_RANK``; ranks share GPUs round-robin where they outnumber them);
+``--loader dataloader`` runs the baseline instead: PyTorch's ``DataLoader`` +
+``DistributedSampler`` over the same files (``--workers`` processes,
 pinned memory on a GPU), to compare the two:
 
     torchrun --nproc-per-node 4 torch_ddp.py DATA --transport ucx --device cuda
@@ -75,7 +76,8 @@ def main() -> None:
 
     torch.manual_seed(0)
     if a.device == "cuda":
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        # One GPU per rank where there are enough; ranks share them where there are not.
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
