@@ -18,7 +18,7 @@ use meshfeed::config::ByteSize;
 use meshfeed::{Error, Result};
 use serde::Serialize;
 
-use crate::model::{self, Calibration, Prediction, Scenario, Validation, WindowSample};
+use crate::model::{self, median, Calibration, Prediction, Scenario, Validation, WindowSample};
 
 /// The phases of the telemetry records, in order; all but the exchange are a rank's own.
 const PHASES: [&str; 5] = ["plan", "read", "pack", "exchange", "assemble"];
@@ -146,15 +146,6 @@ pub struct EpochReport {
     pub slow_hosts: Vec<String>,
     /// Each rank's own work, in rank order.
     pub rank_own_s: Vec<f64>,
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    match v.len() {
-        0 => 0.0,
-        n if n % 2 == 1 => v[n / 2],
-        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
-    }
 }
 
 /// A rank is a straggler when its own work exceeds the median's by a quarter, and by at
@@ -438,6 +429,15 @@ fn model_run(dir: &Path, name: &str, t: Telemetry, reports: &[EpochReport]) -> O
         prefetch: run["prefetch"].as_u64()? as usize,
         sample_bytes: run["sample_bytes"].as_f64().unwrap_or(read as f64 / first.samples.max(1) as f64),
         epoch_s: mine.iter().map(|r| (r.epoch, r.seconds)).collect(),
+        consumer: t
+            .epochs
+            .iter()
+            .flatten()
+            .map(|r| {
+                let rows = t.windows.iter().filter(|w| w.rank == r.rank && w.epoch == r.epoch).map(|w| w.rows).sum();
+                ((r.seconds - r.wait).max(0.0), rows)
+            })
+            .collect(),
         windows: t.windows,
     })
 }
@@ -492,7 +492,7 @@ fn print_model(m: &Model) {
     crate::report::line("");
     crate::report::line(&format!(
         "cost model, fitted to {} run(s), {} window records: read {:.2} ms + bytes at {} a node (storage: {}), \
-         own work {:.2} µs a row, spread {:.0}%; exchange {:.2} ms a window + {} a peer, {} on a host, {} a node's link",
+         own work {:.2} µs a row, spread {:.0}%; consumer {:.2} µs a row + {:.2} ns a byte; exchange {:.2} ms a window + {} a peer, {} on a host, {} a node's link",
         c.runs,
         c.windows,
         c.read_latency_s * 1e3,
@@ -500,6 +500,8 @@ fn print_model(m: &Model) {
         rate(c.storage_bytes_per_s, "not saturated"),
         c.cpu_s_per_row * 1e6,
         c.cv * 100.0,
+        c.consume_s_per_row * 1e6,
+        c.consume_s_per_byte * 1e9,
         c.overhead_s * 1e3,
         c.latency_s.map_or("? (one world size measured; default used)".into(), |l| format!("{:.1} µs", l * 1e6)),
         rate(c.intra_bytes_per_s, "not measured"),
@@ -522,12 +524,22 @@ fn print_model(m: &Model) {
         s.samples, s.sample_bytes, s.batch_size, s.window_bytes, s.ranks_per_node, s.replicas
     ));
     crate::report::line(&format!(
-        "{:>6} {:>7} {:>8} {:>10} {:>12} {:>10} {:>9} {:>9} {:>11} {:>6}",
-        "nodes", "ranks", "windows", "epoch_s", "samples/s", "efficiency", "read_s", "cpu_s", "exchange_s", "skew"
+        "{:>6} {:>7} {:>8} {:>10} {:>12} {:>10} {:>9} {:>9} {:>11} {:>6} {:>10}",
+        "nodes",
+        "ranks",
+        "windows",
+        "epoch_s",
+        "samples/s",
+        "efficiency",
+        "read_s",
+        "cpu_s",
+        "exchange_s",
+        "skew",
+        "consume_s"
     ));
     for p in &m.predictions {
         crate::report::line(&format!(
-            "{:>6} {:>7} {:>8} {:>10.3} {:>12.0} {:>10.2} {:>9.4} {:>9.4} {:>11.4} {:>5.0}%",
+            "{:>6} {:>7} {:>8} {:>10.3} {:>12.0} {:>10.2} {:>9.4} {:>9.4} {:>11.4} {:>5.0}% {:>10.4}{}",
             p.nodes,
             p.ranks,
             p.windows,
@@ -537,11 +549,14 @@ fn print_model(m: &Model) {
             p.read_s,
             p.cpu_s,
             p.exchange_s,
-            p.skew_share * 100.0
+            p.skew_share * 100.0,
+            p.consume_s,
+            if p.consumer_bound { " consumer-bound" } else { "" }
         ));
     }
     crate::report::line(
-        "    (per window: read_s, cpu_s: the slowest rank's; skew: the share of a window spent waiting for it)",
+        "    (per window: read_s, cpu_s: the slowest rank's; skew: the share of a window spent waiting for it; \
+         consume_s: the consumer's)",
     );
 }
 

@@ -18,7 +18,12 @@
 //!   link shared by its ranks. The same three constants are what `--exchange auto` weighs fused against
 //!   two-phase with ([`meshfeed::config::ExchangeCosts`]).
 //!
-//! A window takes the slowest rank's own work plus the exchange; an epoch, its windows.
+//! * **the consumer** (the training step; `meshfeed run`'s verification, dump or
+//!   `--compute-ms`): `[consume per row] × rows + [consume per byte] × bytes`, its time
+//!   not waiting for batches.
+//!
+//! A window takes the slowest rank's own work plus the exchange, or the consumer's time,
+//! whichever is longer (the producer runs ahead of the consumer); an epoch, its windows.
 //! Read and exchange bandwidths are fitted by least squares with non-negative
 //! coefficients; a constant the measurements cannot tell (no run crossed hosts, the
 //! storage never saturated) is reported as unknown and left out (or given on the command
@@ -61,6 +66,9 @@ pub struct Run {
     pub sample_bytes: f64,
     /// Each epoch's time (the slowest rank's), by epoch.
     pub epoch_s: Vec<(u64, f64)>,
+    /// Per rank and epoch: the consumer's time not waiting for batches, and the rows it
+    /// took.
+    pub consumer: Vec<(f64, u64)>,
     pub windows: Vec<WindowSample>,
 }
 
@@ -94,6 +102,9 @@ pub struct Calibration {
     pub inter_bytes_per_s: Option<f64>,
     /// Spread of the ranks' own work in a window (standard deviation over mean).
     pub cv: f64,
+    /// The consumer's time per row it takes, and per byte of those rows.
+    pub consume_s_per_row: f64,
+    pub consume_s_per_byte: f64,
 }
 
 impl Calibration {
@@ -142,6 +153,10 @@ pub struct Prediction {
     pub exchange_s: f64,
     /// The share of a window spent waiting for the slowest rank.
     pub skew_share: f64,
+    /// The consumer's time per window; where it exceeds the loader's, the consumer sets the
+    /// pace.
+    pub consume_s: f64,
+    pub consumer_bound: bool,
 }
 
 /// Least squares with non-negative coefficients, for a few features: the best of the
@@ -212,7 +227,8 @@ fn solve_normal(x: &[Vec<f64>], y: &[f64], cols: &[usize]) -> Option<Vec<f64>> {
     Some((0..n).map(|i| a[i][n] / a[i][i] / scale[i]).collect())
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
+/// The median (0 for none).
+pub fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     match v.len() {
         0 => 0.0,
@@ -290,6 +306,15 @@ pub fn fit(runs: &[Run]) -> Option<Calibration> {
     let crossed = x.iter().any(|r| r[3] > 0.0);
     let bandwidth = |c: f64| (c > 0.0).then(|| 1.0 / c);
 
+    // The consumer: its busy time over the rows it took and their bytes.
+    let (x, y): (Vec<Vec<f64>>, Vec<f64>) = runs
+        .iter()
+        .flat_map(|r| {
+            r.consumer.iter().map(move |&(busy, rows)| (vec![rows as f64, rows as f64 * r.sample_bytes], busy))
+        })
+        .unzip();
+    let consume = nonneg_least_squares(&x, &y).unwrap_or_else(|| vec![0.0; 2]);
+
     // The spread of own work between the ranks of each window.
     let mut groups: std::collections::HashMap<(usize, u64, u64), Vec<f64>> = Default::default();
     for (i, run) in runs.iter().enumerate() {
@@ -320,6 +345,8 @@ pub fn fit(runs: &[Run]) -> Option<Calibration> {
         intra_bytes_per_s: bandwidth(coef[2]),
         inter_bytes_per_s: if crossed { bandwidth(coef[3]) } else { None },
         cv: median(cvs),
+        consume_s_per_row: consume[0],
+        consume_s_per_byte: consume[1],
     })
 }
 
@@ -355,7 +382,8 @@ pub fn predict_one(c: &Calibration, s: &Scenario) -> Prediction {
         0.0
     };
     let own = (read + cpu) * slowest;
-    let window = own + exchange;
+    let consume = (c.consume_s_per_row + c.consume_s_per_byte * s.sample_bytes) * spw as f64 * rows_per_step;
+    let window = (own + exchange).max(consume);
     let epoch_s = windows as f64 * window;
     Prediction {
         kind: "prediction",
@@ -370,6 +398,8 @@ pub fn predict_one(c: &Calibration, s: &Scenario) -> Prediction {
         cpu_s: cpu * slowest,
         exchange_s: exchange,
         skew_share: (own - (read + cpu)) / window.max(1e-12),
+        consume_s: consume,
+        consumer_bound: consume > own + exchange,
     }
 }
 
@@ -478,6 +508,7 @@ mod tests {
             prefetch: 2,
             sample_bytes: bytes,
             epoch_s: vec![(0, 1.0)],
+            consumer: vec![(0.5, 1000); p],
             windows: out,
         }
     }
@@ -496,6 +527,8 @@ mod tests {
             intra_bytes_per_s: Some(5e9),
             inter_bytes_per_s: Some(1e9),
             cv: 0.0,
+            consume_s_per_row: 0.0,
+            consume_s_per_byte: 0.0,
         }
     }
 
@@ -596,6 +629,38 @@ mod tests {
         let c = Calibration { cv: 0.1, ..c };
         let p = predict(&c, &s, &[1, 4096]);
         assert!(p[1].skew_share > p[0].skew_share && p[1].skew_share > 0.0, "{p:?}");
+    }
+
+    #[test]
+    fn a_slow_consumer_sets_the_pace() {
+        let t = truth();
+        let mut runs = vec![synthetic(&t, 1, 2, 8, 4096, 2048.0), synthetic(&t, 2, 2, 8, 4096, 512.0)];
+        // 0.1 ms a row and 0.1 µs a byte: 0.1 + 0.2048 s for 1000 rows of 2 KiB, 0.1 + 0.0512
+        // for rows of 512 B.
+        runs[0].consumer = vec![(0.3048, 1000); 2];
+        runs[1].consumer = vec![(0.1512, 1000); 4];
+        let c = fit(&runs).unwrap();
+        assert!(close(c.consume_s_per_row, 1e-4) && close(c.consume_s_per_byte, 1e-7), "{c:?}");
+        let s = Scenario {
+            nodes: 2,
+            ranks_per_node: 2,
+            samples: 1 << 16,
+            sample_bytes: 2048.0,
+            batch_size: 256,
+            window_bytes: 8 << 20,
+            prefetch: 2,
+            replicas: 1,
+        };
+        let fast = predict_one(&t, &s);
+        assert!(!fast.consumer_bound && fast.consume_s == 0.0);
+        let slow = predict_one(&Calibration { consume_s_per_row: 1e-3, ..t }, &s);
+        assert!(slow.consumer_bound, "{slow:?}");
+        // Each window: its rows on this rank (a quarter of its steps' rows) at 1 ms.
+        let rows = (slow.steps_per_window * 256 / 4) as f64;
+        assert!(
+            close(slow.consume_s, rows * 1e-3) && close(slow.epoch_s, slow.windows as f64 * rows * 1e-3),
+            "{slow:?}"
+        );
     }
 
     #[test]
