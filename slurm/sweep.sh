@@ -31,7 +31,8 @@
 # Each point's directory holds point.json (its configuration), run.json and
 # rank-<r>.jsonl (meshfeed's telemetry: hosts, versions, time per phase, bytes) and
 # job.out; records join without wrapper scripts. The report's plots go to
-# RESULTS/<sweep>/plots. Runs go through sbatch -W with srun --mpi=pmix; SLURM_CONF must
+# RESULTS/<sweep>/plots. Runs go through sbatch -W with srun --mpi=pmix (MPICH builds:
+# MESHFEED_SRUN_MPI=pmi2); SLURM_CONF must
 # point at the cluster (slurm/cluster.sh env). The meshfeed binary: MESHFEED_BIN, PATH,
 # or this checkout's build.
 set -euo pipefail
@@ -96,7 +97,7 @@ print("verify=" + ("1" if p["verify"] else "0"))' "$point")"
         --transport "$transport" --telemetry "$dir" --json --heartbeat 0)
     [[ $loader == broadcast ]] && args+=(--exchange broadcast)
     ((verify)) && args+=(--verify)
-    launch=(srun --mpi=pmix "$bin")
+    launch=(srun --mpi="${MESHFEED_SRUN_MPI:-pmix}" "$bin")
     # UCX ranks find each other through the rendezvous: rank 0's node, a port, a token.
     [[ $transport == ucx ]] && launch=(srun --mpi=none "$here/ucx_task.sh" "$bin")
     if [[ $loader == pytorch ]]; then
