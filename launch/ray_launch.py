@@ -1,32 +1,48 @@
 #!/usr/bin/env python3
-"""Launch a meshfeed job on a local Ray instance: one Ray actor per rank.
+"""Launch a meshfeed job on Ray: one Ray actor per rank, on a local Ray instance
+or on a running (multi-node) Ray cluster.
 
 Usage
 -----
 
-    python launch/ray_launch.py -n N [--master-addr 127.0.0.1] [--master-port 0]
-        [--num-cpus C] [--timeout SECONDS] [--split-stderr] -- COMMAND [ARGS...]
+    python launch/ray_launch.py -n N [--address local|auto|HOST:PORT]
+        [--cpus-per-rank C] [--strategy SPREAD|PACK|STRICT_SPREAD|STRICT_PACK]
+        [--master-addr ADDR] [--master-port 0] [--num-cpus C] [--timeout SECONDS]
+        [--split-stderr] -- COMMAND [ARGS...]
 
-for example
+for example, on a Ray cluster (run on one of its nodes, e.g. the head):
 
-    python launch/ray_launch.py -n 4 -- \\
-        target/release/meshfeed run --transport ucx --data /tmp/ds --batch-size 8
+    python launch/ray_launch.py -n 8 --address auto -- \\
+        meshfeed run --transport ucx --data /shared/ds --batch-size 1024
 
-The launcher starts a Ray instance of its own (``ray.init(address="local")``; it
-never joins an existing cluster and never runs ``ray stop``), with
-``num_cpus = --num-cpus`` (default ``max(N, 2)``), no dashboard,
-``RAY_AUTH_MODE=disabled`` and usage statistics off. It creates N actors (each
-reserves 0 CPUs, so any N fits on a small machine); actor ``r`` runs COMMAND as a
-subprocess in the launcher's working directory with the launcher's environment
-plus
+``--address local`` (the default) starts a Ray instance of its own on loopback,
+with ``num_cpus = --num-cpus`` (default ``max(N × cpus per rank, 2)``), no
+dashboard, ``RAY_AUTH_MODE=disabled`` and usage statistics off. ``--address auto``
+(the cluster this node belongs to: ``RAY_ADDRESS`` or the local node's) or
+``--address HOST:PORT`` (a head node's GCS) joins a running cluster instead; the
+launcher never runs ``ray stop`` and leaves a cluster it joined running.
 
-    RANK=r  WORLD_SIZE=N  MASTER_ADDR=<--master-addr>  MASTER_PORT=<port>
+The ranks are placed with a placement group of one bundle per rank, each bundle
+reserving ``--cpus-per-rank`` CPUs (default 1; 0 reserves nothing, and then
+takes no placement group: any N fits anywhere), with ``--strategy`` (default
+``SPREAD``: the ranks spread over the cluster's nodes as evenly as Ray can;
+``PACK`` fills nodes first; the ``STRICT_`` forms fail rather than bend). The
+launcher waits for the group to be placed (up to ``--timeout``), then creates
+actor ``r`` in bundle ``r``. Actor ``r`` runs COMMAND as a subprocess in the
+launcher's working directory (which must exist on every node) with the
+launcher's environment plus
+
+    RANK=r  WORLD_SIZE=N  MASTER_ADDR=<rank 0's node address>  MASTER_PORT=<port>
     MESHFEED_JOB_TOKEN=<secret shared by the job's ranks>
     MESHFEED_JOB_ID=<this launch's identity>
 
 which is the contract of a meshfeed rank started without mpirun (rank 0 hosts the
-TCP rendezvous at MASTER_ADDR:MASTER_PORT). ``--master-port 0`` (the default)
-picks a free port by binding port 0 on MASTER_ADDR just before the ranks start.
+TCP rendezvous at MASTER_ADDR:MASTER_PORT). On a cluster, MASTER_ADDR is the
+Ray node address of the node rank 0's actor landed on; on a private instance,
+127.0.0.1 (``--master-addr`` overrides either).
+``--master-port 0`` (the default) picks a free port on rank 0's node, by binding
+port 0 there just before the ranks start. Each rank's first line of output is
+``ray_launch: rank R on node ADDR``.
 The token is ``$MESHFEED_JOB_TOKEN`` when that is set, else
 ``secrets.token_hex(16)`` (32 hex characters). The job id is a fresh
 ``secrets.token_hex(16)`` for every launch, whatever the environment holds: rank 0
@@ -70,6 +86,7 @@ stops any processes it started, and it gets SIGKILL if its actor's process dies
 """
 
 import argparse
+import math
 import os
 import signal
 import socket
@@ -115,6 +132,16 @@ class RankRunner:
         self.cond = threading.Condition()
         self.readers = []
         self.exit_seen_at = None
+
+    def node(self):
+        """The id of the Ray node this actor runs on."""
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
+
+    def free_port(self):
+        """A TCP port free now on this actor's node."""
+        return free_port("")
 
     def start(self, argv, env, cwd, split_stderr):
         import subprocess
@@ -259,11 +286,17 @@ def emit(rank, lines):
 def parse_args(argv):
     p = argparse.ArgumentParser(
         prog="ray_launch.py",
-        description="Run N ranks of COMMAND as Ray actors on a local Ray instance.",
+        description="Run N ranks of COMMAND as Ray actors, on a local Ray instance or a Ray cluster.",
         usage="%(prog)s -n N [options] -- COMMAND [ARGS...]",
     )
     p.add_argument("-n", "--np", dest="n", type=int, required=True, help="number of ranks")
-    p.add_argument("--master-addr", default="127.0.0.1", help="rendezvous address (rank 0)")
+    p.add_argument("--address", default="local",
+                   help="local (start a private Ray), auto (the running cluster) or HOST:PORT of a head node")
+    p.add_argument("--cpus-per-rank", type=float, default=1.0,
+                   help="CPUs each rank's bundle reserves (default 1; 0: no placement group)")
+    p.add_argument("--strategy", default="SPREAD", choices=["SPREAD", "PACK", "STRICT_SPREAD", "STRICT_PACK"],
+                   help="placement group strategy (default SPREAD)")
+    p.add_argument("--master-addr", default=None, help="rendezvous address (default: rank 0's node address)")
     p.add_argument("--master-port", type=int, default=0, help="rendezvous port; 0 picks a free one")
     p.add_argument("--num-cpus", type=int, default=None, help="CPUs of the Ray instance (default max(N, 2))")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds before the job is stopped; 0 = none")
@@ -280,6 +313,8 @@ def parse_args(argv):
         p.error("--master-port must be in 0..65535")
     if args.num_cpus is not None and args.num_cpus < 1:
         p.error("--num-cpus must be at least 1")
+    if args.cpus_per_rank < 0:
+        p.error("--cpus-per-rank must be >= 0")
     if args.timeout < 0:
         p.error("--timeout must be >= 0")
     return args
@@ -287,18 +322,39 @@ def parse_args(argv):
 
 def run_job(ray, args):
     """Runs the job on an initialised Ray; returns the launcher's exit code."""
-    from ray.exceptions import RayActorError
+    from ray.exceptions import GetTimeoutError, RayActorError
+
+    from ray.util.placement_group import placement_group, remove_placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     n = args.n
     token = os.environ.get("MESHFEED_JOB_TOKEN") or __import__("secrets").token_hex(16)
     job_id = __import__("secrets").token_hex(16)
-    port = args.master_port or free_port(args.master_addr)
     base_env = dict(os.environ)
     cwd = os.getcwd()
     deadline = time.monotonic() + args.timeout if args.timeout > 0 else None
 
-    Runner = ray.remote(num_cpus=0, max_restarts=0)(RankRunner)
-    actors = [Runner.remote(r) for r in range(n)]
+    def time_left():
+        return None if deadline is None else max(0.0, deadline - time.monotonic())
+
+    # One bundle per rank, placed as --strategy says; actor r in bundle r.
+    pg = None
+    Runner = ray.remote(num_cpus=args.cpus_per_rank, max_restarts=0)(RankRunner)
+    if args.cpus_per_rank > 0:
+        pg = placement_group([{"CPU": args.cpus_per_rank}] * n, strategy=args.strategy)
+        ready, _ = ray.wait([pg.ready()], timeout=time_left())
+        if not ready:
+            remove_placement_group(pg)
+            say("timeout after %g s waiting to place %d ranks (%g CPUs each, %s): the cluster has %s"
+                % (args.timeout, n, args.cpus_per_rank, args.strategy, ray.cluster_resources().get("CPU", 0)))
+            return EXIT_TIMEOUT
+        actors = [
+            Runner.options(scheduling_strategy=PlacementGroupSchedulingStrategy(
+                placement_group=pg, placement_group_bundle_index=r)).remote(r)
+            for r in range(n)
+        ]
+    else:
+        actors = [Runner.remote(r) for r in range(n)]
     finished = {}  # rank -> exit code
     failure = None  # (rank, code)
     code = 0
@@ -323,17 +379,27 @@ def run_job(ray, args):
         say("rank %d: its actor died: %s" % (rank, first[0] if first else type(e).__name__))
         fail_rank(rank, 1)
 
-    def time_left():
-        return None if deadline is None else max(0.0, deadline - time.monotonic())
-
     try:
+        # Where the actors landed: rank 0's node hosts the rendezvous.
+        try:
+            node_ids = ray.get([a.node.remote() for a in actors], timeout=time_left())
+            port = args.master_port or ray.get(actors[0].free_port.remote(), timeout=time_left())
+        except GetTimeoutError:
+            say("timeout after %g s while starting the ranks; stopping the job" % args.timeout)
+            return EXIT_TIMEOUT  # the finally below stops the actors
+        addresses = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes()}
+        nodes = [addresses.get(i, "?") for i in node_ids]
+        for r, addr in enumerate(nodes):
+            say("rank %d on node %s" % (r, addr))
+        # A private instance is this machine: loopback, as its Ray itself uses.
+        master_addr = args.master_addr or ("127.0.0.1" if args.address == "local" else nodes[0])
         starts = []
         for r, a in enumerate(actors):
             env = dict(base_env)
             env.update(
                 RANK=str(r),
                 WORLD_SIZE=str(n),
-                MASTER_ADDR=args.master_addr,
+                MASTER_ADDR=master_addr,
                 MASTER_PORT=str(port),
                 MESHFEED_JOB_TOKEN=token,
                 MESHFEED_JOB_ID=job_id,
@@ -418,6 +484,11 @@ def run_job(ray, args):
                 ray.kill(a)
             except Exception:
                 pass
+        if pg is not None:
+            try:
+                remove_placement_group(pg)
+            except Exception:
+                pass
     return code
 
 
@@ -432,15 +503,19 @@ def main(argv=None):
     import ray
 
     try:
-        ray.init(
-            address="local",
-            num_cpus=args.num_cpus or max(args.n, 2),
-            include_dashboard=False,
-            _node_ip_address="127.0.0.1",  # a private instance: keep Ray on loopback
-            logging_level=logging.WARNING,
-            log_to_driver=True,
-            configure_logging=True,
-        )
+        if args.address == "local":
+            ray.init(
+                address="local",
+                num_cpus=args.num_cpus or max(math.ceil(args.n * args.cpus_per_rank), 2),
+                include_dashboard=False,
+                _node_ip_address="127.0.0.1",  # a private instance: keep Ray on loopback
+                logging_level=logging.WARNING,
+                log_to_driver=True,
+                configure_logging=True,
+            )
+        else:
+            # Join the running cluster (this process becomes a driver on this node).
+            ray.init(address=args.address, logging_level=logging.WARNING, log_to_driver=True)
     except Exception as e:
         say("error: cannot start Ray: %s" % e)
         return 1

@@ -113,3 +113,120 @@ fn emulated_indexed_job_produces_the_mpirun_dump() {
     let got = dump_bytes(&dump, 4);
     assert!(got == want, "emulated Indexed Job dump differs from mpirun's");
 }
+
+/// A Ray cluster of two nodes (network namespaces with their own addresses and host
+/// names, `ray start` in each: tests/launch/ray_nodes.sh), torn down however the test
+/// ends.
+struct RayNodes {
+    dir: tempfile::TempDir,
+}
+
+impl RayNodes {
+    fn script() -> String {
+        repo("tests/launch/ray_nodes.sh")
+    }
+
+    /// `PATH` with the venv's `ray` and `python` first.
+    fn path() -> String {
+        let venv = python().parent().unwrap().to_path_buf();
+        format!("{}:{}", venv.display(), std::env::var("PATH").unwrap_or_default())
+    }
+
+    fn up(n: usize) -> RayNodes {
+        let dir = tempdir();
+        let out = Command::new("bash")
+            .args([&Self::script(), "up", &n.to_string(), dir.path().to_str().unwrap()])
+            .env("PATH", Self::path())
+            .output()
+            .unwrap();
+        let nodes = RayNodes { dir };
+        assert!(out.status.success(), "ray_nodes.sh up failed:\n{}", String::from_utf8_lossy(&out.stderr));
+        nodes
+    }
+
+    /// Runs `args` on node `i` (0: the head), in the working tree, to its end.
+    fn exec(&self, i: usize, args: &[&str], what: &str) -> Run {
+        let mut cmd = Command::new("bash");
+        cmd.args([&Self::script(), "exec", &i.to_string(), self.dir.path().to_str().unwrap()]).args(args);
+        cmd.env("PATH", Self::path()).env("HDF5_USE_FILE_LOCKING", "FALSE").env_remove("MESHFEED_JOB_TOKEN");
+        cmd.current_dir(env!("CARGO_MANIFEST_DIR"));
+        wait_bounded(cmd, what)
+    }
+}
+
+impl Drop for RayNodes {
+    fn drop(&mut self) {
+        let _ = Command::new("bash").args([&Self::script(), "down", self.dir.path().to_str().unwrap()]).status();
+    }
+}
+
+/// On a running two-node Ray cluster, the launcher joins it (`--address auto`), spreads
+/// the ranks over both nodes with a placement group, and points them at rank 0's node:
+/// the job's dump equals mpirun's. Ray Train's `TorchTrainer` example, its workers on
+/// both nodes, trains on meshfeed over UCX there. `down` leaves no namespace behind.
+#[test]
+fn a_two_node_ray_cluster_runs_the_launcher_and_ray_train() {
+    let data = fixtures().join("npy_struct");
+    let out = tempdir();
+    let args = job_args(&data);
+    let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+    let want = mpirun_dump(4, &argv, &out.path().join("mpi"));
+    let learn = out.path().join("learn");
+    ok(&wait_bounded(
+        {
+            let mut c = Command::new(python());
+            c.arg(repo("examples/python/make_data.py")).arg(&learn);
+            c
+        },
+        "make_data.py",
+    ));
+    {
+        let nodes = RayNodes::up(2);
+        let dump = out.path().join("ray");
+        let launcher = repo("launch/ray_launch.py");
+        let mut cmd = vec!["python", &launcher, "-n", "4", "--address", "auto", "--timeout", "120", "--", bin()];
+        cmd.extend(&argv);
+        cmd.extend(["--transport", "ucx", "--dump", dump.to_str().unwrap()]);
+        let run = nodes.exec(0, &cmd, "ray_launch.py on the cluster");
+        ok(&run);
+        assert!(run.stdout.contains("ray_launch: all 4 ranks succeeded"), "{}", run.stdout);
+        // SPREAD: two ranks on each node; rank 0's node hosts the rendezvous.
+        let on = |addr: &str| run.stdout.matches(&format!(" on node {addr}\n")).count();
+        let subnet = "10.78.8";
+        assert_eq!((on(&format!("{subnet}.2")), on(&format!("{subnet}.3"))), (2, 2), "{}", run.stdout);
+        assert!(run.stdout.contains(&format!("ray_launch: rank 0 on node {subnet}.2")), "{}", run.stdout);
+        assert!(dump_bytes(&dump, 4) == want, "the Ray cluster's dump differs from mpirun's");
+
+        let example = repo("examples/python/ray_train.py");
+        let train = [
+            "python",
+            &example,
+            learn.to_str().unwrap(),
+            "--address",
+            "auto",
+            "--placement-strategy",
+            "SPREAD",
+            "--workers",
+            "2",
+            "--epochs",
+            "2",
+        ];
+        let run = nodes.exec(0, &train, "ray_train.py on the cluster");
+        ok(&run);
+        let text = format!("{}{}", run.stdout, run.stderr);
+        assert!(run.stdout.contains("ray_train: finished (no error)"), "{text}");
+        // One worker on each node (their host names), every sample once each epoch.
+        let mut hosts: Vec<&str> = text.lines().filter_map(|l| l.split(" of 2 on ").nth(1)).map(str::trim).collect();
+        hosts.sort_unstable();
+        hosts.dedup();
+        assert_eq!(hosts, ["mfray8-0", "mfray8-1"], "{text}");
+        for epoch in 0..2 {
+            assert!(
+                text.contains(&format!("epoch {epoch} loss ")) && text.contains("(4096 samples, each once)"),
+                "{text}"
+            );
+        }
+    }
+    let netns = Command::new("ip").args(["netns", "list"]).output().unwrap();
+    assert!(!String::from_utf8_lossy(&netns.stdout).contains("mfray8-"), "ray_nodes.sh down left namespaces");
+}

@@ -2,7 +2,8 @@
 
     python examples/python/make_data.py /tmp/mf-data
     python examples/python/ray_train.py /tmp/mf-data --workers 2            # a local Ray
-    python examples/python/ray_train.py /tmp/mf-data --address auto         # a running cluster
+    python examples/python/ray_train.py /tmp/mf-data --address auto --placement-strategy SPREAD
+                                                                # a running cluster, one worker a node
 
 Ray Train starts one worker per rank and initialises torch.distributed (gloo) among
 them; meshfeed's UCX transport joins through that process group's store, so no port or
@@ -12,6 +13,7 @@ worker 0 reports the mean loss, which falls.
 """
 
 import argparse
+import socket
 
 import ray
 import torch
@@ -29,6 +31,7 @@ def train_loop_per_worker(config: dict) -> None:
     model = prepare_model(torch.nn.Linear(16, 4))  # DistributedDataParallel
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
     loader = meshfeed.Loader([config["data"]], batch_size=config["batch_size"], seed=42, transport="ucx")
+    print(f"worker {rank} of {world} on {socket.gethostname()}", flush=True)
     for epoch in range(config["epochs"]):
         loader.set_epoch(epoch)
         seen, total, steps = [], 0.0, 0
@@ -60,12 +63,14 @@ def main() -> None:
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--batch-size", type=int, default=128, help="global batch size")
     p.add_argument("--address", default=None, help="a Ray cluster to join (default: start a local one)")
+    p.add_argument("--placement-strategy", default="PACK", choices=["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"],
+                   help="how Ray Train places the workers on the cluster's nodes (default PACK)")
     a = p.parse_args()
     ray.init(address=a.address)
     trainer = TorchTrainer(
         train_loop_per_worker,
         train_loop_config={"data": a.data, "epochs": a.epochs, "batch_size": a.batch_size},
-        scaling_config=ScalingConfig(num_workers=a.workers, use_gpu=False),
+        scaling_config=ScalingConfig(num_workers=a.workers, use_gpu=False, placement_strategy=a.placement_strategy),
     )
     result = trainer.fit()
     print(f"ray_train: finished ({result.error or 'no error'})", flush=True)
