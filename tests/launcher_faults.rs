@@ -498,3 +498,47 @@ fn options_and_variables_out_of_range_are_clear_errors_not_panics() {
         assert!(!run.stderr.contains("panicked"), "{}", run.stderr);
     }
 }
+
+/// A SIGTERM that reaches a rank while the ranks still meet (a pod deleted as its job
+/// starts) does not kill it: once the job has met, every rank stops cleanly after its
+/// first step, exits 75 (which Kubernetes manifests and Slurm scripts restart), and rank
+/// 0 writes the state, from which the job resumes to the end: the two runs' dumps
+/// together are an uninterrupted run's.
+#[test]
+fn a_sigterm_while_the_ranks_meet_is_a_clean_stop() {
+    let data = fixtures().join("npy_plain");
+    let out = tempdir();
+    let state = out.path().join("state.json");
+    let job = |dump: &Path, extra: &[&str]| -> Vec<String> {
+        let d = [data.to_str().unwrap(), "--batch-size", "8", "--epochs", "2", "--dump", dump.to_str().unwrap()];
+        ["run", "--transport", "ucx", "--data"].iter().chain(&d).chain(extra).map(|s| s.to_string()).collect()
+    };
+    let first = out.path().join("first");
+    let argv = job(&first, &["--state", state.to_str().unwrap()]);
+    let args: Vec<&str> = argv.iter().map(String::as_str).collect();
+    let port = free_port();
+    let rank0 = spawn_rank(0, 2, port, "tok", &args, &[]);
+    drop(connect(port)); // rank 0 listens: it waits for rank 1 at the rendezvous
+                         // SAFETY: kill(2) on a child this test started and has not reaped.
+    assert_eq!(unsafe { libc::kill(rank0.id() as i32, libc::SIGTERM) }, 0);
+    std::thread::sleep(Duration::from_millis(300));
+    let rank1 = finish(spawn_rank(1, 2, port, "tok", &args, &[]), "rank 1");
+    let rank0 = finish(rank0, "rank 0");
+    assert_eq!((rank0.code, rank1.code), (75, 75), "rank 0:\n{}\nrank 1:\n{}", rank0.stderr, rank1.stderr);
+    assert!(rank0.stderr.contains("meshfeed: stopped by SIGTERM at epoch 0 step "), "{}", rank0.stderr);
+    let saved: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&state).unwrap()).unwrap();
+    assert_eq!(saved["epoch"], 0, "{saved}");
+    let rest = out.path().join("rest");
+    ok(&launch(
+        2,
+        &job(&rest, &["--resume-from", state.to_str().unwrap()]).iter().map(String::as_str).collect::<Vec<_>>(),
+    ));
+    let clean = out.path().join("clean");
+    ok(&launch(2, &job(&clean, &[]).iter().map(String::as_str).collect::<Vec<_>>()));
+    let (a, b) = (dump_bytes(&first, 2), dump_bytes(&rest, 2));
+    let joined: Vec<Vec<u8>> = a.into_iter().zip(b).map(|(x, y)| [x, y].concat()).collect();
+    assert!(
+        !joined[0].is_empty() && joined == dump_bytes(&clean, 2),
+        "the stopped and resumed runs' dumps are a clean run's"
+    );
+}

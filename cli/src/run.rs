@@ -67,7 +67,17 @@ pub struct RunArgs {
 pub fn main(args: RunArgs) -> i32 {
     let job = args.job.job();
     let kind = args.job.transport(&job);
-    with_runtime(kind, args.max_round_bytes.map(|b| b.0), |rt| run(&args, job, rt))
+    // Stop signals are caught from the start: a SIGTERM while the ranks meet (a pod
+    // deleted as its job starts) is then a clean stop at the first step, exit 75, not a
+    // death by signal that a scheduler counts as a failure.
+    let stop = match StopSignal::install() {
+        Ok(s) => s,
+        Err(e) => {
+            crate::report::print_error(None, &e);
+            return 1;
+        }
+    };
+    with_runtime(kind, args.max_round_bytes.map(|b| b.0), |rt| run(&args, job, rt, &stop))
 }
 
 /// Where `--resume-from` says to continue: `EPOCH:STEP`, or a state file.
@@ -139,10 +149,9 @@ fn compute(ms: f64) -> Duration {
     start.elapsed()
 }
 
-fn run(args: &RunArgs, job: Result<Job>, rt: &Runtime) -> Result<i32> {
+fn run(args: &RunArgs, job: Result<Job>, rt: &Runtime, stop: &StopSignal) -> Result<i32> {
     let world = rt.world();
     let rank = rt.rank();
-    let stop = StopSignal::install()?;
     let job = agree(world, job)?;
     // Every rank must run the same job: all differences are named before anything starts.
     let mut settings = job.settings();
@@ -254,7 +263,7 @@ fn run(args: &RunArgs, job: Result<Job>, rt: &Runtime) -> Result<i32> {
             }
             drop(batch);
             computing += compute(args.compute_ms);
-            if let Some(signal) = stop_check.after_step(world, &stop)? {
+            if let Some(signal) = stop_check.after_step(world, stop)? {
                 stopped = Some(signal_name(signal));
                 break;
             }
