@@ -190,11 +190,11 @@ fn a_two_node_ray_cluster_runs_the_launcher_and_ray_train() {
         let run = nodes.exec(0, &cmd, "ray_launch.py on the cluster");
         ok(&run);
         assert!(run.stdout.contains("ray_launch: all 4 ranks succeeded"), "{}", run.stdout);
-        // SPREAD: two ranks on each node; rank 0's node hosts the rendezvous.
+        // SPREAD: two ranks on each node. Rank 0 may land on either; the ranks on the
+        // other node reach its rendezvous only because MASTER_ADDR is rank 0's node.
         let on = |addr: &str| run.stdout.matches(&format!(" on node {addr}\n")).count();
         let subnet = "10.78.8";
         assert_eq!((on(&format!("{subnet}.2")), on(&format!("{subnet}.3"))), (2, 2), "{}", run.stdout);
-        assert!(run.stdout.contains(&format!("ray_launch: rank 0 on node {subnet}.2")), "{}", run.stdout);
         assert!(dump_bytes(&dump, 4) == want, "the Ray cluster's dump differs from mpirun's");
 
         let example = repo("examples/python/ray_train.py");
