@@ -625,7 +625,9 @@ fn telemetry_records_each_window_and_the_cost_model_fits_them() {
     let all = report(&[out.path()]);
     let c = &of(&all, "calibration")[0];
     assert_eq!(c["runs"], 6, "{c}");
-    assert!(c["inter_bytes_per_s"].as_f64().is_some_and(|b| b > 0.0), "{c}");
+    // Where runs crossed hosts the link may be fitted; on a loaded machine the bytes may
+    // not explain the time, and then it is unknown (null), never zero or negative.
+    assert!(c["inter_bytes_per_s"].is_null() || c["inter_bytes_per_s"].as_f64().is_some_and(|b| b > 0.0), "{c}");
     assert!(c["node_read_bytes_per_s"].as_f64().is_some_and(|b| b > 0.0), "{c}");
     assert_eq!(of(&all, "validation").len(), 6);
     assert!(of(&all, "validation").iter().all(|v| v["ratio"].as_f64().is_some_and(|r| r > 0.0 && r.is_finite())));
