@@ -8,12 +8,15 @@ cd "$(dirname "$0")/.."
 bash launch/setup.sh --test
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 HDF5_USE_FILE_LOCKING=FALSE
 cargo build --release --workspace --all-targets
+# The Python package (python/, PyO3 + maturin), installed the way users install it, before
+# any test: tests/launchers.rs runs the Ray Train example, which imports it, on a
+# multi-node Ray cluster. (maturin's build hook runs the `maturin` program: the venv's bin
+# goes on PATH.)
+PATH="$PWD/.venv/bin:$PATH" .venv/bin/pip install -q --disable-pip-version-check --no-build-isolation ./python
 # Two test threads: multi-rank tests oversubscribe the 2 cores already.
 cargo test --release --workspace --no-fail-fast -- --test-threads=2
-# The Python package (python/, PyO3 + maturin): installed the way users install it, then
-# tested from Python under real mpirun and the UCX launcher against the command line.
-# (maturin's build hook runs the `maturin` program: the venv's bin goes on PATH.)
-PATH="$PWD/.venv/bin:$PATH" .venv/bin/pip install -q --disable-pip-version-check --no-build-isolation ./python
+# The Python package tested from Python under real mpirun and the UCX launcher against
+# the command line.
 .venv/bin/python -m pytest -q -p no:cacheprovider python/tests
 # The benchmark suite's smoke version (seconds, tiny data, no PyTorch, no ratios asserted):
 # every measurement mode and the report's table and plots, so that the suite cannot rot.
