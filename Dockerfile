@@ -11,9 +11,11 @@
 # packages (OpenMPI, HDF5, UCX, libclang, ...) and `cargo build --release` builds the
 # command line, on the official Rust image of Debian 12. `runtime` is Debian 12 slim with
 # only the shared libraries the binary loads (OpenMPI, UCX, HDF5, fontconfig/FreeType for
-# the benchmark's plots) and mpirun, the stripped binary on PATH and the Kubernetes
-# entrypoint at the path the manifests run; it runs as an unprivileged numeric user, so
-# `runAsNonRoot: true` can be verified by the kubelet.
+# the benchmark's plots), mpirun and an SSH server for the MPIJob's workers, the stripped
+# binary on PATH and the Kubernetes scripts at the path the manifests run; it runs as an
+# unprivileged numeric user, so `runAsNonRoot: true` can be verified by the kubelet. The
+# one image serves every manifest of launch/k8s/: the Indexed Job and the JobSet run its
+# ENTRYPOINT, the MPIJob's launcher runs mpirun and its workers run sshd as that user.
 #
 # tests/image.rs checks this file against the code without a container engine: the build
 # steps against launch/quickstart.sh and launch/setup.sh, the runtime packages against
@@ -44,7 +46,9 @@ LABEL org.opencontainers.image.title="meshfeed" \
       org.opencontainers.image.licenses="MIT OR Apache-2.0"
 # Runtime libraries only (no -dev packages): the packages that own the libraries `ldd`
 # reports for the binary, with their dependencies, plus openmpi-bin for mpirun (the MPI
-# transport; it brings openssh-client for multi-node runs). Versions are those of Debian 12,
+# transport; it brings openssh-client for multi-node runs), openssh-server for the MPIJob's
+# workers (launch/k8s/mpijob-sshd.conf; the user's shell is /bin/sh, as sshd runs the
+# launcher's commands through it). Versions are those of Debian 12,
 # the release the builder links against; not pinned further, so that security updates
 # apply on rebuild.
 # hadolint ignore=DL3008
@@ -56,19 +60,22 @@ RUN apt-get update \
         libopenmpi3 \
         libucx0 \
         openmpi-bin \
+        openssh-server \
     && rm -rf /var/lib/apt/lists/* \
     && groupadd --gid 10001 meshfeed \
     && useradd --uid 10001 --gid meshfeed --no-log-init --create-home \
-        --home-dir /home/meshfeed --shell /usr/sbin/nologin meshfeed
+        --home-dir /home/meshfeed --shell /bin/sh meshfeed
 COPY --from=build /src/target/release/meshfeed /usr/local/bin/meshfeed
 # launch/k8s/ whole: the manifests run its scripts (entrypoint.sh; the MPIJob's
-# mpijob-launcher.sh and mpijob-worker.sh) from here.
+# mpijob-launcher.sh, and mpijob-worker.sh with mpijob-sshd.conf) from here.
 COPY launch/k8s/ /opt/meshfeed/launch/k8s/
+# The MPIJob launcher's ssh client: port 2222, the job's host keys not checked.
+COPY launch/k8s/mpijob-ssh.conf /etc/ssh/ssh_config.d/meshfeed.conf
 # The manifests' workingDir.
 WORKDIR /opt/meshfeed
 USER 10001:10001
 # Checks the rank variables (RANK or JOB_COMPLETION_INDEX, WORLD_SIZE, MASTER_ADDR,
 # MASTER_PORT, MESHFEED_JOB_TOKEN), then execs `meshfeed <args>`: the container's
 # arguments are meshfeed's, e.g. `run --transport ucx --data /data --batch-size 1024`.
-# For mpirun (the MPI transport) override the entrypoint.
+# For mpirun (the MPI transport) and sshd the MPIJob overrides the entrypoint.
 ENTRYPOINT ["/opt/meshfeed/launch/k8s/entrypoint.sh"]

@@ -10,7 +10,9 @@ cd "$(dirname "$0")/.."
 packages=(libopenmpi-dev openmpi-bin libhdf5-dev libucx-dev ucx-utils libclang-dev pkg-config gcc util-linux
     libfontconfig1-dev libfreetype-dev fonts-dejavu-core)
 if [[ "${1:-}" == "--test" ]]; then
-    packages+=(python3 python3-venv)
+    # iproute2: the tests' emulated nodes and pods (network namespaces); openssh: the
+    # MPIJob's workers run sshd, its launcher ssh (tests/mpijob.rs).
+    packages+=(python3 python3-venv iproute2 openssh-client openssh-server)
 fi
 missing=()
 for p in "${packages[@]}"; do

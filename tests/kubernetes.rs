@@ -13,6 +13,8 @@
 //!   (tests/launch/check_k8s.py: kubernetes-validate --strict for built-in kinds, the
 //!   vendored OpenAPI definitions in tests/k8s-schemas/ for the custom resources).
 //!
+//! The MPIJob runs on emulated pods of the image in tests/mpijob.rs.
+//!
 //! Needs root (emulate.sh's namespaces), OpenMPI's mpirun for the reference runs, and the
 //! project's .venv (kubernetes-validate).
 
