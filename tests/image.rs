@@ -291,11 +291,6 @@ fn manifests_run_what_the_image_holds() {
         .filter(|p| p.extension().is_some_and(|e| e == "yaml" || e == "yml"))
         .collect();
     manifests.sort();
-    // PyYAML (in the tests' venv, with kubernetes-validate) reads the YAML.
-    let script = "import json, sys, yaml\n\
-        print(json.dumps([[f, [d for d in yaml.safe_load_all(open(f)) if d is not None]] for f in sys.argv[1:]]))";
-    let json = output(Command::new(python()).arg("-c").arg(script).args(&manifests), "reading launch/k8s/*.yaml");
-    let docs: serde_json::Value = serde_json::from_str(&json).unwrap();
 
     fn containers<'a>(v: &'a serde_json::Value, out: &mut Vec<&'a serde_json::Value>) {
         match v {
@@ -329,10 +324,11 @@ fn manifests_run_what_the_image_holds() {
 
     let mut checked = 0;
     let mut bad = Vec::new();
-    for entry in docs.as_array().unwrap() {
-        let file = entry[0].as_str().unwrap();
+    for manifest in &manifests {
+        let file = manifest.display();
+        let docs = serde_json::Value::Array(yaml_docs(manifest));
         let mut found = Vec::new();
-        containers(&entry[1], &mut found);
+        containers(&docs, &mut found);
         for c in found.into_iter().filter(|c| c["image"] == tag.as_str()) {
             checked += 1;
             let name = c["name"].as_str().unwrap_or("?");

@@ -55,23 +55,6 @@ fn dumping_meshfeed(dir: &Path, dumps: &Path) -> String {
     path.to_str().unwrap().to_string()
 }
 
-/// `(epoch, step)` of every `stopped by SIGTERM at epoch E step K` line, in order.
-fn stop_points(text: &str) -> Vec<(u64, u64)> {
-    text.lines()
-        .filter_map(|l| l.split("meshfeed: stopped by SIGTERM at epoch ").nth(1))
-        .map(|rest| {
-            let words: Vec<&str> = rest.split_whitespace().collect();
-            assert_eq!(words[1], "step", "{rest}");
-            (words[0].parse().unwrap(), words[2].parse().unwrap())
-        })
-        .collect()
-}
-
-fn state_position(path: &Path) -> (u64, u64) {
-    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
-    (v["epoch"].as_u64().unwrap(), v["step"].as_u64().unwrap())
-}
-
 #[test]
 fn preempted_emulated_job_restarts_and_resumes_exactly() {
     let data = fixtures().join("hdf5");

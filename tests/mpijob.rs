@@ -137,14 +137,6 @@ impl Drop for Network {
     }
 }
 
-/// The YAML documents of a manifest (PyYAML, from the tests' venv), as JSON.
-fn yaml_docs(path: &Path) -> Vec<Value> {
-    let script = "import json, sys, yaml\nprint(json.dumps([d for d in yaml.safe_load_all(open(sys.argv[1])) if d]))";
-    let out = Command::new(python()).arg("-c").arg(script).arg(path).output().unwrap();
-    assert!(out.status.success(), "reading {}: {}", path.display(), String::from_utf8_lossy(&out.stderr));
-    serde_json::from_slice(&out.stdout).unwrap()
-}
-
 /// The image's account (the runtime stage's `useradd`): its /etc/passwd and /etc/group
 /// lines, and its home.
 fn image_account() -> (String, String, String) {
@@ -173,13 +165,6 @@ struct Pod {
     name: String,
     dir: PathBuf,
     child: Child,
-}
-
-impl Drop for Pod {
-    fn drop(&mut self) {
-        // A test that failed midway: the Network's drop kills what runs in the pods.
-        let _ = self.child.try_wait();
-    }
 }
 
 impl Pod {
@@ -362,17 +347,6 @@ impl Job {
     }
 }
 
-/// `(epoch, step)` of every `stopped by SIGTERM at epoch E step K` line, in order.
-fn stop_points(text: &str) -> Vec<(u64, u64)> {
-    text.lines()
-        .filter_map(|l| l.split("meshfeed: stopped by SIGTERM at epoch ").nth(1))
-        .map(|rest| {
-            let w: Vec<&str> = rest.split_whitespace().collect();
-            (w[0].parse().unwrap(), w[2].parse().unwrap())
-        })
-        .collect()
-}
-
 #[test]
 fn mpijob_runs_on_the_image_and_resumes_after_a_worker_preemption() {
     // SAFETY: geteuid has no preconditions.
@@ -548,6 +522,5 @@ fn mpijob_runs_on_the_image_and_resumes_after_a_worker_preemption() {
         })
         .collect();
     assert!(got == want, "the attempts' dumps joined differ from the uninterrupted run's");
-    let end: Value = serde_json::from_slice(&std::fs::read(state.join("state.json")).unwrap()).unwrap();
-    assert_eq!((end["epoch"].as_u64(), end["step"].as_u64()), (Some(2), Some(0)), "the state marks the end");
+    assert_eq!(state_position(&state.join("state.json")), (2, 0), "the state marks the end");
 }

@@ -400,3 +400,21 @@ pub fn finish(mut child: std::process::Child, what: &str) -> Run {
         elapsed: start.elapsed(),
     }
 }
+
+/// `(epoch, step)` of every `stopped by SIGTERM at epoch E step K` line, in order.
+pub fn stop_points(text: &str) -> Vec<(u64, u64)> {
+    text.lines()
+        .filter_map(|l| l.split("meshfeed: stopped by SIGTERM at epoch ").nth(1))
+        .map(|rest| {
+            let words: Vec<&str> = rest.split_whitespace().collect();
+            assert_eq!(words[1], "step", "{rest}");
+            (words[0].parse().unwrap(), words[2].parse().unwrap())
+        })
+        .collect()
+}
+
+/// `(epoch, step)` of a state file (`--state`).
+pub fn state_position(path: &Path) -> (u64, u64) {
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+    (v["epoch"].as_u64().unwrap(), v["step"].as_u64().unwrap())
+}

@@ -18,6 +18,15 @@ pub fn repo() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }
 
+/// The YAML documents of a manifest (PyYAML, from the tests' venv, with
+/// kubernetes-validate), as JSON; empty documents left out.
+pub fn yaml_docs(path: &Path) -> Vec<serde_json::Value> {
+    let script = "import json, sys, yaml\n\
+        print(json.dumps([d for d in yaml.safe_load_all(open(sys.argv[1])) if d is not None]))";
+    let json = output(Command::new(python()).arg("-c").arg(script).arg(path), &format!("reading {}", path.display()));
+    serde_json::from_str(&json).unwrap()
+}
+
 /// Runs a command to its end; its stdout when it succeeds, else a failure naming it.
 pub fn output(cmd: &mut Command, what: &str) -> String {
     let out = cmd.output().unwrap_or_else(|e| panic!("cannot run {what}: {e}"));
