@@ -9,7 +9,7 @@ use std::io::Read;
 use std::ops::Range;
 use std::path::Path;
 
-use super::npy_header::{parse_preamble, PyValue, MAX_PREAMBLE_LEN};
+use super::npy_header::{parse_preamble, PreambleError, PyValue, MAX_PREAMBLE_LEN};
 use super::rows::{RecordFile, RecordLayout};
 use super::schema::{DType, Field};
 use crate::error::{Error, Result};
@@ -20,6 +20,26 @@ pub fn scan(path: &Path) -> Result<(u64, Vec<Field>)> {
     Ok((l.samples, l.fields))
 }
 
+/// Reads and parses the preamble: a first small read, then exactly the rest of a longer
+/// header — never the data behind it (on cold shared storage a scan that read ahead into
+/// the data would cost as much as the first epoch's reads).
+fn read_preamble(file: std::fs::File, path: &Path) -> Result<super::npy_header::NpyPreamble> {
+    const FIRST_READ: u64 = 4096;
+    let mut head = Vec::new();
+    let mut file = file.take(FIRST_READ);
+    file.read_to_end(&mut head).map_err(|e| Error::io(path, e))?;
+    let parsed = match parse_preamble(&head) {
+        Err(PreambleError::Truncated { needed, .. }) if head.len() as u64 == FIRST_READ => {
+            let rest = needed.min(MAX_PREAMBLE_LEN as u64) - FIRST_READ;
+            let mut file = file.into_inner().take(rest);
+            file.read_to_end(&mut head).map_err(|e| Error::io(path, e))?;
+            parse_preamble(&head)
+        }
+        parsed => parsed,
+    };
+    parsed.map_err(|e| Error::file(path, e.to_string()))
+}
+
 /// Opens a `.npy` file for reading rows, checking that its fields are `expected`.
 pub fn open(path: &Path, expected: &[Field]) -> Result<RecordFile> {
     layout(path)?.open(path, expected)
@@ -28,9 +48,7 @@ pub fn open(path: &Path, expected: &[Field]) -> Result<RecordFile> {
 fn layout(path: &Path) -> Result<RecordLayout> {
     let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
     let file_len = file.metadata().map_err(|e| Error::io(path, e))?.len();
-    let mut head = Vec::new();
-    file.take(MAX_PREAMBLE_LEN as u64).read_to_end(&mut head).map_err(|e| Error::io(path, e))?;
-    let pre = parse_preamble(&head).map_err(|e| Error::file(path, e.to_string()))?;
+    let pre = read_preamble(file, path)?;
     let bad = |reason: String| Error::file(path, reason);
 
     if pre.shape.is_empty() {
@@ -255,6 +273,35 @@ mod tests {
             std::fs::write(&p, &bytes[..bytes.len() - 1]).unwrap();
             let err = scan(&p).unwrap_err().to_string();
             assert!(err.contains("t.npy") && err.contains("truncated"), "{err}");
+        }
+    }
+
+    /// Bytes this thread has read through `read`-like calls so far.
+    fn thread_rchar() -> u64 {
+        let io = std::fs::read_to_string("/proc/thread-self/io").unwrap();
+        io.lines().find_map(|l| l.strip_prefix("rchar: ")).unwrap().parse().unwrap()
+    }
+
+    #[test]
+    fn a_scan_reads_the_header_and_not_the_data() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("t.npy");
+        // A short header (one read) and one longer than the first read (two reads).
+        for fields in [
+            vec![Field::tensor("data", DType::U8, vec![4096])],
+            (0..400).map(|i| Field::tensor(&format!("field{i}"), DType::U8, vec![8])).collect(),
+        ] {
+            let rec: usize = fields.iter().map(|f| f.fixed_bytes().unwrap()).sum();
+            let samples = (4 << 20) / rec as u64 + 1;
+            let mut bytes = header(&fields, samples);
+            let header_len = bytes.len() as u64;
+            bytes.resize(bytes.len() + rec * samples as usize, 7);
+            std::fs::write(&p, &bytes).unwrap();
+            let before = thread_rchar();
+            let (n, got) = scan(&p).unwrap();
+            let read = thread_rchar() - before;
+            assert_eq!((n, got.len()), (samples, fields.len()));
+            assert!(read <= header_len.max(4096) + 4096, "a scan of a {header_len}-byte header read {read} bytes");
         }
     }
 
