@@ -343,6 +343,61 @@ impl Default for LocalReads {
 }
 
 named_enum!(
+    /// How ranks read their home ranges from storage ([`crate::plan::io`]).
+    ReadStrategy, "read strategy" {
+        /// The cheapest that fits the memory budget, by the storage's measured speed.
+        Auto => "auto",
+        /// Each rank streams its home range once into memory; later epochs read nothing.
+        Resident => "resident",
+        /// Each epoch streams the home range K times, keeping a K-th of it at a time.
+        Passes => "passes",
+        /// What fits the budget stays in memory; the rest is read where a window needs it,
+        /// with many reads in flight (or spilled once, with a spill directory).
+        Random => "random",
+    }
+);
+
+impl Default for ReadStrategy {
+    fn default() -> Self {
+        ReadStrategy::Auto
+    }
+}
+
+/// Reads each rank keeps in flight when it reads samples at random.
+pub const DEFAULT_READ_QUEUE_DEPTH: usize = 16;
+
+/// How a loader reads its home range: the strategy, the memory it may use for data, the
+/// storage's speed when known, and the node-local spill directory.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ReadOptions {
+    pub strategy: ReadStrategy,
+    /// Bytes the ranks of one host may hold for data together (resident rows, pass
+    /// buffers); `None`: from the cgroup memory limit or the available memory.
+    pub memory_budget: Option<u64>,
+    /// The storage's sequential bandwidth per host, bytes/s (`None`: probed when needed).
+    pub storage_bandwidth: Option<u64>,
+    /// The storage's random reads per second per host (`None`: probed when needed).
+    pub storage_iops: Option<u64>,
+    /// Node-local directory to spill what does not fit in memory to.
+    pub spill_dir: Option<PathBuf>,
+    /// Reads in flight per rank when reading at random.
+    pub queue_depth: usize,
+}
+
+impl Default for ReadOptions {
+    fn default() -> Self {
+        ReadOptions {
+            strategy: ReadStrategy::Auto,
+            memory_budget: None,
+            storage_bandwidth: None,
+            storage_iops: None,
+            spill_dir: None,
+            queue_depth: DEFAULT_READ_QUEUE_DEPTH,
+        }
+    }
+}
+
+named_enum!(
     /// How the ranks of a job talk.
     TransportKind, "transport" {
         /// MPI (launch with mpirun or srun).
@@ -506,9 +561,9 @@ pub struct LoaderOptions {
     pub layout: Layout,
     /// What happens to the last, incomplete batch of an epoch.
     pub tail: TailPolicy,
-    /// Keep this rank's home range in memory when it fits in this many bytes (0: off), so
-    /// that epochs after the first read nothing from disk.
-    pub cache_bytes: u64,
+    /// How ranks read their home ranges from storage.
+    #[serde(default)]
+    pub read: ReadOptions,
     /// Whether rows whose owner is on this rank's host are read here rather than received.
     #[serde(default)]
     pub local_reads: LocalReads,
@@ -534,7 +589,12 @@ impl LoaderOptions {
             ("exchange_costs", l.exchange_costs.to_string()),
             ("devices_per_process", l.devices_per_process.to_string()),
             ("tail", self.tail.to_string()),
-            ("cache_bytes", self.cache_bytes.to_string()),
+            ("read_strategy", self.read.strategy.to_string()),
+            ("memory_budget", self.read.memory_budget.map_or_else(|| "auto".into(), |b| b.to_string())),
+            ("storage_bandwidth", self.read.storage_bandwidth.map_or_else(|| "probe".into(), |b| b.to_string())),
+            ("storage_iops", self.read.storage_iops.map_or_else(|| "probe".into(), |b| b.to_string())),
+            ("spill_dir", self.read.spill_dir.as_ref().map_or_else(String::new, |p| p.display().to_string())),
+            ("read_queue_depth", self.read.queue_depth.to_string()),
             ("local_reads", self.local_reads.to_string()),
         ]
     }
@@ -549,7 +609,7 @@ impl Default for LoaderOptions {
             prefetch: DEFAULT_PREFETCH,
             layout: Layout::default(),
             tail: TailPolicy::Drop,
-            cache_bytes: 0,
+            read: ReadOptions::default(),
             local_reads: LocalReads::Auto,
         }
     }
@@ -567,7 +627,12 @@ pub struct JobFile {
     pub seed: Option<u64>,
     pub window_bytes: Option<ByteSize>,
     pub prefetch: Option<usize>,
-    pub cache_bytes: Option<ByteSize>,
+    pub read_strategy: Option<ReadStrategy>,
+    pub memory_budget: Option<ByteSize>,
+    pub storage_bandwidth: Option<ByteSize>,
+    pub storage_iops: Option<u64>,
+    pub spill_dir: Option<PathBuf>,
+    pub read_queue_depth: Option<usize>,
     pub tail: Option<TailPolicy>,
     pub transport: Option<TransportKind>,
     pub mesh: Option<MeshSpec>,
@@ -607,9 +672,11 @@ impl Job {
 }
 
 impl JobFile {
-    /// Makes relative dataset paths relative to `base` (the job file's directory).
+    /// Makes relative dataset and spill paths relative to `base` (the job file's directory).
     pub fn relative_to(mut self, base: &Path) -> JobFile {
-        self.data = self.data.into_iter().map(|p| if p.is_relative() { base.join(p) } else { p }).collect();
+        let rebase = |p: PathBuf| if p.is_relative() { base.join(p) } else { p };
+        self.data = self.data.into_iter().map(rebase).collect();
+        self.spill_dir = self.spill_dir.map(rebase);
         self
     }
 
@@ -628,6 +695,13 @@ impl JobFile {
         let devices_per_process = self.devices_per_process.unwrap_or(1);
         if devices_per_process == 0 {
             return Err(Error::Config("devices_per_process must be at least 1".into()));
+        }
+        let queue_depth = self.read_queue_depth.unwrap_or(DEFAULT_READ_QUEUE_DEPTH);
+        if !(1..=1024).contains(&queue_depth) {
+            return Err(Error::Config(format!("read_queue_depth {queue_depth}: expected 1 to 1024 reads in flight")));
+        }
+        if self.storage_bandwidth.is_some_and(|b| b.0 == 0) || self.storage_iops == Some(0) {
+            return Err(Error::Config("storage_bandwidth and storage_iops must be positive".into()));
         }
         Ok(Job {
             data: self.data,
@@ -648,7 +722,14 @@ impl JobFile {
                     devices_per_process,
                 },
                 tail: self.tail.unwrap_or_default(),
-                cache_bytes: self.cache_bytes.map_or(0, |b| b.0),
+                read: ReadOptions {
+                    strategy: self.read_strategy.unwrap_or_default(),
+                    memory_budget: self.memory_budget.map(|b| b.0),
+                    storage_bandwidth: self.storage_bandwidth.map(|b| b.0),
+                    storage_iops: self.storage_iops,
+                    spill_dir: self.spill_dir,
+                    queue_depth,
+                },
                 local_reads: self.local_reads.unwrap_or_default(),
             },
             epochs,
@@ -759,7 +840,8 @@ mod tests {
         );
         assert_eq!((get("local_reads"), get("devices_per_process")), ("auto", "1"));
         assert_eq!(get("exchange_costs"), ExchangeCosts::default().to_string());
-        assert_eq!(s.len(), 15);
+        assert_eq!((get("read_strategy"), get("memory_budget"), get("read_queue_depth")), ("auto", "auto", "16"));
+        assert_eq!(s.len(), 20);
         let other = LoaderOptions { seed: 9, ..LoaderOptions::default() };
         assert_ne!(other.settings(), LoaderOptions::default().settings());
     }

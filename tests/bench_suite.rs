@@ -44,6 +44,9 @@ fn bench(np: usize, data: &Path, out: &Path, modes: &str) -> Vec<serde_json::Val
             &BATCH.to_string(),
             "--window-bytes",
             "16K",
+            // The storage path: nothing kept, every row read where a window needs it.
+            "--memory-budget",
+            "0",
             "--epochs",
             "2",
             "--modes",

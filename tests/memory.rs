@@ -3,6 +3,11 @@
 //! four times the data needs no more memory — for .npy, HDF5, Arrow and raw files, at tiny
 //! (4-byte) samples, where per-row bookkeeping dominates, and at large (64 KiB) samples,
 //! fixed-size tensors and variable-length Arrow values alike.
+//!
+//! Every read strategy stays within the memory it is given (issue 21): a job runs under a
+//! cgroup memory limit of its processes, its pipelines and its data budget, and is never
+//! killed for memory; a budget larger than the limit allows is cut to it, and data that
+//! cannot be kept is refused with a message, not an OOM kill.
 
 mod common;
 
@@ -10,6 +15,8 @@ use std::path::Path;
 use std::sync::Arc;
 
 use common::*;
+use meshfeed::loader::MIN_MARGIN;
+use meshfeed::plan::io::STREAM_READ_BYTES;
 
 /// The window budget of every run here.
 const WINDOW: u64 = 1 << 20;
@@ -18,10 +25,25 @@ fn s(p: &Path) -> &str {
     p.to_str().unwrap()
 }
 
-/// The last epoch's summary of a 4-rank job with a 1 MiB window and `prefetch`.
+/// The last epoch's summary of a 4-rank job with a 1 MiB window and `prefetch`, keeping
+/// nothing in memory (every row read from the files where a window needs it: what the
+/// window budget alone bounds).
 fn summary(data: &Path, prefetch: usize) -> serde_json::Value {
     let p = prefetch.to_string();
-    let args = ["run", "--data", s(data), "--batch-size", "32", "--window-bytes", "1M", "--prefetch", &p, "--json"];
+    let args = [
+        "run",
+        "--data",
+        s(data),
+        "--batch-size",
+        "32",
+        "--window-bytes",
+        "1M",
+        "--prefetch",
+        &p,
+        "--json",
+        "--memory-budget",
+        "0",
+    ];
     let run = mpirun(4, &args);
     ok(&run);
     serde_json::from_str(run.stdout.lines().last().unwrap()).unwrap()
@@ -131,4 +153,97 @@ fn arrow_memory_is_bounded_at_large_variable_length_values() {
         write_large_values(dir, n);
     }
     check_bounded("arrow variable-length 64 KiB", &dirs[0], &dirs[1], &dirs[2], [LARGE[1], LARGE[2]]);
+}
+
+/// Peak memory of a 4-rank job's processes with nothing kept, on tiny data (a cgroup's peak:
+/// `mpirun`, the ranks, their libraries and an idle pipeline).
+fn process_baseline(out: &Path) -> u64 {
+    let tiny = out.join("tiny");
+    gen(&tiny, "npy", 400, "x:u8:64");
+    let cg = MemoryCgroup::new(4 << 30);
+    ok(&cg
+        .mpirun(4, &["run", "--data", s(&tiny), "--batch-size", "32", "--window-bytes", "1M", "--memory-budget", "0"]));
+    cg.peak()
+}
+
+/// Each strategy with a data budget of 12 MiB (16 MiB resident) over 48 MiB of 16 KiB samples
+/// runs under a limit of the processes, four pipelines (1 MiB windows, prefetch 2) and the
+/// budget, with slack for the allocator; nothing is OOM-killed and every epoch is exact.
+#[test]
+fn every_read_strategy_stays_within_a_cgroup_memory_limit() {
+    let out = tempdir();
+    let base = process_baseline(out.path());
+    let data = out.path().join("d");
+    gen(&data, "npy", 3072, "x:u8:16384"); // 48 MiB, 12 MiB per rank
+    let spill = out.path().join("spill");
+    std::fs::create_dir_all(&spill).unwrap();
+    // Per rank: the pipeline's bound (with the allocator's slack) and one streaming read.
+    let pipelines = 4 * (3 * WINDOW * 3 / 2 + STREAM_READ_BYTES);
+    let slack = 24 << 20;
+    for (name, budget, extra) in [
+        ("resident", 56u64 << 20, vec!["--read-strategy", "resident"]),
+        ("passes", 12 << 20, vec!["--read-strategy", "passes"]),
+        ("random", 12 << 20, vec!["--read-strategy", "random"]),
+        ("spill", 12 << 20, vec!["--spill-dir", s(&spill)]),
+    ] {
+        let limit = base + pipelines + budget + slack;
+        let cg = MemoryCgroup::new(limit);
+        let b = budget.to_string();
+        let mut args = vec!["run", "--data", s(&data), "--batch-size", "64", "--epochs", "2", "--window-bytes", "1M"];
+        args.extend(["--memory-budget", &b, "--verify", "--json"]);
+        args.extend(&extra);
+        let run = cg.mpirun(4, &args);
+        assert_eq!(cg.oom_kills(), 0, "{name}: OOM-killed under a limit of {limit} (baseline {base})\n{}", run.stderr);
+        ok(&run);
+        for l in run.stdout.lines() {
+            let e: serde_json::Value = serde_json::from_str(l).unwrap();
+            assert_eq!(e["verified"], true, "{name}: {e}");
+            let want = if name == "spill" { "random" } else { name };
+            assert_eq!(e["read_strategy"], want, "{name}: {e}");
+        }
+    }
+}
+
+/// With no budget given, the loader sizes itself from the cgroup limit: under a tight one it
+/// keeps part of the data (or streams it in passes) and is not killed; under a roomy one it
+/// keeps all of it. Asked to keep more than the limit has room for, it says so and stops.
+#[test]
+fn the_default_budget_follows_the_cgroup_limit() {
+    let out = tempdir();
+    let base = process_baseline(out.path());
+    let data = out.path().join("d");
+    gen(&data, "npy", 3072, "x:u8:16384"); // 48 MiB
+    let args = [
+        "run",
+        "--data",
+        s(&data),
+        "--batch-size",
+        "64",
+        "--epochs",
+        "2",
+        "--window-bytes",
+        "1M",
+        "--verify",
+        "--json",
+    ];
+    let pipelines = 4 * (3 * WINDOW + STREAM_READ_BYTES);
+    for (room, keeps) in [(MIN_MARGIN + pipelines + (16 << 20), false), (MIN_MARGIN * 2 + pipelines + (96 << 20), true)]
+    {
+        let cg = MemoryCgroup::new(base + room);
+        let run = cg.mpirun(4, &args);
+        assert_eq!(cg.oom_kills(), 0, "OOM-killed with {room} bytes of room:\n{}", run.stderr);
+        ok(&run);
+        let last: serde_json::Value = serde_json::from_str(run.stdout.lines().last().unwrap()).unwrap();
+        assert_eq!(last["verified"], true);
+        assert_eq!(last["read_strategy"] == "resident", keeps, "{room} bytes of room: {last}");
+        assert!(last["read_reason"].as_str().unwrap().contains("cgroup v"), "{last}");
+    }
+    // Resident data asked for where the limit has no room for it: a clear refusal.
+    let cg = MemoryCgroup::new(base + pipelines + (16 << 20));
+    let mut forced = args.to_vec();
+    forced.extend(["--read-strategy", "resident", "--memory-budget", "1G"]);
+    let run = cg.mpirun(4, &forced);
+    assert_eq!(cg.oom_kills(), 0, "{}", run.stderr);
+    assert_ne!(run.code, 0);
+    assert!(run.stderr.contains("--read-strategy resident: the data does not fit in memory"), "{}", run.stderr);
 }

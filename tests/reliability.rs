@@ -1,6 +1,6 @@
 //! Reliability (docs/design.md: resumption, bounded memory, no hangs): clean stops on
 //! SIGTERM at a step boundary, exact resumption across rank counts, meshes and
-//! transports, fingerprint checks, tail policies, the home-range cache and a soak test
+//! transports, fingerprint checks, tail policies, the memory budget and a soak test
 //! (over MPI and UCX), bounded memory with and without prefetch, and a rank SIGKILLed
 //! under mpirun (UCX: tests/ucx.rs).
 
@@ -217,12 +217,13 @@ over_transports! {
     }
 }
 
-/// Peak RSS (max over ranks) of one epoch.
+/// Peak RSS (max over ranks) of one epoch, keeping nothing in memory (what the window
+/// budget alone bounds; the strategies' budgets: tests/memory.rs).
 fn peak_rss(data: &std::path::Path, window: &str, prefetch: usize) -> u64 {
     let d = data.to_str().unwrap();
     let p = prefetch.to_string();
-    let run =
-        mpirun(4, &["run", "--data", d, "--batch-size", "32", "--window-bytes", window, "--prefetch", &p, "--json"]);
+    let args = ["run", "--data", d, "--batch-size", "32", "--window-bytes", window, "--prefetch", &p, "--json"];
+    let run = mpirun(4, &[&args[..], &["--memory-budget", "0"]].concat());
     ok(&run);
     let last: serde_json::Value = serde_json::from_str(run.stdout.lines().last().unwrap()).unwrap();
     last["max_rss_bytes"].as_u64().unwrap()
@@ -388,11 +389,15 @@ over_transports! {
 }
 
 over_transports! {
-    fn home_range_cache_reads_each_sample_once(t: Transport) {
+    /// The memory budget decides how much of the data stays in memory (it replaced
+    /// `--cache-bytes`): all of it is read once, then never; half of it is read once and
+    /// the other half every epoch; with none, everything every epoch. Memory grows by no
+    /// more than the budget.
+    fn a_memory_budget_keeps_what_fits_and_reads_the_rest(t: Transport) {
         let out = tempdir();
         let data = out.path().join("d");
         gen(&data, "4000", "data:f32:256"); // 4 MB, 1 MB per rank
-        let epochs = |cache: &str| -> Vec<serde_json::Value> {
+        let epochs = |budget: &str| -> Vec<serde_json::Value> {
             let run = t.run(
                 4,
                 &[
@@ -405,8 +410,10 @@ over_transports! {
                     "3",
                     "--window-bytes",
                     "256K",
-                    "--cache-bytes",
-                    cache,
+                    "--read-strategy",
+                    "random",
+                    "--memory-budget",
+                    budget,
                     "--verify",
                     "--json",
                 ],
@@ -414,16 +421,24 @@ over_transports! {
             ok(&run);
             run.stdout.lines().map(|l| serde_json::from_str(l).unwrap()).collect()
         };
-        let cached = epochs("2M");
-        assert!(cached.iter().all(|e| e["verified"] == true));
-        assert_eq!(cached[0]["bytes_read"], 4000 * 1024, "the first epoch reads the dataset exactly once");
-        assert_eq!((cached[1]["bytes_read"].as_u64(), cached[2]["bytes_read"].as_u64()), (Some(0), Some(0)));
-        // A cache too small for the home range stays off: reads every epoch, memory bounded.
-        let uncached = epochs("512K");
-        assert!(uncached.iter().all(|e| e["bytes_read"].as_u64().unwrap() >= 4000 * 1024 && e["verified"] == true));
-        let off = epochs("0");
+        let read = |v: &[serde_json::Value], e: usize| v[e]["bytes_read"].as_u64().unwrap();
+        let all = epochs("8M");
+        assert!(all.iter().all(|e| e["verified"] == true));
+        assert_eq!(read(&all, 0), 4000 * 1024, "the first epoch reads the dataset exactly once");
+        assert_eq!((read(&all, 1), read(&all, 2)), (0, 0));
+        // Half the data in memory: the other half is read every epoch.
+        let half = epochs("2M");
+        assert!(half.iter().all(|e| e["verified"] == true));
+        for e in 1..3 {
+            let r = read(&half, e);
+            assert!((1000 * 1024..3000 * 1024).contains(&r), "epoch {e} read {r} bytes with half the data kept");
+        }
+        let none = epochs("0");
+        assert!(none.iter().all(|e| e["bytes_read"].as_u64().unwrap() >= 4000 * 1024 && e["verified"] == true));
+        // A rank's RSS counts the kept rows of its host it touched (its own and those it
+        // copied from the others): at most the 2 MiB budget, plus 2 MiB of run-to-run noise.
         let rss = |v: &[serde_json::Value]| v[2]["max_rss_bytes"].as_u64().unwrap();
-        assert!(rss(&uncached) <= rss(&off) + (1 << 20), "{} vs {}", rss(&uncached), rss(&off));
+        assert!(rss(&half) <= rss(&none) + (4 << 20), "{} vs {}", rss(&half), rss(&none));
     }
 }
 

@@ -262,6 +262,9 @@ over_transports! {
                 "3",
                 "--json",
                 "--verify",
+                // Every row read where a window needs it (resident rows: tests below).
+                "--memory-budget",
+                "0",
             ],
         );
         ok(&run);
@@ -376,6 +379,8 @@ fn large_samples_are_read_straight_into_send_buffers() {
                 "--json",
                 "--local-reads",
                 "off",
+                "--memory-budget",
+                "0",
             ],
         );
         ok(&run);
@@ -432,7 +437,8 @@ over_transports! {
             let dump = |name: &str| out.path().join(format!("{name}-{format}-{np}"));
             let args = |name: &str, reads: &str| -> Vec<String> {
                 // 3000 = 62 × 48 + 24: the partial last batch has a window of its own.
-                let tail = ["--tail", "partial", "--verify", "--json"];
+                // Nothing kept in memory: the rows come from the files (kept rows: below).
+                let tail = ["--tail", "partial", "--verify", "--json", "--memory-budget", "0"];
                 ["run", "--data", d, "--batch-size", "48", "--epochs", "2", "--window-bytes", "256K"]
                     .iter()
                     .chain(&tail)
@@ -473,6 +479,107 @@ over_transports! {
             let reference = dump_bytes(&dump("exchanged"), np);
             assert_eq!(dump_bytes(&dump("one-host"), np), reference, "{format}, {np} ranks, one host");
             assert_eq!(dump_bytes(&dump("two-hosts"), np), reference, "{format}, {np} ranks, hosts of two");
+        }
+    }
+}
+
+over_transports! {
+    /// Every read strategy delivers the stream byte for byte as reading every row from
+    /// the files where a window needs it (no memory budget, local reads off): resident
+    /// (the default where the data fits), passes, random with part of each home range in
+    /// memory, and random with the rest spilled; on one host (same-host rows copied from
+    /// each other's memory) and on hosts of two; at 1 to 4 ranks; for rows read in place
+    /// (2 KiB .npy), small rows packed from memory (HDF5) and variable-length values kept
+    /// as read (Arrow). The files are read as the strategy says: once for resident data,
+    /// K times an epoch in passes, only the rows not kept at random, never again once
+    /// spilled.
+    fn every_read_strategy_delivers_the_same_stream(t: Transport) {
+        let out = tempdir();
+        let cases: [(&str, &[&str], &[usize]); 3] = [
+            ("npy", &["x:u8:2048", "y:i64"], &[1, 2, 3, 4]),
+            ("hdf5", &["x:u8:200", "y:i64"], &[3]),
+            ("arrow", &["t:bytes", "y:i64"], &[2, 4]),
+        ];
+        for (format, fields, nps) in cases {
+            let data = out.path().join(format);
+            let d = data.to_str().unwrap();
+            let mut gen = vec!["gen", "--format", format, "--samples", "3000", "--files", "3", "--out", d];
+            for f in fields {
+                gen.extend(["--field", f]);
+            }
+            ok(&meshfeed(&gen));
+            let bytes: u64 = std::fs::read_dir(&data).unwrap().map(|e| e.unwrap().metadata().unwrap().len()).sum();
+            // Budgets that hold about a third and a half of the data.
+            let (third, half) = ((bytes / 3).to_string(), (bytes / 2).to_string());
+            let fixed = format != "arrow";
+            for &np in nps {
+                let dump = |name: &str| out.path().join(format!("{format}-{np}-{name}"));
+                let spill = out.path().join(format!("spill-{format}-{np}"));
+                std::fs::create_dir_all(&spill).unwrap();
+                let run = |name: &str, extra: &[&str], hosts_of_two: bool| -> Vec<serde_json::Value> {
+                    let dump = dump(name).display().to_string();
+                    // 3000 = 62 × 48 + 24: a partial last batch in a window of its own.
+                    let mut args = vec!["run", "--data", d, "--batch-size", "48", "--epochs", "3", "--tail", "partial"];
+                    args.extend(["--window-bytes", "64K", "--verify", "--json", "--dump", &dump]);
+                    args.extend(extra);
+                    let r = if hosts_of_two { run_on_hosts_of_two(t, out.path(), np, &args) } else { t.run(np, &args) };
+                    ok(&r);
+                    let epochs: Vec<serde_json::Value> =
+                        r.stdout.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+                    assert_eq!(epochs.len(), 3, "{name}: {}", r.stdout);
+                    for e in &epochs {
+                        assert_eq!(e["verified"], true, "{format}, {np} ranks, {name}: {e}");
+                    }
+                    epochs
+                };
+                let n = |e: &serde_json::Value, k: &str| e[k].as_u64().unwrap();
+                let from_files = run("files", &["--read-strategy", "random", "--memory-budget", "0", "--local-reads", "off"], false);
+                let reference = dump_bytes(&dump("files"), np);
+                let resident = run("resident", &[], false);
+                let passes = run("passes", &["--read-strategy", "passes", "--memory-budget", &third], false);
+                let random = run("random", &["--read-strategy", "random", "--memory-budget", &half], false);
+                for (name, epochs) in [("resident", &resident), ("passes", &passes), ("random", &random)] {
+                    assert_eq!(dump_bytes(&dump(name), np), reference, "{format}, {np} ranks, {name}");
+                    assert_eq!(epochs[0]["read_strategy"], *name, "{}", epochs[0]);
+                }
+                // Resident: the home ranges are read once, then never.
+                assert!(n(&resident[0], "bytes_read") >= n(&from_files[0], "bytes_delivered") * 9 / 10, "{}", resident[0]);
+                assert_eq!((n(&resident[1], "bytes_read"), n(&resident[2], "bytes_read")), (0, 0), "{format}, {np} ranks");
+                // Passes: several per epoch, each streaming (most of) the home range.
+                let k = n(&passes[0], "passes");
+                assert!(k >= 2, "{}", passes[0]);
+                for e in &passes {
+                    assert!(n(e, "bytes_read") > bytes * (k - 1) / 2, "{k} passes read too little: {e}");
+                }
+                // Random: what is kept is not read again; the rest is, every epoch.
+                for e in &random[1..] {
+                    let read = n(e, "bytes_read");
+                    if fixed {
+                        assert!(read > 0 && read < n(e, "bytes_delivered"), "{format}, {np} ranks: {e}");
+                    } else {
+                        assert!(read >= n(e, "bytes_delivered") * 9 / 10, "nothing kept: {e}");
+                    }
+                }
+                if fixed {
+                    // Spilled: the rest goes to the spill directory once and is read from there.
+                    let spilled = run("spill", &["--memory-budget", &third, "--spill-dir", spill.to_str().unwrap()], false);
+                    assert_eq!(dump_bytes(&dump("spill"), np), reference, "{format}, {np} ranks, spill");
+                    assert_eq!((spilled[0]["spill"].as_bool(), n(&spilled[1], "bytes_read")), (Some(true), 0), "{}", spilled[1]);
+                    assert!(n(&spilled[2], "bytes_read_spill") > 0, "{}", spilled[2]);
+                    // The spill files are gone with the job.
+                    assert_eq!(std::fs::read_dir(&spill).unwrap().count(), 0, "{format}, {np} ranks");
+                } else {
+                    let r = t.run(np, &["run", "--data", d, "--batch-size", "48", "--memory-budget", &third, "--spill-dir", spill.to_str().unwrap()]);
+                    assert_ne!(r.code, 0);
+                    assert!(r.stderr.contains("--spill-dir needs every field to have a fixed size"), "{}", r.stderr);
+                }
+                if np >= 3 {
+                    // Hosts of two: kept rows of the other host cross the exchange.
+                    let two = run("two-hosts", &[], true);
+                    assert_eq!(dump_bytes(&dump("two-hosts"), np), reference, "{format}, {np} ranks, hosts of two");
+                    assert!(n(&two[1], "bytes_exchanged") > 0 && n(&two[1], "bytes_read") == 0, "{}", two[1]);
+                }
+            }
         }
     }
 }

@@ -256,6 +256,9 @@ fn bench_compares_mpi_and_ucx_in_one_run() {
         "--transports",
         "mpi,ucx-shm,ucx-tcp",
         "--json",
+        // Every row crosses the exchange (nothing kept, small rows: no local reads).
+        "--memory-budget",
+        "0",
     ]);
     let out = cmd.env("UCX_NET_DEVICES", "lo").output().unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);

@@ -228,6 +228,39 @@ pub struct ScalingRow {
     /// Throughput per host over the smallest run's: 1.0 is linear scaling.
     pub efficiency: f64,
     pub run: String,
+    /// What the run read from the shared storage (a sweep's `storage_bytes`), in bytes and
+    /// as a multiple of the dataset, over the epochs the loader ran (the PyTorch baseline's
+    /// untimed one included).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub storage: Option<StorageRead>,
+}
+
+/// A run's reads from the shared storage.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct StorageRead {
+    pub bytes: u64,
+    pub times_data: f64,
+    pub epochs: u64,
+}
+
+/// What a sweep point read from the shared storage (`storage.json`), against its dataset's
+/// size and epochs (run.json, or the PyTorch baseline's record); `None` where not measured.
+fn storage_read(dir: &Path) -> Option<StorageRead> {
+    let read = |name: &str| -> Option<serde_json::Value> {
+        serde_json::from_str(&std::fs::read_to_string(dir.join(name)).ok()?).ok()
+    };
+    let bytes = read("storage.json")?["storage_bytes"].as_u64()?;
+    let (data, epochs) = match read("run.json") {
+        Some(r) => (r["samples"].as_u64()? * r["sample_bytes"].as_u64()?, r["epochs"].as_u64()?),
+        None => {
+            let text = std::fs::read_to_string(dir.join(PYTORCH)).ok()?;
+            let p: serde_json::Value = serde_json::from_str(text.lines().last()?).ok()?;
+            // One untimed epoch and the timed ones, for each worker count tried.
+            let tried = p["epoch_s_by_workers"].as_object().map_or(1, |m| m.len() as u64);
+            (p["samples"].as_u64()? * p["sample_bytes"].as_u64()?, (p["epochs"].as_u64()? + 1) * tried)
+        }
+    };
+    Some(StorageRead { bytes, times_data: bytes as f64 / data.max(1) as f64, epochs })
 }
 
 /// The scaling table of the runs' last epochs, per loader, by hosts then ranks (pure).
@@ -253,6 +286,7 @@ pub fn scaling(reports: &[EpochReport]) -> Vec<ScalingRow> {
             samples_per_s: r.samples_per_s,
             efficiency: per_host(r) / per_host(base).max(1e-12),
             run: r.run.clone(),
+            storage: None,
         });
     }
     rows
@@ -582,7 +616,10 @@ pub fn run(args: ReportArgs) -> Result<()> {
             }
         }
     }
-    let table = scaling(&reports);
+    let mut table = scaling(&reports);
+    for row in &mut table {
+        row.storage = storage_read(Path::new(&row.run));
+    }
     let model = fit_and_predict(&args.predict, &measured)?;
     if let Some(dir) = &args.plots {
         let written = plots(dir, &reports, &table, model.as_ref())?;
@@ -657,6 +694,14 @@ pub fn run(args: ReportArgs) -> Result<()> {
             "{:<10} {:>5} {:>5} {:>12.0} {:>10.2}  {}",
             row.loader, row.hosts, row.ranks, row.samples_per_s, row.efficiency, row.run
         ));
+        if let Some(s) = &row.storage {
+            crate::report::line(&format!(
+                "    read from the shared storage: {:.1} MB, {:.2}× the data over {} epoch(s)",
+                s.bytes as f64 / 1e6,
+                s.times_data,
+                s.epochs
+            ));
+        }
     }
     if let Some(m) = &model {
         print_model(m);

@@ -5,8 +5,8 @@ use std::path::{Path, PathBuf};
 
 use clap::builder::{PossibleValuesParser, TypedValueParser};
 use meshfeed::config::{
-    parse_pair, ByteSize, ExchangeCosts, ExchangeMode, Job, JobFile, LocalReads, MeshSpec, NamedValues, ShardSpec,
-    Stage, TailPolicy, TransportKind,
+    parse_pair, ByteSize, ExchangeCosts, ExchangeMode, Job, JobFile, LocalReads, MeshSpec, NamedValues, ReadStrategy,
+    ShardSpec, Stage, TailPolicy, TransportKind,
 };
 use meshfeed::runtime::Runtime;
 use meshfeed::{Error, Result};
@@ -79,10 +79,30 @@ pub struct JobArgs {
     /// partial (a short batch) [default: drop].
     #[arg(long, value_parser = named::<TailPolicy>())]
     pub tail: Option<TailPolicy>,
-    /// Keep each rank's home range in memory when it fits in this many bytes (K/M/G), so
-    /// that epochs after the first read nothing from disk [default: 0, off].
+    /// How ranks read their home ranges: auto (resident when the data fits the memory
+    /// budget, else the cheaper of passes and random by the storage's speed), resident
+    /// (stream once, keep in memory), passes (K sequential passes per epoch), random (keep
+    /// what fits, read the rest where needed) [default: auto].
+    #[arg(long, value_parser = named::<ReadStrategy>())]
+    pub read_strategy: Option<ReadStrategy>,
+    /// Memory the ranks of one host may hold for data together (K/M/G) [default: 3/4 of
+    /// the cgroup limit's or the host's headroom, less the pipelines].
     #[arg(long, value_name = "BYTES")]
-    pub cache_bytes: Option<ByteSize>,
+    pub memory_budget: Option<ByteSize>,
+    /// The storage's sequential bandwidth per host in bytes/s (K/M/G) [default: probed
+    /// when the choice depends on it].
+    #[arg(long, value_name = "BYTES")]
+    pub storage_bandwidth: Option<ByteSize>,
+    /// The storage's random reads per second per host [default: probed when needed].
+    #[arg(long, value_name = "READS")]
+    pub storage_iops: Option<u64>,
+    /// Node-local directory (NVMe scratch) where what does not fit in memory is streamed
+    /// once and read back from.
+    #[arg(long, value_name = "DIR")]
+    pub spill_dir: Option<PathBuf>,
+    /// Reads in flight per rank when reading samples at random [default: 16].
+    #[arg(long, value_name = "N")]
+    pub read_queue_depth: Option<usize>,
     /// Ranks on one host read the rows they receive from each other's home ranges straight
     /// from the files (the page cache they share) instead of exchanging them: auto (npy, raw
     /// and fixed-size Arrow samples of 1 KiB and more, fused exchange) or off [default: auto].
@@ -107,8 +127,9 @@ impl JobArgs {
         macro_rules! flag_wins {
             ($($field:ident),*) => { $(if let Some(v) = &self.$field { file.$field = Some(v.clone()); })* };
         }
-        flag_wins!(group, batch_size, epochs, seed, window_bytes, prefetch, cache_bytes, tail, transport, mesh);
+        flag_wins!(group, batch_size, epochs, seed, window_bytes, prefetch, tail, transport, mesh);
         flag_wins!(pipeline_axis, exchange, exchange_costs, local_reads, devices_per_process);
+        flag_wins!(read_strategy, memory_budget, storage_bandwidth, storage_iops, spill_dir, read_queue_depth);
         if !self.mesh_order.is_empty() {
             file.mesh_order = self.mesh_order.clone();
         }

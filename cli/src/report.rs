@@ -82,7 +82,9 @@ pub struct EpochSummary {
     /// the simulated training step (`--compute-ms`).
     pub wait_s: f64,
     pub compute_s: f64,
+    /// Bytes read from the dataset's files, and from spill files.
     pub bytes_read: u64,
+    pub bytes_read_spill: u64,
     pub bytes_exchanged: u64,
     pub bytes_delivered: u64,
     /// Bytes the loader copied (read, packed, assembled; summed over ranks) and that over
@@ -94,6 +96,28 @@ pub struct EpochSummary {
     pub windows: u64,
     /// Peak resident set size of the largest rank so far (getrusage).
     pub max_rss_bytes: u64,
+    /// How the ranks read their home ranges (`resident`, `passes`, `random`), the passes
+    /// per epoch, whether the rest is spilled, and why the strategy was chosen.
+    pub read_strategy: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub passes: Option<u64>,
+    pub spill: bool,
+    pub read_reason: String,
+    /// Rows kept in memory, all ranks together; the memory budget of the host that
+    /// decided; the storage's speed the choice was made with (bytes/s, reads/s; absent
+    /// where it was not needed); the cost model's time for this epoch.
+    pub resident_rows: u64,
+    pub memory_budget: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub storage_bandwidth: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub storage_iops: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub predicted_s: Option<f64>,
+    /// The time rank 0 took to open the dataset and build the loader (the first epoch's
+    /// summary only): a loader that keeps its data starts streaming it then.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub open_s: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub verified: Option<bool>,
 }
@@ -114,6 +138,7 @@ impl EpochSummary {
         world: &dyn meshfeed::transport::Transport,
         t: &EpochTimes,
         m: &MetricsSummary,
+        io: &meshfeed::plan::IoPlan,
     ) -> meshfeed::Result<EpochSummary> {
         use meshfeed::transport::ReduceOp;
         let mut maxes = [(t.seconds * 1e9) as u64, (t.compute_s * 1e9) as u64, meshfeed::runtime::peak_rss_bytes()];
@@ -133,6 +158,7 @@ impl EpochSummary {
             wait_s: m.wait_max.as_secs_f64(),
             compute_s: maxes[1] as f64 / 1e9,
             bytes_read: m.bytes_read,
+            bytes_read_spill: m.bytes_read_spill,
             bytes_exchanged: m.bytes_sent,
             bytes_delivered: delivered[0],
             bytes_copied: m.bytes_copied,
@@ -140,6 +166,19 @@ impl EpochSummary {
             plan_evaluations: m.max_evaluations,
             windows: m.windows,
             max_rss_bytes: maxes[2],
+            read_strategy: io.strategy.name(),
+            passes: match io.strategy {
+                meshfeed::plan::Strategy::Passes { passes } => Some(passes),
+                _ => None,
+            },
+            spill: io.spill,
+            read_reason: io.reason.clone(),
+            resident_rows: io.resident.iter().sum(),
+            memory_budget: io.budget,
+            storage_bandwidth: io.storage.map(|s| s.bandwidth),
+            storage_iops: io.storage.map(|s| s.iops),
+            predicted_s: io.prediction.map(|p| if t.epoch == 0 { p.first_epoch_s } else { p.later_epoch_s }),
+            open_s: None,
             verified: None,
         })
     }
@@ -154,7 +193,7 @@ impl EpochSummary {
             String::new()
         };
         out!(
-            "epoch {}: {} samples in {:.3} s — {:.0} samples/s, {:.3} GB/s | {} (max over {} ranks){compute} | {} windows, {:.1} MB exchanged, peak RSS {:.0} MB",
+            "epoch {}: {} samples in {:.3} s — {:.0} samples/s, {:.3} GB/s | {} (max over {} ranks){compute} | {} windows, {:.1} MB read, {:.1} MB exchanged, peak RSS {:.0} MB",
             self.epoch,
             self.samples,
             self.seconds,
@@ -163,6 +202,7 @@ impl EpochSummary {
             phases.join(", "),
             self.ranks,
             self.windows,
+            self.bytes_read as f64 / 1e6,
             self.bytes_exchanged as f64 / 1e6,
             self.max_rss_bytes as f64 / 1e6
         );

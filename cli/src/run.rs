@@ -171,8 +171,11 @@ fn run(args: &RunArgs, job: Result<Job>, rt: &Runtime, stop: &StopSignal) -> Res
     if let Some(path) = &args.state {
         agree(world, if rank == 0 { check_state_path(path) } else { Ok(()) })?;
     }
+    // Opening counts toward the first epoch: a loader that keeps its data starts streaming it here.
+    let opening = Instant::now();
     let dataset = open_dataset(world, &job.data, job.dataset.clone())?;
     let mut loader = Loader::new(world, dataset, job.loader.clone())?;
+    let mut open_s = Some(opening.elapsed().as_secs_f64());
     let n = loader.dataset().len();
     let steps = loader.steps_per_epoch();
     if let Some(from) = &args.resume_from {
@@ -224,6 +227,7 @@ fn run(args: &RunArgs, job: Result<Job>, rt: &Runtime, stop: &StopSignal) -> Res
             loader.steps_per_window(),
             job.loader.prefetch,
         );
+        out!("meshfeed: reads: {}", describe_reads(&loader));
     }
 
     // Stop requests are agreed about every 50 ms of steps (every step when steps are
@@ -300,7 +304,8 @@ fn run(args: &RunArgs, job: Result<Job>, rt: &Runtime, stop: &StopSignal) -> Res
         };
         let mine = loader.take_metrics();
         let metrics = mine.reduce(world)?;
-        let mut summary = EpochSummary::reduce(world, &times, &metrics)?;
+        let mut summary = EpochSummary::reduce(world, &times, &metrics, loader.read_plan())?;
+        summary.open_s = open_s.take();
         if let Some(v) = verifier.as_mut() {
             let b = job.loader.batch_size as u64;
             let (report, first_problem) = v.finish_epoch(world, &loader.home_ranges(), first * b..end * b)?;
@@ -349,6 +354,18 @@ fn run(args: &RunArgs, job: Result<Job>, rt: &Runtime, stop: &StopSignal) -> Res
         report::line(&format!("meshfeed: done: {} epoch(s) on {} ranks{verified}", job.epochs, world.size()));
     }
     Ok(0)
+}
+
+/// The read strategy in a line: `passes (5 per epoch): <why>`.
+pub fn describe_reads(loader: &Loader) -> String {
+    let io = loader.read_plan();
+    let what = match io.strategy {
+        meshfeed::plan::Strategy::Passes { passes } => format!("passes ({passes} per epoch)"),
+        meshfeed::plan::Strategy::Random if io.spill => "random, the rest spilled".to_string(),
+        s => s.name().to_string(),
+    };
+    let shared = if loader.shares_stores() { "; same-host ranks copy each other's kept rows" } else { "" };
+    format!("{what} — {}{shared}", io.reason)
 }
 
 /// Rank 0's periodic progress line for batch jobs (no progress bar there).

@@ -4,8 +4,9 @@
 //! bytes read, sent — to other hosts too — and received), then one per epoch
 //! (`"kind": "epoch"`: its host, its time in each phase, waiting for the producer and
 //! computing, its bytes and peak memory, whether the epoch verified (null without
-//! `--verify`)) — and rank 0 writes `DIR/run.json`,
-//! the run's configuration, so that records of many runs join without wrapper scripts.
+//! `--verify`)) — and rank 0 writes `DIR/run.json`, the run's configuration (with the read
+//! plan: strategy, rows kept, and why), so that records of many runs join without wrapper
+//! scripts.
 //! `meshfeed report` reads them ([`crate::analysis`]).
 
 use std::fs::File;
@@ -58,6 +59,9 @@ impl TelemetryWriter {
                 "prefetch": job.loader.prefetch,
                 "steps_per_window": loader.steps_per_window(),
                 "sample_bytes": sample_bytes(loader),
+                // How the ranks read their home ranges, and why (the memory budget, the
+                // storage's speed): the strategy, passes per epoch, spill, rows kept per rank.
+                "read_plan": loader.read_plan(),
             });
             let path = dir.join("run.json");
             std::fs::write(&path, format!("{run}\n")).map_err(|e| Error::io(&path, e))?;
@@ -115,6 +119,7 @@ impl TelemetryWriter {
             "wait_s": m.wait.as_secs_f64(),
             "compute_s": t.compute_s,
             "bytes_read": m.bytes_read,
+            "bytes_read_spill": m.bytes_read_spill,
             "bytes_sent": m.bytes_sent,
             "bytes_sent_off_host": m.bytes_sent_off_host,
             "bytes_received": m.bytes_received,

@@ -188,6 +188,16 @@ impl Loader {
                 "local_rank": local_rank,
                 "local_size": local_size,
                 "fields": fields,
+                "read": serde_json::json!({
+                    "strategy": l.read_plan().strategy.name(),
+                    "passes": match l.read_plan().strategy {
+                        meshfeed::plan::Strategy::Passes { passes } => Some(passes),
+                        _ => None,
+                    },
+                    "spill": l.read_plan().spill,
+                    "resident_rows": l.read_plan().resident.get(l.rank().0),
+                    "reason": l.read_plan().reason,
+                }),
             })
             .to_string())
         })

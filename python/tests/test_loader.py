@@ -73,6 +73,11 @@ JOBS = [
     ("var-length", "arrow", 3, {}, []),
     ("local-reads", "large", 3, {}, []),
     ("mesh", "npy", 4, {"mesh": "dp=2,tp=2", "shard": {"x": "dp,tp"}}, ["--mesh", "dp=2,tp=2", "--shard", "x=dp,tp"]),
+    # Read strategies: the home ranges streamed in passes, or kept in part and read at random.
+    ("passes", "large", 3, {"read_strategy": "passes", "memory_budget": "400K"},
+     ["--read-strategy", "passes", "--memory-budget", "400K"]),
+    ("random", "large", 2, {"read_strategy": "random", "memory_budget": 400 * 1024, "read_queue_depth": 4},
+     ["--read-strategy", "random", "--memory-budget", "400K", "--read-queue-depth", "4"]),
 ]
 
 
@@ -87,6 +92,38 @@ def test_batches_from_python_equal_the_command_lines(datasets, tmp_path, name, f
     expected = read_dump(cli, np_)
     assert sum(len(r) for r in expected) == 2 * 50 * np_
     assert read_dump(py, np_) == expected
+
+
+def test_the_read_plan_is_visible_from_python(datasets, tmp_path):
+    # What the loader chose and why, on every rank: passes under a small budget, the data
+    # kept where it fits, and a spill directory for what does not.
+    script = (
+        "import json, sys, meshfeed\n"
+        "l = meshfeed.Loader(sys.argv[1], 12, **json.loads(sys.argv[2]))\n"
+        "print(json.dumps({'rank': l.rank, **l.read_plan}))\n"
+    )
+    spill = tmp_path / "spill"
+    spill.mkdir()
+    for options, strategy in [
+        ({"read_strategy": "passes", "memory_budget": "300K"}, "passes"),
+        ({"memory_budget": "8M"}, "resident"),
+        ({"memory_budget": "300K", "spill_dir": str(spill)}, "random"),
+    ]:
+        r = ok(run(MPIRUN + ["-np", 2, sys.executable, "-c", script, datasets["large"], json.dumps(options)]))
+        plans = [json.loads(l) for l in r.stdout.splitlines()]
+        assert sorted(p["rank"] for p in plans) == [0, 1]
+        for p in plans:
+            assert p["strategy"] == strategy, p
+            assert "budget" in p["reason"], p
+            if strategy == "passes":
+                assert p["passes"] >= 2, p
+            if strategy == "random":
+                assert p["spill"] and 0 < p["resident_rows"] < 300, p
+    # A spill directory that does not exist is a clear error on every rank.
+    r = run(MPIRUN + ["-np", 2, sys.executable, "-c", script, datasets["large"],
+                      json.dumps({"memory_budget": "300K", "spill_dir": str(tmp_path / "none")})])
+    assert r.returncode != 0
+    assert "spill directory" in r.stderr and "none" in r.stderr, r.stderr
 
 
 def test_the_ucx_launcher_delivers_the_same_batches(datasets, tmp_path):

@@ -30,7 +30,7 @@ use arrow_buffer::Buffer;
 use arrow_ipc::{Block, MetadataVersion};
 use arrow_schema::{DataType, Schema};
 
-use super::rows::{advise_willneed, read_error, read_vectored_exact_at, RowChunk, RECORD_GAP_BYTES};
+use super::rows::{advise_dontneed, advise_willneed, read_error, read_vectored_exact_at, RowChunk, RECORD_GAP_BYTES};
 use super::schema::{DType, Field, FieldKind};
 use crate::error::{Error, Result};
 
@@ -522,6 +522,14 @@ impl super::FileReader for ArrowReader {
 
     fn advise(&self, range: Range<u64>) {
         advise_willneed(&self.file, range)
+    }
+
+    fn drop_cache(&self, range: Range<u64>) {
+        advise_dontneed(&self.file, range)
+    }
+
+    fn positional(&self) -> Option<&File> {
+        Some(&self.file)
     }
 
     fn read_rows(&mut self, rows: &[u64]) -> Result<RowChunk> {

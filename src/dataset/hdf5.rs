@@ -18,7 +18,7 @@ use arrow_buffer::Buffer;
 use hdf5::types::{FloatSize, IntSize, TypeDescriptor};
 use hdf5::{Hyperslab, SliceOrIndex};
 
-use super::rows::{advise_willneed, coalesce, read_error, read_vectored_exact_at, RowChunk};
+use super::rows::{advise_dontneed, advise_willneed, coalesce, read_error, read_vectored_exact_at, RowChunk};
 use super::schema::{DType, Field};
 use super::DatasetOptions;
 use crate::error::{Error, Result};
@@ -283,6 +283,16 @@ impl super::FileReader for Hdf5Reader {
         if let Some((file, _)) = &self.in_place {
             advise_willneed(file, range)
         }
+    }
+
+    fn drop_cache(&self, range: Range<u64>) {
+        if let Some((file, _)) = &self.in_place {
+            advise_dontneed(file, range)
+        }
+    }
+
+    fn positional(&self) -> Option<&std::fs::File> {
+        self.in_place.as_ref().map(|(file, _)| file)
     }
 
     fn read_rows(&mut self, rows: &[u64]) -> Result<RowChunk> {

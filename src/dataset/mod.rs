@@ -350,6 +350,29 @@ pub trait FileReader: Send {
     fn advise(&self, range: std::ops::Range<u64>) {
         let _ = range;
     }
+
+    /// Tells the kernel that bytes `range` of the file will not be read again soon (they
+    /// leave the page cache). Advice only, like [`FileReader::advise`].
+    fn drop_cache(&self, range: std::ops::Range<u64>) {
+        let _ = range;
+    }
+
+    /// Tells the kernel that this reader reads at random (`POSIX_FADV_RANDOM`: no
+    /// readahead): a 16 KiB value then costs one 16 KiB read, not a 64 KiB readahead
+    /// window. Advice only.
+    fn random_access(&self) {
+        if let Some(f) = self.positional() {
+            crate::dataset::rows::advise_random(f);
+        }
+    }
+
+    /// The open file, for readers whose values lie at [`FileReader::value_range`]: reads
+    /// of such ranges may then run on several threads at once (`pread` on a shared
+    /// descriptor). A caller checks the file with [`FileReader::check`] afterwards, as after
+    /// [`FileReader::read_at`].
+    fn positional(&self) -> Option<&std::fs::File> {
+        None
+    }
 }
 
 /// An ordered list of files with identical fields.
@@ -519,6 +542,18 @@ impl FileReader for CheckedReader {
 
     fn advise(&self, range: std::ops::Range<u64>) {
         self.inner.advise(range)
+    }
+
+    fn drop_cache(&self, range: std::ops::Range<u64>) {
+        self.inner.drop_cache(range)
+    }
+
+    fn positional(&self) -> Option<&std::fs::File> {
+        self.inner.positional()
+    }
+
+    fn random_access(&self) {
+        self.inner.random_access()
     }
 }
 

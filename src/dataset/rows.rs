@@ -171,10 +171,60 @@ pub(crate) fn read_vectored_exact_at(file: &File, offset: u64, mut bufs: &mut [I
 /// Tells the kernel that bytes `range` of `file` will be read soon (`POSIX_FADV_WILLNEED`:
 /// readahead into the page cache). Best effort: the result is ignored.
 pub(crate) fn advise_willneed(file: &File, range: Range<u64>) {
+    fadvise(file, range, libc::POSIX_FADV_WILLNEED)
+}
+
+/// Tells the kernel that bytes `range` of `file` will not be read again soon
+/// (`POSIX_FADV_DONTNEED`: their clean pages leave the page cache). Best effort.
+pub(crate) fn advise_dontneed(file: &File, range: Range<u64>) {
+    fadvise(file, range, libc::POSIX_FADV_DONTNEED)
+}
+
+/// Tells the kernel that `file` is read at random (`POSIX_FADV_RANDOM`: no readahead on
+/// this descriptor). Best effort.
+pub(crate) fn advise_random(file: &File) {
+    fadvise(file, 0..0, libc::POSIX_FADV_RANDOM)
+}
+
+fn fadvise(file: &File, range: Range<u64>, advice: libc::c_int) {
     use std::os::fd::AsRawFd;
     let (start, len) = (range.start as libc::off_t, range.end.saturating_sub(range.start) as libc::off_t);
     // SAFETY: posix_fadvise reads no memory; the descriptor belongs to `file`.
-    let _ = unsafe { libc::posix_fadvise(file.as_raw_fd(), start, len, libc::POSIX_FADV_WILLNEED) };
+    let _ = unsafe { libc::posix_fadvise(file.as_raw_fd(), start, len, advice) };
+}
+
+/// The fraction of `range`'s pages in the page cache (`mincore` over a mapping of it).
+pub(crate) fn cached_fraction(file: &File, range: Range<u64>) -> f64 {
+    let page = 4096u64;
+    let start = range.start / page * page;
+    let len = (range.end - start) as usize;
+    if len == 0 {
+        return 0.0;
+    }
+    // SAFETY: a read-only shared mapping of a file we hold open; unmapped below.
+    let addr = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ,
+            libc::MAP_SHARED,
+            std::os::fd::AsRawFd::as_raw_fd(file),
+            start as libc::off_t,
+        )
+    };
+    if addr == libc::MAP_FAILED {
+        return 0.0;
+    }
+    let pages = len.div_ceil(page as usize);
+    let mut vec = vec![0u8; pages];
+    // SAFETY: `addr` maps `len` bytes; `vec` has one byte per page of it.
+    let ok = unsafe { libc::mincore(addr, len, vec.as_mut_ptr()) } == 0;
+    // SAFETY: unmaps the mapping made above.
+    unsafe { libc::munmap(addr, len) };
+    if !ok {
+        return 0.0;
+    }
+    vec.iter().filter(|&&v| v & 1 == 1).count() as f64 / pages as f64
 }
 
 /// Gaps up to this size are read through rather than split into separate reads.
@@ -224,6 +274,14 @@ impl super::FileReader for RecordFile {
 
     fn advise(&self, range: Range<u64>) {
         advise_willneed(&self.file, range)
+    }
+
+    fn drop_cache(&self, range: Range<u64>) {
+        advise_dontneed(&self.file, range)
+    }
+
+    fn positional(&self) -> Option<&File> {
+        Some(&self.file)
     }
 
     fn read_rows(&mut self, rows: &[u64]) -> Result<RowChunk> {

@@ -19,15 +19,16 @@ use std::time::Instant;
 
 use super::exchange::{assemble_received, pack};
 use super::metrics::{Metrics, Phase};
+use super::passes;
 use super::reads::{FromReads, Reads};
 use super::stream::{Stream, WindowSpec};
 use super::window::{receipt, Packed, Received, Route, Window};
 use super::{broadcast, two_phase};
 use crate::config::ExchangeMode;
 use crate::error::Result;
-use crate::plan::{EpochOrder, FieldPart, HomeIndex, Permutation, Placement, WindowPlan};
+use crate::plan::{EpochOrder, FieldPart, HomeIndex, Permutation, Placement, Strategy, WindowPlan};
 use crate::transport::{agree, Transport};
-use crate::types::Rank;
+use crate::types::{Rank, SampleId};
 
 /// Everything a producer owns: the loader's own communicator, open readers and cache, and
 /// the two-phase group. Moves to the producer thread and back as one value.
@@ -48,11 +49,43 @@ const _: fn() = || {
 };
 
 impl Engine {
-    /// An engine for `stream` over the loader's own communicator.
-    pub fn new(stream: Arc<Stream>, transport: Box<dyn Transport>) -> Engine {
+    /// An engine for `stream` over the loader's own communicator, reading with `reads`.
+    pub fn new(stream: Arc<Stream>, transport: Box<dyn Transport>, reads: Reads) -> Engine {
         let index = HomeIndex::new(stream.home.range(stream.rank), stream.index_entries);
-        Engine { stream, transport, reads: Reads::default(), index, group: None }
+        Engine { stream, transport, reads, index, group: None }
     }
+}
+
+/// The passes strategy: makes sure the current pass serves window `spec`, streaming the
+/// next one where it does not (a K-th of the epoch from this window on, in whole windows).
+fn ensure_pass(
+    stream: &Stream,
+    reads: &mut Reads,
+    index: &mut HomeIndex,
+    perm: &Permutation,
+    spec: &WindowSpec,
+    metrics: &mut Metrics,
+) -> Result<()> {
+    let Strategy::Passes { passes } = stream.io.strategy else { return Ok(()) };
+    let (epoch, steps) = (spec.epoch.0, &spec.steps);
+    if reads.pass.as_ref().is_some_and(|p| p.covers(epoch, steps.start) && p.covers(epoch, steps.end - 1)) {
+        return Ok(());
+    }
+    // The old pass goes first: memory holds one at a time.
+    reads.pass = None;
+    let (spe, spw) = (stream.steps_per_epoch, stream.steps_per_window.max(1));
+    let per_pass = spe.div_ceil(passes.max(1)).div_ceil(spw) * spw;
+    let pass_steps = steps.start..(steps.start + per_pass.max(steps.end - steps.start)).min(spe);
+    let (b, n) = (stream.options.batch_size as u64, stream.dataset.len());
+    let positions = (pass_steps.start * b).min(n)..(pass_steps.end * b).min(n);
+    let mut ids: Vec<u64> = index.lookup(perm, positions).iter().map(|&(_, id)| id).collect();
+    ids.sort_unstable();
+    let dataset = &stream.dataset;
+    let (pass, bytes) = passes::fill(dataset, epoch, pass_steps, ids, &mut |f| dataset.open_reader(f))?;
+    metrics.bytes_read += bytes;
+    metrics.bytes_copied += pass.bytes() as u64;
+    reads.pass = Some(Arc::new(pass));
+    Ok(())
 }
 
 /// The route of a window.
@@ -100,44 +133,63 @@ pub(crate) fn prepare(
         _ => None,
     };
     let order = EpochOrder { perm: &perm, home: &stream.home, stride: stream.options.batch_size };
+    // The pass serving this window is streamed first (passes strategy); its rows need the
+    // home index, which planning uses next.
+    let start = Instant::now();
+    let pass = ensure_pass(stream, reads, index, &perm, &spec, &mut metrics);
+    metrics.phase[Phase::Read as usize] += start.elapsed();
     let plan = metrics
         .timed(Phase::Plan, || WindowPlan::new(&order, index, placement, stream.rank, spec.steps.clone(), own_rows));
     metrics.evaluations += plan.evaluations;
     let local = matches!(route, Route::Fused | Route::Local) && stream.local_reads;
-    // Receivers on this host read this rank's rows themselves: nothing goes to them, and
-    // the rows they will read are read ahead here, in file order.
-    let sent_to = |d: usize| !(local && stream.reads_locally_with(Rank(d)));
-    let parts: Vec<Option<&[FieldPart]>> = (0..placement.world())
-        .map(|d| placement.receiver(Rank(d)).filter(|_| sent_to(d)).map(|(_, rc)| &rc.parts[..]))
+    // Receivers on this host read some of this rank's rows themselves: those are not
+    // sent, and those they read from the files are read ahead here, in file order.
+    let me = stream.rank;
+    let read_there = |d: usize, i: usize| local && stream.reads_locally(Rank(d), me, plan.ids[i]);
+    let sends: Vec<Vec<usize>> = plan
+        .sends
+        .iter()
+        .enumerate()
+        .map(|(d, rows)| rows.iter().copied().filter(|&i| !read_there(d, i)).collect())
         .collect();
-    let (send, counts, deferred) = if stream.direct_reads {
+    let parts: Vec<Option<&[FieldPart]>> =
+        (0..placement.world()).map(|d| placement.receiver(Rank(d)).map(|(_, rc)| &rc.parts[..])).collect();
+    // Every row this rank reads or a receiver of its host reads from it must be in its
+    // store before the read agreement (after which receivers read the stores).
+    let start = Instant::now();
+    let ready = pass.and_then(|()| reads.wait_for_store(stream, spec.epoch.0, &plan.reads, &mut metrics));
+    let packed = if stream.direct_reads {
         // Read straight into the send buffer: reading is packing.
-        let start = Instant::now();
-        let read_there = (0..placement.world()).filter(|&d| !sent_to(d)).flat_map(|d| plan.sends[d].iter().copied());
-        let packed = reads
-            .advise(stream, read_there, &plan.ids)
-            .and_then(|()| reads.pack_direct(stream, &plan.sends, &parts, &plan.ids, &mut metrics));
+        let there =
+            (0..placement.world()).flat_map(|d| plan.sends[d].iter().copied().filter(move |&i| read_there(d, i)));
+        let packed = ready
+            .and_then(|()| reads.advise(stream, there, &plan.ids))
+            .and_then(|()| reads.pack_direct(stream, &sends, &parts, &plan.ids, &mut metrics));
         metrics.phase[Phase::Read as usize] += start.elapsed();
-        if route == Route::Local {
-            // Nothing was read or is sent: an error waits for the assembly agreement,
-            // the window's only collective.
-            match packed {
-                Ok((send, counts)) => (send, counts, None),
-                Err(e) => (Vec::new(), vec![0; placement.world()], Some(e)),
-            }
-        } else {
-            let (send, counts) = metrics.agreed(|| agree(transport, packed))?;
-            (send, counts, None)
+        packed
+    } else {
+        let mut sent: Vec<SampleId> = sends.iter().flatten().map(|&i| plan.ids[i]).collect();
+        sent.sort_unstable();
+        sent.dedup();
+        let read = ready.and_then(|()| reads.read(stream, &sent, &mut metrics));
+        metrics.phase[Phase::Read as usize] += start.elapsed();
+        read.map(|read| {
+            let source = FromReads { ids: &plan.ids, read: &read };
+            let packed = metrics.timed(Phase::Pack, || pack(&sends, &parts, stream.dataset.fields(), &source));
+            metrics.bytes_copied += packed.0.len() as u64;
+            packed
+        })
+    };
+    let (send, counts, deferred) = if route == Route::Local && !stream.io.streams_any() {
+        // Nothing was read or is sent, and no store is waited for: an error waits for the
+        // assembly agreement, the window's only collective.
+        match packed {
+            Ok((send, counts)) => (send, counts, None),
+            Err(e) => (Vec::new(), vec![0; placement.world()], Some(e)),
         }
     } else {
-        let start = Instant::now();
-        let read = reads.read(stream, &plan.reads, &mut metrics);
-        metrics.phase[Phase::Read as usize] += start.elapsed();
-        let read = metrics.agreed(|| agree(transport, read))?;
-        let source = FromReads { ids: &plan.ids, read: &read };
-        let packed = metrics.timed(Phase::Pack, || pack(&plan.sends, &parts, stream.dataset.fields(), &source));
-        metrics.bytes_copied += packed.0.len() as u64;
-        (packed.0, packed.1, None)
+        let (send, counts) = metrics.agreed(|| agree(transport, packed))?;
+        (send, counts, None)
     };
     metrics.bytes_sent += send.len() as u64;
     let me = stream.hosts[stream.rank.0];
@@ -202,7 +254,8 @@ pub(crate) fn complete(engine: &mut Engine, received: Received) -> Result<Window
             let r = receipt(stream, placement, &spec, &ids);
             let fields = stream.dataset.fields();
             metrics.bytes_copied += recv.len() as u64;
-            let source_of = |id| Some(stream.home.owner(id)).filter(|&o| !stream.reads_locally_with(o)).map(|o| o.0);
+            let source_of =
+                |id| Some(stream.home.owner(id)).filter(|&o| !stream.reads_locally(stream.rank, o, id)).map(|o| o.0);
             let assembled =
                 metrics.timed(Phase::Assemble, || assemble_received(&r, fields, &recv, &recv_counts, source_of));
             assembled.and_then(|(mut batches, local)| {

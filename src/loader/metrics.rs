@@ -45,8 +45,10 @@ impl Phase {
 pub struct Metrics {
     /// Time per phase, indexed like [`Phase::ALL`].
     pub phase: [Duration; 5],
-    /// Bytes brought into memory by the readers.
+    /// Bytes brought into memory by the readers of the dataset's files.
     pub bytes_read: u64,
+    /// Bytes read back from the spill directory (node-local storage).
+    pub bytes_read_spill: u64,
     /// Bytes this rank sent (including to itself).
     pub bytes_sent: u64,
     /// Bytes this rank received.
@@ -131,6 +133,7 @@ impl Metrics {
             *a += *b;
         }
         self.bytes_read += other.bytes_read;
+        self.bytes_read_spill += other.bytes_read_spill;
         self.bytes_sent += other.bytes_sent;
         self.bytes_received += other.bytes_received;
         self.rows_delivered += other.rows_delivered;
@@ -150,7 +153,14 @@ impl Metrics {
         let mut maxes: Vec<u64> = self.phase.iter().map(|&d| nanos(d)).collect();
         maxes.extend([nanos(self.wait), self.bytes_sent, self.bytes_received, self.windows, self.evaluations]);
         transport.all_reduce_u64(&mut maxes, ReduceOp::Max)?;
-        let mut sums = [self.bytes_read, self.bytes_sent, self.bytes_received, self.rows_delivered, self.bytes_copied];
+        let mut sums = [
+            self.bytes_read,
+            self.bytes_sent,
+            self.bytes_received,
+            self.rows_delivered,
+            self.bytes_copied,
+            self.bytes_read_spill,
+        ];
         transport.all_reduce_u64(&mut sums, ReduceOp::Sum)?;
         let mut phase_max = [Duration::ZERO; 5];
         for (p, &ns) in phase_max.iter_mut().zip(&maxes) {
@@ -169,6 +179,7 @@ impl Metrics {
             bytes_received: sums[2],
             rows_delivered: sums[3],
             bytes_copied: sums[4],
+            bytes_read_spill: sums[5],
         })
     }
 }
@@ -182,6 +193,8 @@ pub struct MetricsSummary {
     /// The longest any consumer waited for data.
     pub wait_max: Duration,
     pub bytes_read: u64,
+    /// Bytes read back from spill files, summed over ranks.
+    pub bytes_read_spill: u64,
     pub bytes_sent: u64,
     pub bytes_received: u64,
     pub rows_delivered: u64,

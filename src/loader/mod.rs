@@ -10,8 +10,14 @@
 //! Behind it, a producer runs the windows of the stream — plan, read, pack, exchange,
 //! assemble ([`engine`]) — by default on a background thread up to `prefetch` windows
 //! ahead, overlapping each window's exchange with reading and packing the next
-//! ([`producer`], [`pipeline`]). Memory stays within `(prefetch + 1) × window_bytes` plus
-//! the optional home-range cache ([`crate::plan::budget`]).
+//! ([`producer`], [`pipeline`]). Memory stays within `(prefetch + 1) × window_bytes`
+//! ([`crate::plan::budget`]) plus the rows kept in memory, within the memory budget.
+//!
+//! How a rank reads its home range from storage is planned when the loader is built
+//! ([`read_plan`], [`crate::plan::io`]): streamed once into memory and kept (*resident*),
+//! streamed in several passes per epoch, or kept in part and read at random where the
+//! windows need it, the rest optionally spilled to node-local storage ([`store`],
+//! [`passes`], [`queue`]).
 //!
 //! Every rank must consume the same sequence of batches: the windows are collectives, and
 //! seeking, setting the epoch and dropping the loader must happen at the same point on
@@ -54,10 +60,15 @@ mod exchange;
 pub mod layout;
 pub mod metrics;
 mod open;
+mod passes;
 mod pipeline;
+mod probe;
 mod producer;
+mod queue;
+mod read_plan;
 mod reads;
 pub mod state;
+mod store;
 mod stream;
 mod two_phase;
 mod window;
@@ -70,7 +81,7 @@ use std::time::Instant;
 pub use crate::config::{ExchangeMode, Layout, LoaderOptions, LocalReads, TailPolicy};
 use crate::dataset::{Dataset, DatasetOptions};
 use crate::error::{Error, Result};
-use crate::plan::{Mesh, Placement, WindowBudget};
+use crate::plan::{IoPlan, Mesh, Placement, WindowBudget};
 use crate::transport::{agree, agree_settings, Transport};
 use crate::types::{Epoch, Step};
 pub use batch::{Batch, Element, FieldData};
@@ -78,6 +89,7 @@ use engine::Engine;
 pub use metrics::{Metrics, MetricsSummary, Phase, WindowRecord};
 pub use open::open_dataset;
 use pipeline::Pipeline;
+pub use read_plan::{auto_budget, MARGIN_FRACTION, MIN_MARGIN};
 pub use state::{Fingerprint, LoaderState};
 use stream::Stream;
 pub use stream::{Position, WindowSpec};
@@ -131,7 +143,10 @@ impl Loader {
         // or exchange what the others did not plan: name the difference instead.
         agree_settings(comm, &options.settings())?;
         let hosts = crate::transport::hosts::host_groups(comm)?;
-        let built = Stream::build(comm.rank(), comm.size(), hosts, Arc::new(dataset), options).and_then(|s| {
+        // How each rank will read its home range: memory budgets, the storage's speed
+        // where the choice depends on it, the strategy (collective).
+        let io = read_plan::plan(comm, &dataset, &options, &hosts)?;
+        let built = Stream::build(comm.rank(), comm.size(), hosts, Arc::new(dataset), options, io).and_then(|s| {
             if s.options.prefetch > 0 && !comm.concurrent() {
                 return Err(Error::Config(
                     "the loader's background producer needs MPI initialised with MPI_THREAD_MULTIPLE (mpi4py \
@@ -141,8 +156,11 @@ impl Loader {
             }
             Ok(s)
         });
-        let stream = Arc::new(agree(comm, built)?);
-        let engine = Engine::new(stream.clone(), comm.dup()?);
+        let stream = agree(comm, built)?;
+        // The home stores start streaming now, while the program gets ready.
+        let (reads, shared) = read_plan::start_stores(comm, &stream)?;
+        let stream = Arc::new(stream.share_stores(shared));
+        let engine = Engine::new(stream.clone(), comm.dup()?, reads);
         Ok(Loader {
             stream,
             pipeline: Pipeline::Idle(engine),
@@ -415,9 +433,15 @@ impl Loader {
         &self.stream.home
     }
 
-    /// Whether this rank keeps its home range in memory.
-    pub fn caches_home_range(&self) -> bool {
-        self.stream.cache_home_range
+    /// How the ranks read their home ranges: the strategy, what each rank keeps in
+    /// memory, whether the rest is spilled, and why.
+    pub fn read_plan(&self) -> &IoPlan {
+        &self.stream.io
+    }
+
+    /// Whether same-host ranks copy each other's kept rows (else they are exchanged).
+    pub fn shares_stores(&self) -> bool {
+        self.stream.shared_stores
     }
 }
 

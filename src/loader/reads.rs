@@ -1,90 +1,151 @@
-//! Reading a window's samples from this rank's home range: open readers, the optional
-//! home-range cache, and the [`ReadSet`] that packing copies values out of.
+//! Reading a window's samples: from this rank's home store (memory, spill) or pass
+//! buffer where they are kept, from the files where they are not; and the rows same-host
+//! receivers take straight from their owners' stores or files.
+//!
+//! Where each home row is — its *tier* — is a pure function of the stream's read plan
+//! ([`crate::plan::io::IoPlan`]: how many rows each rank keeps in memory, whether the rest
+//! is spilled), so an owner and a receiver always agree on it.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::io::IoSliceMut;
-use std::ops::Range;
 use std::sync::Arc;
 
 use super::batch::Batch;
 use super::exchange::ValueSource;
 use super::metrics::Metrics;
+use super::passes::PassBuffer;
+use super::queue::{self, ReadOp};
+use super::store::{HomeStore, StoreView, Tier};
 use super::stream::Stream;
-use crate::dataset::RowChunk;
+use crate::dataset::{FileReader, RowChunk};
 use crate::error::{Error, Result};
 use crate::plan::FieldPart;
-use crate::types::SampleId;
+use crate::types::{Rank, SampleId};
 
-/// The readers a producer keeps open, and the home-range cache.
+/// The readers a producer keeps open, the home store, the stores of same-host ranks, and
+/// the current pass.
 pub(crate) struct Reads {
     readers: OpenReaders,
-    /// With the home-range cache: per file, this rank's home rows of it, once read.
-    cache: HashMap<usize, Arc<RowChunk>>,
-}
-
-impl Default for Reads {
-    fn default() -> Reads {
-        Reads { readers: OpenReaders::new(open_reader_limit()), cache: HashMap::new() }
-    }
-}
-
-/// How many file readers a loader keeps open: a quarter of the soft limit on open files
-/// (`RLIMIT_NOFILE`), leaving the rest to MPI or UCX (sockets, shared-memory segments),
-/// HDF5 and the program; at least 4, at most 1024 (a reader holds one file descriptor, and
-/// a reader of an HDF5 file also its chunk cache). A home range touching more files than
-/// this reopens them on demand.
-pub(crate) fn open_reader_limit() -> usize {
-    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
-    // SAFETY: getrlimit only writes the struct it is given, which lives on this stack frame.
-    let ok = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } == 0;
-    let soft = if ok { limit.rlim_cur } else { 1024 };
-    usize::try_from(soft / 4).unwrap_or(usize::MAX).clamp(4, 1024)
-}
-
-/// Open readers by file index, at most `capacity` of them: opening one more closes the
-/// least recently used. Bounded so that a dataset of many files never runs the process out
-/// of file descriptors ("Too many open files").
-struct OpenReaders {
-    capacity: usize,
-    /// File index → (reader, the tick it was last used at).
-    open: HashMap<usize, (Box<dyn crate::dataset::FileReader>, u64)>,
-    tick: u64,
-}
-
-impl OpenReaders {
-    fn new(capacity: usize) -> OpenReaders {
-        OpenReaders { capacity: capacity.max(1), open: HashMap::new(), tick: 0 }
-    }
-
-    /// The reader of file `file`, opened with `open` if it is not open.
-    fn get(
-        &mut self,
-        file: usize,
-        open: impl FnOnce() -> Result<Box<dyn crate::dataset::FileReader>>,
-    ) -> Result<&mut Box<dyn crate::dataset::FileReader>> {
-        self.tick += 1;
-        if !self.open.contains_key(&file) {
-            if self.open.len() >= self.capacity {
-                // O(capacity) per eviction; evictions cost a reopen (syscalls) anyway.
-                if let Some(&lru) = self.open.iter().min_by_key(|(_, (_, t))| *t).map(|(f, _)| f) {
-                    self.open.remove(&lru);
-                }
-            }
-            let reader = open()?;
-            self.open.insert(file, (reader, 0));
-        }
-        let entry = self.open.get_mut(&file).expect("inserted above");
-        entry.1 = self.tick;
-        Ok(&mut entry.0)
-    }
+    /// This rank's home store, if it keeps or spills anything.
+    pub store: Option<HomeStore>,
+    /// By rank: the stores this rank reads rows from (its own, and those of same-host ranks
+    /// whose stores it mapped).
+    pub views: Vec<Option<StoreView>>,
+    /// The pass the current windows read from (the passes strategy).
+    pub pass: Option<Arc<PassBuffer>>,
+    /// Reads in flight when reading at random.
+    pub queue_depth: usize,
+    /// The epoch whose files were last checked against their scan.
+    checked_epoch: Option<u64>,
 }
 
 impl Reads {
-    /// Reads the values of `ids` (sorted, all in this rank's home range).
+    /// Reads with no store (every row from the files).
+    pub fn new(ranks: usize, queue_depth: usize) -> Reads {
+        Reads {
+            readers: OpenReaders::new(open_reader_limit()),
+            store: None,
+            views: vec![None; ranks],
+            pass: None,
+            queue_depth,
+            checked_epoch: None,
+        }
+    }
+
+    /// Before a window's reads: waits until this rank's store holds every home row of
+    /// `ids` (the rows it reads or that same-host receivers read from it), counts what
+    /// the store's filler read since, and, once per epoch after the store is filled,
+    /// checks that the files it holds rows of are still the ones scanned (rows kept in
+    /// memory are never read again, so a file changed under the job is found here).
+    pub fn wait_for_store(
+        &mut self,
+        stream: &Stream,
+        epoch: u64,
+        ids: &[SampleId],
+        metrics: &mut Metrics,
+    ) -> Result<()> {
+        let Some(store) = &self.store else { return Ok(()) };
+        let home = &store.home;
+        let last = ids.iter().filter(|id| home.contains(&id.0)).map(|id| id.0 - home.start + 1).max().unwrap_or(0);
+        let waited = store.wait_for(last);
+        metrics.bytes_read += store.take_bytes_read();
+        waited?;
+        // Rows kept as read (variable-length values) are found through the view: it must
+        // know the chunks filled so far.
+        self.views[stream.rank.0] = Some(store.view());
+        if self.checked_epoch != Some(epoch) && store.wait_for(0).is_ok() {
+            self.checked_epoch = Some(epoch);
+            let kept = store.resident + store.spill.as_ref().map_or(0, |_| home.end - home.start - store.resident);
+            let ds = &stream.dataset;
+            if kept > 0 {
+                let (first, _) = ds.locate(SampleId(home.start));
+                let (last, _) = ds.locate(SampleId(home.start + kept - 1));
+                for info in &ds.files()[first..=last] {
+                    info.check_unchanged()?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The value sources of a window's rows this rank sends, for packing: ids `ids`
+    /// (sorted, unique) from the home store, the pass, the spill file, or read from the
+    /// files (a broadcast baseline's rank 0 reads ids of every home range, from the files).
     pub fn read(&mut self, stream: &Stream, ids: &[SampleId], metrics: &mut Metrics) -> Result<ReadSet> {
+        let own = self.views.get(stream.rank.0).cloned().flatten();
+        let home = stream.home.range(stream.rank);
+        let in_memory = |id: SampleId| {
+            home.contains(&id.0) && own.as_ref().is_some_and(|v| v.tier(id.0 - home.start) == Tier::Memory)
+                || self.pass.as_ref().is_some_and(|p| p.value(id, 0).is_some())
+        };
+        let spilled: Vec<u64> = match &own {
+            Some(v) if v.spill.is_some() => ids
+                .iter()
+                .filter(|id| home.contains(&id.0) && v.tier(id.0 - home.start) == Tier::Spill)
+                .map(|id| id.0)
+                .collect(),
+            _ => Vec::new(),
+        };
+        let stored: Vec<SampleId> =
+            ids.iter().copied().filter(|&id| !in_memory(id) && spilled.binary_search(&id.0).is_err()).collect();
+        let spill = match (&own, spilled.is_empty()) {
+            (Some(v), false) => Some(self.read_spilled(v, home.start, spilled, metrics)?),
+            _ => None,
+        };
+        let (starts, chunks) = self.read_files(stream, &stored, metrics)?;
+        Ok(ReadSet { home: home.clone(), own, pass: self.pass.clone(), spill, ids: stored, starts, chunks })
+    }
+
+    /// Reads the records of spilled home rows `ids` (sorted) from this rank's spill file.
+    fn read_spilled(&self, view: &StoreView, home_start: u64, ids: Vec<u64>, metrics: &mut Metrics) -> Result<Spilled> {
+        let record = view.layout.as_ref().expect("spilled rows have a layout").record;
+        let file = view.spill.as_deref().expect("a spill file");
+        let mut records = vec![0u8; ids.len() * record];
+        let ops: Vec<ReadOp<'_>> = records
+            .chunks_exact_mut(record)
+            .zip(&ids)
+            .map(|(dst, &id)| ReadOp {
+                source: 0,
+                file,
+                offset: view.spill_range(id - home_start, 0).start,
+                bufs: vec![IoSliceMut::new(dst)],
+            })
+            .collect();
+        let n = queue::run(queue::merge(ops), self.queue_depth).map_err(spill_error)?;
+        metrics.bytes_read_spill += n;
+        metrics.bytes_copied += n;
+        Ok(Spilled { ids, records, record, fields: view.layout.clone().expect("layout").fields })
+    }
+
+    /// Reads rows of the files: `ids` sorted; per file, the chunk of its rows.
+    fn read_files(
+        &mut self,
+        stream: &Stream,
+        ids: &[SampleId],
+        metrics: &mut Metrics,
+    ) -> Result<(Vec<usize>, Vec<Arc<RowChunk>>)> {
         let dataset = &stream.dataset;
-        let mut chunks = Vec::new();
-        let mut starts = Vec::new();
+        let (mut starts, mut chunks) = (Vec::new(), Vec::new());
         let mut i = 0;
         while i < ids.len() {
             let (file, _) = dataset.locate(ids[i]);
@@ -92,31 +153,18 @@ impl Reads {
             let j = i + ids[i..].partition_point(|id| id.0 < end_id);
             let file_start = dataset.file_start(file);
             starts.push(i);
-            if stream.cache_home_range {
-                // Serve from (or fill) the cache of this file's home rows.
-                let home = stream.home.range(stream.rank);
-                let first = home.start.max(file_start);
-                if !self.cache.contains_key(&file) {
-                    let rows: Vec<u64> = (first..home.end.min(end_id)).map(|id| id - file_start).collect();
-                    let chunk = self.read_file_rows(stream, file, &rows, metrics)?;
-                    self.cache.insert(file, Arc::new(chunk));
-                }
-                chunks.push(ReadChunk { chunk: self.cache[&file].clone(), first_id: Some(first) });
-            } else {
-                let rows: Vec<u64> = ids[i..j].iter().map(|id| id.0 - file_start).collect();
-                let chunk = self.read_file_rows(stream, file, &rows, metrics)?;
-                chunks.push(ReadChunk { chunk: Arc::new(chunk), first_id: None });
-            }
+            let rows: Vec<u64> = ids[i..j].iter().map(|id| id.0 - file_start).collect();
+            chunks.push(Arc::new(self.read_file_rows(stream, file, &rows, metrics)?));
             i = j;
         }
-        Ok(ReadSet { ids: ids.to_vec(), starts, chunks })
+        Ok((starts, chunks))
     }
 
-    /// Packs a window's send buffer straight from the files: each value is read from the
-    /// page cache into its place (one copy, no read buffers, exactly the bytes needed), in
-    /// the layout [`super::exchange::pack`] makes. Only for streams whose values all sit
-    /// whole at fixed offsets ([`Stream::direct_reads`]): `parts` are whole tensor fields.
-    /// `ids[i]` is the id of window row `i`.
+    /// Packs a window's send buffer straight from where each value is: memory (copied),
+    /// the spill file or the data files (read into place, up to the queue depth in
+    /// flight), in the layout [`super::exchange::pack`] makes. Only for streams whose
+    /// values all sit whole at fixed offsets ([`Stream::direct_reads`]): `parts` are whole
+    /// tensor fields. `ids[i]` is the id of window row `i`.
     pub fn pack_direct(
         &mut self,
         stream: &Stream,
@@ -125,57 +173,34 @@ impl Reads {
         ids: &[SampleId],
         metrics: &mut Metrics,
     ) -> Result<(Vec<u8>, Vec<usize>)> {
-        let dataset = &stream.dataset;
-        let fields = dataset.fields();
+        let fields = stream.dataset.fields();
         let row_bytes = |parts: &[FieldPart]| parts.iter().filter_map(|p| p.bytes(&fields[p.field])).sum::<usize>();
         let counts: Vec<usize> =
             sends.iter().zip(parts).map(|(rows, p)| p.map_or(0, |p| rows.len() * row_bytes(p))).collect();
-        let total = counts.iter().sum();
-        let mut send = crate::buffers::bytes(total);
-        let mut at = 0;
-        let mut touched = HashSet::new();
+        let mut send = crate::buffers::bytes(counts.iter().sum());
+        // Every value's place in the send buffer, in order.
+        let mut places = Vec::new();
+        let mut rest = &mut send[..];
         for (rows, parts) in sends.iter().zip(parts) {
             let Some(parts) = parts else { continue };
             for &i in rows {
-                let (file, row) = dataset.locate(ids[i]);
-                let reader = self.readers.get(file, || dataset.open_reader(file))?;
-                touched.insert(file);
-                // Values adjacent in the file and in the buffer are read at once.
-                let mut run: Option<(u64, Range<usize>)> = None;
                 for p in parts.iter() {
-                    let r = reader.value_range(row, p.field).ok_or_else(|| past_end(stream, file, row))?;
-                    let len = (r.end - r.start) as usize;
-                    match &mut run {
-                        Some((offset, dst)) if *offset + dst.len() as u64 == r.start => dst.end += len,
-                        _ => {
-                            if let Some((offset, dst)) = run.take() {
-                                reader.read_at(offset, &mut send[dst])?;
-                            }
-                            run = Some((r.start, at..at + len));
-                        }
-                    }
-                    at += len;
-                }
-                if let Some((offset, dst)) = run {
-                    reader.read_at(offset, &mut send[dst])?;
+                    let (dst, r) =
+                        std::mem::take(&mut rest).split_at_mut(fields[p.field].fixed_bytes().expect("tensor"));
+                    rest = r;
+                    places.push(Place { rank: stream.rank.0, id: ids[i], field: p.field, dst });
                 }
             }
         }
-        debug_assert_eq!(at, total);
-        // The file checks that read_rows makes after each read, once per window.
-        for file in touched {
-            self.readers.get(file, || dataset.open_reader(file))?.check()?;
-        }
-        metrics.bytes_read += total as u64;
-        metrics.bytes_copied += total as u64;
+        debug_assert!(rest.is_empty());
+        self.fill_places(stream, places, metrics)?;
         Ok((send, counts))
     }
 
     /// Reads the values of rows that did not cross the exchange (their owners share this
-    /// rank's host: [`Stream::reads_locally_with`]) straight from the files into their places
-    /// in `batches`: one copy, from the page cache the owners filled. The reads of a window
-    /// go in file and offset order. Only for streams with direct reads: every part is a
-    /// whole tensor field, so a part's bytes are the field's value.
+    /// rank's host: [`Stream::reads_locally`]) into their places in `batches`: copied
+    /// from the owner's memory, or read from its spill file or the data files (sorted by
+    /// file and offset; adjacent values in one read). Every part is a whole tensor field.
     pub fn read_local(
         &mut self,
         stream: &Stream,
@@ -183,20 +208,11 @@ impl Reads {
         rows: &[LocalRow],
         metrics: &mut Metrics,
     ) -> Result<()> {
-        let dataset = &stream.dataset;
-        // (file, offset, length, batch, part, row in batch), sorted by file and offset.
-        let mut reads = Vec::with_capacity(rows.len() * batches.first().map_or(0, |b| b.fields.len()));
-        for r in rows {
-            let (file, row) = dataset.locate(r.id);
-            let reader = self.readers.get(file, || dataset.open_reader(file))?;
-            for (k, part) in batches[r.batch].fields.iter().enumerate() {
-                let range = reader.value_range(row, part.part().field).ok_or_else(|| past_end(stream, file, row))?;
-                reads.push((file, range.start, (range.end - range.start) as usize, r.batch, k, r.row));
-            }
-        }
-        reads.sort_unstable();
-        // Every row's place in every batch tensor, taken out as it is read into.
-        let mut places: Vec<Vec<Vec<&mut [u8]>>> = batches
+        let mut places = Vec::with_capacity(rows.len() * batches.first().map_or(0, |b| b.fields.len()));
+        let field_of: Vec<Vec<usize>> =
+            batches.iter().map(|b| b.fields.iter().map(|f| f.part().field).collect()).collect();
+        // Every row's place in every batch tensor.
+        let mut slots: Vec<Vec<Vec<&mut [u8]>>> = batches
             .iter_mut()
             .map(|b| {
                 let rows = b.ids.len();
@@ -209,36 +225,122 @@ impl Reads {
                     .collect()
             })
             .collect();
-        let mut total = 0u64;
-        for same_file in reads.chunk_by(|a, b| a.0 == b.0) {
-            let file = same_file[0].0;
-            let reader = self.readers.get(file, || dataset.open_reader(file))?;
-            // Values that follow each other in the file (the fields of a record, adjacent
-            // records) are one read, scattered into their places.
-            for run in same_file.chunk_by(|a, b| a.1 + a.2 as u64 == b.1) {
-                let mut bufs: Vec<IoSliceMut<'_>> = run
-                    .iter()
-                    .map(|&(_, _, _, b, k, i)| IoSliceMut::new(std::mem::take(&mut places[b][k][i])))
-                    .collect();
-                reader.read_vectored_at(run[0].1, &mut bufs)?;
-                total += run.iter().map(|r| r.2 as u64).sum::<u64>();
+        for r in rows {
+            let owner = stream.home.owner(r.id).0;
+            for (k, slot) in slots[r.batch].iter_mut().enumerate() {
+                let field = field_of[r.batch][k];
+                places.push(Place { rank: owner, id: r.id, field, dst: std::mem::take(&mut slot[r.row]) });
             }
-            reader.check()?;
         }
-        metrics.bytes_read += total;
-        metrics.bytes_copied += total;
+        self.fill_places(stream, places, metrics)
+    }
+
+    /// Fills each place with its value: from memory at once, from files with reads in flight.
+    fn fill_places(&mut self, stream: &Stream, places: Vec<Place<'_>>, metrics: &mut Metrics) -> Result<()> {
+        let dataset = &stream.dataset;
+        let mut copied = 0u64;
+        // Reads: from spill files (by rank) and data files (by index).
+        let mut spill_reads: Vec<(usize, u64, &mut [u8])> = Vec::new();
+        let mut file_reads: Vec<(usize, u64, usize, &mut [u8])> = Vec::new();
+        for p in places {
+            let home = stream.home.range(Rank(p.rank));
+            let view = self.views.get(p.rank).and_then(Option::as_ref).filter(|_| home.contains(&p.id.0));
+            let tier = view.map_or(Tier::Storage, |v| v.tier(p.id.0 - home.start));
+            match (tier, view) {
+                (Tier::Memory, Some(v)) => {
+                    p.dst.copy_from_slice(v.value(p.id.0 - home.start, p.field));
+                    copied += p.dst.len() as u64;
+                }
+                (Tier::Spill, Some(v)) => {
+                    spill_reads.push((p.rank, v.spill_range(p.id.0 - home.start, p.field).start, p.dst));
+                }
+                _ => {
+                    if let Some(v) = self.pass.as_ref().and_then(|pass| pass.value(p.id, p.field)) {
+                        p.dst.copy_from_slice(v);
+                        copied += p.dst.len() as u64;
+                        continue;
+                    }
+                    let (file, row) = dataset.locate(p.id);
+                    file_reads.push((file, row, p.field, p.dst));
+                }
+            }
+        }
+        metrics.bytes_copied += copied;
+        // Spill files: one source per rank.
+        if !spill_reads.is_empty() {
+            let ops = spill_reads
+                .into_iter()
+                .map(|(rank, offset, dst)| ReadOp {
+                    source: rank,
+                    file: self.views[rank].as_ref().and_then(|v| v.spill.as_deref()).expect("a spill file"),
+                    offset,
+                    bufs: vec![IoSliceMut::new(dst)],
+                })
+                .collect();
+            let n = queue::run(queue::merge(ops), self.queue_depth).map_err(spill_error)?;
+            metrics.bytes_read_spill += n;
+            metrics.bytes_copied += n;
+        }
+        // Data files, a reader-limit's worth of files at a time.
+        file_reads.sort_unstable_by_key(|r| r.0);
+        let limit = self.readers.capacity;
+        // Each group is drained from the front.
+        let at = 0;
+        while at < file_reads.len() {
+            let mut files: Vec<usize> = Vec::new();
+            let mut end = at;
+            while end < file_reads.len() && (files.len() < limit || files.last() == Some(&file_reads[end].0)) {
+                if files.last() != Some(&file_reads[end].0) {
+                    files.push(file_reads[end].0);
+                }
+                end += 1;
+            }
+            for &f in &files {
+                self.readers.get(f, || dataset.open_reader(f))?;
+            }
+            let readers = &self.readers;
+            let mut ops = Vec::with_capacity(end - at);
+            for (file, row, field, dst) in file_reads.drain(at..end) {
+                let reader = readers.peek(file).expect("opened above");
+                let range = reader.value_range(row, field).ok_or_else(|| past_end(stream, file, row))?;
+                debug_assert_eq!(range.end - range.start, dst.len() as u64);
+                let Some(f) = reader.positional() else {
+                    return Err(Error::Internal(format!(
+                        "{}: read in place, but the reader has no file",
+                        dataset.files()[file].path.display()
+                    )));
+                };
+                ops.push(ReadOp { source: file, file: f, offset: range.start, bufs: vec![IoSliceMut::new(dst)] });
+            }
+            let read = queue::run(queue::merge(ops), self.queue_depth);
+            // The file checks that read_rows makes after each read, once per window; a
+            // file that changed is the cause of a failed read.
+            for &f in &files {
+                readers.peek(f).expect("opened above").check()?;
+            }
+            let n = read.map_err(|e| {
+                crate::dataset::rows::read_error(&dataset.files()[e.source].path, e.error, e.offset, e.len)
+            })?;
+            metrics.bytes_read += n;
+            metrics.bytes_copied += n;
+        }
         Ok(())
     }
 
-    /// Readahead, by the owner, of its rows that receivers on its host read themselves
-    /// ([`Reads::read_local`]): the spans of the files they lie in, in file order, so
-    /// that a cold page cache is filled by sorted reads rather than by the receivers'
-    /// scattered ones. `rows` are window rows of this rank's home range.
+    /// Readahead, by the owner, of its rows that receivers on its host read from the files
+    /// themselves ([`Reads::read_local`]): the spans of the files they lie in, in file
+    /// order, so that a cold page cache is filled by sorted reads rather than by the
+    /// receivers' scattered ones. `rows` are window rows of this rank's home range.
     pub fn advise(&mut self, stream: &Stream, rows: impl Iterator<Item = usize>, ids: &[SampleId]) -> Result<()> {
         let dataset = &stream.dataset;
         let fields = dataset.fields().len();
+        let home = stream.home.range(stream.rank);
+        let own = self.views.get(stream.rank.0).cloned().flatten();
         let mut spans = Vec::new();
         for i in rows {
+            if own.as_ref().is_some_and(|v| v.tier(ids[i].0 - home.start) != Tier::Storage) {
+                continue;
+            }
             let (file, row) = dataset.locate(ids[i]);
             let reader = self.readers.get(file, || dataset.open_reader(file))?;
             let mut ranges = (0..fields).filter_map(|f| reader.value_range(row, f));
@@ -283,6 +385,77 @@ impl Reads {
     }
 }
 
+/// Where one value goes: field `field` of sample `id`, owned by rank `rank`.
+struct Place<'a> {
+    rank: usize,
+    id: SampleId,
+    field: usize,
+    dst: &'a mut [u8],
+}
+
+fn spill_error(e: queue::ReadFailure) -> Error {
+    Error::Io { path: "(spill file)".into(), source: e.error }
+}
+
+/// How many file readers a loader keeps open: a quarter of the soft limit on open files
+/// (`RLIMIT_NOFILE`), leaving the rest to MPI or UCX (sockets, shared-memory segments),
+/// HDF5 and the program; at least 4, at most 1024 (a reader holds one file descriptor, and
+/// a reader of an HDF5 file also its chunk cache). A home range touching more files than
+/// this reopens them on demand.
+pub(crate) fn open_reader_limit() -> usize {
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit only writes the struct it is given, which lives on this stack frame.
+    let ok = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } == 0;
+    let soft = if ok { limit.rlim_cur } else { 1024 };
+    usize::try_from(soft / 4).unwrap_or(usize::MAX).clamp(4, 1024)
+}
+
+/// Open readers by file index, at most `capacity` of them: opening one more closes the
+/// least recently used. Bounded so that a dataset of many files never runs the process out
+/// of file descriptors ("Too many open files").
+struct OpenReaders {
+    capacity: usize,
+    /// File index → (reader, the tick it was last used at).
+    open: HashMap<usize, (Box<dyn FileReader>, u64)>,
+    tick: u64,
+}
+
+impl OpenReaders {
+    fn new(capacity: usize) -> OpenReaders {
+        OpenReaders { capacity: capacity.max(1), open: HashMap::new(), tick: 0 }
+    }
+
+    /// The reader of file `file`, opened with `open` if it is not open.
+    fn get(
+        &mut self,
+        file: usize,
+        open: impl FnOnce() -> Result<Box<dyn FileReader>>,
+    ) -> Result<&mut Box<dyn FileReader>> {
+        self.tick += 1;
+        if !self.open.contains_key(&file) {
+            if self.open.len() >= self.capacity {
+                // O(capacity) per eviction; evictions cost a reopen (syscalls) anyway.
+                if let Some(&lru) = self.open.iter().min_by_key(|(_, (_, t))| *t).map(|(f, _)| f) {
+                    self.open.remove(&lru);
+                }
+            }
+            let reader = open()?;
+            // The windows' reads are scattered over the home range (and readahead that the
+            // loader wants is asked for explicitly: `advise`).
+            reader.random_access();
+            self.open.insert(file, (reader, 0));
+        }
+        let entry = self.open.get_mut(&file).expect("inserted above");
+        entry.1 = self.tick;
+        Ok(&mut entry.0)
+    }
+
+    /// The reader of file `file`, if it is open.
+    fn peek(&self, file: usize) -> Option<&dyn FileReader> {
+        self.open.get(&file).map(|(r, _)| &**r)
+    }
+}
+
 /// A row of a window's batches whose values this rank reads itself: row `row` of
 /// `batches[batch]`, sample `id`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -296,30 +469,46 @@ fn past_end(stream: &Stream, file: usize, row: u64) -> Error {
     Error::file(&stream.dataset.files()[file].path, format!("row {row} is past the end of the file"))
 }
 
-/// Values read for one window: chunk `k` holds the values of `ids[starts[k]..]`.
+/// Values for one window's sends: from the home store's memory, the pass, records read
+/// from the spill file, or chunks read from the files (chunk `k` holds the values of
+/// `ids[starts[k]..]`).
 pub(crate) struct ReadSet {
+    home: std::ops::Range<u64>,
+    own: Option<StoreView>,
+    pass: Option<Arc<PassBuffer>>,
+    spill: Option<Spilled>,
     ids: Vec<SampleId>,
     starts: Vec<usize>,
-    chunks: Vec<ReadChunk>,
+    chunks: Vec<Arc<RowChunk>>,
 }
 
-/// Rows read for a window: exactly the ids asked for, or (from the home-range cache) all
-/// home rows of a file starting at global id `first_id`.
-struct ReadChunk {
-    chunk: Arc<RowChunk>,
-    first_id: Option<u64>,
+/// Records read from the spill file for one window.
+struct Spilled {
+    ids: Vec<u64>,
+    records: Vec<u8>,
+    record: usize,
+    fields: Vec<std::ops::Range<usize>>,
 }
 
 impl ReadSet {
     /// The bytes of one value of a sample that was read.
     pub fn value(&self, id: SampleId, field: usize) -> &[u8] {
+        if self.home.contains(&id.0) {
+            if let Some(v) = self.own.as_ref().filter(|v| v.tier(id.0 - self.home.start) == Tier::Memory) {
+                return v.value(id.0 - self.home.start, field);
+            }
+        }
+        if let Some(v) = self.pass.as_ref().and_then(|p| p.value(id, field)) {
+            return v;
+        }
+        if let Some(s) = &self.spill {
+            if let Ok(i) = s.ids.binary_search(&id.0) {
+                return &s.records[i * s.record..][s.fields[field].clone()];
+            }
+        }
         let i = self.ids.binary_search(&id).expect("planned reads cover every sent id");
         let k = self.starts.partition_point(|&s| s <= i) - 1;
-        let c = &self.chunks[k];
-        match c.first_id {
-            Some(first) => c.chunk.value((id.0 - first) as usize, field),
-            None => c.chunk.value(i - self.starts[k], field),
-        }
+        self.chunks[k].value(i - self.starts[k], field)
     }
 }
 
@@ -339,7 +528,6 @@ impl ValueSource for FromReads<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dataset::FileReader;
 
     struct Counted(Arc<std::sync::atomic::AtomicUsize>);
 

@@ -11,12 +11,13 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use super::layout;
+use super::store::{RecordLayout, Tier};
 use crate::config::{ExchangeMode, LoaderOptions, LocalReads, TailPolicy};
 use crate::dataset::Dataset;
 use crate::error::{Error, Result};
 use crate::plan::sharding::FieldSharding;
-use crate::plan::{budget, HomeRanges, Mesh, Placement, WindowBudget};
-use crate::types::{Epoch, Rank, Step};
+use crate::plan::{budget, HomeRanges, IoPlan, Mesh, Placement, Strategy, WindowBudget};
+use crate::types::{Epoch, Rank, SampleId, Step};
 
 /// A loader's position in its stream: the next batch it delivers. A plain value: saving,
 /// comparing and restoring it needs no access to the loader.
@@ -84,8 +85,13 @@ pub(crate) struct Stream {
     /// Local reads with every rank on one host: no row crosses the exchange.
     pub all_local: bool,
     pub budget: WindowBudget,
-    /// Whether this rank keeps its home range in memory.
-    pub cache_home_range: bool,
+    /// How ranks read their home ranges: what each keeps in memory or spills.
+    pub io: IoPlan,
+    /// Whether this rank reads the stores of the ranks on its host (agreed once the stores
+    /// exist: [`Stream::share_stores`]); otherwise their kept rows cross the exchange.
+    pub shared_stores: bool,
+    /// Every field has a fixed size: rows are stored as records.
+    pub layout: Option<RecordLayout>,
 }
 
 impl Stream {
@@ -97,6 +103,7 @@ impl Stream {
         hosts: Vec<usize>,
         dataset: Arc<Dataset>,
         options: LoaderOptions,
+        io: IoPlan,
     ) -> Result<Stream> {
         let (n, b) = (dataset.len(), options.batch_size);
         if hosts.len() != world {
@@ -166,13 +173,19 @@ impl Stream {
         let index_entries = budget::index_entries(&budget, range.end - range.start);
         let index_bytes = index_entries * crate::plan::index::ENTRY_BYTES;
         let steps_per_window = budget.steps_per_window_besides(per_step, steps_per_epoch, index_bytes);
-        let cache_need = (range.end - range.start).saturating_mul(budget::sample_bytes(&sizes));
-        let cache_home_range = options.cache_bytes > 0 && cache_need <= options.cache_bytes;
+        if io.resident.len() != world {
+            return Err(Error::Internal(format!("a read plan for {} ranks, not {world}", io.resident.len())));
+        }
         let placements = [Some(&placement), tail_placement.as_ref(), two_phase.as_ref().map(|t| &t.leaders)];
-        let direct_reads = !cache_home_range
-            && mode != ExchangeMode::Broadcast
-            && direct_reads(&dataset, placements.into_iter().flatten());
-        let local_reads = direct_reads && mode == ExchangeMode::Fused && options.local_reads == LocalReads::Auto;
+        let whole = whole_tensor_parts(fields, placements.into_iter().flatten());
+        let direct_reads = mode != ExchangeMode::Broadcast && whole && direct_reads(&dataset);
+        let kept = io.streams_any();
+        let local_reads = whole
+            && mode == ExchangeMode::Fused
+            && options.local_reads == LocalReads::Auto
+            && !matches!(io.strategy, Strategy::Passes { .. })
+            && (direct_reads || kept);
+        let layout = RecordLayout::of(fields);
         Ok(Stream {
             coords: mesh.coords(Rank(rank.0 * k)),
             sharding,
@@ -188,14 +201,45 @@ impl Stream {
             steps_per_window,
             index_entries,
             direct_reads,
-            all_local: local_reads && hosts.iter().all(|&h| h == hosts[0]),
+            all_local: false,
             hosts,
             local_reads,
             budget,
-            cache_home_range,
+            shared_stores: false,
+            layout,
+            io,
             dataset,
             options,
-        })
+        }
+        .share_stores(false))
+    }
+
+    /// Sets whether this rank reads the stores of the ranks on its host (every rank must
+    /// be told the same), and with it which windows skip the exchange.
+    pub fn share_stores(mut self, shared: bool) -> Stream {
+        self.shared_stores = shared && self.io.streams_any();
+        let one_host = self.hosts.iter().all(|&h| h == self.hosts[0]);
+        let any_stored = (0..self.world).any(|r| {
+            let range = self.home.range(Rank(r));
+            self.io.resident[r] < range.end - range.start && !self.io.spill
+        });
+        self.all_local = self.local_reads
+            && one_host
+            && (!any_stored || self.direct_reads)
+            && (!self.io.streams_any() || self.shared_stores);
+        self
+    }
+
+    /// Where home row `id` of rank `owner` is kept ([`IoPlan`]).
+    pub fn tier(&self, owner: Rank, id: SampleId) -> Tier {
+        let offset = id.0 - self.home.range(owner).start;
+        if offset < self.io.resident[owner.0] {
+            Tier::Memory
+        } else if self.io.spill {
+            Tier::Spill
+        } else {
+            Tier::Storage
+        }
     }
 
     /// The placement of step `step` (the last step of a `partial` epoch has its own).
@@ -206,11 +250,17 @@ impl Stream {
         }
     }
 
-    /// Whether rows between this rank and `other`, either way, are read by their receiver
-    /// instead of exchanged: local reads, and one host. An owner leaves such rows out of
-    /// its sends; the receiver reads them from the files.
-    pub fn reads_locally_with(&self, other: Rank) -> bool {
-        self.local_reads && self.hosts[other.0] == self.hosts[self.rank.0]
+    /// Whether `receiver` reads sample `id` of `owner`'s home range itself instead of
+    /// receiving it: local reads, one host, and the row is where the receiver can reach
+    /// it — in the owner's store when the host's stores are shared, in the files when they
+    /// are read in place. An owner leaves such rows out of its sends.
+    pub fn reads_locally(&self, receiver: Rank, owner: Rank, id: SampleId) -> bool {
+        self.local_reads
+            && self.hosts[owner.0] == self.hosts[receiver.0]
+            && match self.tier(owner, id) {
+                Tier::Storage => self.direct_reads,
+                Tier::Memory | Tier::Spill => self.shared_stores,
+            }
     }
 
     /// Whether `w` is the partial last batch's window (always exchanged fused).
@@ -257,20 +307,20 @@ impl Stream {
 /// break even at 512 B.
 pub const DIRECT_READ_MIN_BYTES: u64 = 1024;
 
-/// Whether every window can be packed straight from the files: every file stores values
-/// whole at fixed offsets ([`crate::dataset::FileInfo::in_place`]: `.npy`, raw records,
-/// the fixed-size columns of Arrow IPC files, contiguous HDF5 datasets), every receiver
-/// takes whole tensor fields
-/// (no slices, no variable-length values), and samples are large enough
+/// Whether values can be read from the files straight into their places (with whole
+/// tensor parts): every file stores values whole at fixed offsets
+/// ([`crate::dataset::FileInfo::in_place`]: `.npy`, raw records, the fixed-size columns of
+/// Arrow IPC files, contiguous HDF5 datasets) and samples are large enough
 /// ([`DIRECT_READ_MIN_BYTES`]).
-fn direct_reads<'a>(dataset: &Dataset, placements: impl Iterator<Item = &'a Placement>) -> bool {
-    let fields = dataset.fields();
-    let fixed = dataset.files().iter().all(|f| f.in_place);
-    let sample: u64 = fields.iter().map(|f| f.fixed_bytes().unwrap_or(0) as u64).sum();
+fn direct_reads(dataset: &Dataset) -> bool {
+    let sample: u64 = dataset.fields().iter().map(|f| f.fixed_bytes().unwrap_or(0) as u64).sum();
+    dataset.files().iter().all(|f| f.in_place) && sample >= DIRECT_READ_MIN_BYTES
+}
+
+/// Whether every receiver takes whole tensor fields (no slices, no variable-length values).
+fn whole_tensor_parts<'a>(fields: &[crate::dataset::Field], placements: impl Iterator<Item = &'a Placement>) -> bool {
     let mut parts = placements.flat_map(|p| p.blocks()).flat_map(|b| &b.receivers).flat_map(|r| &r.parts);
-    fixed
-        && sample >= DIRECT_READ_MIN_BYTES
-        && parts.all(|p| p.slice.is_none() && fields[p.field].fixed_bytes().is_some())
+    parts.all(|p| p.slice.is_none() && fields[p.field].fixed_bytes().is_some())
 }
 
 #[cfg(test)]
@@ -291,7 +341,7 @@ mod tests {
         };
         let dataset = Arc::new(Dataset::from_files(vec![info], Default::default()).unwrap());
         let options = LoaderOptions { batch_size: batch, window_bytes, prefetch: 0, tail, ..Default::default() };
-        Stream::build(Rank(0), 2, vec![0, 0], dataset, options).unwrap()
+        Stream::build(Rank(0), 2, vec![0, 0], dataset, options, IoPlan::direct(2)).unwrap()
     }
 
     #[test]
@@ -336,6 +386,7 @@ mod tests {
                 vec![0; world],
                 ds.clone(),
                 LoaderOptions { batch_size: batch, ..Default::default() },
+                IoPlan::direct(world),
             )
             .err()
             .map(|e| e.to_string())

@@ -18,8 +18,9 @@
 //! for tiny samples the ids, plans and read locations outweigh the data.
 //!
 //! Windows are sized so that this peak stays within `(p + 1) × window_bytes` (with
-//! `p = 0`: `1 ×`), which is the bound the documentation promises, plus the optional
-//! home-range cache (`cache_bytes`). A window holds at least one step, so a single step
+//! `p = 0`: `1 ×`), which is the bound the documentation promises; the rows a rank keeps
+//! in memory or in a pass come on top, within the memory budget ([`super::io`]). A window
+//! holds at least one step, so a single step
 //! larger than the budget exceeds it.
 
 use crate::dataset::Field;
@@ -109,7 +110,7 @@ pub fn value_sizes(fields: &[Field], measured: &[Option<u64>]) -> Vec<u64> {
 }
 
 /// Bytes of one sample, every field whole, from [`value_sizes`] (for sizing the
-/// home-range cache and the broadcast baseline's windows).
+/// memory budget and the broadcast baseline's windows).
 pub fn sample_bytes(sizes: &[u64]) -> u64 {
     sizes.iter().fold(0u64, |a, &b| a.saturating_add(b))
 }

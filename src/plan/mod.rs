@@ -10,6 +10,7 @@
 pub mod budget;
 pub mod home;
 pub mod index;
+pub mod io;
 pub mod mesh;
 pub mod permutation;
 pub mod placement;
@@ -19,6 +20,7 @@ pub mod window;
 pub use budget::WindowBudget;
 pub use home::HomeRanges;
 pub use index::HomeIndex;
+pub use io::{IoPlan, Strategy};
 pub use mesh::Mesh;
 pub use permutation::Permutation;
 pub use placement::{FieldPart, Placement};

@@ -18,6 +18,7 @@
 //! The environment is read here, in the `from_env` constructors, and nowhere below: the
 //! transports take configuration values.
 
+pub mod memory;
 mod signals;
 
 use crate::config::TransportKind;

@@ -36,7 +36,13 @@ pub struct Run {
 
 /// Runs `cmd` to its end and collects its output; a command that outlives the tests' bound
 /// fails the test (a hang is never a pass).
-pub fn wait_bounded(mut cmd: Command, what: &str) -> Run {
+pub fn wait_bounded(cmd: Command, what: &str) -> Run {
+    wait_within(cmd, what, HANG_LIMIT)
+}
+
+/// [`wait_bounded`] for a command that is many runs in one (a sweep of batch jobs): its
+/// bound is `limit`, each run's share of it no more generous than [`HANG_LIMIT`].
+pub fn wait_within(mut cmd: Command, what: &str, limit: Duration) -> Run {
     let start = Instant::now();
     let mut child = cmd
         .stdin(Stdio::null())
@@ -61,10 +67,10 @@ pub fn wait_bounded(mut cmd: Command, what: &str) -> Run {
         if let Some(status) = child.try_wait().unwrap() {
             break status;
         }
-        if start.elapsed() > HANG_LIMIT {
+        if start.elapsed() > limit {
             let _ = child.kill();
             let _ = child.wait();
-            panic!("{what} hung for more than {HANG_LIMIT:?}: this is a failure (contract 7: no hangs)");
+            panic!("{what} hung for more than {limit:?}: this is a failure (contract 7: no hangs)");
         }
         std::thread::sleep(Duration::from_millis(20));
     };
@@ -417,4 +423,88 @@ pub fn stop_points(text: &str) -> Vec<(u64, u64)> {
 pub fn state_position(path: &Path) -> (u64, u64) {
     let v: serde_json::Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
     (v["epoch"].as_u64().unwrap(), v["step"].as_u64().unwrap())
+}
+
+/// A memory cgroup of this test's own (cgroup v1 `memory`, else v2 with the memory
+/// controller), with a limit; removed when dropped. Commands made by
+/// [`MemoryCgroup::command`] run inside it. Needs root; a machine without a memory
+/// controller fails the test with the reason (a limit that is not enforced proves nothing).
+pub struct MemoryCgroup {
+    dir: PathBuf,
+    v2: bool,
+}
+
+impl MemoryCgroup {
+    pub fn new(limit: u64) -> MemoryCgroup {
+        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let name =
+            format!("meshfeed-test-{}-{}", std::process::id(), NEXT.fetch_add(1, std::sync::atomic::Ordering::SeqCst));
+        let v1 = Path::new("/sys/fs/cgroup/memory");
+        let (dir, v2) = if v1.join("memory.limit_in_bytes").exists() {
+            (v1.join(name), false)
+        } else {
+            let root = Path::new("/sys/fs/cgroup");
+            let controllers = std::fs::read_to_string(root.join("cgroup.controllers")).unwrap_or_default();
+            assert!(
+                controllers.split_whitespace().any(|c| c == "memory"),
+                "no memory cgroup controller here (neither /sys/fs/cgroup/memory nor cgroup v2 with memory): \
+                 the memory-limit tests need one (and root)"
+            );
+            (root.join(name), true)
+        };
+        std::fs::create_dir(&dir).unwrap_or_else(|e| panic!("cannot create {} (root needed): {e}", dir.display()));
+        let cg = MemoryCgroup { dir, v2 };
+        let (file, value) =
+            if v2 { ("memory.max", limit.to_string()) } else { ("memory.limit_in_bytes", limit.to_string()) };
+        std::fs::write(cg.dir.join(file), value).unwrap();
+        if !v2 {
+            // No swap may hide an overrun.
+            let _ = std::fs::write(cg.dir.join("memory.memsw.limit_in_bytes"), limit.to_string());
+        }
+        cg
+    }
+
+    /// `program args` to run inside this cgroup.
+    pub fn command(&self, program: &str, args: &[&str]) -> Command {
+        let mut cmd = Command::new("sh");
+        let procs = self.dir.join("cgroup.procs");
+        cmd.args(["-c", &format!("echo $$ > {} && exec \"$@\"", procs.display()), "sh", program]).args(args);
+        cmd
+    }
+
+    /// `mpirun -np NP meshfeed ARGS` inside this cgroup.
+    pub fn mpirun(&self, np: usize, args: &[&str]) -> Run {
+        let mut all: Vec<&str> = MPIRUN_FLAGS.to_vec();
+        let np = np.to_string();
+        all.extend(["-np", &np, bin()]);
+        all.extend(args);
+        let mut cmd = self.command("mpirun", &all);
+        cmd.env("HDF5_USE_FILE_LOCKING", "FALSE");
+        wait_bounded(cmd, &format!("mpirun -np {np} meshfeed {} (in {})", args.join(" "), self.dir.display()))
+    }
+
+    /// Processes the kernel killed for running out of this cgroup's memory.
+    pub fn oom_kills(&self) -> u64 {
+        let file = if self.v2 { "memory.events" } else { "memory.oom_control" };
+        let text = std::fs::read_to_string(self.dir.join(file)).unwrap();
+        text.lines().find_map(|l| l.strip_prefix("oom_kill ")).map_or(0, |n| n.trim().parse().unwrap())
+    }
+
+    /// The most memory the cgroup held (page cache included).
+    pub fn peak(&self) -> u64 {
+        let file = if self.v2 { "memory.peak" } else { "memory.max_usage_in_bytes" };
+        std::fs::read_to_string(self.dir.join(file)).unwrap().trim().parse().unwrap()
+    }
+}
+
+impl Drop for MemoryCgroup {
+    fn drop(&mut self) {
+        // The cgroup can be removed once its processes are gone (they may take a moment).
+        for _ in 0..100 {
+            if std::fs::remove_dir(&self.dir).is_ok() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
 }

@@ -286,7 +286,17 @@ class Loader:
         exchange_costs: the all-to-all costs ``auto`` decides with, e.g.
             ``"latency=5e-6,intra=1e10,inter=1.2e9"`` (``meshfeed report --predict``
             fits them to a cluster's runs).
-        cache_bytes: keep this rank's home range in memory when it fits (``"4G"``).
+        read_strategy: how ranks read their home ranges: ``auto`` (default: keep the data
+            in memory when it fits the memory budget, else the cheaper of sequential
+            passes and random reads by the storage's probed speed), ``resident``,
+            ``passes`` or ``random``.
+        memory_budget: memory the ranks of one host may hold for data together
+            (``"8G"``; default: from the cgroup limit or the host's available memory).
+        storage_bandwidth, storage_iops: the storage's sequential bytes/s and random
+            reads/s per host (default: probed when the choice depends on them).
+        spill_dir: node-local directory (NVMe scratch) where what does not fit in
+            memory is streamed once and read back from.
+        read_queue_depth: reads in flight per rank when reading at random (default 16).
         local_reads: ``auto`` or ``off``: ranks on one host read the rows they get from
             each other straight from the files instead of exchanging them.
         group: the HDF5 group holding the datasets.
@@ -323,7 +333,12 @@ class Loader:
         tail: Optional[str] = None,
         exchange: Optional[str] = None,
         exchange_costs: Optional[str] = None,
-        cache_bytes: Union[int, str, None] = None,
+        read_strategy: Optional[str] = None,
+        memory_budget: Union[int, str, None] = None,
+        storage_bandwidth: Union[int, str, None] = None,
+        storage_iops: Optional[int] = None,
+        spill_dir: Optional[str] = None,
+        read_queue_depth: Optional[int] = None,
         local_reads: Optional[str] = None,
         group: Optional[str] = None,
         devices_per_process: Optional[int] = None,
@@ -346,7 +361,12 @@ class Loader:
             "tail": tail,
             "exchange": exchange,
             "exchange_costs": exchange_costs,
-            "cache_bytes": cache_bytes,
+            "read_strategy": read_strategy,
+            "memory_budget": memory_budget,
+            "storage_bandwidth": storage_bandwidth,
+            "storage_iops": storage_iops,
+            "spill_dir": None if spill_dir is None else str(spill_dir),
+            "read_queue_depth": read_queue_depth,
             "local_reads": local_reads,
             "group": group,
             "devices_per_process": devices_per_process,
@@ -374,6 +394,10 @@ class Loader:
         self.rank: int = inner.rank()
         self.world_size: int = inner.world_size()
         self.layout: dict = json.loads(inner.layout_json())
+        #: How the ranks read their home ranges: ``strategy`` (``resident``, ``passes``
+        #: or ``random``), ``passes`` per epoch, ``spill``, this rank's ``resident_rows``
+        #: and the ``reason`` for the choice (memory budget, storage speed).
+        self.read_plan: dict = self.layout.pop("read")
         launcher = _launcher_local_rank()
         #: This process's index among the job's processes on its host: the launcher's
         #: LOCAL_RANK (or Open MPI's, Slurm's, MPICH's) when set, else counted from the

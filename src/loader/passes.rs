@@ -1,0 +1,181 @@
+//! The passes strategy ([`crate::plan::io`]): when a rank's home range does not fit its
+//! memory budget, each epoch streams it several times, each pass keeping only the rows
+//! the next stretch of windows needs. The epoch's order is known ahead (the home index
+//! inverts the permutation), so a pass knows its rows before it reads anything, and every
+//! read is a large sequential one.
+//!
+//! A pass covers the windows from the one that needs it to a K-th of the epoch further on
+//! (a seek starts a new pass where it lands). A row a window needs that its pass does not
+//! hold — the few a padded last batch takes from the start of the epoch — is read on its
+//! own.
+
+use std::ops::Range;
+
+use arrow_buffer::Buffer;
+
+use super::store::RecordLayout;
+use crate::dataset::{Dataset, FileReader, RowChunk};
+use crate::error::{Error, Result};
+use crate::plan::io::STREAM_READ_BYTES;
+use crate::types::SampleId;
+
+/// The rows one pass keeps.
+pub(crate) struct PassBuffer {
+    pub epoch: u64,
+    /// Steps of the epoch the pass serves.
+    pub steps: Range<u64>,
+    /// The ids kept, sorted.
+    ids: Vec<u64>,
+    rows: Rows,
+}
+
+enum Rows {
+    /// One record per kept id (fixed-size fields).
+    Records { layout: RecordLayout, bytes: Vec<u8> },
+    /// Values as read (variable-length fields).
+    Values(RowChunk),
+}
+
+impl PassBuffer {
+    /// Whether the pass serves step `step` of `epoch`.
+    pub fn covers(&self, epoch: u64, step: u64) -> bool {
+        self.epoch == epoch && self.steps.contains(&step)
+    }
+
+    /// The value of `field` of sample `id`, if the pass holds it.
+    pub fn value(&self, id: SampleId, field: usize) -> Option<&[u8]> {
+        let i = self.ids.binary_search(&id.0).ok()?;
+        Some(match &self.rows {
+            Rows::Records { layout, bytes } => &bytes[i * layout.record..][layout.fields[field].clone()],
+            Rows::Values(chunk) => chunk.value(i, field),
+        })
+    }
+
+    /// Bytes the pass holds.
+    pub fn bytes(&self) -> usize {
+        match &self.rows {
+            Rows::Records { bytes, .. } => bytes.len(),
+            Rows::Values(c) => c.bytes_read() as usize,
+        }
+    }
+}
+
+/// Streams the home rows `ids` (sorted) need, file by file, in reads of about
+/// [`STREAM_READ_BYTES`] (gaps shorter than a read are read through, longer ones skipped),
+/// keeping exactly those rows. `open` gives a reader of a file. Returns the pass and the
+/// bytes read.
+pub(crate) fn fill(
+    dataset: &Dataset,
+    epoch: u64,
+    steps: Range<u64>,
+    ids: Vec<u64>,
+    open: &mut dyn FnMut(usize) -> Result<Box<dyn FileReader>>,
+) -> Result<(PassBuffer, u64)> {
+    let fields = dataset.fields().len();
+    let sizes = crate::plan::budget::value_sizes(dataset.fields(), &dataset.mean_value_bytes());
+    let rows_per_read = (STREAM_READ_BYTES / crate::plan::budget::sample_bytes(&sizes).max(1)).max(1);
+    let layout = RecordLayout::of(dataset.fields());
+    let mut records = Vec::with_capacity(layout.as_ref().map_or(0, |l| l.record * ids.len()));
+    let mut values = Vec::new();
+    let mut locs: Vec<(usize, usize)> = Vec::new();
+    let mut bytes_read = 0u64;
+    let mut i = 0;
+    while i < ids.len() {
+        let (file, _) = dataset.locate(SampleId(ids[i]));
+        let start = dataset.file_start(file);
+        let end = dataset.file_start(file + 1);
+        let mut reader = open(file)?;
+        // A pass streams more than memory holds: what it brings into the page cache would
+        // be gone before the next pass wants it, so it leaves behind the stream (pages
+        // cached before stay).
+        let last_needed = ids[i..].partition_point(|&id| id < end) + i - 1;
+        let cold = super::store::stream_is_cold(&*reader, ids[i] - start..ids[last_needed] - start + 1);
+        while i < ids.len() && ids[i] < end {
+            // A read from the next needed row, as long as a streaming read.
+            let first = ids[i] - start;
+            let last = (first + rows_per_read).min(end - start);
+            let list: Vec<u64> = (first..last).collect();
+            let chunk = reader.read_rows(&list)?;
+            if cold {
+                super::store::drop_behind(&*reader, first..last);
+            }
+            if chunk.rows() != list.len() {
+                return Err(Error::file(
+                    &dataset.files()[file].path,
+                    format!("reader returned {} of {} rows", chunk.rows(), list.len()),
+                ));
+            }
+            bytes_read += chunk.bytes_read();
+            while i < ids.len() && ids[i] < start + last {
+                let row = (ids[i] - start - first) as usize;
+                match &layout {
+                    Some(l) => {
+                        for f in 0..fields {
+                            let v = chunk.value(row, f);
+                            debug_assert_eq!(v.len(), l.fields[f].len());
+                            records.extend_from_slice(v);
+                        }
+                    }
+                    None => {
+                        for f in 0..fields {
+                            let v = chunk.value(row, f);
+                            locs.push((values.len(), v.len()));
+                            values.extend_from_slice(v);
+                        }
+                    }
+                }
+                i += 1;
+            }
+        }
+    }
+    let rows = match layout {
+        Some(layout) => Rows::Records { layout, bytes: records },
+        None => {
+            let mut chunk = RowChunk::new(fields);
+            let b = chunk.add_buffer(Buffer::from_vec(values));
+            for (offset, len) in locs {
+                chunk.push_value(b, offset, len);
+            }
+            Rows::Values(chunk)
+        }
+    };
+    Ok((PassBuffer { epoch, steps, ids, rows }, bytes_read))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dataset::{gen, DType, Field, FieldKind, Format};
+
+    #[test]
+    fn a_pass_keeps_exactly_the_rows_asked_for() {
+        for (format, fields) in [
+            (Format::Npy, vec![Field::tensor("x", DType::U16, vec![3]), Field::tensor("y", DType::I64, vec![])]),
+            (Format::Arrow, vec![Field { name: "t".into(), kind: FieldKind::Bytes { utf8: false } }]),
+        ] {
+            let dir = tempfile::tempdir().unwrap();
+            let spec =
+                gen::GenSpec { format, samples: 200, files: 3, out: dir.path().into(), arrow_batch_rows: 9, fields };
+            for i in 0..3 {
+                gen::write_file(&spec, i).unwrap();
+            }
+            let ds = Dataset::open_local(&[dir.path().into()], Default::default()).unwrap();
+            let ids: Vec<u64> = (20..180).filter(|i| i % 3 != 0).collect();
+            let (pass, bytes) = fill(&ds, 4, 10..20, ids.clone(), &mut |f| ds.open_reader(f)).unwrap();
+            assert!(pass.covers(4, 10) && pass.covers(4, 19) && !pass.covers(4, 20) && !pass.covers(3, 10));
+            assert!(bytes > 0);
+            for id in 0..200u64 {
+                let (file, row) = ds.locate(SampleId(id));
+                let want = ds.open_reader(file).unwrap().read_rows(&[row]).unwrap();
+                for f in 0..ds.fields().len() {
+                    let got = pass.value(SampleId(id), f);
+                    if ids.contains(&id) {
+                        assert_eq!(got, Some(want.value(0, f)), "{format:?} id {id}");
+                    } else {
+                        assert_eq!(got, None, "{format:?} id {id} is not kept");
+                    }
+                }
+            }
+        }
+    }
+}
