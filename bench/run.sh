@@ -3,6 +3,8 @@
 #
 #   bash bench/run.sh                 # the full suite (~20 min on 2 cores)
 #   bash bench/run.sh --smoke         # seconds: tiny data, npy, ranks 1 and 2, no PyTorch
+#   bash bench/run.sh --cold [ARGS]   # cold storage (bench/cold.py: as root; ~2 h;
+#                                     # --cold --smoke: seconds, what CI runs)
 #
 # It installs what it needs (launch/setup.sh; bench/.venv with torch, numpy, h5py, pyarrow
 # unless --smoke or --no-torch), builds the release binary once, generates the datasets
@@ -29,6 +31,24 @@ cd "$(dirname "$0")/.."
 root=$(pwd)
 
 smoke=0 torch=1 scaling=1 repeats=3 torch_epochs=1 out="" sizes="" formats="" ranks=""
+if [[ "${1:-}" == "--cold" ]]; then
+    # The cold-storage benchmark: throttled loop devices, memory cgroups, PyTorch's two
+    # variants beside meshfeed's strategies (bench/cold.py --help). Its own options follow.
+    shift
+    cold_smoke=0
+    for a in "$@"; do [[ $a == --smoke ]] && cold_smoke=1; done
+    bash launch/setup.sh >/dev/null
+    cargo build --release -p meshfeed-cli 2>&1 | grep -E "^(error|warning: unused)|Finished" || true
+    if ((!cold_smoke)) && [[ " $* " != *" --no-torch "* ]] &&
+        ! bench/.venv/bin/python -c "import torch, numpy, h5py, pyarrow" 2>/dev/null &&
+        ! .venv/bin/python -c "import torch, numpy, h5py, pyarrow" 2>/dev/null; then
+        echo "[bench] setup: creating bench/.venv with torch (CPU use), numpy, h5py, pyarrow (~1 min, ~5 GB)" >&2
+        python3 -m venv bench/.venv
+        bench/.venv/bin/pip install -q --disable-pip-version-check torch numpy h5py pyarrow
+    fi
+    export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 HDF5_USE_FILE_LOCKING=FALSE
+    exec python3 bench/cold.py "$@"
+fi
 while (($#)); do
     case "$1" in
         --smoke) smoke=1 ;;

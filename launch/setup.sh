@@ -12,7 +12,8 @@ packages=(libopenmpi-dev openmpi-bin libhdf5-dev libucx-dev ucx-utils libclang-d
 if [[ "${1:-}" == "--test" ]]; then
     # iproute2: the tests' emulated nodes and pods (network namespaces); openssh: the
     # MPIJob's workers run sshd, its launcher ssh (tests/mpijob.rs).
-    packages+=(python3 python3-venv iproute2 openssh-client openssh-server)
+    packages+=(python3 python3-venv iproute2 openssh-client openssh-server
+        e2fsprogs) # e2fsprogs: mkfs.ext4 for the cold-storage benchmark's loop devices
 fi
 missing=()
 for p in "${packages[@]}"; do

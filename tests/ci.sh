@@ -21,6 +21,10 @@ cargo test --release --workspace --no-fail-fast -- --test-threads=2
 # The benchmark suite's smoke version (seconds, tiny data, no PyTorch, no ratios asserted):
 # every measurement mode and the report's table and plots, so that the suite cannot rot.
 bash bench/run.sh --smoke --out "$(mktemp -d)/bench-smoke"
+# The cold-storage smoke (seconds): a throttled loop device and a memory cgroup; the data
+# kept in memory is read from the device once and never after, no OOM kill. Where the
+# kernel lacks the controllers it prints why it skipped (never a silent pass).
+bash bench/run.sh --cold --smoke
 
 # The library does not depend on the command line's crates.
 if cargo tree -p meshfeed --edges normal --prefix none | grep -E "^(clap|indicatif|toml) "; then
