@@ -8,6 +8,7 @@
 #                            [--storage-bandwidth RATE] [--storage-delay TIME]
 #   bash slurm/cluster.sh paths               # STORAGE=... SHARED=...
 #   bash slurm/cluster.sh drop-caches
+#   bash slurm/cluster.sh storage-bytes      # bytes read from the shared storage so far
 #   bash slurm/cluster.sh shape NODE RATE     # slow one node's link: a straggler
 #   eval "$(bash slurm/cluster.sh env)"      # SLURM_CONF for srun, sbatch, sinfo
 #   bash slurm/cluster.sh status
@@ -323,6 +324,9 @@ case ${1:-} in
     paths) echo "STORAGE=$base/storage SHARED=$base/shared" ;;
     shape) shift; shape_node "$@" ;;
     drop-caches) sync && echo 3 >/proc/sys/vm/drop_caches ;;
+    # Bytes the storage node has sent over its link so far (what jobs read from the shared
+    # storage, plus SFTP's framing): sample it before and after a run.
+    storage-bytes) cat "/sys/class/net/${pre}vs/statistics/rx_bytes" ;;
     *) die "usage: cluster.sh up [--nodes N] [--cpus C] [--bandwidth RATE] [--delay TIME] [--storage-bandwidth RATE]
-       [--storage-delay TIME] | down | status | env | paths | drop-caches | shape NODE RATE" ;;
+       [--storage-delay TIME] | down | status | env | paths | drop-caches | storage-bytes | shape NODE RATE" ;;
 esac

@@ -13,6 +13,9 @@
 #   epochs = 1
 #   verify = true                     # check exactly-once in every run
 #   drop_caches = "bash slurm/cluster.sh drop-caches"   # run before each point (cold reads)
+#   storage_bytes = "bash slurm/cluster.sh storage-bytes" # prints the bytes read from the
+#                                     # shared storage so far: sampled around each point,
+#                                     # the report shows each loader's reads (× the data)
 #   [grid]
 #   nodes = [1, 2, 4]
 #   ranks_per_node = [2]
@@ -29,8 +32,9 @@
 #                                     # default 1,2,4,...,4096, when a meshfeed point ran)
 #
 # Each point's directory holds point.json (its configuration), run.json and
-# rank-<r>.jsonl (meshfeed's telemetry: hosts, versions, time per phase, bytes) and
-# job.out; records join without wrapper scripts. The report's plots go to
+# rank-<r>.jsonl (meshfeed's telemetry: hosts, versions, time per phase, bytes), job.out
+# and, with storage_bytes, storage.json (bytes read from the shared storage during the
+# point); records join without wrapper scripts. The report's plots go to
 # RESULTS/<sweep>/plots. Runs go through sbatch -W with srun --mpi=pmix (MPICH builds:
 # MESHFEED_SRUN_MPI=pmi2); SLURM_CONF must
 # point at the cluster (slurm/cluster.sh env). The meshfeed binary: MESHFEED_BIN, PATH,
@@ -66,7 +70,8 @@ for combo in itertools.product(*values):
     if p["loader"] == "pytorch" and p["transport"] != grid.get("transport", ["mpi"])[0]:
         continue  # the PyTorch baseline has no transport: run it once per other point
     p.update(sweep=s["name"], data=s["data"], epochs=s.get("epochs", 1), verify=bool(s.get("verify", False)),
-             drop_caches=s.get("drop_caches", ""), format=s.get("format", "npy"), python=s.get("python", "python3"),
+             drop_caches=s.get("drop_caches", ""), storage_bytes=s.get("storage_bytes", ""),
+             format=s.get("format", "npy"), python=s.get("python", "python3"),
              pytorch_workers=str(s.get("pytorch_workers", "0,1,2")),
              predict=str(s.get("predict", "1,2,4,8,16,32,64,128,256,512,1024,2048,4096")))
     p["id"] = "{loader}-n{nodes}x{ranks_per_node}-b{batch_size}-w{window_bytes}-{transport}".format(**p)
@@ -87,7 +92,7 @@ while IFS= read -r point; do
     eval "$(python3 -c 'import json,shlex,sys
 p = json.loads(sys.argv[1])
 for k in ("id", "nodes", "ranks_per_node", "batch_size", "window_bytes", "transport", "loader", "data", "epochs",
-          "drop_caches", "format", "python", "pytorch_workers"):
+          "drop_caches", "storage_bytes", "format", "python", "pytorch_workers"):
     print(f"{k}={shlex.quote(str(p[k]))}")
 print("verify=" + ("1" if p["verify"] else "0"))' "$point")"
     dir=$(cd "$out" && pwd)/$id
@@ -111,11 +116,17 @@ print("verify=" + ("1" if p["verify"] else "0"))' "$point")"
     fi
     MESHFEED_JOB_TOKEN=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
     export MESHFEED_JOB_TOKEN
+    storage() { [[ -z $storage_bytes ]] || bash -c "$storage_bytes" || { echo "sweep: storage_bytes failed: $storage_bytes" >&2; exit 1; }; }
+    before=$(storage)
     if ! sbatch -W --exclusive -N "$nodes" --ntasks-per-node "$ranks_per_node" -J "sweep-$id" -o "$dir/job.out" \
         --wrap "$(printf '%q ' "${launch[@]}" "${args[@]}")" >/dev/null; then
         echo "sweep: $id failed; see $dir/job.out" >&2
         tail -5 "$dir/job.out" >&2 || true
         exit 1
+    fi
+    if [[ -n $storage_bytes ]]; then
+        after=$(storage)
+        echo "{\"storage_bytes\": $((after - before))}" >"$dir/storage.json"
     fi
 done <<<"$points"
 # The table, the plots and, where meshfeed ran, the cost model's prediction.

@@ -277,11 +277,20 @@ fn straggler_node_is_named(dir: &Path, storage: &str) {
     assert!(table.stdout.contains("slowest host(s): mfnode2"), "{}", table.stdout);
 }
 
+/// Whether `meshfeed report` of the sweep prints each loader's reads from the storage.
+fn table_stdout_has_storage(results: &Path) -> bool {
+    let table = meshfeed(&["report", results.join("ci").to_str().unwrap()]);
+    table.code == 0
+        && table.stdout.contains("read from the shared storage:")
+        && table.stdout.contains("× the data over 2 epoch(s)")
+}
+
 /// `slurm/sweep.sh` over 1, 2 and 4 nodes — meshfeed, the broadcast baseline and the
 /// PyTorch DataLoader baseline; a UCX point too — with mfnode4's link slowed, on the
 /// shared storage with caches dropped before each point: every point runs and meshfeed's
-/// verify, the report's scaling table has every point with its efficiency, and the
-/// 4-node runs name mfnode4 as the slow host.
+/// verify, the report's scaling table has every point with its efficiency and what it read
+/// from the shared storage (meshfeed: the data once in two epochs), and the 4-node runs
+/// name mfnode4 as the slow host.
 fn sweep_over_one_two_and_four_nodes(dir: &Path) {
     ok(&cluster(&["up", "--nodes", "4", "--storage-bandwidth", "400mbit"]));
     ok(&cluster(&["shape", "mfnode4", "16mbit"]));
@@ -304,13 +313,16 @@ fn sweep_over_one_two_and_four_nodes(dir: &Path) {
     std::fs::write(
         &sweep,
         format!(
-            "name = \"ci\"\ndata = \"{}/shared/sweep\"\nepochs = 1\nverify = true\n\
+            "name = \"ci\"\ndata = \"{}/shared/sweep\"\nepochs = 2\nverify = true\n\
              python = \"{}\"\npytorch_workers = \"0\"\n\
              drop_caches = \"MESHFEED_CLUSTER_ID=9 MESHFEED_CLUSTER_DIR={} bash {} drop-caches\"\n\
+             storage_bytes = \"MESHFEED_CLUSTER_ID=9 MESHFEED_CLUSTER_DIR={} bash {} storage-bytes\"\n\
              [grid]\nnodes = [1, 2, 4]\nranks_per_node = [1]\nbatch_size = [32]\nwindow_bytes = [\"1M\"]\n\
              transport = [\"mpi\"]\nloader = [\"meshfeed\", \"broadcast\", \"pytorch\"]\n",
             cluster_dir(),
             python().display(),
+            cluster_dir(),
+            script("cluster.sh").display(),
             cluster_dir(),
             script("cluster.sh").display()
         ),
@@ -320,7 +332,8 @@ fn sweep_over_one_two_and_four_nodes(dir: &Path) {
     let mut cmd = Command::new("bash");
     cmd.arg(script("sweep.sh")).arg(&sweep).arg(&results);
     cmd.env("SLURM_CONF", format!("{}/etc/slurm.conf", cluster_dir())).env("MESHFEED_BIN", bin());
-    let run = wait_bounded(cmd, "slurm/sweep.sh");
+    // Nine batch jobs of two epochs each, caches dropped before each: 40 s a job at most.
+    let run = wait_within(cmd, "slurm/sweep.sh", std::time::Duration::from_secs(9 * 40));
     ok(&run);
     assert!(run.stdout.contains("sweep: 9 point(s)"), "{}", run.stdout);
     assert!(results.join("ci/plots/throughput.svg").is_file(), "the sweep's report draws its plots");
@@ -355,9 +368,33 @@ fn sweep_over_one_two_and_four_nodes(dir: &Path) {
     let lines: Vec<serde_json::Value> = report.stdout.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     let epochs: Vec<&serde_json::Value> = lines.iter().filter(|l| l["kind"] == "epoch").collect();
     let rows: Vec<&serde_json::Value> = lines.iter().filter(|l| l["kind"] == "scaling").collect();
-    assert_eq!((epochs.len(), rows.len()), (9, 9), "{}", report.stdout);
+    // Two epochs of each meshfeed point, one record of each PyTorch point.
+    assert_eq!((epochs.len(), rows.len()), (15, 9), "{}", report.stdout);
     let verified = |e: &&&serde_json::Value| e["verified"] == true;
-    assert_eq!(epochs.iter().filter(|e| e["loader"] != "pytorch").filter(verified).count(), 6, "{}", report.stdout);
+    assert_eq!(epochs.iter().filter(|e| e["loader"] != "pytorch").filter(verified).count(), 12, "{}", report.stdout);
+    // Cold points on the shared storage: meshfeed keeps the data (the nodes' memory holds
+    // it) and reads it from the storage once in two epochs; its second epoch reads nothing
+    // from the files at all. Every loader's reads are in the report.
+    let data_bytes = 1600.0 * 4096.0;
+    for r in &rows {
+        let s = &r["storage"];
+        let times = s["times_data"].as_f64().unwrap_or_else(|| panic!("no storage reads measured: {r}"));
+        assert!(s["bytes"].as_u64().unwrap() as f64 >= 0.9 * data_bytes, "every loader reads the data: {r}");
+        if r["loader"] == "meshfeed" {
+            let run = Path::new(r["run"].as_str().unwrap());
+            for rank in 0..r["ranks"].as_u64().unwrap() {
+                let text = std::fs::read_to_string(run.join(format!("rank-{rank}.jsonl"))).unwrap();
+                let second = text
+                    .lines()
+                    .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+                    .find(|l| l["kind"] == "epoch" && l["epoch"] == 1)
+                    .unwrap();
+                assert_eq!(second["bytes_read"], 0, "rank {rank}: {second}");
+            }
+            assert!(times < 1.3, "meshfeed read the shared storage {times}× the data in 2 epochs: {r}");
+        }
+    }
+    assert!(table_stdout_has_storage(&results), "the report's table shows the storage reads");
     for loader in ["meshfeed", "broadcast", "pytorch"] {
         let want = [1, 2, 4];
         let hosts: Vec<u64> =
@@ -365,8 +402,14 @@ fn sweep_over_one_two_and_four_nodes(dir: &Path) {
         assert_eq!(hosts, want, "{loader}: {}", report.stdout);
     }
     assert!(rows.iter().all(|r| r["efficiency"].as_f64().is_some_and(|e| e > 0.0 && e.is_finite())));
+    // The first epoch names mfnode4; in the second, with nothing to read, every rank waits
+    // the same in the exchange and no host may be named but mfnode4.
     for e in epochs.iter().filter(|e| e["hosts"] == 4 && e["loader"] == "meshfeed") {
-        assert_eq!(e["slow_hosts"], serde_json::json!(["mfnode4"]), "{e}");
+        let named = &e["slow_hosts"];
+        match e["epoch"].as_u64() {
+            Some(0) => assert_eq!(named, &serde_json::json!(["mfnode4"]), "{e}"),
+            _ => assert!(named == &serde_json::json!([]) || named == &serde_json::json!(["mfnode4"]), "{e}"),
+        }
     }
     let plots = dir.join("plots");
     let table = meshfeed(&["report", "--plots", plots.to_str().unwrap(), results.join("ci").to_str().unwrap()]);
