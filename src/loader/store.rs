@@ -576,22 +576,26 @@ fn flush_spill(spill: &File, range: Range<u64>) {
 }
 
 /// Where the values of rows `rows` lie in the file, where the reader knows (in-place
-/// formats): from the first value of the first row to the last value of the last.
-fn file_range(reader: &dyn FileReader, rows: &Range<u64>) -> Option<Range<u64>> {
+/// formats): for each field, from its value of the first row to that of the last.
+fn file_ranges(reader: &dyn FileReader, rows: &Range<u64>) -> Vec<Range<u64>> {
     if rows.is_empty() {
-        return None;
+        return Vec::new();
     }
-    let (mut lo, mut hi) = (u64::MAX, 0u64);
-    for f in 0.. {
-        match (reader.value_range(rows.start, f), reader.value_range(rows.end - 1, f)) {
-            (Some(a), Some(b)) => {
-                lo = lo.min(a.start);
-                hi = hi.max(b.end);
-            }
-            _ => break,
+    // Fields stored apart (HDF5 datasets, Arrow columns) give apart spans; fields inside
+    // one record (npy, raw records) overlap and merge into one.
+    let mut spans: Vec<Range<u64>> = (0..)
+        .map_while(|f| Some(reader.value_range(rows.start, f)?.start..reader.value_range(rows.end - 1, f)?.end))
+        .filter(|r| r.start < r.end)
+        .collect();
+    spans.sort_by_key(|r| r.start);
+    let mut merged: Vec<Range<u64>> = Vec::with_capacity(spans.len());
+    for r in spans {
+        match merged.last_mut() {
+            Some(last) if r.start <= last.end => last.end = last.end.max(r.end),
+            _ => merged.push(r),
         }
     }
-    (lo < hi).then_some(lo..hi)
+    merged
 }
 
 /// Whether the file pages of rows `rows` are mostly not in the page cache: a stream over
@@ -599,16 +603,20 @@ fn file_range(reader: &dyn FileReader, rows: &Range<u64>) -> Option<Range<u64>> 
 /// per file before streaming — the stream's own readahead would make its next pages look
 /// cached. Formats whose values' offsets are unknown (HDF5 through the library) say no.
 pub(crate) fn stream_is_cold(reader: &dyn FileReader, rows: Range<u64>) -> bool {
-    match (file_range(reader, &rows), reader.positional()) {
-        (Some(r), Some(f)) => crate::dataset::rows::cached_fraction(f, r) < 0.5,
-        _ => false,
-    }
+    let Some(file) = reader.positional() else { return false };
+    let spans = file_ranges(reader, &rows);
+    let bytes: u64 = spans.iter().map(|r| r.end - r.start).sum();
+    let cached: f64 =
+        spans.iter().map(|r| crate::dataset::rows::cached_fraction(file, r.clone()) * (r.end - r.start) as f64).sum();
+    bytes > 0 && cached < 0.5 * bytes as f64
 }
 
 /// Drops the file pages of rows `rows` from the page cache: a store or a pass holds them
 /// now, or the next pass is too far away for the page cache to keep them (advice only).
 pub(crate) fn drop_behind(reader: &dyn FileReader, rows: Range<u64>) {
-    if let Some(r) = file_range(reader, &rows) {
+    // Only the spans read: the pages between them and past the last (the readahead the
+    // next read will use, another field's) stay.
+    for r in file_ranges(reader, &rows) {
         reader.drop_cache(r);
     }
 }
@@ -747,6 +755,29 @@ mod tests {
             let store = HomeStore::start(ds.clone(), 0..100, 40, None).unwrap();
             check(&ds, &store, 0..100);
             assert_eq!(store.view().tier(40), Tier::Storage);
+        }
+    }
+
+    #[test]
+    fn the_spans_dropped_behind_a_stream_are_the_values_read() {
+        let fields = vec![Field::tensor("x", DType::U8, vec![4096]), Field::tensor("y", DType::I64, vec![])];
+        // HDF5 stores each field apart; npy's fields share records; Arrow's record
+        // batches (7 rows here) interleave the fields' buffers, which merge into one span.
+        for format in [Format::Npy, Format::Hdf5, Format::Arrow] {
+            let (_d, ds) = dataset(format, fields.clone(), 300);
+            let reader = ds.open_reader(0).unwrap();
+            let spans = file_ranges(&*reader, &(10..50));
+            let value = |row, f| reader.value_range(row, f).unwrap();
+            let (x, y) = (value(10, 0).start..value(49, 0).end, value(10, 1).start..value(49, 1).end);
+            match format {
+                // Dropping the two spans leaves the rest of the file cached: the readahead
+                // past `x`'s span, and every other row's `y`.
+                Format::Hdf5 => {
+                    assert_eq!(spans, vec![x, y]);
+                    assert_eq!(spans.iter().map(|r| r.end - r.start).sum::<u64>(), 40 * 4104);
+                }
+                _ => assert_eq!(spans, vec![x.start.min(y.start)..x.end.max(y.end)], "{format:?}"),
+            }
         }
     }
 
