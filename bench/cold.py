@@ -259,10 +259,12 @@ def warm_cache(paths):
 
 def run_loader(cmd, cg, parse_epoch, time_limit, env=None):
     """Runs `cmd` in cgroups `cg` (or none), polling the I/O counters; returns
-    (epochs, exit code, output) where each epoch dict has the loader's figures plus
-    storage bytes and reads between its start and its end."""
+    (epochs, exit code, output, errors, whether the time limit stopped it) where each
+    epoch dict has the loader's figures plus storage bytes and reads between its start
+    and its end."""
     polls = []
     stop = threading.Event()
+    fired = threading.Event()  # the time limit sent SIGTERM
 
     def poll():
         while not stop.is_set():
@@ -282,6 +284,7 @@ def run_loader(cmd, cg, parse_epoch, time_limit, env=None):
     killer = None
     if time_limit:
         def stop_it():
+            fired.set()
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGTERM)
         killer = threading.Timer(time_limit, stop_it)
@@ -312,7 +315,7 @@ def run_loader(cmd, cg, parse_epoch, time_limit, env=None):
         e["storage_bytes"], e["storage_reads"] = now[0] - prev[0], now[1] - prev[1]
         prev = now
         epochs.append(e)
-    return epochs, code, "".join(lines), "".join(err)
+    return epochs, code, "".join(lines), "".join(err), fired.is_set()
 
 
 def meshfeed_epoch(line):
@@ -424,7 +427,7 @@ def base_memory(ranks, data, batch, dev):
     processes' own memory, which the scenario limits add to."""
     cg = Cgroups(f"meshfeed-cold-base-{os.getpid()}", dev, 0, 0, 0)
     try:
-        _, code, out, err = run_loader(meshfeed_cmd(ranks, data, batch, 1, ["--memory-budget", "0"]), cg,
+        _, code, out, err, _ = run_loader(meshfeed_cmd(ranks, data, batch, 1, ["--memory-budget", "0"]), cg,
                                        meshfeed_epoch, 0)
         if code != 0:
             raise SystemExit(f"cold: the baseline run failed:\n{err}")
@@ -438,13 +441,14 @@ def measure(name, cmd, cg_args, files, parse, time_limit, warm=False, env=None):
     (warm_cache if warm else drop_cache)(files)
     cg = Cgroups(f"meshfeed-cold-{os.getpid()}", *cg_args) if cg_args else None
     try:
-        epochs, code, out, err = run_loader(cmd, cg, parse, time_limit, env=env)
+        epochs, code, out, err, limited = run_loader(cmd, cg, parse, time_limit, env=env)
         peak, kills = cg.memory() if cg else (0, 0)
     finally:
         if cg:
             cg.close()
-    # A run stopped at the time limit (SIGTERM) ends with the epoch it was in.
-    stopped = code != 0 and bool(time_limit) and not kills and bool(epochs) and "meshfeed: stopped by" in err
+    # A run stopped at the time limit (SIGTERM) ends with the epoch it was in, or with the
+    # last it finished where mpirun took the ranks down before they printed.
+    stopped = code != 0 and limited and not kills and bool(epochs)
     ok = code == 0 or stopped
     if not ok:
         log(f"{name}: exit {code}\n{err[-2000:]}")
