@@ -49,12 +49,18 @@ stop() {
         done
         [ -z "$(ranks)" ] || echo "mpijob-worker.sh: ranks still running after ${grace}s" >&2
     fi
-    kill -TERM "$main" 2>/dev/null
-    wait "$main" 2>/dev/null
+    if [ -n "$main" ]; then
+        kill -TERM "$main" 2>/dev/null
+        wait "$main" 2>/dev/null
+    fi
     exit 0
 }
 
+# The trap comes first: a SIGTERM as soon as sshd (and through it a rank) has started must
+# still stop the ranks. (sshd itself gets the default action: a child does not inherit a
+# trap.)
+main=
+trap stop TERM INT
 "$@" &
 main=$!
-trap stop TERM INT
 wait "$main"
