@@ -290,7 +290,7 @@ fn table_stdout_has_storage(results: &Path) -> bool {
 /// shared storage with caches dropped before each point: every point runs and meshfeed's
 /// verify, the report's scaling table has every point with its efficiency and what it read
 /// from the shared storage (meshfeed: the data once in two epochs), and the 4-node runs
-/// name mfnode4 as the slow host.
+/// name no slow host but mfnode4.
 fn sweep_over_one_two_and_four_nodes(dir: &Path) {
     ok(&cluster(&["up", "--nodes", "4", "--storage-bandwidth", "400mbit"]));
     ok(&cluster(&["shape", "mfnode4", "16mbit"]));
@@ -402,14 +402,14 @@ fn sweep_over_one_two_and_four_nodes(dir: &Path) {
         assert_eq!(hosts, want, "{loader}: {}", report.stdout);
     }
     assert!(rows.iter().all(|r| r["efficiency"].as_f64().is_some_and(|e| e > 0.0 && e.is_finite())));
-    // The first epoch names mfnode4; in the second, with nothing to read, every rank waits
-    // the same in the exchange and no host may be named but mfnode4.
+    // mfnode4's slowed link carries its storage reads and its share of the exchange. The
+    // exchange every rank waits on alike; the reads, kept in memory, stream in the
+    // background and slow a window only while the stream is behind it (timing-dependent).
+    // So a 4-node epoch may name no host, but never one other than mfnode4; naming the
+    // slow node is straggler_node_is_named's (a slow reader in every window).
     for e in epochs.iter().filter(|e| e["hosts"] == 4 && e["loader"] == "meshfeed") {
         let named = &e["slow_hosts"];
-        match e["epoch"].as_u64() {
-            Some(0) => assert_eq!(named, &serde_json::json!(["mfnode4"]), "{e}"),
-            _ => assert!(named == &serde_json::json!([]) || named == &serde_json::json!(["mfnode4"]), "{e}"),
-        }
+        assert!(named == &serde_json::json!([]) || named == &serde_json::json!(["mfnode4"]), "{e}");
     }
     let plots = dir.join("plots");
     let table = meshfeed(&["report", "--plots", plots.to_str().unwrap(), results.join("ci").to_str().unwrap()]);
@@ -420,11 +420,17 @@ fn sweep_over_one_two_and_four_nodes(dir: &Path) {
             assert!(len > 1000, "{name}.{ext}: {len} bytes");
         }
     }
-    assert!(
-        table.stdout.contains("efficiency") && table.stdout.contains("slowest host(s): mfnode4"),
-        "{}",
-        table.stdout
-    );
+    assert!(table.stdout.contains("efficiency"), "{}", table.stdout);
+    // Under each meshfeed run's line, a slow host named is mfnode4 (a broadcast run names
+    // its one reader).
+    let mut run = "";
+    for line in table.stdout.lines() {
+        if line.contains("/results/ci/") {
+            run = line;
+        } else if line.contains("slowest host(s):") && run.contains("/meshfeed-") {
+            assert!(line.trim_end().ends_with("slowest host(s): mfnode4"), "{}", table.stdout);
+        }
+    }
     // A UCX point: the ranks meet through slurm/ucx_task.sh's rendezvous.
     let ucx = dir.join("ucx.toml");
     std::fs::write(
