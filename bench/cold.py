@@ -36,7 +36,8 @@ Loaders (each in the scenario's cgroups; meshfeed with 4 ranks under mpirun):
                        reference: what the spill tier should come close to)
   pytorch:memmap / pytorch:pread   DataLoader + DistributedSampler (bench/torch_cold.py)
 Limits: ``sequential`` (the files streamed in 8 MiB reads under the same throttle) and the
-IOPS floor (samples / IOPS: one read per sample).
+IOPS floor (one read per sample: the device's reads/s, or its bandwidth / sample size where that
+binds first).
 
 For each run it records samples/s per epoch, storage bytes and reads per epoch (from the
 cgroup's counters, polled every 50 ms and cut at the moments the loader reports each
@@ -528,10 +529,16 @@ def suite(args):
                         os.makedirs(spill, exist_ok=True)
                         loaders = [("meshfeed", ["--spill-dir", spill])]
                         # The reference: the same data on the node-local device itself.
+                        # The scratch device holds one dataset's copy (marked whole once
+                        # copied: an interrupted copy is made again) and the spill files.
                         local = os.path.join(scratch.mnt, f"{size}-{fmt}")
-                        if not os.path.exists(os.path.join(local, ".complete")):
+                        for other in os.listdir(scratch.mnt):
+                            if other not in (f"{size}-{fmt}", "spill", "lost+found"):
+                                shutil.rmtree(os.path.join(scratch.mnt, other), ignore_errors=True)
+                        if not os.path.exists(os.path.join(local, ".copied")):
                             shutil.rmtree(local, ignore_errors=True)
                             shutil.copytree(data, local)
+                            open(os.path.join(local, ".copied"), "w").close()
                         r = measure("meshfeed:local", meshfeed_cmd(args.ranks, local, batch, 3, []), cg_args,
                                     files_in(local), meshfeed_epoch, args.time_limit)
                         record(results, {"kind": "run", "size": size, "format": fmt, "scenario": scenario,
