@@ -4,8 +4,9 @@
 //! given the storage's measured sequential rate, its read rate and the run's memory budget
 //! predicts the first epoch and the later ones within 1.5× of what was measured. Left out:
 //! the spill tier's later epochs (the model assumes an NVMe device's random reads,
-//! `SPILL_BYTES_PER_S`, which the benchmark's loop device is not) and later epochs the
-//! page cache served (the model does not know of it).
+//! `SPILL_BYTES_PER_S`, which the benchmark's loop device is not), later epochs the page
+//! cache served in good part (the model does not know of it; there it must not be
+//! optimistic), and the reference runs on the unthrottled device.
 
 use meshfeed::plan::io::{predict, HostShare, IoInputs, Prediction, StorageRates};
 use meshfeed::plan::Strategy;
@@ -76,7 +77,8 @@ fn the_cost_model_predicts_the_measured_cold_epochs_within_one_and_a_half_times(
     let mut misses = Vec::new();
     for run in records.iter().filter(|r| {
         r["kind"] == "run"
-            && r["loader"].as_str().is_some_and(|l| l.starts_with("meshfeed") && l != "meshfeed:today")
+            // meshfeed:local reads a copy on the unthrottled device: not this storage.
+            && r["loader"].as_str().is_some_and(|l| l.starts_with("meshfeed") && !matches!(l, "meshfeed:today" | "meshfeed:local"))
             && matches!(r["scenario"].as_str(), Some("fits" | "over" | "spill"))
             && r["ok"] == true
             && r["stopped"] != true
@@ -95,15 +97,21 @@ fn the_cost_model_predicts_the_measured_cold_epochs_within_one_and_a_half_times(
             }
         };
         check("epoch 0", p.first_epoch_s, seconds(&epochs[0]));
-        // Later epochs, except the spill tier's and those the page cache served: a run
-        // that read under a tenth of what the model reads from storage measured the cache
-        // (the `fits` scenario leaves it room), which the model does not know of.
+        // Later epochs, except the spill tier's and those the page cache served in good
+        // part: a run that read under two thirds of what the model reads from storage
+        // measured the cache too (memory past the budget holds part of the data), which
+        // the model leaves out. There it must be pessimistic, never optimistic.
         let later = &epochs[1.min(epochs.len())..];
+        if later.is_empty() || epochs[0]["spill"] == true {
+            continue;
+        }
+        let measured = median(later.iter().map(seconds).collect());
         let stored =
-            later.iter().map(|e| e["storage_bytes"].as_f64().unwrap()).sum::<f64>() / later.len().max(1) as f64;
-        let cached = stored < 0.1 * p.later_storage_bytes;
-        if !later.is_empty() && epochs[0]["spill"] != true && !cached {
-            check("later epochs", p.later_epoch_s, median(later.iter().map(seconds).collect()));
+            later.iter().map(|e| e["storage_bytes"].as_f64().unwrap()).sum::<f64>() / later.len() as f64;
+        if stored >= 2.0 / 3.0 * p.later_storage_bytes {
+            check("later epochs", p.later_epoch_s, measured);
+        } else {
+            assert!(p.later_epoch_s * WITHIN >= measured, "{name}: partly cached epochs slower than predicted");
         }
     }
     assert!(checked >= 10, "only {checked} measured epochs in {RESULTS}");
