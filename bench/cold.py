@@ -217,6 +217,13 @@ class LoopFs:
     def __init__(self, image, mnt, size):
         self.image, self.mnt = image, mnt
         os.makedirs(mnt, exist_ok=True)
+        # An interrupted suite leaves its mount and loop device behind; a second loop device
+        # on the same image, mounted over the first, would corrupt the filesystem.
+        while sh("mountpoint", "-q", mnt, check=False).returncode == 0:
+            sh("umount", mnt)
+        if os.path.exists(image):
+            for line in sh("losetup", "-j", image, check=False).stdout.splitlines():
+                sh("losetup", "-d", line.split(":")[0], check=False)
         fresh = not os.path.exists(image) or os.path.getsize(image) < size
         if fresh:
             with open(image, "wb") as f:
