@@ -127,6 +127,24 @@ over_transports! {
             let line = refused(t, &run, 2);
             assert!(line.contains(needle), "--resume-from {from}: {line}");
         }
+        // State files read defensively: a FIFO (once a hang that ignored SIGTERM) and a
+        // 1 GiB file (once read whole into every rank's memory) are refused unread.
+        let fifo = dir.path().join("fifo.json");
+        let made = Command::new("mkfifo").arg(&fifo).status().unwrap();
+        assert!(made.success());
+        let huge = dir.path().join("huge.json");
+        std::fs::File::create(&huge).unwrap().set_len(1 << 30).unwrap();
+        for (from, needle) in [
+            (&fifo, "fifo.json: not a regular file (a state is a small JSON file)"),
+            (&huge, "huge.json: 1073741824 bytes: a state of this job is at most"),
+        ] {
+            let from = from.to_str().unwrap();
+            let run = t.run(2, &["run", "--data", d, "--batch-size", "12", "--epochs", "2", "--resume-from", from]);
+            let line = refused(t, &run, 2);
+            assert!(line.contains(needle), "--resume-from {from}: {line}");
+        }
+        let run = t.run(2, &["run", "--data", d, "--batch-size", "12", "--state", fifo.to_str().unwrap()]);
+        assert!(refused(t, &run, 2).contains("fifo.json: --state names something that is not a regular file"));
         // The end of the job is a valid resume point: nothing is left to do.
         let run = t.run(2, &["run", "--data", d, "--batch-size", "12", "--epochs", "2", "--resume-from", "2:0"]);
         ok(&run);

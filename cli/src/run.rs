@@ -90,9 +90,13 @@ fn resume_state(loader: &Loader, s: &str) -> Result<LoaderState> {
             return Err(Error::Config(format!("--resume-from {s}: epoch and step must each fit 64 bits")));
         }
     }
-    let text = std::fs::read_to_string(s)
-        .map_err(|e| Error::Config(format!("--resume-from '{s}': expected EPOCH:STEP or a state file ({e})")))?;
-    LoaderState::from_json(&text).map_err(|e| Error::file(s, e.to_string()))
+    if !Path::new(s).exists() {
+        return Err(Error::Config(format!("--resume-from '{s}': expected EPOCH:STEP or a state file (no such file)")));
+    }
+    // A state of this dataset is its own state's size (the fingerprint names every file);
+    // twice that, and a page, bounds what is read.
+    let limit = 2 * loader.state().to_json().len() as u64 + 4096;
+    LoaderState::read_file(Path::new(s), limit)
 }
 
 /// Checks a resume point against the job: within an epoch (the loader checks the stream
@@ -113,6 +117,10 @@ fn check_resume_point(at: Position, epochs: u64) -> Result<()> {
 fn check_state_path(path: &Path) -> Result<()> {
     if path.is_dir() {
         return Err(Error::file(path, "--state names a directory, not a file"));
+    }
+    // A FIFO or device there is no state file to replace: refused, never opened.
+    if path.exists() && !path.is_file() {
+        return Err(Error::file(path, "--state names something that is not a regular file"));
     }
     let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
     let probe = dir.join(format!(".meshfeed-state-check-{}", std::process::id()));

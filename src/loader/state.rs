@@ -96,4 +96,31 @@ impl LoaderState {
     pub fn from_json(text: &str) -> Result<LoaderState> {
         serde_json::from_str(text).map_err(|e| Error::Config(format!("invalid loader state: {e}")))
     }
+
+    /// Reads a state file of at most `limit` bytes, defensively: what is not a regular
+    /// file (a FIFO would block the reader forever, a device never end) or is longer than
+    /// a state can be is refused before anything is read.
+    pub fn read_file(path: &std::path::Path, limit: u64) -> Result<LoaderState> {
+        use std::io::Read;
+        use std::os::unix::fs::OpenOptionsExt;
+        // Non-blocking: opening a FIFO for reading waits for a writer otherwise.
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(path)
+            .map_err(|e| Error::io(path, e))?;
+        let meta = file.metadata().map_err(|e| Error::io(path, e))?;
+        if !meta.is_file() {
+            return Err(Error::file(path, "not a regular file (a state is a small JSON file)"));
+        }
+        if meta.len() > limit {
+            return Err(Error::file(
+                path,
+                format!("{} bytes: a state of this job is at most {limit} bytes; not a state file", meta.len()),
+            ));
+        }
+        let mut text = String::new();
+        file.take(limit + 1).read_to_string(&mut text).map_err(|e| Error::io(path, e))?;
+        LoaderState::from_json(&text).map_err(|e| Error::file(path, e.to_string()))
+    }
 }
