@@ -39,16 +39,20 @@ class PreadDataset:
     def __len__(self):
         return len(self.index)
 
-    def __getitem__(self, i):
-        import numpy as np
-        import torch
-
-        if self.fds is None:  # opened in each worker
+    def open_files(self):
+        """The files, opened once in each worker, read at random (no readahead)."""
+        if self.fds is None:
             self.fds = []
             for p in self.paths:
                 fd = os.open(p, os.O_RDONLY)
                 os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
                 self.fds.append(fd)
+
+    def __getitem__(self, i):
+        import numpy as np
+        import torch
+
+        self.open_files()
         f, row = self.index.locate(i)
         out = {}
         for name, dtype, shape, offset, row_bytes in self.fields[f]:
@@ -72,12 +76,7 @@ def npy_pread(data):
         def __getitem__(self, i):
             import torch
 
-            if self.fds is None:
-                self.fds = []
-                for p in self.paths:
-                    fd = os.open(p, os.O_RDONLY)
-                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
-                    self.fds.append(fd)
+            self.open_files()
             f, row = self.index.locate(i)
             _, dtype, offset = self.fields[f]
             rec = np.frombuffer(os.pread(self.fds[f], dtype.itemsize, offset + row * dtype.itemsize), dtype=dtype)[0]

@@ -7,11 +7,10 @@
 use std::fs::File;
 use std::io::IoSliceMut;
 use std::ops::Range;
-use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
 use super::queue::{self, ReadOp};
-use crate::dataset::rows::cached_fraction;
+use crate::dataset::rows::{advise_dontneed, cached_fraction};
 use crate::dataset::Dataset;
 use crate::types::SampleId;
 
@@ -80,7 +79,7 @@ pub(crate) fn probe(dataset: &Dataset, home: Range<u64>, sample_bytes: u64, dept
         at += n as u64;
     }
     let (seq_bytes, seq_secs) = (at - region.start, start.elapsed().as_secs_f64());
-    drop_pages(&f, region.start..at);
+    advise_dontneed(&f, region.start..at);
     // Random reads of one sample each, past what was streamed where there is room.
     let size = sample_bytes.clamp(4096, SEQUENTIAL_READ as u64);
     let pool = if region.end.saturating_sub(at) >= 64 * size { at..region.end } else { region.clone() };
@@ -116,7 +115,7 @@ pub(crate) fn probe(dataset: &Dataset, home: Range<u64>, sample_bytes: u64, dept
     }
     let read_secs = start.elapsed().as_secs_f64();
     for &o in &offsets {
-        drop_pages(&f, o..o + size);
+        advise_dontneed(&f, o..o + size);
     }
     Probe { seq_bytes, seq_secs, reads, read_secs, cached: false }
 }
@@ -149,16 +148,6 @@ fn home_seed(dataset: &Dataset, file: usize) -> u64 {
     (file as u64 + 1).wrapping_mul(0x2545_F491_4F6C_DD1D) ^ dataset.len()
 }
 
-/// Drops `range` of `file` from the page cache (the probe leaves the storage as cold as
-/// it found it).
-fn drop_pages(file: &File, range: Range<u64>) {
-    let len = range.end.saturating_sub(range.start);
-    // SAFETY: posix_fadvise reads no memory; the descriptor is ours.
-    unsafe {
-        libc::posix_fadvise(file.as_raw_fd(), range.start as libc::off_t, len as libc::off_t, libc::POSIX_FADV_DONTNEED)
-    };
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -187,7 +176,7 @@ mod tests {
         assert_eq!(r.end - r.start, 924 * 8192);
         // Just written: the pages are cached, and the probe says so.
         let f = File::open(&ds.files()[0].path).unwrap();
-        drop_pages(&f, 0..u64::MAX / 2);
+        advise_dontneed(&f, 0..u64::MAX / 2);
         let cold = cached_fraction(&f, r.clone());
         let p = probe(&ds, 100..1500, 8192, 4);
         // Whatever the machine, a cold region is measured and a warm one is not.

@@ -563,7 +563,7 @@ impl Filler {
 fn flush_spill(spill: &File, range: Range<u64>) {
     let (start, len) = (range.start, range.end - range.start);
     let fd = spill.as_raw_fd();
-    // SAFETY: sync_file_range and posix_fadvise read no memory; the descriptor is ours.
+    // SAFETY: sync_file_range reads no memory; the descriptor is ours.
     unsafe {
         libc::sync_file_range(
             fd,
@@ -571,8 +571,8 @@ fn flush_spill(spill: &File, range: Range<u64>) {
             len as libc::off64_t,
             libc::SYNC_FILE_RANGE_WAIT_BEFORE | libc::SYNC_FILE_RANGE_WRITE | libc::SYNC_FILE_RANGE_WAIT_AFTER,
         );
-        libc::posix_fadvise(fd, start as libc::off_t, len as libc::off_t, libc::POSIX_FADV_DONTNEED);
     }
+    crate::dataset::rows::advise_dontneed(spill, range);
 }
 
 /// Where the values of rows `rows` lie in the file, where the reader knows (in-place
