@@ -6,26 +6,35 @@
 #
 #   bash slurm/sweep.sh SWEEP.toml [RESULTS_DIR]       # default RESULTS_DIR: results
 #
-# SWEEP.toml (every grid key optional but nodes; lists are crossed):
+# The whole sweep is validated first (slurm/sweep_points.py): every key's type, range or
+# allowed values, unknown keys (top-level and in [grid]) and the name; every problem is
+# printed with its key (`sweep: sweep.toml: grid.nodes[0]: 0: expected an integer >= 1`)
+# and then nothing is submitted (exit 1). So is a missing, unreadable, non-UTF-8 or
+# malformed file, in one line.
 #
-#   name = "small"                    # the results directory's name
+# SWEEP.toml (name, data and grid.nodes required; each grid key is a list of values or
+# one value, which counts as a one-item list; lists are crossed, a value at most once):
+#
+#   name = "small"                    # the results directory's name: letters, digits,
+#                                     # '-', '_', '.' (not '.' or '..')
 #   data = "/shared/datasets/train"   # as the nodes see it
-#   epochs = 1
+#   epochs = 1                        # >= 1
 #   verify = true                     # check exactly-once in every run
 #   drop_caches = "bash slurm/cluster.sh drop-caches"   # run before each point (cold reads)
 #   storage_bytes = "bash slurm/cluster.sh storage-bytes" # prints the bytes read from the
 #                                     # shared storage so far: sampled around each point,
 #                                     # the report shows each loader's reads (× the data)
 #   [grid]
-#   nodes = [1, 2, 4]
+#   nodes = [1, 2, 4]                 # integers >= 1, as ranks_per_node and batch_size
 #   ranks_per_node = [2]
 #   batch_size = [64]
-#   window_bytes = ["8M"]
+#   window_bytes = ["8M"]             # sizes as meshfeed takes them: 65536, "8M", "1G"
 #   transport = ["mpi"]               # mpi | ucx
 #   loader = ["meshfeed", "broadcast", "pytorch"]
 #       # broadcast: the single-loader baseline; pytorch: DataLoader + DistributedSampler
 #       # (bench/torch_loader.py, random reads from every rank; needs torch in `python`)
-#   format = "npy"                    # the dataset's format (for the pytorch loader)
+#   format = "npy"                    # the dataset's format (for the pytorch loader):
+#                                     # npy | hdf5 | arrow | raw (pytorch: not raw)
 #   python = "python3"                # the pytorch loader's interpreter
 #   pytorch_workers = "0,1,2"         # DataLoader worker counts it tries (the best counts)
 #   predict = "16,64,256,1024,4096"   # node counts the cost model predicts ("": none;
@@ -43,43 +52,13 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 sweep=${1:?usage: sweep.sh SWEEP.toml [RESULTS_DIR]}
 results=${2:-results}
+# The grid's points, one JSON object per line: the whole sweep is checked first (every
+# problem named, nothing submitted when there is one).
+command -v python3 >/dev/null || { echo "sweep: python3 (3.11 or later) is needed to read $sweep" >&2; exit 1; }
+points=$(python3 "$here/sweep_points.py" "$sweep") || exit 1
 bin=${MESHFEED_BIN:-$(command -v meshfeed || echo "$here/../target/release/meshfeed")}
 [[ -x $bin ]] || { echo "sweep: no meshfeed binary at $bin (cargo build --release, or MESHFEED_BIN)" >&2; exit 1; }
 
-# The grid's points, one JSON object per line (Python's tomllib reads the TOML).
-points=$(python3 - "$sweep" <<'PY'
-import itertools, json, sys, tomllib
-with open(sys.argv[1], "rb") as f:
-    s = tomllib.load(f)
-for key in ("name", "data"):
-    if key not in s:
-        sys.exit(f"sweep: {sys.argv[1]}: no '{key}'")
-grid = s.get("grid", {})
-if "nodes" not in grid:
-    sys.exit(f"sweep: {sys.argv[1]}: no [grid] nodes")
-keys = ["nodes", "ranks_per_node", "batch_size", "window_bytes", "transport", "loader"]
-defaults = {"ranks_per_node": [1], "batch_size": [64], "window_bytes": ["64M"], "transport": ["mpi"], "loader": ["meshfeed"]}
-unknown = set(grid) - set(keys)
-if unknown:
-    sys.exit(f"sweep: {sys.argv[1]}: unknown grid keys {sorted(unknown)} (known: {keys})")
-values = [grid.get(k, defaults.get(k)) for k in keys]
-for combo in itertools.product(*values):
-    p = dict(zip(keys, combo))
-    if p["loader"] not in ("meshfeed", "broadcast", "pytorch"):
-        sys.exit(f"sweep: loader '{p['loader']}': expected meshfeed, broadcast or pytorch")
-    if p["loader"] == "pytorch" and p["transport"] != grid.get("transport", ["mpi"])[0]:
-        continue  # the PyTorch baseline has no transport: run it once per other point
-    p.update(sweep=s["name"], data=s["data"], epochs=s.get("epochs", 1), verify=bool(s.get("verify", False)),
-             drop_caches=s.get("drop_caches", ""), storage_bytes=s.get("storage_bytes", ""),
-             format=s.get("format", "npy"), python=s.get("python", "python3"),
-             pytorch_workers=str(s.get("pytorch_workers", "0,1,2")),
-             predict=str(s.get("predict", "1,2,4,8,16,32,64,128,256,512,1024,2048,4096")))
-    p["id"] = "{loader}-n{nodes}x{ranks_per_node}-b{batch_size}-w{window_bytes}-{transport}".format(**p)
-    if p["loader"] == "pytorch":
-        p["id"] = "pytorch-n{nodes}x{ranks_per_node}-b{batch_size}".format(**p)
-    print(json.dumps(p))
-PY
-)
 name=$(head -1 <<<"$points" | python3 -c 'import json,sys; print(json.load(sys.stdin)["sweep"])')
 predict=$(head -1 <<<"$points" | python3 -c 'import json,sys; print(json.load(sys.stdin)["predict"])')
 out=$results/$name
