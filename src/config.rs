@@ -19,6 +19,57 @@ use std::str::FromStr;
 use crate::dataset::DatasetOptions;
 use crate::error::{Error, Result};
 
+/// Reads a small text file (a job file, a state, a run's telemetry) defensively: opening
+/// never blocks (a FIFO in a file's place would wait for a writer forever), only regular
+/// files are read (a device might never end), and a file longer than `limit` bytes is
+/// refused before anything is read, not read whole into memory. Errors name the file.
+pub fn read_small_file(path: &Path, limit: u64) -> Result<String> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| Error::io(path, e))?;
+    let meta = file.metadata().map_err(|e| Error::io(path, e))?;
+    if !meta.is_file() {
+        return Err(Error::file(path, format!("not a regular file ({}): only regular files are read", kind(&meta))));
+    }
+    if meta.len() > limit {
+        return Err(Error::file(path, format!("{} bytes: a file of this kind is at most {limit} bytes", meta.len())));
+    }
+    let mut bytes = Vec::with_capacity(meta.len() as usize);
+    file.take(limit + 1).read_to_end(&mut bytes).map_err(|e| Error::io(path, e))?;
+    if bytes.len() as u64 > limit {
+        return Err(Error::file(
+            path,
+            format!("grew past {limit} bytes while read: a file of this kind is at most that"),
+        ));
+    }
+    String::from_utf8(bytes)
+        .map_err(|e| Error::file(path, format!("not UTF-8 text (byte {} is not)", e.utf8_error().valid_up_to())))
+}
+
+/// What a path that is not a regular file is, for an error.
+fn kind(meta: &std::fs::Metadata) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    let t = meta.file_type();
+    if t.is_dir() {
+        "a directory"
+    } else if t.is_fifo() {
+        "a FIFO"
+    } else if t.is_socket() {
+        "a socket"
+    } else if t.is_char_device() || t.is_block_device() {
+        "a device"
+    } else {
+        "not a file"
+    }
+}
+
+/// The most a job file may hold (they are a few hundred bytes).
+pub const JOB_FILE_LIMIT: u64 = 1 << 20;
+
 /// A number of bytes, written `65536`, `64K`, `64M`, `1G` or `2T` (powers of 1024).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
 #[serde(transparent)]

@@ -12,12 +12,15 @@
 //! most the difference: `what-if = epoch - (own_max - own_median)`. It is an estimate: a
 //! slow link shows up in every rank's exchange, not in one rank's own work.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
+use clap::builder::RangedU64ValueParser;
 use meshfeed::config::ByteSize;
 use meshfeed::{Error, Result};
 use serde::Serialize;
 
+use crate::input::{present, read_if_present, read_small, RECORDS_LIMIT, SMALL_LIMIT};
 use crate::model::{self, median, Calibration, Prediction, Scenario, Validation, WindowSample};
 
 /// The phases of the telemetry records, in order; all but the exchange are a rank's own.
@@ -43,44 +46,68 @@ pub struct ReportArgs {
 
 /// The cost model's prediction (`--predict`) and what to predict for: by default the
 /// largest measured meshfeed run's dataset, batch, window and ranks per node.
+///
+/// Every count, size and rate is at least 1, checked when the command line is parsed
+/// (clap names the option and the value): a zero node count, batch or bandwidth is no
+/// scenario, and the model would otherwise quietly predict something else.
 #[derive(clap::Args, Debug, Default)]
 pub struct PredictArgs {
     /// Fit the cost model to the meshfeed runs' window records and predict epoch time,
-    /// throughput and scaling efficiency at these node counts (comma-separated)
-    /// [default when given alone: 1,2,4,...,4096].
+    /// throughput and scaling efficiency at these node counts (comma-separated, each 1 to
+    /// 2^20) [default when given alone: 1,2,4,...,4096].
     #[arg(long, num_args = 0..=1, value_delimiter = ',', value_name = "NODES",
-          default_missing_value = "1,2,4,8,16,32,64,128,256,512,1024,2048,4096")]
+          default_missing_value = "1,2,4,8,16,32,64,128,256,512,1024,2048,4096",
+          value_parser = count(MAX_NODES))]
     pub predict: Option<Vec<usize>>,
-    /// Ranks per node.
-    #[arg(long, requires = "predict")]
+    /// Ranks per node (1 to 2^16).
+    #[arg(long, requires = "predict", value_parser = count(MAX_RANKS_PER_NODE))]
     pub ranks_per_node: Option<usize>,
     /// Samples in the dataset.
-    #[arg(long, requires = "predict")]
+    #[arg(long, requires = "predict", value_parser = clap::value_parser!(u64).range(1..))]
     pub samples: Option<u64>,
     /// Bytes per sample (K/M/G).
-    #[arg(long, requires = "predict", value_name = "BYTES")]
+    #[arg(long, requires = "predict", value_name = "BYTES", value_parser = positive_bytes)]
     pub sample_bytes: Option<ByteSize>,
     /// Global batch size.
-    #[arg(long, requires = "predict")]
+    #[arg(long, requires = "predict", value_parser = clap::value_parser!(u64).range(1..))]
     pub batch_size: Option<u64>,
     /// Window budget per rank (K/M/G).
-    #[arg(long, requires = "predict", value_name = "BYTES")]
+    #[arg(long, requires = "predict", value_name = "BYTES", value_parser = positive_bytes)]
     pub window_bytes: Option<ByteSize>,
     /// Ranks that receive each sample (1: data parallel; the size of the mesh axes the
     /// batch is replicated over, e.g. tp) [default: 1].
-    #[arg(long, requires = "predict", default_value_t = 1)]
+    #[arg(long, requires = "predict", default_value_t = 1, value_parser = count(u64::MAX))]
     pub replicas: usize,
     /// The storage's aggregate read bandwidth, bytes/s (K/M/G) [default: fitted, or
     /// unlimited when the runs never saturated it].
-    #[arg(long, requires = "predict", value_name = "BYTES")]
+    #[arg(long, requires = "predict", value_name = "BYTES", value_parser = positive_bytes)]
     pub storage_bandwidth: Option<ByteSize>,
     /// One node's read bandwidth from the storage, bytes/s (K/M/G) [default: fitted].
-    #[arg(long, requires = "predict", value_name = "BYTES")]
+    #[arg(long, requires = "predict", value_name = "BYTES", value_parser = positive_bytes)]
     pub node_read_bandwidth: Option<ByteSize>,
     /// One node's network link for the exchange, bytes/s (K/M/G) [default: fitted, or
     /// the `--exchange-costs` default when no run crossed nodes].
-    #[arg(long, requires = "predict", value_name = "BYTES")]
+    #[arg(long, requires = "predict", value_name = "BYTES", value_parser = positive_bytes)]
     pub link_bandwidth: Option<ByteSize>,
+}
+
+/// The most nodes `--predict` takes, and ranks per node: their product (the world size
+/// the model computes with) stays exact in a `usize` and an `f64`.
+const MAX_NODES: u64 = 1 << 20;
+const MAX_RANKS_PER_NODE: u64 = 1 << 16;
+
+/// The parser of a count from 1 to `max` (clap's message names the option and the value).
+fn count(max: u64) -> RangedU64ValueParser<usize> {
+    RangedU64ValueParser::new().range(1..=max)
+}
+
+/// The parser of a size or rate of at least 1 byte (K/M/G).
+fn positive_bytes(s: &str) -> std::result::Result<ByteSize, String> {
+    match s.parse::<ByteSize>() {
+        Ok(ByteSize(0)) => Err("0 bytes: a size or a rate is at least 1 byte".into()),
+        Ok(b) => Ok(b),
+        Err(e) => Err(e.to_string()),
+    }
 }
 
 /// One rank's record of one epoch.
@@ -243,24 +270,56 @@ pub struct StorageRead {
     pub epochs: u64,
 }
 
+/// A run's or sweep point's small JSON file (`run.json`, `point.json`, `storage.json`):
+/// `None` where absent; an error naming it where it is not a regular file, is too long, or
+/// is not a JSON object.
+fn read_json(dir: &Path, name: &str) -> Result<Option<serde_json::Value>> {
+    let path = dir.join(name);
+    let Some(text) = read_if_present(&path, SMALL_LIMIT)? else { return Ok(None) };
+    match serde_json::from_str::<serde_json::Value>(&text) {
+        Ok(v) if v.is_object() => Ok(Some(v)),
+        Ok(v) => Err(Error::file(&path, format!("not a JSON object: {v}"))),
+        Err(e) => Err(Error::file(&path, format!("not JSON: {e}"))),
+    }
+}
+
+/// The last record of a PyTorch baseline's `pytorch.jsonl` (the file is read as any
+/// record file: [`read_small`]).
+fn pytorch_record(dir: &Path) -> Result<serde_json::Value> {
+    let path = dir.join(PYTORCH);
+    let text = read_small(&path, RECORDS_LIMIT)?;
+    let (i, line) = text
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+        .last()
+        .ok_or_else(|| Error::file(&path, "empty: no record of the PyTorch baseline"))?;
+    serde_json::from_str(line).map_err(|e| Error::file(&path, format!("line {}: not a JSON record: {e}", i + 1)))
+}
+
 /// What a sweep point read from the shared storage (`storage.json`), against its dataset's
-/// size and epochs (run.json, or the PyTorch baseline's record); `None` where not measured.
-fn storage_read(dir: &Path) -> Option<StorageRead> {
-    let read = |name: &str| -> Option<serde_json::Value> {
-        serde_json::from_str(&std::fs::read_to_string(dir.join(name)).ok()?).ok()
-    };
-    let bytes = read("storage.json")?["storage_bytes"].as_u64()?;
-    let (data, epochs) = match read("run.json") {
-        Some(r) => (r["samples"].as_u64()? * r["sample_bytes"].as_u64()?, r["epochs"].as_u64()?),
+/// size and epochs (run.json, or the PyTorch baseline's record); `None` where not measured
+/// or the dataset's size is not recorded. A `storage.json` without a byte count is an
+/// error naming it.
+fn storage_read(dir: &Path) -> Result<Option<StorageRead>> {
+    let Some(storage) = read_json(dir, "storage.json")? else { return Ok(None) };
+    let bytes = storage["storage_bytes"].as_u64().ok_or_else(|| {
+        Error::file(
+            dir.join("storage.json"),
+            format!("storage_bytes is {}: a count of bytes is a non-negative integer", storage["storage_bytes"]),
+        )
+    })?;
+    let size = |r: &serde_json::Value| Some(r["samples"].as_u64()? as f64 * r["sample_bytes"].as_u64()? as f64);
+    let found = match read_json(dir, "run.json")? {
+        Some(r) => size(&r).zip(r["epochs"].as_u64()),
         None => {
-            let text = std::fs::read_to_string(dir.join(PYTORCH)).ok()?;
-            let p: serde_json::Value = serde_json::from_str(text.lines().last()?).ok()?;
+            let p = pytorch_record(dir)?;
             // One untimed epoch and the timed ones, for each worker count tried.
             let tried = p["epoch_s_by_workers"].as_object().map_or(1, |m| m.len() as u64);
-            (p["samples"].as_u64()? * p["sample_bytes"].as_u64()?, (p["epochs"].as_u64()? + 1) * tried)
+            size(&p).zip(p["epochs"].as_u64().map(|e| e.saturating_add(1).saturating_mul(tried)))
         }
     };
-    Some(StorageRead { bytes, times_data: bytes as f64 / data.max(1) as f64, epochs })
+    Ok(found.map(|(data, epochs)| StorageRead { bytes, times_data: bytes as f64 / data.max(1.0), epochs }))
 }
 
 /// The scaling table of the runs' last epochs, per loader, by hosts then ranks (pure).
@@ -294,23 +353,26 @@ pub fn scaling(reports: &[EpochReport]) -> Vec<ScalingRow> {
 
 /// The loader a run measured: a sweep's `point.json` says; else run.json's exchange (the
 /// broadcast baseline, or meshfeed).
-fn loader_of(dir: &Path) -> String {
-    let read = |name: &str| -> Option<serde_json::Value> {
-        serde_json::from_str(&std::fs::read_to_string(dir.join(name)).ok()?).ok()
-    };
-    if let Some(loader) = read("point.json").and_then(|p| p["loader"].as_str().map(str::to_string)) {
-        return loader;
+fn loader_of(dir: &Path, config: Option<&serde_json::Value>) -> Result<String> {
+    if let Some(loader) = read_json(dir, "point.json")?.and_then(|p| p["loader"].as_str().map(str::to_string)) {
+        return Ok(loader);
     }
-    match read("run.json").and_then(|r| r["exchange"].as_str().map(str::to_string)).as_deref() {
+    Ok(match config.and_then(|r| r["exchange"].as_str()) {
         Some("broadcast") => "broadcast".into(),
         _ => "meshfeed".into(),
-    }
+    })
+}
+
+/// Whether `dir` holds a meshfeed run's telemetry: its `run.json` or rank 0's file, of
+/// whatever kind (reading them says what is wrong with them).
+fn is_meshfeed_run(dir: &Path) -> bool {
+    present(&dir.join("run.json")) || present(&dir.join("rank-0.jsonl"))
 }
 
 /// The runs under `dir`: itself when it holds telemetry (or a PyTorch baseline's record),
 /// else its subdirectories that do.
 fn runs(dir: &Path) -> Result<Vec<PathBuf>> {
-    let has_telemetry = |d: &Path| d.join("rank-0.jsonl").is_file() || d.join(PYTORCH).is_file();
+    let has_telemetry = |d: &Path| is_meshfeed_run(d) || present(&d.join(PYTORCH));
     if has_telemetry(dir) {
         return Ok(vec![dir.to_path_buf()]);
     }
@@ -333,23 +395,27 @@ const PYTORCH: &str = "pytorch.jsonl";
 /// per-rank phases (the baseline has none), no verification.
 fn read_pytorch(dir: &Path) -> Result<EpochReport> {
     let path = dir.join(PYTORCH);
-    let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
-    let line = text.lines().last().ok_or_else(|| Error::file(&path, "empty"))?;
-    let v: serde_json::Value = serde_json::from_str(line).map_err(|e| Error::file(&path, e.to_string()))?;
-    let num = |k: &str| v[k].as_f64().ok_or_else(|| Error::file(&path, format!("no number '{k}'")));
-    let point: serde_json::Value = std::fs::read_to_string(dir.join("point.json"))
-        .ok()
-        .and_then(|t| serde_json::from_str(&t).ok())
-        .unwrap_or_default();
-    let seconds = num("epoch_s_best")?;
-    let samples = num("samples_per_epoch")? as u64;
+    let v = pytorch_record(dir)?;
+    let bad = |k: &str, what: &str| Error::file(&path, format!("{k} is {}: {what}", v[k]));
+    let seconds = match v["epoch_s_best"].as_f64() {
+        Some(s) if s.is_finite() && s > 0.0 => s,
+        _ => return Err(bad("epoch_s_best", "an epoch takes a positive, finite number of seconds")),
+    };
+    let samples = v["samples_per_epoch"]
+        .as_u64()
+        .ok_or_else(|| bad("samples_per_epoch", "a count of samples is a non-negative integer"))?;
+    let ranks = match v["ranks"].as_u64() {
+        Some(r @ 1..) => r as usize,
+        _ => return Err(bad("ranks", "a number of ranks is a positive integer")),
+    };
+    let point = read_json(dir, "point.json")?.unwrap_or_default();
     Ok(EpochReport {
         kind: "epoch",
         run: dir.display().to_string(),
         loader: "pytorch".into(),
         epoch: 0,
-        ranks: num("ranks")? as usize,
-        hosts: point["nodes"].as_u64().unwrap_or(1) as usize,
+        ranks,
+        hosts: point["nodes"].as_u64().unwrap_or(1).max(1) as usize,
         samples,
         samples_per_s: samples as f64 / seconds.max(1e-9),
         verified: None,
@@ -364,91 +430,234 @@ fn read_pytorch(dir: &Path) -> Result<EpochReport> {
     })
 }
 
-/// A run's telemetry: every epoch record, by epoch (each epoch's records in rank order),
-/// and every window record (schema 2).
+/// A run's telemetry, checked as a whole ([`read_run`]): its configuration (`run.json`,
+/// where present), every epoch record, by epoch (each epoch's records in rank order, one
+/// from every rank), and every window record (schema 2).
 struct Telemetry {
+    config: Option<serde_json::Value>,
     epochs: Vec<Vec<RankEpoch>>,
     windows: Vec<WindowSample>,
 }
 
-/// Reads every rank's telemetry of a run.
+/// The rank files (`rank-<r>.jsonl`) in `dir`, by rank; a name of that shape that is no
+/// rank's (`rank-01.jsonl`, `rank-x.jsonl`) is an error.
+fn rank_files(dir: &Path) -> Result<BTreeMap<usize, PathBuf>> {
+    let mut files = BTreeMap::new();
+    for entry in std::fs::read_dir(dir).map_err(|e| Error::io(dir, e))? {
+        let path = entry.map_err(|e| Error::io(dir, e))?.path();
+        let Some(name) = path.file_name().and_then(|n| n.to_str()) else { continue };
+        let Some(digits) = name.strip_prefix("rank-").and_then(|n| n.strip_suffix(".jsonl")) else { continue };
+        match digits.parse::<usize>() {
+            Ok(r) if r.to_string() == digits => {
+                files.insert(r, path);
+            }
+            _ => {
+                return Err(Error::file(
+                    &path,
+                    "not a rank's telemetry file (those are rank-<r>.jsonl, r a rank: 0, 1, ...)",
+                ))
+            }
+        }
+    }
+    Ok(files)
+}
+
+/// Reads every rank's telemetry of a run and checks that it is one whole run: a file for
+/// each of the run's ranks (run.json's `ranks`; without run.json, every rank up to the
+/// highest file's) and for no other, each holding its own rank's records only (not a copy
+/// of another rank's file), every record's times finite and non-negative and its counts
+/// non-negative integers, and every epoch recorded by every rank. Anything else is an error
+/// naming the file and what is wrong: the report of part of a run, or of one rank counted
+/// twice, would look like a real run's.
 fn read_run(dir: &Path) -> Result<Telemetry> {
-    let mut by_epoch: std::collections::BTreeMap<u64, Vec<RankEpoch>> = Default::default();
+    let config = read_json(dir, "run.json")?;
+    let files = rank_files(dir)?;
+    let ranks = match &config {
+        Some(c) => match c["ranks"].as_u64().and_then(|r| usize::try_from(r).ok()) {
+            Some(r @ 1..) => r,
+            _ => {
+                return Err(Error::file(
+                    dir.join("run.json"),
+                    format!("ranks is {}: a number of ranks is a positive integer", c["ranks"]),
+                ))
+            }
+        },
+        None => files.keys().next_back().map_or(0, |r| r + 1),
+    };
+    let says = match config {
+        Some(_) => format!("run.json says the run had {ranks} rank(s)"),
+        None => format!("without run.json, the rank files say the run had {ranks} rank(s)"),
+    };
+    if ranks == 0 {
+        return Err(Error::file(dir, "no telemetry (rank-<r>.jsonl, from `meshfeed run --telemetry DIR`)"));
+    }
+    let missing: Vec<String> =
+        (0..ranks).filter(|r| !files.contains_key(r)).take(4).map(|r| format!("rank-{r}.jsonl")).collect();
+    if !missing.is_empty() {
+        let n = ranks - files.range(..ranks).count();
+        let more = if n > missing.len() { format!(" and {} more", n - missing.len()) } else { String::new() };
+        return Err(Error::file(
+            dir,
+            format!(
+                "{says}, but {}{more} {} missing: not a whole run (the report needs every rank's telemetry)",
+                missing.join(", "),
+                if n == 1 { "is" } else { "are" }
+            ),
+        ));
+    }
+    if let Some((&r, path)) = files.range(ranks..).next() {
+        return Err(Error::file(path, format!("rank {r} is not one of the run's ranks: {says}")));
+    }
+    let mut by_epoch: BTreeMap<u64, Vec<RankEpoch>> = BTreeMap::new();
+    let mut epochs_of: Vec<BTreeSet<u64>> = Vec::with_capacity(ranks);
     let mut windows = Vec::new();
     let mut hosts: Vec<String> = Vec::new();
-    for rank in 0.. {
-        let path = dir.join(format!("rank-{rank}.jsonl"));
-        if !path.is_file() {
-            break;
-        }
-        let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
-        let mut mine = Vec::new();
-        let mut host = None;
-        for (i, line) in text.lines().enumerate() {
-            let bad = |why: &str| Error::file(&path, format!("line {}: {why}", i + 1));
-            let v: serde_json::Value = serde_json::from_str(line).map_err(|e| bad(&e.to_string()))?;
-            if !matches!(v["schema"].as_u64(), Some(1..=crate::telemetry::SCHEMA)) {
-                return Err(bad(&format!(
-                    "telemetry schema {} (this meshfeed reads 1 to {})",
-                    v["schema"],
-                    crate::telemetry::SCHEMA
-                )));
-            }
-            let num = |k: &str| v[k].as_f64().ok_or_else(|| bad(&format!("no number '{k}'")));
-            let mut phase = [0.0; 5];
-            for (p, name) in PHASES.iter().enumerate() {
-                phase[p] = v["phase_s"][name].as_f64().ok_or_else(|| bad(&format!("no phase_s.{name}")))?;
-            }
-            if v["kind"].as_str() == Some("window") {
-                let int = |k: &str| v[k].as_u64().ok_or_else(|| bad(&format!("no count '{k}'")));
-                mine.push(WindowSample {
-                    rank,
-                    host: 0,
-                    epoch: int("epoch")?,
-                    first_step: int("first_step")?,
-                    read_s: phase[1],
-                    cpu_s: OWN.iter().filter(|&&p| p != 1).map(|&p| phase[p]).sum(),
-                    exchange_s: phase[3],
-                    peer_wait_s: num("peer_wait_s")?,
-                    rows: int("rows")?,
-                    bytes_read: int("bytes_read")?,
-                    bytes_sent: int("bytes_sent")?,
-                    bytes_sent_off_host: int("bytes_sent_off_host")?,
-                });
-                continue;
-            }
-            let record = RankEpoch {
-                rank,
-                host: v["host"].as_str().unwrap_or("?").to_string(),
-                epoch: num("epoch")? as u64,
-                seconds: num("seconds")?,
-                samples: num("samples")? as u64,
-                phase,
-                wait: num("wait_s")?,
-                verified: v["verified"].as_bool(),
-            };
-            host = Some(record.host.clone());
-            by_epoch.entry(record.epoch).or_default().push(record);
-        }
+    // An epoch record naming another number of ranks: reported once every file's own
+    // records are checked (a copied file is named as such, not the files it makes too many
+    // for).
+    let mut disagrees = None;
+    for (&rank, path) in &files {
+        let (epochs, mine, disagree) = read_rank(path, rank, ranks, &says)?;
+        disagrees = disagrees.or(disagree);
         // Windows name no host: their rank's epoch records do.
-        let host = host.unwrap_or_default();
+        let host = epochs.last().map(|e| e.host.clone()).unwrap_or_default();
         let index = hosts.iter().position(|h| *h == host).unwrap_or_else(|| {
             hosts.push(host);
             hosts.len() - 1
         });
         windows.extend(mine.into_iter().map(|w| WindowSample { host: index, ..w }));
+        epochs_of.push(epochs.iter().map(|e| e.epoch).collect());
+        for e in epochs {
+            by_epoch.entry(e.epoch).or_default().push(e);
+        }
     }
-    Ok(Telemetry { epochs: by_epoch.into_values().collect(), windows })
+    if let Some(e) = disagrees {
+        return Err(e);
+    }
+    // Every epoch, from every rank (the files are ranks 0..ranks, in order).
+    for (epoch, records) in &by_epoch {
+        if let Some(rank) = (0..ranks).find(|&r| !epochs_of[r].contains(epoch)) {
+            return Err(Error::file(
+                &files[&rank],
+                format!(
+                    "no record of epoch {epoch}, which {} of the run's {ranks} ranks recorded: the rank stopped \
+                     early, or its file was cut or comes from another run (not a whole run)",
+                    records.len()
+                ),
+            ));
+        }
+    }
+    Ok(Telemetry { config, epochs: by_epoch.into_values().collect(), windows })
+}
+
+/// One rank's telemetry file, every record checked ([`read_run`]; `says` is where the
+/// run's `ranks` comes from, for errors): its epoch records, in the order written, its
+/// window records, and the error of its first epoch record that names another number of
+/// ranks than `ranks`, if any (the caller decides when to report it).
+fn read_rank(
+    path: &Path,
+    rank: usize,
+    ranks: usize,
+    says: &str,
+) -> Result<(Vec<RankEpoch>, Vec<WindowSample>, Option<Error>)> {
+    let text = read_small(path, RECORDS_LIMIT)?;
+    let mut epochs = Vec::new();
+    // Each epoch's record's line, and each window with its line.
+    let mut lines: BTreeMap<u64, usize> = BTreeMap::new();
+    let mut windows: Vec<(usize, WindowSample)> = Vec::new();
+    let mut disagree = None;
+    for (i, line) in text.lines().enumerate() {
+        let bad = |why: String| Error::file(path, format!("line {}: {why}", i + 1));
+        let v: serde_json::Value = serde_json::from_str(line).map_err(|e| bad(format!("not a JSON record: {e}")))?;
+        if !matches!(v["schema"].as_u64(), Some(1..=crate::telemetry::SCHEMA)) {
+            return Err(bad(format!(
+                "telemetry schema {} (this meshfeed reads 1 to {})",
+                v["schema"],
+                crate::telemetry::SCHEMA
+            )));
+        }
+        let count =
+            |k: &str| v[k].as_u64().ok_or_else(|| bad(format!("{k} is {}: a count is a non-negative integer", v[k])));
+        let seconds = |k: &str, x: &serde_json::Value| match x.as_f64() {
+            Some(s) if s.is_finite() && s >= 0.0 => Ok(s),
+            _ => Err(bad(format!("{k} is {x}: a time is a finite, non-negative number of seconds"))),
+        };
+        let of = count("rank")?;
+        if of != rank as u64 {
+            return Err(bad(format!(
+                "a record of rank {of} in rank {rank}'s file: a copy of another rank's file, or one of another run"
+            )));
+        }
+        let mut phase = [0.0; 5];
+        for (p, name) in PHASES.iter().enumerate() {
+            phase[p] = seconds(&format!("phase_s.{name}"), &v["phase_s"][name])?;
+        }
+        let epoch = count("epoch")?;
+        if v["kind"].as_str() == Some("window") {
+            let sample = WindowSample {
+                rank,
+                host: 0,
+                epoch,
+                first_step: count("first_step")?,
+                read_s: phase[1],
+                cpu_s: OWN.iter().filter(|&&p| p != 1).map(|&p| phase[p]).sum(),
+                exchange_s: phase[3],
+                peer_wait_s: seconds("peer_wait_s", &v["peer_wait_s"])?,
+                rows: count("rows")?,
+                bytes_read: count("bytes_read")?,
+                bytes_sent: count("bytes_sent")?,
+                bytes_sent_off_host: count("bytes_sent_off_host")?,
+            };
+            windows.push((i, sample));
+            continue;
+        }
+        match v.get("ranks") {
+            Some(n) if n.as_u64() != Some(ranks as u64) && disagree.is_none() => {
+                disagree = Some(bad(format!("the record says the run had {n} rank(s), but {says}")));
+            }
+            _ => {}
+        }
+        if let Some(first) = lines.insert(epoch, i + 1) {
+            return Err(bad(format!(
+                "a second record of epoch {epoch} (line {first} is the first): records of two runs in one file?"
+            )));
+        }
+        epochs.push(RankEpoch {
+            rank,
+            host: v["host"].as_str().unwrap_or("?").to_string(),
+            epoch,
+            seconds: seconds("seconds", &v["seconds"])?,
+            samples: count("samples")?,
+            phase,
+            wait: seconds("wait_s", &v["wait_s"])?,
+            verified: v["verified"].as_bool(),
+        });
+    }
+    if epochs.is_empty() {
+        let why = if text.trim().is_empty() { "empty" } else { "only window records" };
+        return Err(Error::file(
+            path,
+            format!("{why}, no epoch record: the rank's telemetry of no epoch (did the run stop before one ended?)"),
+        ));
+    }
+    // Windows are written with their epoch's record, never without.
+    if let Some((i, w)) = windows.iter().find(|(_, w)| !lines.contains_key(&w.epoch)) {
+        return Err(Error::file(
+            path,
+            format!("line {}: a window of epoch {}, which this file has no epoch record of", i + 1, w.epoch),
+        ));
+    }
+    Ok((epochs, windows.into_iter().map(|(_, w)| w).collect(), disagree))
 }
 
 /// A meshfeed run as the cost model sees it: `run.json`'s configuration, its hosts, its
 /// epochs' times and its windows. `None` for runs without window records (schema 1) or
-/// configuration.
-fn model_run(dir: &Path, name: &str, t: Telemetry, reports: &[EpochReport]) -> Option<model::Run> {
+/// configuration (run.json).
+fn model_run(name: &str, t: Telemetry, reports: &[EpochReport]) -> Option<model::Run> {
     if t.windows.is_empty() {
         return None;
     }
-    let run: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.join("run.json")).ok()?).ok()?;
+    let run = t.config.as_ref()?;
     let mine: Vec<&EpochReport> = reports.iter().filter(|r| r.run == name).collect();
     let first = mine.first()?;
     let samples = run["samples"].as_u64()?;
@@ -512,7 +721,7 @@ fn fit_and_predict(args: &PredictArgs, runs: &[model::Run]) -> Result<Option<Mod
         batch_size: args.batch_size.unwrap_or(base.batch_size),
         window_bytes: args.window_bytes.map_or(base.window_bytes, |b| b.0),
         prefetch: base.prefetch,
-        replicas: args.replicas.max(1),
+        replicas: args.replicas,
     };
     let validation = model::validate(&calibration, runs);
     let predictions = model::predict(&calibration, &scenario, nodes);
@@ -600,25 +809,25 @@ pub fn run(args: ReportArgs) -> Result<()> {
     let mut measured = Vec::new();
     for dir in &args.dirs {
         for run in runs(dir)? {
-            if !run.join("rank-0.jsonl").is_file() {
+            if !is_meshfeed_run(&run) {
                 reports.push(read_pytorch(&run)?);
                 continue;
             }
             let name = run.display().to_string();
-            let loader = loader_of(&run);
             let telemetry = read_run(&run)?;
+            let loader = loader_of(&run, telemetry.config.as_ref())?;
             let first = reports.len();
             for records in &telemetry.epochs {
                 reports.push(analyse(&name, &loader, records));
             }
             if loader == "meshfeed" {
-                measured.extend(model_run(&run, &name, telemetry, &reports[first..]));
+                measured.extend(model_run(&name, telemetry, &reports[first..]));
             }
         }
     }
     let mut table = scaling(&reports);
     for row in &mut table {
-        row.storage = storage_read(Path::new(&row.run));
+        row.storage = storage_read(Path::new(&row.run))?;
     }
     let model = fit_and_predict(&args.predict, &measured)?;
     if let Some(dir) = &args.plots {

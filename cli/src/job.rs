@@ -11,6 +11,8 @@ use meshfeed::config::{
 use meshfeed::runtime::Runtime;
 use meshfeed::{Error, Result};
 
+use crate::input::{read_small, SMALL_LIMIT};
+
 /// A value parser that lists the names an enum accepts (in `--help` and errors).
 pub fn named<T: NamedValues>() -> impl TypedValueParser<Value = T> {
     PossibleValuesParser::new(T::NAMES).try_map(|s| s.parse::<T>())
@@ -148,9 +150,10 @@ impl JobArgs {
     }
 }
 
-/// Reads a TOML job file; relative dataset paths are relative to the file.
+/// Reads a TOML job file (a regular file of at most [`SMALL_LIMIT`] bytes: a FIFO in its
+/// place is refused, not waited on); relative dataset paths are relative to the file.
 fn read_job_file(path: &Path) -> Result<JobFile> {
-    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+    let text = read_small(path, SMALL_LIMIT)?;
     let file: JobFile =
         toml::from_str(&text).map_err(|e| Error::file(path, format!("invalid job file: {}", e.message())))?;
     Ok(file.relative_to(path.parent().unwrap_or(Path::new("."))))

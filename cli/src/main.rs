@@ -16,6 +16,7 @@ macro_rules! out {
 mod analysis;
 mod bench;
 mod gen;
+mod input;
 mod inspect;
 mod job;
 mod launch;

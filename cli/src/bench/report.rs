@@ -13,6 +13,7 @@ use meshfeed::{Error, Result};
 
 use super::plots;
 use super::record::{Machine, Record};
+use crate::input::{read_small, RECORDS_LIMIT};
 
 #[derive(clap::Args, Debug)]
 pub struct ReportArgs {
@@ -63,17 +64,47 @@ pub fn meshfeed_of(loaders: &BTreeMap<String, Record>) -> Option<&Record> {
     loaders.get("meshfeed").or_else(|| loaders.get("fused"))
 }
 
+/// Refuses a result whose epoch times are not positive, finite seconds: 0 or less is no
+/// measurement, and every ratio and rate of the report would divide by it.
+fn check_times(r: &Record) -> std::result::Result<(), String> {
+    let mut times = vec![("epoch_s_best".to_string(), r.epoch_s_best), ("epoch_s".to_string(), r.epoch_s)];
+    times.extend(r.epoch_s_all.iter().enumerate().map(|(i, &t)| (format!("epoch_s_all[{i}]"), t)));
+    if let Some(by) = &r.epoch_s_by_workers {
+        times.extend(by.iter().map(|(w, &t)| (format!("epoch_s_by_workers.{w}"), t)));
+    }
+    times.extend(r.epoch_without_compute_s.map(|t| ("epoch_without_compute_s".to_string(), t)));
+    times.extend(r.epoch_with_compute_s.map(|t| ("epoch_with_compute_s".to_string(), t)));
+    match times.into_iter().find(|(_, t)| !(t.is_finite() && *t > 0.0)) {
+        Some((key, t)) => Err(format!("{key} is {t}: an epoch takes a positive, finite number of seconds")),
+        None => Ok(()),
+    }
+}
+
+/// The results of `inputs` (each a regular file of at most 1 GiB: a FIFO is refused, not
+/// waited on), each checked: a line that is no result, or a result without loader or
+/// ranks or with an epoch time that is not positive, is an error naming the file and line.
+/// A file's lines are all parsed before any is checked, so that a line that is not JSON
+/// is the error reported.
 pub fn read_grid(inputs: &[PathBuf]) -> Result<(Grid, Option<Machine>)> {
     let mut grid = Grid::new();
     let mut machine = None;
     for path in inputs {
-        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
-        for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
-            let r: Record = serde_json::from_str(line)
-                .map_err(|e| Error::file(path, format!("line {}: not a bench result: {e}", i + 1)))?;
+        let text = read_small(path, RECORDS_LIMIT)?;
+        let records = text
+            .lines()
+            .enumerate()
+            .filter(|(_, l)| !l.trim().is_empty())
+            .map(|(i, line)| {
+                serde_json::from_str::<Record>(line)
+                    .map(|r| (i, r))
+                    .map_err(|e| Error::file(path, format!("line {}: not a bench result: {e}", i + 1)))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        for (i, r) in records {
             if r.loader.is_empty() || r.ranks == 0 {
                 return Err(Error::file(path, format!("line {}: a result without loader or ranks", i + 1)));
             }
+            check_times(&r).map_err(|why| Error::file(path, format!("line {}: {why}", i + 1)))?;
             if r.machine.is_some() {
                 machine = r.machine.clone();
             }
@@ -262,6 +293,7 @@ mod tests {
             samples: 1000,
             ranks,
             window_bytes: 8 << 20,
+            epoch_s: best,
             epoch_s_best: best,
             samples_per_s: 1000.0 / best,
             bytes_read: Some(2000),
@@ -302,5 +334,28 @@ mod tests {
         std::fs::write(&path, "{\"loader\":\"x\",\"ranks\":1}\nnot json\n").unwrap();
         let err = read_grid(std::slice::from_ref(&path)).unwrap_err().to_string();
         assert!(err.contains("r.jsonl") && err.contains("line 2"), "{err}");
+    }
+
+    #[test]
+    fn epoch_times_that_are_no_measurement_name_the_key_and_the_value() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("r.jsonl");
+        let good = rec("meshfeed", 2, 0.5);
+        for (change, want) in [
+            (Box::new(|r: &mut Record| r.epoch_s_best = 0.0) as Box<dyn Fn(&mut Record)>, "epoch_s_best is 0"),
+            (Box::new(|r: &mut Record| r.epoch_s = -1.0), "epoch_s is -1"),
+            (Box::new(|r: &mut Record| r.epoch_s_all = vec![0.5, 0.0]), "epoch_s_all[1] is 0"),
+            (Box::new(|r: &mut Record| r.epoch_with_compute_s = Some(-2.5)), "epoch_with_compute_s is -2.5"),
+        ] {
+            let mut r = good.clone();
+            change(&mut r);
+            let lines = [serde_json::to_string(&good).unwrap(), serde_json::to_string(&r).unwrap()];
+            std::fs::write(&path, lines.join("\n")).unwrap();
+            let err = read_grid(std::slice::from_ref(&path)).unwrap_err().to_string();
+            assert!(err.contains("r.jsonl: line 2: ") && err.contains(want), "{want}: {err}");
+            assert!(err.contains("a positive, finite number of seconds"), "{err}");
+        }
+        std::fs::write(&path, serde_json::to_string(&good).unwrap()).unwrap();
+        assert_eq!(read_grid(&[path]).unwrap().0.len(), 1);
     }
 }
