@@ -167,18 +167,22 @@ impl Stream {
                 .unwrap_or(0),
         };
         let per_step = values_per_step + budget::bookkeeping_per_step(b, world, fields.len());
+        let placements = [Some(&placement), tail_placement.as_ref(), two_phase.as_ref().map(|t| &t.leaders)];
+        let whole = whole_tensor_parts(fields, placements.into_iter().flatten());
+        let direct_reads = mode != ExchangeMode::Broadcast && whole && direct_reads(&dataset);
+        // Values read into buffers of their own before they are packed (variable-length
+        // values, small records) hold those buffers besides the exchange's and the
+        // batches': the window holds fewer steps.
+        let reading = if direct_reads { budget::Reading::Direct } else { budget::Reading::Copied };
         let budget = WindowBudget { window_bytes: options.window_bytes, prefetch: options.prefetch };
         let home = HomeRanges::new(n, world);
         let range = home.range(rank);
         let index_entries = budget::index_entries(&budget, range.end - range.start);
         let index_bytes = index_entries * crate::plan::index::ENTRY_BYTES;
-        let steps_per_window = budget.steps_per_window_besides(per_step, steps_per_epoch, index_bytes);
+        let steps_per_window = budget.steps_per_window_besides(per_step, steps_per_epoch, index_bytes, reading);
         if io.resident.len() != world {
             return Err(Error::Internal(format!("a read plan for {} ranks, not {world}", io.resident.len())));
         }
-        let placements = [Some(&placement), tail_placement.as_ref(), two_phase.as_ref().map(|t| &t.leaders)];
-        let whole = whole_tensor_parts(fields, placements.into_iter().flatten());
-        let direct_reads = mode != ExchangeMode::Broadcast && whole && direct_reads(&dataset);
         let kept = io.streams_any();
         let local_reads = whole
             && mode == ExchangeMode::Fused
@@ -347,11 +351,14 @@ mod tests {
     #[test]
     fn windows_tile_epochs_and_cross_into_the_next() {
         // 2 rows × 10 bytes = 20 bytes of values per step per rank, plus bookkeeping (4 × 24
-        // + 2 × 72 = 240): 260, 3 × 260 per step held: 2340 bytes give 3 steps per window,
-        // besides the home index (12 samples × 16 bytes).
+        // + 2 × 72 = 240): 260. Values this small are read into buffers, then packed: 5 ×
+        // 260 per step held, so 3900 bytes give 3 steps per window, besides the home index
+        // (12 samples × 16 bytes); 3 × 260 (as if read in place) would give 5.
         // 23 samples, batch 4: 5 steps + a partial one (3 rows).
-        let s = stream(23, 4, 2340 + 12 * 16, TailPolicy::Partial);
+        let s = stream(23, 4, 3900 + 12 * 16, TailPolicy::Partial);
+        assert!(!s.direct_reads);
         assert_eq!((s.steps_per_epoch, s.steps_per_window), (6, 3));
+        assert_eq!(stream(23, 4, 3900 + 12 * 16 - 1, TailPolicy::Partial).steps_per_window, 2);
         let mut w = s.window_at(Position::new(0, 0));
         let mut seen = vec![];
         for _ in 0..4 {

@@ -3,16 +3,36 @@
 //! This is the one place that turns `window_bytes` and `prefetch` into a window length and
 //! a memory bound. Per step, the busiest rank receives `S` bytes: its rows and slices
 //! (two-phase leaders: whole rows), variable-length values counted at their mean size
-//! where the files tell it, else [`VAR_LEN_ESTIMATE`] ([`value_sizes`]). A window of `w` steps then holds, on that rank, at its peak:
+//! where the files tell it, else [`VAR_LEN_ESTIMATE`] ([`value_sizes`]). A window of `w`
+//! steps then holds, on that rank, at its peak, in three kinds of buffer:
 //!
-//! * with no producer thread (`prefetch = 0`): the rows read (at most `2wS`: coalesced
-//!   reads bring in at most twice what they need, see `dataset::rows::coalesce`) plus the
-//!   send buffer (`wS`), `3wS`; exchanging (send + receive) and assembling (receive +
-//!   batches) hold less;
-//! * with a producer `prefetch = p ≥ 1` windows ahead: the producer exchanges window `k`
-//!   (send and receive buffers, `2wS`) while it reads and packs window `k + 1` (`3wS`); the
-//!   queue holds `p` assembled windows and the consumer the one it is delivering from:
-//!   `(6 + p)·wS`.
+//! * **read buffers**, only where values are read into buffers of their own and then
+//!   packed ([`Reading::Copied`]: coalesced spans of small records, Arrow's variable-length
+//!   values): at most `2wS` (a read brings in at most twice what it needs, see
+//!   `dataset::rows::coalesce`); none where values are read straight into the send buffer
+//!   or the batches ([`Reading::Direct`]);
+//! * **send and receive buffers**: `2wS` while a window is exchanged; with a producer
+//!   thread, also the next window's send buffer, packed during that exchange: `3wS`;
+//! * **batches**: the window the consumer delivers from; with a producer `prefetch = p ≥
+//!   1` windows ahead, also the `p` in the queue and the one the producer has assembled and
+//!   waits to queue: `(p + 2)·wS`.
+//!
+//! Each kind has its own memory, kept when a window is done with it for the next window of
+//! that kind (`crate::buffers` recycles send, receive and batch buffers; read buffers go
+//! back to the allocator, which keeps them for the next reads): a window's read buffers
+//! never reuse the previous window's receive or batch buffers, so the peak is the sum of
+//! the three, not the largest of them. Counted in multiples of `wS`:
+//!
+//! | | `prefetch = 0` | `prefetch = p ≥ 1` |
+//! |---|---|---|
+//! | copied (read, then packed) | `2 + 2 + 1 = 5` | `2 + 3 + (p + 2) = 7 + p` |
+//! | direct | `3` | `6 + p` (holds `5 + p`: one window's slack for sends above the mean) |
+//!
+//! A rank's read and send buffers hold the rows of its home range that the window draws,
+//! which vary around `wS` with the shuffle (and variable-length values around their
+//! mean); the floor of the window length and the direct path's slack with a producer
+//! mostly absorb that, but a window can go a few percent past its share (measured with
+//! 64 KiB samples at 4–16 MiB windows: up to 4%, at `prefetch = 0`).
 //!
 //! `S` also counts the bookkeeping a step costs besides its values ([`bookkeeping_per_step`]):
 //! for tiny samples the ids, plans and read locations outweigh the data.
@@ -32,6 +52,18 @@ pub const WINDOWS_PER_QUEUE: u64 = 8;
 /// Bytes assumed per variable-length value where sizes are not known in advance.
 pub const VAR_LEN_ESTIMATE: u64 = 256;
 
+/// How a window's values reach its send buffer, which decides whether it holds read
+/// buffers besides (module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reading {
+    /// Read from the files straight into the send buffer or the batches, or copied from
+    /// memory: no read buffers.
+    Direct,
+    /// Read into buffers of their own (coalesced spans, variable-length values), then
+    /// packed into the send buffer.
+    Copied,
+}
+
 /// The window budget of a loader.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct WindowBudget {
@@ -48,27 +80,37 @@ impl WindowBudget {
     }
 
     /// Multiples of one window's per-step bytes (`wS`) held at the peak (module docs).
-    fn windows_held(&self) -> u64 {
-        match self.prefetch {
-            0 => 3,
-            p => 6 + p as u64,
+    fn windows_held(&self, reading: Reading) -> u64 {
+        match (reading, self.prefetch) {
+            (Reading::Direct, 0) => 3,
+            (Reading::Direct, p) => 6 + p as u64,
+            (Reading::Copied, 0) => 5,
+            (Reading::Copied, p) => 7 + p as u64,
         }
     }
 
     /// Steps per window so that the peak stays within [`WindowBudget::peak_bytes`], for a
-    /// rank receiving at most `bytes_per_step` per step; at least one step, at most the
-    /// epoch. With a producer thread, an epoch is also cut into at least
-    /// [`WINDOWS_PER_QUEUE`]` × (prefetch + 1)` windows where it has that many steps: a
-    /// window is the unit the pipeline overlaps with training, and a queue of a few huge
-    /// windows hides loading badly (each epoch would start by waiting for one).
+    /// rank receiving at most `bytes_per_step` per step and reading values straight into
+    /// place ([`Reading::Direct`]); at least one step, at most the epoch. With a producer
+    /// thread, an epoch is also cut into at least [`WINDOWS_PER_QUEUE`]` × (prefetch + 1)`
+    /// windows where it has that many steps: a window is the unit the pipeline overlaps
+    /// with training, and a queue of a few huge windows hides loading badly (each epoch
+    /// would start by waiting for one).
     pub fn steps_per_window(&self, bytes_per_step: u64, steps_in_epoch: u64) -> u64 {
-        self.steps_per_window_besides(bytes_per_step, steps_in_epoch, 0)
+        self.steps_per_window_besides(bytes_per_step, steps_in_epoch, 0, Reading::Direct)
     }
 
-    /// [`WindowBudget::steps_per_window`] with `reserved` bytes of the peak held by
-    /// something else (the home index).
-    pub fn steps_per_window_besides(&self, bytes_per_step: u64, steps_in_epoch: u64, reserved: u64) -> u64 {
-        let per_step = bytes_per_step.saturating_mul(self.windows_held()).max(1);
+    /// [`WindowBudget::steps_per_window`] for values that reach the send buffer as
+    /// `reading` says, with `reserved` bytes of the peak held by something else (the home
+    /// index).
+    pub fn steps_per_window_besides(
+        &self,
+        bytes_per_step: u64,
+        steps_in_epoch: u64,
+        reserved: u64,
+        reading: Reading,
+    ) -> u64 {
+        let per_step = bytes_per_step.saturating_mul(self.windows_held(reading)).max(1);
         let by_bytes = self.peak_bytes().saturating_sub(reserved) / per_step;
         let by_depth = match self.prefetch {
             0 => u64::MAX,
@@ -135,11 +177,30 @@ mod tests {
         assert_eq!(piped.steps_per_window(1, 3), 1);
         // The peak the windows give stays within the bound for any prefetch.
         for p in 0..8 {
-            let b = WindowBudget { window_bytes: 1 << 20, prefetch: p };
-            let w = b.steps_per_window(1000, 1 << 30);
-            assert!(w * 1000 * b.windows_held() <= b.peak_bytes(), "prefetch {p}");
+            for reading in [Reading::Direct, Reading::Copied] {
+                let b = WindowBudget { window_bytes: 1 << 20, prefetch: p };
+                let w = b.steps_per_window_besides(1000, 1 << 30, 0, reading);
+                assert!(w * 1000 * b.windows_held(reading) <= b.peak_bytes(), "prefetch {p}, {reading:?}");
+            }
         }
         assert_eq!(WindowBudget { window_bytes: u64::MAX, prefetch: 3 }.peak_bytes(), u64::MAX);
+    }
+
+    #[test]
+    fn values_read_then_packed_hold_their_read_buffers_besides_the_exchange_and_batches() {
+        // Without a producer: read buffers (2), send and receive (2) and the delivered
+        // batches (1), each kept by its own pool: 5 × 100 bytes per step, not 3.
+        let sync = WindowBudget { window_bytes: 1500, prefetch: 0 };
+        assert_eq!(sync.steps_per_window_besides(100, 50, 0, Reading::Direct), 5);
+        assert_eq!(sync.steps_per_window_besides(100, 50, 0, Reading::Copied), 3);
+        // Two ahead: reads (2), send, receive and the next send (3), the queue (2), the
+        // consumer's window and the one waiting to be queued (2): 9 × 100 per step.
+        let piped = WindowBudget { window_bytes: 1500, prefetch: 2 };
+        assert_eq!(piped.steps_per_window_besides(100, 500, 0, Reading::Copied), 5);
+        assert_eq!(piped.steps_per_window_besides(90, 500, 0, Reading::Copied), 5);
+        assert_eq!(piped.steps_per_window_besides(90, 500, 0, Reading::Direct), 6);
+        // The home index's share comes off the peak first.
+        assert_eq!(sync.steps_per_window_besides(100, 50, 1000, Reading::Copied), 1);
     }
 
     #[test]
