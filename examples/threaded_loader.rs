@@ -42,7 +42,7 @@ impl Trainer {
         let fields = self.loader.dataset().fields().to_vec();
         let mut want = Vec::new();
         for e in 0..EPOCHS {
-            self.loader.set_epoch(Epoch(e));
+            self.loader.set_epoch(Epoch(e))?;
             let mut ids = Vec::new();
             for batch in &mut self.loader {
                 let batch = batch?;
@@ -94,7 +94,7 @@ fn run(runtime: &Runtime, data: PathBuf) -> Result<String> {
 
     // Stop in the middle of epoch 2 and go back to step 3 of epoch 1: the batches from
     // there on are the ones epoch 1 delivered.
-    loader.set_epoch(Epoch(EPOCHS));
+    loader.set_epoch(Epoch(EPOCHS))?;
     for batch in loader.by_ref().take(5) {
         batch?;
     }
@@ -109,7 +109,7 @@ fn run(runtime: &Runtime, data: PathBuf) -> Result<String> {
         return Err(Error::Verify("after a seek to epoch 1 step 3 the stream differs from epoch 1's".into()));
     }
     // Drop the loader in the middle of an epoch, with its producer running ahead.
-    loader.set_epoch(Epoch(7));
+    loader.set_epoch(Epoch(7))?;
     loader.next_batch()?;
     drop(loader);
 

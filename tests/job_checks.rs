@@ -120,13 +120,22 @@ over_transports! {
         for (from, needle) in [
             ("3:0", "cannot resume at epoch 3 step 0: the job has 2 epoch(s)"),
             ("2:5", "cannot resume at epoch 2 step 5: the job has 2 epoch(s)"),
-            ("0:50", "cannot resume at step 50: an epoch has 50 steps"),
-            ("18446744073709551616:0", "epoch and step must each fit 64 bits"),
+            ("0:50", "cannot resume at epoch 0 step 50: an epoch has 50 steps"),
+            ("18446744073709551616:0", "epoch 18446744073709551616 is out of range: epochs run from 0 to 9007199254740991"),
         ] {
             let run = t.run(2, &["run", "--data", d, "--batch-size", "12", "--epochs", "2", "--resume-from", from]);
             let line = refused(t, &run, 2);
             assert!(line.contains(needle), "--resume-from {from}: {line}");
         }
+        // Epochs beyond what a position holds exactly are refused, never wrapped.
+        for (epochs, from) in [("18446744073709551615", "18446744073709551614:0"), ("9007199254740993", "0:0")] {
+            let run = t.run(2, &["run", "--data", d, "--batch-size", "12", "--epochs", epochs, "--resume-from", from]);
+            let line = refused(t, &run, 2);
+            assert!(line.contains(&format!("--epochs {epochs}: epochs run from 0 to 9007199254740991")), "{line}");
+        }
+        let run = t.run(2, &["run", "--data", d, "--batch-size", "12", "--epochs", "9007199254740992", "--resume-from",
+            "9007199254740992:0"]);
+        assert!(refused(t, &run, 2).contains("epoch 9007199254740992 is out of range"), "{}", run.stderr);
         // State files read defensively: a FIFO (once a hang that ignored SIGTERM) and a
         // 1 GiB file (once read whole into every rank's memory) are refused unread.
         let fifo = dir.path().join("fifo.json");
@@ -135,8 +144,8 @@ over_transports! {
         let huge = dir.path().join("huge.json");
         std::fs::File::create(&huge).unwrap().set_len(1 << 30).unwrap();
         for (from, needle) in [
-            (&fifo, "fifo.json: not a regular file (a state is a small JSON file)"),
-            (&huge, "huge.json: 1073741824 bytes: a state of this job is at most"),
+            (&fifo, "fifo.json: not a regular file (a FIFO)"),
+            (&huge, "huge.json: 1073741824 bytes: a file of this kind is at most"),
         ] {
             let from = from.to_str().unwrap();
             let run = t.run(2, &["run", "--data", d, "--batch-size", "12", "--epochs", "2", "--resume-from", from]);

@@ -542,3 +542,43 @@ fn a_sigterm_while_the_ranks_meet_is_a_clean_stop() {
         "the stopped and resumed runs' dumps are a clean run's"
     );
 }
+
+/// A rank that ends — even with code 0 — before every rank joined the rendezvous used to
+/// leave the others waiting out the rendezvous timeout (120 s): the launcher knows it
+/// ended, and stops the others after a moment, exiting 1 and naming the rank. Ranks that
+/// never meet (a program that is no meshfeed job) still end on their own, exit 0.
+#[test]
+fn a_rank_that_ends_before_the_rendezvous_stops_the_others_at_once() {
+    let dir = tempdir();
+    let data = gen_npy(dir.path(), "600");
+    let script = format!(
+        "if [ \"$RANK\" = 1 ]; then exit 0; fi; exec {} run --transport ucx --data {} --batch-size 12",
+        bin(),
+        data.display()
+    );
+    for ranks in ["2", "3"] {
+        let m = marker("early-exit");
+        let mut launcher =
+            start_launcher(dir.path(), &m, &["-n", ranks, "--grace", "2", "--exe", "sh", "--", "-c", &script]);
+        let (code, took) = wait_child(&mut launcher, "meshfeed launch with a rank that ends at once");
+        let err = std::fs::read_to_string(dir.path().join("launcher.err")).unwrap();
+        assert_eq!(code, 1, "{err}");
+        assert!(
+            err.contains("meshfeed launch: rank 1 exited with code 0 before every rank joined the rendezvous"),
+            "{err}"
+        );
+        // The settle (3 s), SIGTERM and at most the grace (2 s): far below the rendezvous
+        // timeout the others waited out before.
+        assert!(took < Duration::from_secs(20), "took {took:?}: {err}");
+        assert!(marked(&m, launcher.id()).is_empty(), "no rank outlives the launcher");
+    }
+    // No meshfeed job: every rank ends on its own, one later than the others.
+    let m = marker("no-job");
+    let mut launcher = start_launcher(
+        dir.path(),
+        &m,
+        &["-n", "3", "--exe", "sh", "--", "-c", "if [ \"$RANK\" = 2 ]; then sleep 1; fi; exit 0"],
+    );
+    let (code, _) = wait_child(&mut launcher, "meshfeed launch of ranks that never meet");
+    assert_eq!(code, 0, "{}", std::fs::read_to_string(dir.path().join("launcher.err")).unwrap());
+}

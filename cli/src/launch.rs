@@ -12,6 +12,11 @@
 //!   together at a step boundary (exit code 75, see `run --resume-from`). Ranks still
 //!   running `--grace` seconds later are SIGKILLed and the launcher exits 137; a second
 //!   SIGTERM/SIGINT kills them at once.
+//! * A rank that ends — even with code 0 — before every rank joined the rendezvous leaves
+//!   the others waiting for it (up to the rendezvous timeout): once the others had a
+//!   moment to end on their own, the launcher stops them and exits 1, naming the rank.
+//!   Each rank tells the launcher it joined by writing a byte to the pipe it inherits
+//!   (`MESHFEED_LAUNCH_JOINED_FD`; the runtime does this after the rendezvous).
 //! * The ranks never outlive the launcher: each is started with `PR_SET_PDEATHSIG`
 //!   (SIGKILL), so even a launcher killed by SIGKILL takes its ranks with it. That covers
 //!   the processes the launcher starts; a rank program that starts processes of its own
@@ -51,6 +56,9 @@ pub struct LaunchArgs {
 /// The longest `--grace` accepted, in seconds (about 11 days: "as long as it takes", but
 /// finite, so that every wait has an end).
 const MAX_GRACE_SECS: f64 = 1e6;
+/// How long the other ranks get to end on their own after one ended before every rank
+/// joined the rendezvous.
+const EARLY_EXIT_SETTLE: Duration = Duration::from_secs(3);
 /// The longest job token accepted (as the rendezvous does).
 const MAX_TOKEN: usize = 1024;
 
@@ -211,17 +219,60 @@ fn terminate(children: &mut Vec<(usize, Child)>, grace: Duration) {
     kill_all(children);
 }
 
-/// Starts rank `rank`. `listener`: the rendezvous socket rank 0 inherits.
+/// The pipe each rank writes a byte to once it joined the rendezvous: the launcher keeps
+/// the read end (non-blocking) and counts the ranks that joined.
+struct Joined {
+    read: std::os::fd::OwnedFd,
+    write: Option<std::os::fd::OwnedFd>,
+    count: usize,
+}
+
+impl Joined {
+    fn new() -> Result<Joined> {
+        use std::os::fd::FromRawFd;
+        let mut fds = [0; 2];
+        // SAFETY: pipe2 fills the two descriptors it is given room for.
+        if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC | libc::O_NONBLOCK) } == -1 {
+            return Err(Error::Internal(format!("cannot make a pipe: {}", std::io::Error::last_os_error())));
+        }
+        // SAFETY: both descriptors were just opened, and are owned here alone.
+        let (read, write) =
+            unsafe { (std::os::fd::OwnedFd::from_raw_fd(fds[0]), std::os::fd::OwnedFd::from_raw_fd(fds[1])) };
+        Ok(Joined { read, write: Some(write), count: 0 })
+    }
+
+    /// The ranks that joined so far.
+    fn poll(&mut self) -> usize {
+        use std::os::fd::AsRawFd;
+        let mut buf = [0u8; 256];
+        loop {
+            // SAFETY: reads into a buffer of the length given, from a descriptor owned here.
+            let n = unsafe { libc::read(self.read.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+            if n <= 0 {
+                return self.count;
+            }
+            self.count += n as usize;
+        }
+    }
+}
+
+/// Starts rank `rank`. `listener`: the rendezvous socket rank 0 inherits; `joined`: the
+/// write end of the pipe it reports joining to.
 fn spawn(
     command: &mut Command,
     launcher: libc::pid_t,
     listener: Option<&std::net::TcpListener>,
+    joined: Option<&std::os::fd::OwnedFd>,
 ) -> std::io::Result<Child> {
     use std::os::fd::AsRawFd;
     use std::os::unix::process::CommandExt;
     let fd = listener.map(|l| l.as_raw_fd());
     if let Some(fd) = fd {
         command.env("MESHFEED_RENDEZVOUS_FD", fd.to_string());
+    }
+    let joined = joined.map(|j| j.as_raw_fd());
+    if let Some(fd) = joined {
+        command.env("MESHFEED_LAUNCH_JOINED_FD", fd.to_string());
     }
     // SAFETY: runs in the child between fork and exec, where only async-signal-safe calls
     // are allowed: prctl, getppid and fcntl are system calls, and the errors are built
@@ -239,7 +290,7 @@ fn spawn(
             }
             // Keeps the rendezvous socket open across exec for rank 0 (std opens every
             // descriptor close-on-exec).
-            if let Some(fd) = fd {
+            for fd in [fd, joined].into_iter().flatten() {
                 if libc::fcntl(fd, libc::F_SETFD, 0) == -1 {
                     return Err(std::io::Error::last_os_error());
                 }
@@ -268,6 +319,7 @@ pub fn run(args: LaunchArgs) -> Result<i32> {
     let mut socket = Some(rendezvous_socket(args.port)?);
     let port = socket.as_ref().and_then(|s| s.local_addr().ok()).map(|a| a.port()).unwrap_or(0);
     let launcher = std::process::id() as libc::pid_t;
+    let mut joined = Joined::new()?;
     let mut children: Vec<(usize, Child)> = Vec::new();
     for rank in 0..args.ranks {
         let mut cmd = Command::new(&exe);
@@ -278,10 +330,11 @@ pub fn run(args: LaunchArgs) -> Result<i32> {
             .env("MASTER_PORT", port.to_string())
             .env("MESHFEED_JOB_TOKEN", &token)
             .env("MESHFEED_JOB_ID", &job_id)
-            .env_remove("MESHFEED_RENDEZVOUS_FD");
+            .env_remove("MESHFEED_RENDEZVOUS_FD")
+            .env_remove("MESHFEED_LAUNCH_JOINED_FD");
         // Rank 0 inherits the rendezvous socket; the launcher's copy closes after the spawn.
         let listener = if rank == 0 { socket.take() } else { None };
-        let child = spawn(&mut cmd, launcher, listener.as_ref());
+        let child = spawn(&mut cmd, launcher, listener.as_ref(), joined.write.as_ref());
         drop(listener);
         match child {
             Ok(c) => children.push((rank, c)),
@@ -291,13 +344,18 @@ pub fn run(args: LaunchArgs) -> Result<i32> {
             }
         }
     }
-    Ok(supervise(children, &stops, grace))
+    // Only the ranks hold the write end now: the launcher reads.
+    joined.write = None;
+    Ok(supervise(children, &stops, grace, &mut joined))
 }
 
 /// Waits for the ranks; returns the launcher's exit code.
-fn supervise(mut children: Vec<(usize, Child)>, stops: &Stops, grace: Duration) -> i32 {
+fn supervise(mut children: Vec<(usize, Child)>, stops: &Stops, grace: Duration, joined: &mut Joined) -> i32 {
+    let world = children.len();
     // The signal passed on to the ranks, when, and how many the launcher had received then.
     let mut forwarded: Option<(i32, Instant, usize)> = None;
+    // A rank that ended before every rank joined the rendezvous, and when.
+    let mut left_early: Option<(usize, String, Instant)> = None;
     let mut exit = 0;
     while !children.is_empty() {
         let (count, last) = stops.get();
@@ -318,8 +376,12 @@ fn supervise(mut children: Vec<(usize, Child)>, stops: &Stops, grace: Duration) 
             _ => {}
         }
         let mut failed = None;
+        let all_joined = joined.poll() >= world;
         children.retain_mut(|(rank, c)| match c.try_wait() {
             Ok(Some(status)) => {
+                if status.success() && !all_joined && forwarded.is_none() && left_early.is_none() {
+                    left_early = Some((*rank, outcome(status).1, Instant::now()));
+                }
                 if !status.success() {
                     let (code, words) = outcome(status);
                     match forwarded {
@@ -346,6 +408,22 @@ fn supervise(mut children: Vec<(usize, Child)>, stops: &Stops, grace: Duration) 
             crate::report::line_err(&format!("meshfeed launch: rank {rank} {words}; stopping the other ranks"));
             terminate(&mut children, grace);
             return code.max(1);
+        }
+        // The others would wait for it at the rendezvous: a moment to end on their own (a
+        // job whose ranks never meet ends so), then they are stopped.
+        if let Some((rank, words, at)) = &left_early {
+            if joined.poll() >= world {
+                left_early = None;
+            } else if !children.is_empty() && at.elapsed() > EARLY_EXIT_SETTLE {
+                crate::report::line_err(&format!(
+                    "meshfeed launch: rank {rank} {words} before every rank joined the rendezvous ({} of {world} \
+                     did): the others would wait for it; stopping rank(s) {:?}",
+                    joined.poll(),
+                    children.iter().map(|(r, _)| *r).collect::<Vec<_>>()
+                ));
+                terminate(&mut children, grace);
+                return 1;
+            }
         }
         if let Some((signal, at, _)) = forwarded {
             if !children.is_empty() && at.elapsed() > grace {

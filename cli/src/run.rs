@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use meshfeed::config::Job;
 use meshfeed::dataset::gen;
-use meshfeed::loader::{open_dataset, Loader, LoaderState, Position};
+use meshfeed::loader::{open_dataset, Loader, LoaderState, Position, MAX_EPOCH};
 use meshfeed::runtime::{signal_name, Runtime, StopCheck, StopSignal, EXIT_STOPPED};
 use meshfeed::transport::{agree, agree_settings, Transport};
 use meshfeed::verify::dump::DumpWriter;
@@ -87,7 +87,10 @@ fn resume_state(loader: &Loader, s: &str) -> Result<LoaderState> {
             return Ok(LoaderState { epoch, step, ..loader.state() });
         }
         if e.chars().chain(k.chars()).all(|c| c.is_ascii_digit()) && !e.is_empty() && !k.is_empty() {
-            return Err(Error::Config(format!("--resume-from {s}: epoch and step must each fit 64 bits")));
+            if e.trim().parse::<u64>().is_err() {
+                return Err(meshfeed::loader::epoch_out_of_range(&e.trim()));
+            }
+            return Err(Error::Config(format!("--resume-from {s}: step {k} does not fit 64 bits")));
         }
     }
     if !Path::new(s).exists() {
@@ -166,6 +169,10 @@ fn run(args: &RunArgs, job: Result<Job>, rt: &Runtime, stop: &StopSignal) -> Res
     settings.extend(job.loader.settings());
     settings.extend([("verify", args.verify.to_string()), ("dump", args.dump.is_some().to_string())]);
     agree_settings(world, &settings)?;
+    if job.epochs > MAX_EPOCH + 1 {
+        let e = Error::Config(format!("--epochs {}: epochs run from 0 to {MAX_EPOCH} (2^53 - 1)", job.epochs));
+        agree(world, Err::<(), _>(e))?;
+    }
     if !(args.heartbeat >= 0.0 && args.heartbeat.is_finite()) {
         return Err(Error::Config(format!(
             "--heartbeat {}: expected a non-negative number of seconds",

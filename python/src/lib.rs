@@ -6,13 +6,14 @@
 
 use std::ffi::{c_int, c_void};
 use std::path::Path;
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
 
 use pyo3::exceptions::PyBufferError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyTuple};
 
-use meshfeed::config::{Job, JobFile, TransportKind};
+use meshfeed::config::{read_small_file, Job, JobFile, TransportKind, JOB_FILE_LIMIT};
 use meshfeed::dataset::FieldKind;
 use meshfeed::loader::{FieldData, LoaderState};
 use meshfeed::runtime::Runtime;
@@ -64,6 +65,10 @@ fn error(e: meshfeed::Error) -> PyErr {
 /// made by the first loader and kept until `shutdown`.
 static RUNTIME: Mutex<Option<Runtime>> = Mutex::new(None);
 
+/// The process that made the runtime (0: none yet). A forked child neither uses nor ends
+/// it — nor locks `RUNTIME`, which a thread of the parent may have held at the fork.
+static RUNTIME_PID: AtomicU32 = AtomicU32::new(0);
+
 /// How a UCX process finds its peers when a framework's store is at hand: its rank, the
 /// world size, and a Python callable `all_gather(bytes) -> list[bytes]` over the store.
 type Bootstrap = (usize, usize, PyObject);
@@ -75,6 +80,10 @@ fn with_runtime<T>(
     bootstrap: Option<Bootstrap>,
     f: impl FnOnce(&Runtime) -> meshfeed::Result<T>,
 ) -> meshfeed::Result<T> {
+    let made_in = RUNTIME_PID.load(Ordering::Acquire);
+    if made_in != 0 && made_in != std::process::id() {
+        return Err(meshfeed::loader::fork_error(made_in, std::process::id()));
+    }
     let mut runtime = RUNTIME.lock().unwrap_or_else(|p| p.into_inner());
     if runtime.is_none() {
         *runtime = Some(match (kind, bootstrap) {
@@ -89,6 +98,7 @@ fn with_runtime<T>(
             })?,
             _ => Runtime::from_env(kind)?,
         });
+        RUNTIME_PID.store(std::process::id(), Ordering::Release);
     }
     let runtime = runtime.as_ref().expect("made above");
     if runtime.transport_kind() != kind {
@@ -106,6 +116,28 @@ struct Loader {
     // A Python object may be reached from several threads; the loader is used by one at
     // a time.
     inner: Mutex<Option<meshfeed::loader::Loader>>,
+    /// The process the loader was made in: a forked child gets a `MisuseError` before the
+    /// mutex is touched (a thread of the parent may have held it at the fork).
+    pid: u32,
+    /// The exception a signal handler raised while the loader waited (Ctrl-C's
+    /// `KeyboardInterrupt`, a SIGTERM handler's `SystemExit`): raised instead of the
+    /// loader's own "interrupted" error.
+    pending: Arc<Mutex<Option<PyErr>>>,
+}
+
+/// The signal check a loader runs while it waits (about every 100 ms, with the GIL
+/// released): Python's handlers run here, on the main thread, and an exception they raise
+/// ends the wait and is kept in `pending`.
+fn signal_check(pending: Arc<Mutex<Option<PyErr>>>) -> impl FnMut() -> bool + Send + 'static {
+    move || {
+        Python::with_gil(|py| match py.check_signals() {
+            Ok(()) => false,
+            Err(e) => {
+                *pending.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
+                true
+            }
+        })
+    }
 }
 
 impl Loader {
@@ -119,14 +151,43 @@ impl Loader {
                 })
             })
             .map_err(error)?;
-        Ok(Loader { inner: Mutex::new(Some(loader)) })
+        let mut loader = loader;
+        let pending = Arc::new(Mutex::new(None));
+        loader.interrupt_with(signal_check(pending.clone()));
+        Ok(Loader { inner: Mutex::new(Some(loader)), pid: std::process::id(), pending })
     }
 
-    /// Runs `f` on the loader (an error once it is closed).
+    /// Runs `f` on the loader (an error once it is closed, or in a forked child).
     fn with<T>(&self, f: impl FnOnce(&mut meshfeed::loader::Loader) -> PyResult<T>) -> PyResult<T> {
+        self.check_process()?;
         let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         f(inner.as_mut().ok_or_else(|| MisuseError::new_err("the loader was closed"))?)
     }
+
+    fn check_process(&self) -> PyResult<()> {
+        let now = std::process::id();
+        if now != self.pid {
+            return Err(error(meshfeed::loader::fork_error(self.pid, now)));
+        }
+        Ok(())
+    }
+
+    /// The outcome of a call that may have waited: a signal handler's exception first.
+    fn outcome<T>(&self, result: meshfeed::Result<T>) -> PyResult<T> {
+        if let Some(e) = self.pending.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            return Err(e);
+        }
+        result.map_err(error)
+    }
+}
+
+/// An epoch from Python (an `int` already, by `operator.index`): out of range — negative,
+/// beyond 64 bits or [`meshfeed::loader::MAX_EPOCH`] — is the library's error.
+fn epoch_arg(value: &Bound<'_, PyAny>) -> PyResult<u64> {
+    value.extract::<u64>().map_err(|_| {
+        let shown = value.str().map_or_else(|_| "?".to_string(), |s| s.to_string());
+        error(meshfeed::loader::epoch_out_of_range(&shown))
+    })
 }
 
 #[pymethods]
@@ -146,8 +207,7 @@ impl Loader {
     #[pyo3(signature = (path, bootstrap=None))]
     fn from_config(py: Python<'_>, path: &str, bootstrap: Option<Bootstrap>) -> PyResult<Loader> {
         let path = Path::new(path);
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| ConfigError::new_err(meshfeed::Error::io(path, e).to_string()))?;
+        let text = read_small_file(path, JOB_FILE_LIMIT).map_err(|e| ConfigError::new_err(e.to_string()))?;
         let file: JobFile = toml::from_str(&text).map_err(|e| {
             ConfigError::new_err(meshfeed::Error::file(path, format!("invalid job file: {}", e.message())).to_string())
         })?;
@@ -215,10 +275,12 @@ impl Loader {
         self.with(|l| Ok(l.world_size()))
     }
 
-    fn set_epoch(&self, epoch: u64) -> PyResult<()> {
+    /// Positions the loader at the start of `epoch` (collective, interruptible).
+    fn set_epoch(&self, py: Python<'_>, epoch: &Bound<'_, PyAny>) -> PyResult<()> {
+        let epoch = epoch_arg(epoch)?;
         self.with(|l| {
-            l.set_epoch(Epoch(epoch));
-            Ok(())
+            let set = py.allow_threads(|| l.set_epoch(Epoch(epoch)));
+            self.outcome(set)
         })
     }
 
@@ -228,7 +290,8 @@ impl Loader {
     /// `global_rows` is the global batch's size. The GIL is released while it waits.
     fn next_batch<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyTuple>>> {
         let Some((batch, rows)) = self.with(|l| {
-            let batch = py.allow_threads(|| l.next_batch()).map_err(error)?;
+            let batch = py.allow_threads(|| l.next_batch());
+            let batch = self.outcome(batch)?;
             Ok(batch.map(|b| {
                 let rows = l.placement_for_step(b.step()).batch_size();
                 (b, rows)
@@ -271,13 +334,21 @@ impl Loader {
     fn load_state_json(&self, py: Python<'_>, state: &str) -> PyResult<()> {
         let state: LoaderState =
             serde_json::from_str(state).map_err(|e| ConfigError::new_err(format!("invalid loader state: {e}")))?;
-        self.with(|l| py.allow_threads(|| l.seek(&state)).map_err(error))
+        self.with(|l| {
+            let sought = py.allow_threads(|| l.seek(&state));
+            self.outcome(sought)
+        })
     }
 
-    /// Drops the loader (collective: every rank closes it at the same point).
-    fn close(&self, py: Python<'_>) {
+    /// Drops the loader (collective: every rank closes it at the same point). In a forked
+    /// child nothing happens: the loader is the parent's.
+    fn close(&self, py: Python<'_>) -> PyResult<()> {
+        if self.check_process().is_err() {
+            return Ok(());
+        }
         let inner = self.inner.lock().unwrap_or_else(|p| p.into_inner()).take();
         py.allow_threads(|| drop(inner));
+        self.outcome(Ok(()))
     }
 }
 
@@ -329,10 +400,21 @@ impl FieldBuffer {
     unsafe fn __releasebuffer__(&self, _view: *mut pyo3::ffi::Py_buffer) {}
 }
 
+/// Refuses an epoch out of range (as `set_epoch` does): for a state's epoch, checked
+/// before its JSON would turn a number beyond 64 bits into a float.
+#[pyfunction]
+fn check_epoch(epoch: &Bound<'_, PyAny>) -> PyResult<()> {
+    meshfeed::loader::check_epoch(epoch_arg(epoch)?).map_err(error)
+}
+
 /// Ends the process's runtime (finalises MPI if meshfeed initialised it). Called at exit
 /// by the package, after its loaders are closed.
 #[pyfunction]
 fn shutdown(py: Python<'_>) {
+    let made_in = RUNTIME_PID.load(Ordering::Acquire);
+    if made_in != 0 && made_in != std::process::id() {
+        return; // a forked child: the runtime is the parent's
+    }
     let runtime = RUNTIME.lock().unwrap_or_else(|p| p.into_inner()).take();
     py.allow_threads(|| drop(runtime));
 }
@@ -342,6 +424,7 @@ fn _meshfeed(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Loader>()?;
     m.add_class::<FieldBuffer>()?;
     m.add_function(wrap_pyfunction!(shutdown, m)?)?;
+    m.add_function(wrap_pyfunction!(check_epoch, m)?)?;
     m.add("Error", m.py().get_type::<Error>())?;
     m.add("DataError", m.py().get_type::<DataError>())?;
     m.add("ConfigError", m.py().get_type::<ConfigError>())?;

@@ -1,10 +1,10 @@
 //! One window's work on the producer side, in three collective steps that every rank takes
 //! in the same order:
 //!
-//! 1. [`prepare`]: **plan** the window ([`WindowPlan`]: the id of every row, what this rank
-//!    reads and sends), **read** the samples of its home range it sends, agree with the
-//!    other ranks that every read succeeded, and **pack** each destination's values into
-//!    one send buffer (one copy);
+//! 1. [`prepare`]: agree that every rank is at this window, **plan** it ([`WindowPlan`]:
+//!    the id of every row, what this rank reads and sends), **read** the samples of its
+//!    home range it sends, agree with the other ranks that every read succeeded, and
+//!    **pack** each destination's values into one send buffer (one copy);
 //! 2. [`exchange`]: one all-to-all-v over the loader's own communicator — overlapped, when
 //!    the producer runs ahead, with preparing the next window;
 //! 3. [`complete`]: **assemble** the received values into [`Batch`]es (one copy), and
@@ -27,7 +27,7 @@ use super::{broadcast, two_phase};
 use crate::config::ExchangeMode;
 use crate::error::Result;
 use crate::plan::{EpochOrder, FieldPart, HomeIndex, Permutation, Placement, Strategy, WindowPlan};
-use crate::transport::{agree, Transport};
+use crate::transport::{agree, agree_position, Transport};
 use crate::types::{Rank, SampleId};
 
 /// Everything a producer owns: the loader's own communicator, open readers and cache, and
@@ -112,7 +112,8 @@ fn first_step(spec: &WindowSpec) -> crate::types::Step {
     crate::types::Step(spec.steps.start)
 }
 
-/// Step 1: plans, reads and packs window `spec`. Collective (the read agreement).
+/// Step 1: plans, reads and packs window `spec`. Collective (the position agreement: every
+/// rank prepares the same window; the read agreement).
 pub(crate) fn prepare(
     stream: &Stream,
     transport: &dyn Transport,
@@ -120,6 +121,7 @@ pub(crate) fn prepare(
     index: &mut HomeIndex,
     spec: WindowSpec,
 ) -> Result<Packed> {
+    agree_position(transport, spec.epoch.0, spec.steps.start, None)?;
     let route = route(stream, &spec);
     if route == Route::Broadcast {
         return broadcast::prepare(stream, transport, reads, spec);

@@ -88,9 +88,10 @@ pub use batch::{Batch, Element, FieldData};
 use engine::Engine;
 pub use metrics::{Metrics, MetricsSummary, Phase, WindowRecord};
 pub use open::open_dataset;
+pub use pipeline::abandoned;
 use pipeline::Pipeline;
 pub use read_plan::{auto_budget, MARGIN_FRACTION, MIN_MARGIN};
-pub use state::{Fingerprint, LoaderState};
+pub use state::{check_epoch, epoch_out_of_range, Fingerprint, LoaderState, MAX_EPOCH};
 use stream::Stream;
 pub use stream::{Position, WindowSpec};
 
@@ -112,6 +113,16 @@ pub struct Loader {
     keep_window_records: bool,
     /// Why the loader stopped working, once it has.
     failed: Option<String>,
+    /// An error for the iterator to yield first ([`Loader::epoch`] with a bad epoch).
+    deferred: Option<Error>,
+    /// Asked while the loader waits ([`Loader::interrupt_with`]).
+    interrupt: Option<Box<dyn FnMut() -> bool + Send>>,
+    /// The process the loader was made in (a forked child must not use it).
+    pid: u32,
+    /// A rank that expects this one at the next window's position agreement (this rank's
+    /// last stop was not everyone's): the next window meets it, or closing says where
+    /// this rank went instead ([`pipeline`]).
+    expected_by: Option<usize>,
 }
 
 // A loader can be moved to another thread, or held by a Python object.
@@ -171,6 +182,10 @@ impl Loader {
             keep_window_sends: false,
             keep_window_records: false,
             failed: None,
+            deferred: None,
+            interrupt: None,
+            pid: std::process::id(),
+            expected_by: None,
         })
     }
 
@@ -178,6 +193,7 @@ impl Loader {
     /// then stands at the start of the next epoch, whose batches the following calls
     /// deliver. After an error the loader cannot continue: every later call fails.
     pub fn next_batch(&mut self) -> Result<Option<Batch>> {
+        self.check_process()?;
         if let Some(why) = &self.failed {
             return Err(Error::Misuse(format!("the loader failed earlier and cannot continue: {why}")));
         }
@@ -187,7 +203,10 @@ impl Loader {
         }
         if self.window.is_empty() {
             let start = Instant::now();
-            let window = self.pipeline.next_window(self.position, self.stream.options.prefetch);
+            // The window's position agreement meets whoever expects this rank.
+            self.expected_by = None;
+            let window =
+                self.pipeline.next_window(self.position, self.stream.options.prefetch, self.interrupt.as_deref_mut());
             let waited = start.elapsed();
             self.metrics.wait += waited;
             let window = window.and_then(|w| {
@@ -226,8 +245,18 @@ impl Loader {
                     self.window.extend(w.batches);
                 }
                 Err(e) => {
+                    // An error is agreed: the producer (if any) has ended. Interrupted, it
+                    // was left where it was. Read on where others repositioned: they
+                    // expect this rank at their next window, and learn it read on.
+                    let e = match self.pipeline.stop(None, false) {
+                        Ok(Some(rank)) => self
+                            .pipeline
+                            .agree_gone(&format!("read on past where rank {rank} repositioned"))
+                            .err()
+                            .unwrap_or(e),
+                        _ => e,
+                    };
                     self.failed = Some(e.to_string());
-                    self.pipeline.stop();
                     return Err(e);
                 }
             }
@@ -241,14 +270,20 @@ impl Loader {
     /// Positions the loader at the start of `epoch` (like `DistributedSampler.set_epoch`).
     /// Where the loader already stands there, nothing changes (a producer running ahead
     /// keeps its work); otherwise the producer is stopped collectively and restarts there
-    /// at the next batch. Every rank must call it at the same point.
-    pub fn set_epoch(&mut self, epoch: Epoch) {
-        self.reposition(Position { epoch, step: Step(0) });
+    /// at the next batch. Every rank must call it at the same point: where a rank
+    /// repositions alone, every rank fails at its next window, naming each rank's position
+    /// (or that it read on), instead of waiting. An epoch beyond [`MAX_EPOCH`] is refused.
+    pub fn set_epoch(&mut self, epoch: Epoch) -> Result<()> {
+        check_epoch(epoch.0)?;
+        self.reposition(Position { epoch, step: Step(0) })
     }
 
-    /// [`Loader::set_epoch`], then the loader as an iterator over that epoch's batches.
+    /// [`Loader::set_epoch`], then the loader as an iterator over that epoch's batches (an
+    /// error setting the epoch is the iterator's first item).
     pub fn epoch(&mut self, epoch: Epoch) -> &mut Loader {
-        self.set_epoch(epoch);
+        if let Err(e) = self.set_epoch(epoch) {
+            self.deferred = Some(e);
+        }
         self
     }
 
@@ -258,19 +293,51 @@ impl Loader {
     /// step beyond the epoch. Every rank must call it at the same point.
     pub fn seek(&mut self, state: &LoaderState) -> Result<()> {
         let at = self.resume_point(state)?;
-        self.reposition(at);
-        Ok(())
+        self.reposition(at)
     }
 
-    fn reposition(&mut self, at: Position) {
+    fn reposition(&mut self, at: Position) -> Result<()> {
+        self.check_process()?;
         if at == self.position && self.failed.is_none() {
             self.epoch_ended = false;
-            return;
+            return Ok(());
         }
-        self.pipeline.stop();
+        let stopped = self.pipeline.stop(self.interrupt.as_deref_mut(), false);
         self.window.clear();
         self.position = at;
         self.epoch_ended = false;
+        match stopped {
+            Ok(expected_by) => {
+                self.expected_by = self.expected_by.or(expected_by);
+                Ok(())
+            }
+            Err(e) => {
+                self.failed = Some(e.to_string());
+                Err(e)
+            }
+        }
+    }
+
+    /// Makes the loader's waits interruptible: while it waits for a window or for the
+    /// other ranks (at `next_batch`, `set_epoch`, `seek`, drop), `check` is called about
+    /// every 100 ms, and when it returns `true` the wait is given up with a
+    /// [`Error::Misuse`] error. The loader cannot continue after that: its producer is left
+    /// where it was (perhaps in a collective the other ranks never join), the runtime does
+    /// not finalise MPI at exit ([`abandoned`]), and the process should end. The Python
+    /// package checks for signals here, so that Ctrl-C and SIGTERM reach a training loop
+    /// that waits for a slow or absent peer.
+    pub fn interrupt_with(&mut self, check: impl FnMut() -> bool + Send + 'static) {
+        self.interrupt = Some(Box::new(check));
+    }
+
+    /// A loader cannot cross a `fork`: the child has none of the parent's threads, and
+    /// its communicators are the parent's. Refused by process id.
+    fn check_process(&self) -> Result<()> {
+        let now = std::process::id();
+        if now != self.pid {
+            return Err(fork_error(self.pid, now));
+        }
+        Ok(())
     }
 
     /// Where the loader stands: the next batch it delivers.
@@ -298,13 +365,21 @@ impl Loader {
     /// Checks that `state` belongs to this loader's stream (same dataset, seed, batch size
     /// and tail policy; the ranks and mesh may differ) and returns where it resumes.
     pub fn resume_point(&self, state: &LoaderState) -> Result<Position> {
+        if state.seed != state.fingerprint.seed {
+            return Err(Error::Config(format!(
+                "cannot resume: the state contradicts itself: seed {}, but its fingerprint says seed {} (an edited \
+                 state?)",
+                state.seed, state.fingerprint.seed
+            )));
+        }
         if let Some(what) = state.fingerprint.differences(&self.fingerprint()) {
             return Err(Error::Config(format!("cannot resume: the stream changed since the state was saved: {what}")));
         }
+        check_epoch(state.epoch)?;
         if state.step >= self.stream.steps_per_epoch {
             return Err(Error::Config(format!(
-                "cannot resume at step {}: an epoch has {} steps",
-                state.step, self.stream.steps_per_epoch
+                "cannot resume at epoch {} step {}: an epoch has {} steps",
+                state.epoch, state.step, self.stream.steps_per_epoch
             )));
         }
         Ok(Position::new(state.epoch, state.step))
@@ -451,6 +526,9 @@ impl Iterator for Loader {
     type Item = Result<Batch>;
 
     fn next(&mut self) -> Option<Result<Batch>> {
+        if let Some(e) = self.deferred.take() {
+            return Some(Err(e));
+        }
         if self.failed.is_some() {
             return None;
         }
@@ -460,10 +538,30 @@ impl Iterator for Loader {
 
 impl Drop for Loader {
     /// Stops the producer collectively (see [`pipeline`]): every rank drops its loader at
-    /// the same point, and none is left waiting.
+    /// the same point, and none is left waiting. In a forked child nothing is stopped or
+    /// freed (the producer and the communicators are the parent's).
     fn drop(&mut self) {
-        self.pipeline.stop();
+        if self.check_process().is_err() {
+            self.pipeline.forget();
+            return;
+        }
+        // Closed where others expect this rank at their next window: they learn it closed.
+        if let Ok(expected_by) = self.pipeline.stop(self.interrupt.as_deref_mut(), true) {
+            if expected_by.or(self.expected_by).is_some() {
+                let _ = self.pipeline.agree_gone("closed its loader");
+            }
+        }
     }
+}
+
+/// The error of a loader used in a process it was not made in (`made_in`), e.g. a
+/// forked child (`used_in`).
+pub fn fork_error(made_in: u32, used_in: u32) -> Error {
+    Error::Misuse(format!(
+        "this loader was made in process {made_in} and cannot be used in process {used_in}: a loader cannot cross a \
+         fork (os.fork, multiprocessing's fork start method, DataLoader workers); make one loader per training \
+         process and iterate it there"
+    ))
 }
 
 #[cfg(test)]
@@ -541,10 +639,10 @@ mod tests {
         let first_two: Vec<_> = l.by_ref().take(2).map(|b| b.unwrap().ids.clone()).collect();
         assert_eq!(first_two, reference[2][..2].to_vec());
         assert_eq!(l.position(), Position::new(2, 2));
-        l.set_epoch(Epoch(0));
+        l.set_epoch(Epoch(0)).unwrap();
         assert_eq!(ids(l.by_ref()), reference[0]);
         // set_epoch where the loader already stands keeps the running producer's work.
-        l.set_epoch(Epoch(1));
+        l.set_epoch(Epoch(1)).unwrap();
         assert_eq!(ids(l.by_ref()), reference[1]);
         let s = l.state_at(Position::new(2, 7));
         l.seek(&s).unwrap();
@@ -581,7 +679,7 @@ mod tests {
         // Per-window send counts only when asked for (they grow with the run).
         assert!(m.window_sends.is_empty());
         l.keep_window_sends(true);
-        l.set_epoch(Epoch(1));
+        l.set_epoch(Epoch(1)).unwrap();
         let n = l.by_ref().count();
         let m = l.take_metrics();
         assert_eq!(m.window_sends.len() as u64, m.windows);
@@ -590,7 +688,7 @@ mod tests {
         assert!(m.window_records.is_empty());
         // One record per window when asked for, adding up to the epoch's metrics.
         l.keep_window_records(true);
-        l.set_epoch(Epoch(2));
+        l.set_epoch(Epoch(2)).unwrap();
         l.by_ref().count();
         let m = l.take_metrics();
         let r = &m.window_records;

@@ -9,6 +9,27 @@
 use crate::dataset::Dataset;
 use crate::error::{Error, Result};
 
+/// The largest epoch a loader can stand at. A position is a JSON number in a state file,
+/// exact in every JSON reader up to 2^53 (JavaScript's and Python's `float` included), and
+/// no job runs that many epochs: a larger one is a mistake or a wrapped value, refused
+/// wherever an epoch enters (`set_epoch`, a state, `--resume-from`, `--epochs`) rather
+/// than silently wrapped.
+pub const MAX_EPOCH: u64 = (1 << 53) - 1;
+
+/// The error for an epoch beyond [`MAX_EPOCH`] (or not a number of 64 bits at all: `shown`
+/// is the value as it was given), the same wherever it enters.
+pub fn epoch_out_of_range(shown: &dyn std::fmt::Display) -> Error {
+    Error::Config(format!("epoch {shown} is out of range: epochs run from 0 to {MAX_EPOCH} (2^53 - 1)"))
+}
+
+/// Refuses an epoch beyond [`MAX_EPOCH`].
+pub fn check_epoch(epoch: u64) -> Result<()> {
+    if epoch > MAX_EPOCH {
+        return Err(epoch_out_of_range(&epoch));
+    }
+    Ok(())
+}
+
 /// What defines the global batch stream (not the ranks or the mesh).
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Fingerprint {
@@ -97,30 +118,11 @@ impl LoaderState {
         serde_json::from_str(text).map_err(|e| Error::Config(format!("invalid loader state: {e}")))
     }
 
-    /// Reads a state file of at most `limit` bytes, defensively: what is not a regular
-    /// file (a FIFO would block the reader forever, a device never end) or is longer than
-    /// a state can be is refused before anything is read.
+    /// Reads a state file of at most `limit` bytes, defensively
+    /// ([`crate::config::read_small_file`]: no FIFO, no device, nothing longer than a
+    /// state can be).
     pub fn read_file(path: &std::path::Path, limit: u64) -> Result<LoaderState> {
-        use std::io::Read;
-        use std::os::unix::fs::OpenOptionsExt;
-        // Non-blocking: opening a FIFO for reading waits for a writer otherwise.
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_NONBLOCK)
-            .open(path)
-            .map_err(|e| Error::io(path, e))?;
-        let meta = file.metadata().map_err(|e| Error::io(path, e))?;
-        if !meta.is_file() {
-            return Err(Error::file(path, "not a regular file (a state is a small JSON file)"));
-        }
-        if meta.len() > limit {
-            return Err(Error::file(
-                path,
-                format!("{} bytes: a state of this job is at most {limit} bytes; not a state file", meta.len()),
-            ));
-        }
-        let mut text = String::new();
-        file.take(limit + 1).read_to_string(&mut text).map_err(|e| Error::io(path, e))?;
+        let text = crate::config::read_small_file(path, limit)?;
         LoaderState::from_json(&text).map_err(|e| Error::file(path, e.to_string()))
     }
 }

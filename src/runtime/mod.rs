@@ -35,10 +35,29 @@ pub const EXIT_STOPPED: i32 = 75;
 /// communicator must be freed before that.
 pub struct Runtime {
     // Field order is drop order: the world communicator goes before MPI is finalised.
-    world: Box<dyn Transport>,
+    // (`None` only while being dropped.)
+    world: Option<Box<dyn Transport>>,
     #[cfg(feature = "mpi")]
     mpi: Option<mpi_session::MpiSession>,
     kind: TransportKind,
+    /// The process that joined (a forked child leaves the parent's membership alone).
+    pid: u32,
+}
+
+impl Drop for Runtime {
+    /// Leaves the job: frees the world communicator and finalises MPI if meshfeed
+    /// initialised it — except in a forked child (the membership is the parent's) and
+    /// after a loader gave up a wait and left its producer inside a collective
+    /// ([`crate::loader::abandoned`]): finalising under it could hang, so the process
+    /// leaves as it is and the launcher ends the job.
+    fn drop(&mut self) {
+        let world = self.world.take();
+        if std::process::id() != self.pid || crate::loader::abandoned() {
+            std::mem::forget(world);
+            #[cfg(feature = "mpi")]
+            std::mem::forget(self.mpi.take());
+        }
+    }
 }
 
 impl Runtime {
@@ -61,7 +80,12 @@ impl Runtime {
             world = world.with_max_round_bytes(cap);
         }
         world.check_launcher(&launcher_sizes())?;
-        Ok(Runtime { world: Box::new(world), mpi: Some(session), kind: TransportKind::Mpi })
+        Ok(Runtime {
+            world: Some(Box::new(world)),
+            mpi: Some(session),
+            kind: TransportKind::Mpi,
+            pid: std::process::id(),
+        })
     }
 
     /// Without the `mpi` feature, MPI is a clear error.
@@ -102,11 +126,13 @@ impl Runtime {
             }
             Ok(all)
         })?;
+        report_joined();
         Ok(Runtime {
-            world: Box::new(world),
+            world: Some(Box::new(world)),
             #[cfg(feature = "mpi")]
             mpi: None,
             kind: TransportKind::Ucx,
+            pid: std::process::id(),
         })
     }
 
@@ -129,21 +155,22 @@ impl Runtime {
     /// A world of one process (no communication).
     pub fn local() -> Runtime {
         Runtime {
-            world: Box::new(crate::transport::LocalTransport::new()),
+            world: Some(Box::new(crate::transport::LocalTransport::new())),
             #[cfg(feature = "mpi")]
             mpi: None,
             kind: TransportKind::Mpi,
+            pid: std::process::id(),
         }
     }
 
     /// The job's world communicator.
     pub fn world(&self) -> &dyn Transport {
-        &*self.world
+        self.world.as_deref().expect("the world communicator lives as long as the runtime")
     }
 
     /// This process's rank in the world.
     pub fn rank(&self) -> usize {
-        self.world.rank().0
+        self.world().rank().0
     }
 
     /// The transport the job runs over.
@@ -176,6 +203,27 @@ impl Runtime {
             let _ = mpi;
             std::process::exit(101);
         }));
+    }
+}
+
+/// Tells `meshfeed launch` that this rank joined its job: one byte to the pipe it handed
+/// down (`MESHFEED_LAUNCH_JOINED_FD`), which is then closed. A launcher that sees a rank
+/// end before every rank joined stops the others instead of leaving them waiting.
+#[cfg(feature = "ucx")]
+fn report_joined() {
+    let Some(fd) = std::env::var("MESHFEED_LAUNCH_JOINED_FD").ok().and_then(|v| v.parse::<i32>().ok()) else {
+        return;
+    };
+    // Once per process (a second runtime, or a child started later, must not count again).
+    std::env::remove_var("MESHFEED_LAUNCH_JOINED_FD");
+    // SAFETY: fstat fills the zeroed struct it is given; then one byte is written from a
+    // live buffer to the pipe the launcher handed down for this alone, which is closed.
+    unsafe {
+        let mut stat: libc::stat = std::mem::zeroed();
+        if libc::fstat(fd, &mut stat) == 0 && stat.st_mode & libc::S_IFMT == libc::S_IFIFO {
+            let _ = libc::write(fd, b"j".as_ptr().cast(), 1);
+            libc::close(fd);
+        }
     }
 }
 

@@ -6,6 +6,8 @@
 //! * [`agree_settings`]: every rank was given the same job (epochs, batch size, seed,
 //!   mesh, ...). Ranks started with different options would otherwise wait forever in a
 //!   collective, or exchange data the others did not plan for.
+//! * [`agree_position`]: every rank's loader is at the same window (a loader repositioned
+//!   differently on one rank is named, not met with a shorter segment than planned).
 
 use std::collections::BTreeMap;
 
@@ -66,8 +68,46 @@ pub fn agree_settings(transport: &dyn Transport, settings: &[(&str, String)]) ->
         .map_err(|e| Error::Transport(format!("bad settings from a peer: {e}")))?;
     match disagreements(&all) {
         None => Ok(()),
-        Some((rank, message)) => Err(Error::Remote { rank, kind: ErrorKind::Config, message }),
+        Some((rank, message)) => Err(Error::Remote {
+            rank,
+            kind: ErrorKind::Config,
+            message: format!("{message} (every rank must be given the same job)"),
+        }),
     }
+}
+
+/// Checks that every rank's loader stands at the same position (collective: one small
+/// all-reduce; an all-gather more when they differ). Ranks that set the epoch or sought
+/// differently would otherwise exchange rows the others did not plan for; instead every
+/// rank fails with the same [`ErrorKind::Misuse`] error naming each rank's position. A
+/// rank that is at no position of the stream (it read on where the others repositioned,
+/// or closed its loader) takes part with `standing` saying so, and `u64::MAX` for both
+/// numbers, which no position has.
+pub fn agree_position(transport: &dyn Transport, epoch: u64, step: u64, standing: Option<&str>) -> Result<()> {
+    // The maximum of each value and of its complement: the minimum, in one reduction.
+    let mut bounds = [epoch, step, !epoch, !step];
+    transport.all_reduce_u64(&mut bounds, ReduceOp::Max)?;
+    if bounds[0] == !bounds[2] && bounds[1] == !bounds[3] {
+        return Ok(());
+    }
+    let here = standing.map_or_else(|| format!("epoch {epoch} step {step}"), str::to_string);
+    let mine = serde_json::to_vec(&[("the loader's position", here)])
+        .map_err(|e| Error::Internal(format!("a position does not serialise: {e}")))?;
+    let all: Vec<Vec<(String, String)>> = transport
+        .all_gather(&mine)?
+        .iter()
+        .map(|bytes| serde_json::from_slice(bytes))
+        .collect::<std::result::Result<_, _>>()
+        .map_err(|e| Error::Transport(format!("bad position from a peer: {e}")))?;
+    let (rank, message) = disagreements(&all).unwrap_or((0, "ranks disagree on the loader's position".into()));
+    Err(Error::Remote {
+        rank,
+        kind: ErrorKind::Misuse,
+        message: format!(
+            "{message} (every rank must consume the same batches, and seek, set the epoch or close the loader at \
+             the same point)"
+        ),
+    })
 }
 
 /// What differs between the ranks' settings (`all[r]` is rank `r`'s): the first rank that
@@ -99,8 +139,7 @@ fn disagreements(all: &[Vec<(String, String)>]) -> Option<(usize, String)> {
             parts.push(format!("{name}: {}", held.join(" vs ")));
         }
     }
-    (!parts.is_empty())
-        .then(|| (first, format!("ranks disagree on {} (every rank must be given the same job)", parts.join("; "))))
+    (!parts.is_empty()).then(|| (first, format!("ranks disagree on {}", parts.join("; "))))
 }
 
 fn shown(v: &str) -> String {
@@ -155,14 +194,12 @@ mod tests {
         let other = s(&[("epochs", "3"), ("seed", "1")]);
         let (rank, msg) = disagreements(&[same.clone(), same.clone(), other, same.clone()]).unwrap();
         assert_eq!(rank, 2);
-        assert_eq!(
-            msg,
-            "ranks disagree on epochs: 2 (ranks 0-1, 3) vs 3 (rank 2) (every rank must be given the same job)"
-        );
+        assert_eq!(msg, "ranks disagree on epochs: 2 (ranks 0-1, 3) vs 3 (rank 2)");
         let (_, msg) = disagreements(&[same.clone(), s(&[("epochs", "2"), ("seed", "9"), ("mesh", "dp=2")])]).unwrap();
         assert!(msg.contains("seed: 1 (rank 0) vs 9 (rank 1); mesh: (not given) (rank 0) vs dp=2 (rank 1)"), "{msg}");
         assert_eq!(ranks_text(&[0, 1, 2, 5, 7, 8]), "ranks 0-2, 5, 7-8");
         // One rank: nothing to disagree with.
         agree_settings(&LocalTransport::new(), &[("epochs", "2".into())]).unwrap();
+        agree_position(&LocalTransport::new(), u64::MAX, 0, None).unwrap();
     }
 }

@@ -21,12 +21,21 @@ devices).
 Errors are :class:`Error` subclasses (:class:`DataError`, :class:`ConfigError`,
 :class:`TransportError`, :class:`VerifyError`, :class:`MisuseError`,
 :class:`InternalError`), raised on every rank with the same class and message.
+
+One loader per training process: a loader cannot cross a ``fork`` (``os.fork``,
+``multiprocessing`` with the fork start method, a ``torch.utils.data.DataLoader`` with
+``num_workers > 0`` iterating it): the child gets a :class:`MisuseError`, the parent is
+unaffected. Decode in DataLoader workers by handing them the batches (see the README).
+Waiting for a slow or absent peer, the loader checks for signals every 100 ms: Ctrl-C
+(``KeyboardInterrupt``) and a SIGTERM handler's exception are raised promptly; the loader
+cannot continue after that, and the process should end.
 """
 
 from __future__ import annotations
 
 import atexit
 import json
+import operator
 import os
 import sys
 import weakref
@@ -126,8 +135,10 @@ class Batch(Mapping):
         """The batch as a dict of ``torch.Tensor`` (plus ``"ids"``, int64, unless a field
         has that name).
 
-        On the CPU the tensors share the loader's buffers through DLPack (no copy; do not
-        write to them). On a GPU each field is copied into a pinned host buffer that the
+        On the CPU the field tensors share the batch's buffers through DLPack (no copy):
+        writing to one changes the batch's numpy array of that field, and nothing else
+        (no other batch, rank or epoch reads those bytes); ``clone()`` it to keep the
+        batch as delivered. ``"ids"`` is a copy. On a GPU each field is copied into a pinned host buffer that the
         loader reuses, then to the device with ``non_blocking``; a buffer is only reused
         after its copy has finished. ``device`` defaults to ``cuda:<local rank>`` when
         CUDA is available (the launcher's ``LOCAL_RANK``), else the CPU. Variable-length
@@ -146,7 +157,8 @@ class Batch(Mapping):
             if not isinstance(value, np.ndarray):
                 out[name] = value
                 continue
-            host = torch.from_dlpack(value)
+            # The ids live in an immutable bytes object: a tensor gets its own copy.
+            host = torch.from_numpy(value.copy()) if value is self.ids else torch.from_dlpack(value)
             if device.type == "cpu":
                 out[name] = host
             else:
@@ -259,6 +271,59 @@ def _bootstrap(transport: str, bootstrap: str) -> Optional[tuple]:
 _live: "weakref.WeakSet[Loader]" = weakref.WeakSet()
 
 
+def _json_default(value: Any) -> Any:
+    """numpy integers (and anything else with ``__index__``) as Python ints in options
+    and states."""
+    if hasattr(value, "__index__") and not isinstance(value, bool):
+        return operator.index(value)
+    raise TypeError(f"{type(value).__name__} is not a JSON value")
+
+
+def _integer(name: str, value: Any) -> int:
+    """An int argument: Python and numpy integers; not a bool, a float or a string."""
+    if isinstance(value, bool):
+        raise ConfigError(f"{name}={value!r}: expected an integer, not a bool")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise ConfigError(f"{name}={value!r}: expected an integer, not {type(value).__name__}") from None
+
+
+def _path(name: str, value: Any) -> str:
+    """A path: ``str``, ``bytes`` (decoded as the file system does) or ``os.PathLike``."""
+    try:
+        return os.fsdecode(os.fspath(value))
+    except TypeError:
+        raise ConfigError(f"{name}: {value!r} is not a path (str, bytes or os.PathLike)") from None
+
+
+def _names(name: str, value: Any) -> list:
+    """A list of names: a sequence of strings, or one string of comma-separated names
+    (``"dp,tp"``, as on the command line) — never split into letters."""
+    if isinstance(value, str):
+        return [v.strip() for v in value.split(",") if v.strip()]
+    try:
+        if isinstance(value, (bytes, Mapping)):
+            raise TypeError
+        names = list(value)
+    except TypeError:
+        raise ConfigError(f"{name}={value!r}: expected a list of names or a comma-separated string") from None
+    for v in names:
+        if not isinstance(v, str):
+            raise ConfigError(f"{name}: {v!r} is not a name (expected strings)")
+    return names
+
+
+def _mapping(name: str, value: Any) -> dict:
+    """A field -> spec mapping (``{"x": "dp,tp"}``)."""
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"{name}={value!r}: expected a mapping of field name to spec, e.g. {{'x': 'dp,tp'}}")
+    for k, v in value.items():
+        if not isinstance(k, str) or not isinstance(v, str):
+            raise ConfigError(f"{name}: {k!r}: {v!r}: expected a field name and a spec string")
+    return dict(value)
+
+
 class Loader:
     """A distributed loader over one dataset: this rank's shard of every global batch.
 
@@ -347,13 +412,13 @@ class Loader:
         if isinstance(data, (str, bytes)) or hasattr(data, "__fspath__"):
             data = [data]
         options = {
-            "data": [str(p) for p in data],
-            "batch_size": batch_size,
-            "seed": seed,
+            "data": [_path("data", p) for p in data],
+            "batch_size": _integer("batch_size", batch_size),
+            "seed": _integer("seed", seed),
             "mesh": mesh,
-            "shard": dict(shard or {}),
-            "stages": dict(stages or {}),
-            "mesh_order": list(mesh_order or []),
+            "shard": _mapping("shard", shard or {}),
+            "stages": _mapping("stages", stages or {}),
+            "mesh_order": _names("mesh_order", mesh_order or []),
             "pipeline_axis": pipeline_axis,
             "transport": transport,
             "window_bytes": window_bytes,
@@ -365,28 +430,35 @@ class Loader:
             "memory_budget": memory_budget,
             "storage_bandwidth": storage_bandwidth,
             "storage_iops": storage_iops,
-            "spill_dir": None if spill_dir is None else str(spill_dir),
+            "spill_dir": None if spill_dir is None else _path("spill_dir", spill_dir),
             "read_queue_depth": read_queue_depth,
             "local_reads": local_reads,
             "group": group,
             "devices_per_process": devices_per_process,
         }
+        for key in ("prefetch", "storage_iops", "read_queue_depth", "devices_per_process"):
+            if options[key] is not None:
+                options[key] = _integer(key, options[key])
         options = {k: v for k, v in options.items() if v is not None}
-        self._init(_meshfeed.Loader(json.dumps(options), _bootstrap(transport, bootstrap)))
+        self._init(_meshfeed.Loader(json.dumps(options, default=_json_default), _bootstrap(transport, bootstrap)))
 
     @classmethod
     def from_config(cls, path: str, *, bootstrap: str = "auto") -> "Loader":
         """A loader from a TOML job file (the command line's ``--config``)."""
         transport = "mpi"
         try:
+            import stat
             import tomllib
 
-            with open(path, "rb") as f:
-                transport = str(tomllib.load(f).get("transport", "mpi"))
-        except (ImportError, OSError, ValueError):
+            # Only a regular file of job-file size is read here (a FIFO would block).
+            info = os.stat(path)
+            if stat.S_ISREG(info.st_mode) and info.st_size <= 1 << 20:
+                with open(path, "rb") as f:
+                    transport = str(tomllib.load(f).get("transport", "mpi"))
+        except (ImportError, OSError, ValueError, TypeError):
             pass  # the extension reports an unreadable job file
         self = cls.__new__(cls)
-        self._init(_meshfeed.Loader.from_config(str(path), _bootstrap(transport, bootstrap)))
+        self._init(_meshfeed.Loader.from_config(_path("path", path), _bootstrap(transport, bootstrap)))
         return self
 
     def _init(self, inner: Any) -> None:
@@ -434,8 +506,10 @@ class Loader:
 
     def set_epoch(self, epoch: int) -> None:
         """Positions the loader at the start of ``epoch`` (like
-        ``DistributedSampler.set_epoch``). Every rank must call it at the same point."""
-        self._inner.set_epoch(epoch)
+        ``DistributedSampler.set_epoch``). Every rank must call it at the same point: where
+        a rank repositions alone, every rank raises :class:`MisuseError` at its next batch,
+        naming each rank's position. Epochs run from 0 to 2**53 - 1."""
+        self._inner.set_epoch(_integer("epoch", epoch))
 
     def __iter__(self) -> Iterator[Batch]:
         """The batches of the current epoch (after which the loader stands at the start of
@@ -455,12 +529,17 @@ class Loader:
     def load_state_dict(self, state: dict) -> None:
         """Continues exactly where ``state`` says. Refuses a state of another stream
         (dataset, seed, batch size or tail policy changed), naming what changed."""
-        self._inner.load_state_json(json.dumps(state))
+        if not isinstance(state, Mapping):
+            raise ConfigError(f"invalid loader state: expected the dict state_dict() returned, not {type(state).__name__}")
+        if "epoch" in state:
+            _meshfeed.check_epoch(_integer("epoch", state["epoch"]))
+        self._inner.load_state_json(json.dumps(dict(state), default=_json_default))
 
     def close(self) -> None:
-        """Stops the loader (collective: at the same point on every rank)."""
-        self._inner.close()
+        """Stops the loader (collective: at the same point on every rank). In a forked
+        child it does nothing (the loader is the parent's)."""
         _live.discard(self)
+        self._inner.close()
 
     def __enter__(self) -> "Loader":
         return self
