@@ -43,7 +43,11 @@ pub use error::{Error, Result};
 /// This build's version, with the git revision it was built from.
 pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (", env!("MESHFEED_GIT_REV"), ")");
 
-// The README's examples compile (and run, unless marked otherwise) as doc tests.
+// The README's and the docs' examples compile (and run, unless marked otherwise) as doc
+// tests.
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;
+#[cfg(doctest)]
+#[doc = include_str!("../docs/rust.md")]
+pub struct RustApiDoctests;
