@@ -15,8 +15,9 @@
 //! * **exchange** (its exposed part, peer waiting excluded): `[overhead] + [latency] ×
 //!   (P − 1) + on-host bytes / [intra bandwidth] + the node's off-host bytes / [inter
 //!   bandwidth]`: a fixed cost per window, peers, shared memory, and the node's network
-//!   link shared by its ranks. The same three constants are what `--exchange auto` weighs fused against
-//!   two-phase with ([`meshfeed::config::ExchangeCosts`]).
+//!   link shared by its ranks: [`meshfeed::plan::cost::all_to_all_seconds`], the function
+//!   `--exchange auto` weighs fused against two-phase with, on these fitted constants
+//!   ([`meshfeed::config::ExchangeCosts`]).
 //!
 //! * **the consumer** (the training step; `meshfeed run`'s verification, dump or
 //!   `--compute-ms`): `[consume per row] × rows + [consume per byte] × bytes`, its time
@@ -33,6 +34,7 @@ use serde::Serialize;
 
 use meshfeed::config::ExchangeCosts;
 use meshfeed::plan::budget::{bookkeeping_per_step, WindowBudget};
+use meshfeed::plan::cost::all_to_all_seconds;
 
 /// One rank's record of one window, as the model reads it.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -194,7 +196,7 @@ fn solve_normal(x: &[Vec<f64>], y: &[f64], cols: &[usize]) -> Option<Vec<f64>> {
     let n = cols.len();
     // Scale columns so that bytes and counts are comparable.
     let scale: Vec<f64> = cols.iter().map(|&j| x.iter().map(|r| r[j].abs()).fold(0.0, f64::max)).collect();
-    if scale.iter().any(|&s| s == 0.0) {
+    if scale.contains(&0.0) {
         return None;
     }
     let mut a = vec![vec![0.0; n + 1]; n];
@@ -218,8 +220,9 @@ fn solve_normal(x: &[Vec<f64>], y: &[f64], cols: &[usize]) -> Option<Vec<f64>> {
         for r in 0..n {
             if r != c {
                 let f = a[r][c] / diag;
-                for k in c..=n {
-                    a[r][k] -= f * a[c][k];
+                let pivot = a[c].clone();
+                for (x, p) in a[r][c..=n].iter_mut().zip(&pivot[c..=n]) {
+                    *x -= f * p;
                 }
             }
         }
@@ -372,12 +375,8 @@ pub fn predict_one(c: &Calibration, s: &Scenario) -> Prediction {
     let sent = spw as f64 * rows_per_step * s.sample_bytes;
     let on_host = sent * rpn as f64 / p;
     let node_off = rpn as f64 * (sent - on_host);
-    let costs = c.exchange_costs();
     let exchange = if p > 1.0 {
-        c.overhead_s
-            + costs.latency_ns as f64 * 1e-9 * (p - 1.0)
-            + on_host / costs.intra_bytes_per_s.max(1) as f64
-            + node_off / c.inter_bytes_per_s.unwrap_or(costs.inter_bytes_per_s as f64).max(1.0)
+        c.overhead_s + all_to_all_seconds(&c.exchange_costs(), p as usize - 1, on_host, node_off)
     } else {
         0.0
     };

@@ -9,12 +9,14 @@
 //!
 //! The cost model compares, for one step, the busiest rank's time in each: its bytes on
 //! its host over the on-host bandwidth, its host's bytes to and from other hosts over the
-//! host's link, and a latency per message ([`ExchangeCosts`]: measured defaults, or fitted
-//! by `meshfeed report --predict`).
+//! host's link, and a latency per peer — [`crate::plan::cost::all_to_all_seconds`], the
+//! function `meshfeed report --predict` fits ([`ExchangeCosts`]: measured defaults, or
+//! that fit's).
 
 use crate::config::{ExchangeCosts, ExchangeMode, Layout};
 use crate::dataset::{Field, FieldKind};
 use crate::error::Result;
+use crate::plan::cost::all_to_all_seconds;
 use crate::plan::placement::{Receiver, RowBlock};
 use crate::plan::{sharding, FieldPart, Mesh, Placement};
 
@@ -103,8 +105,6 @@ fn all_to_all_times(recv: &[u64], hosts: &[usize], costs: &ExchangeCosts) -> Vec
         on_host[h] += 1;
         host_recv[h] += recv[r] as f64;
     }
-    let (intra, inter) = (costs.intra_bytes_per_s.max(1) as f64, costs.inter_bytes_per_s.max(1) as f64);
-    let latency = costs.latency_ns as f64 * 1e-9;
     recv.iter()
         .zip(hosts)
         .map(|(&r, &h)| {
@@ -112,7 +112,7 @@ fn all_to_all_times(recv: &[u64], hosts: &[usize], costs: &ExchangeCosts) -> Vec
             let on = r as f64 * n / p + host_recv[h] / p;
             let link_in = host_recv[h] * (p - n) / p;
             let link_out = n * (total - host_recv[h]) / p;
-            on / intra + link_in.max(link_out) / inter + 2.0 * p * latency
+            all_to_all_seconds(costs, recv.len() - 1, on, link_in.max(link_out))
         })
         .collect()
 }

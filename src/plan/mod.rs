@@ -8,6 +8,7 @@
 //! batch, derived from a [`mesh::Mesh`] and the fields' [`sharding`]).
 
 pub mod budget;
+pub mod cost;
 pub mod home;
 pub mod index;
 pub mod io;
