@@ -176,7 +176,7 @@ class Cgroups:
         else:
             peak = int(self._r(self.mem, "memory.peak")) if os.path.exists(f"{self.mem}/memory.peak") else 0
             oom = self._r(self.mem, "memory.events")
-        kills = next((int(l.split()[1]) for l in oom.splitlines() if l.startswith("oom_kill ")), 0)
+        kills = next((int(line.split()[1]) for line in oom.splitlines() if line.startswith("oom_kill ")), 0)
         return peak, kills
 
     def close(self):
@@ -200,7 +200,8 @@ def why_not_here():
         controllers = open("/sys/fs/cgroup/cgroup.controllers").read().split()
         v2 = "io" in controllers and "memory" in controllers
     if not (v1 or v2):
-        return "the kernel offers no block-I/O throttling and memory cgroup (cgroup v1 blkio + memory, or v2 io + memory)"
+        return ("the kernel offers no block-I/O throttling and memory cgroup "
+                "(cgroup v1 blkio + memory, or v2 io + memory)")
     if shutil.which("losetup") is None or shutil.which("mkfs.ext4") is None:
         return "losetup and mkfs.ext4 (util-linux, e2fsprogs) are needed"
     r = sh("losetup", "-f", check=False)
@@ -387,8 +388,8 @@ def main():
 def meshfeed_cmd(ranks, data, batch, epochs, extra, binary=None):
     mf = binary or os.path.join(ROOT, "target", "release", "meshfeed")
     return ["mpirun", "--allow-run-as-root", "--oversubscribe", "--mca", "mpi_yield_when_idle", "1", "-np", str(ranks),
-            mf, "run", "--data", data, "--batch-size", str(batch), "--epochs", str(epochs), "--json", "--heartbeat", "0",
-            *extra]
+            mf, "run", "--data", data, "--batch-size", str(batch), "--epochs", str(epochs),
+            "--json", "--heartbeat", "0", *extra]
 
 
 def build_baseline(rev, workdir):
@@ -557,7 +558,8 @@ def suite(args):
                                     ("meshfeed:random", ["--read-strategy", "random"]),
                                     ("meshfeed:resident", ["--read-strategy", "resident"])]
                     if scenario != "spill":
-                        loaders.append(("meshfeed:random-access", ["--read-strategy", "random", "--memory-budget", "0"]))
+                        loaders.append(("meshfeed:random-access",
+                                        ["--read-strategy", "random", "--memory-budget", "0"]))
                     if today:
                         loaders.append(("meshfeed:today", []))
                     for name, extra in loaders:
@@ -636,7 +638,8 @@ def smoke(args):
         if not 0.5 * nbytes <= seq["bytes"] <= 1.5 * nbytes:
             failures.append(f"the sequential read was not counted by the cgroup: {seq}")
         runs = {}
-        for name, extra in [("meshfeed", []), ("meshfeed:random-access", ["--read-strategy", "random", "--memory-budget", "0"])]:
+        for name, extra in [("meshfeed", []),
+                            ("meshfeed:random-access", ["--read-strategy", "random", "--memory-budget", "0"])]:
             r = measure(name, meshfeed_cmd(args.ranks, data, 256, 3, extra), cg_args, files, meshfeed_epoch, 120)
             runs[name] = r
             show("medium", "npy", "smoke", r, 3072)
@@ -656,7 +659,8 @@ def smoke(args):
             if [x["samples"] for x in t] != [x["samples"] for x in e]:
                 failures.append("the two runs delivered different numbers of samples")
             if not t[0]["storage_bytes"] >= 0.9 * nbytes:
-                failures.append(f"keeping nothing, epoch 0 read {t[0]['storage_bytes']} bytes of {nbytes} from the device")
+                failures.append(f"keeping nothing, epoch 0 read {t[0]['storage_bytes']} bytes of {nbytes} "
+                                "from the device")
     finally:
         disk.close()
         shutil.rmtree(work, ignore_errors=True)

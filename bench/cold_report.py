@@ -41,12 +41,14 @@ def main(results, report):
     out = ["# meshfeed on cold storage", ""]
     lim = next(iter(limits.values()), None)
     if lim:
-        out += [f"Storage throttled to {lim['bps'] / 1e6:.0f} MB/s and {lim['iops']} reads/s (a loop device of its own,",
+        out += [f"Storage throttled to {lim['bps'] / 1e6:.0f} MB/s and {lim['iops']} reads/s "
+                "(a loop device of its own,",
                 "cgroup block-I/O throttling), page cache of the dataset dropped before each run, every loader of a",
                 "scenario under the same cgroup memory limit (page cache included). 4 ranks. Rates in samples/s;",
                 "storage bytes as a multiple of the dataset; peak: the cgroup's peak memory (page cache included).",
                 f"Measured {lim['date']} at git {lim['git_rev']}.", ""]
-    out += ["| sample | format | scenario | loader | strategy | epoch 0 | epoch 1 | epoch 2 | storage read (× data) per epoch | reads per epoch | limit MiB | peak MiB | OOM |",
+    out += ["| sample | format | scenario | loader | strategy | epoch 0 | epoch 1 | epoch 2 "
+            "| storage read (× data) per epoch | reads per epoch | limit MiB | peak MiB | OOM |",
             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     targets = []
     for key in sorted(runs, key=lambda k: (k[0], k[1])):
@@ -69,7 +71,8 @@ def main(results, report):
                        f"{rates[2]} | {storage} | {reads} | {r.get('memory_limit', 0) / MiB:.0f} | "
                        f"{r['cgroup_peak_bytes'] / MiB:.0f} | {r['oom_kills']} |")
         targets += check(key, L, runs[key])
-    out += ["", "`*` an epoch stopped at the time limit (its rate is that of the samples so far).", "", "## Targets", ""]
+    out += ["", "`*` an epoch stopped at the time limit (its rate is that of the samples so far).", "",
+            "## Targets", ""]
     out += [f"- {t}" for t in targets]
     with open(report, "w") as f:
         f.write("\n".join(out) + "\n")

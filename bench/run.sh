@@ -142,8 +142,8 @@ gen() {
 # --- measurements ----------------------------------------------------------------------
 # rust NAME DIR P TAG WINDOW MODES [extra bench flags]
 rust() {
-    local name=$1 dir=$2 p=$3 tag=$4 window=$5 modes=$6; shift 6
-    local log=$out/logs/$tag-$(basename "$dir")-np$p-w$window.log
+    local name=$1 dir=$2 p=$3 tag=$4 window=$5 modes=$6 log; shift 6
+    log=$out/logs/$tag-$(basename "$dir")-np$p-w$window.log
     log=${log//:/_}
     step "meshfeed bench: $tag $(basename "$dir") np $p window $window ($modes)"
     if ! "${mpi[@]}" -np "$p" "$bin" bench --data "$dir" --batch-size "${BATCH[$name]}" --window-bytes "$window" \
@@ -152,8 +152,8 @@ rust() {
     fi
 }
 pytorch() { # NAME DIR FORMAT P
-    local name=$1 dir=$2 fmt=$3 p=$4
-    local log=$out/logs/pytorch-$(basename "$dir")-np$p.log
+    local name=$1 dir=$2 fmt=$3 p=$4 log
+    log=$out/logs/pytorch-$(basename "$dir")-np$p.log
     step "pytorch: $(basename "$dir") np $p (workers 0,1,2)"
     if ! "${mpi[@]}" -np "$p" "$py" bench/torch_loader.py --data "$dir" --format "$fmt" --batch-size "${BATCH[$name]}" \
         --epochs "$torch_epochs" --workers 0,1,2 --tag "$name" --window-bytes "$(numfmt --from=iec "${WINDOW[$name]}")" \

@@ -185,12 +185,14 @@ def machine():
     cpu = "unknown"
     try:
         with open("/proc/cpuinfo") as f:
-            cpu = next(l.split(":", 1)[1].strip() for l in f if l.startswith("model name"))
+            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
     except (OSError, StopIteration):
         pass
     try:
-        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True).stdout.strip()
+        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                             check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                               text=True).stdout.strip()
         rev += "-dirty" if dirty else ""
     except (OSError, subprocess.CalledProcessError):
         rev = "unknown"
@@ -205,7 +207,6 @@ def machine():
 
 def run_epochs(dataset, rank, size, per_rank, workers, epochs, seed):
     """One untimed epoch then `epochs` timed ones; returns (times, samples, bytes) of the last."""
-    import torch
     from torch.utils.data import DataLoader, DistributedSampler
 
     sampler = DistributedSampler(dataset, num_replicas=size, rank=rank, shuffle=True, seed=seed, drop_last=True)
@@ -265,7 +266,8 @@ def main():
     deadline = time.time() + 600
     while not all(os.path.exists(q) for q in parts):
         if time.time() > deadline:
-            sys.exit(f"torch_loader: ranks did not report within 10 minutes: {[q for q in parts if not os.path.exists(q)]}")
+            missing = [q for q in parts if not os.path.exists(q)]
+            sys.exit(f"torch_loader: ranks did not report within 10 minutes: {missing}")
         time.sleep(0.05)
     ranks = []
     for q in parts:
@@ -315,7 +317,8 @@ def main():
     with open(args.out, "a") as f:
         f.write(json.dumps(record) + "\n")
     tried = ", ".join(f"{w} workers {min(t):.3f} s" for w, t in by_workers.items())
-    print(f"pytorch {args.tag} {args.format} x{size}: best epoch {best:.3f} s ({samples / best:.0f} samples/s); {tried}")
+    print(f"pytorch {args.tag} {args.format} x{size}: best epoch {best:.3f} s "
+          f"({samples / best:.0f} samples/s); {tried}")
 
 
 if __name__ == "__main__":

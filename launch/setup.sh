@@ -13,7 +13,8 @@ if [[ "${1:-}" == "--test" ]]; then
     # iproute2: the tests' emulated nodes and pods (network namespaces); openssh: the
     # MPIJob's workers run sshd, its launcher ssh (tests/mpijob.rs).
     packages+=(python3 python3-venv iproute2 openssh-client openssh-server
-        e2fsprogs) # e2fsprogs: mkfs.ext4 for the cold-storage benchmark's loop devices
+        e2fsprogs # e2fsprogs: mkfs.ext4 for the cold-storage benchmark's loop devices
+        shellcheck) # the scripts' lint (tests/ci.sh)
 fi
 missing=()
 for p in "${packages[@]}"; do
@@ -42,11 +43,11 @@ if [[ "${1:-}" == "--test" ]]; then
     # pytest tests it (mpi4py: MPI initialised by another library; torch, jax and Ray Train
     # run the framework tests and the examples on the CPU: PyPI's torch brings CUDA
     # libraries, ~5 GB, about a minute and a half to download here).
-    if ! .venv/bin/python -c "import numpy, h5py, pyarrow, ray.train, kubernetes_validate, maturin, pytest, mpi4py, torch, jax" 2>/dev/null; then
-        echo "setup: creating .venv with numpy, h5py, pyarrow, ray[train], kubernetes-validate, maturin, pytest, mpi4py, torch, jax (tests)"
+    if ! .venv/bin/python -c "import numpy, h5py, pyarrow, ray.train, kubernetes_validate, maturin, pytest, mpi4py, torch, jax, ruff, mypy" 2>/dev/null; then
+        echo "setup: creating .venv with numpy, h5py, pyarrow, ray[train], kubernetes-validate, maturin, pytest, mpi4py, torch, jax, ruff, mypy (tests)"
         python3 -m venv .venv
         .venv/bin/pip install -q --disable-pip-version-check numpy h5py pyarrow "ray[train]" kubernetes-validate maturin \
-            pytest mpi4py torch jax
+            pytest mpi4py torch jax ruff mypy
     fi
 fi
 echo "setup: OK"

@@ -66,6 +66,8 @@ mkdir -p "$out"
 total=$(wc -l <<<"$points")
 echo "sweep: $total point(s) into $out"
 i=0
+# Each point's keys, which the eval below sets.
+id='' nodes='' ranks_per_node='' loader='' verify=0
 while IFS= read -r point; do
     i=$((i + 1))
     eval "$(python3 -c 'import json,shlex,sys

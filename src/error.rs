@@ -130,6 +130,12 @@ impl Error {
     }
 }
 
+// Errors cross from the producer thread to the consumer.
+const _: fn() = || {
+    fn send_sync<T: Send + Sync>() {}
+    send_sync::<Error>();
+};
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -144,9 +150,3 @@ mod tests {
         assert_eq!((remote.kind(), Error::file("f", "r").kind()), (ErrorKind::Data, ErrorKind::Data));
     }
 }
-
-// Errors cross from the producer thread to the consumer.
-const _: fn() = || {
-    fn send_sync<T: Send + Sync>() {}
-    send_sync::<Error>();
-};

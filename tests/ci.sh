@@ -1,12 +1,23 @@
 #!/usr/bin/env bash
-# The whole test suite, from a fresh Debian 12 machine: install, build the workspace once
-# in release mode, run unit, doc and multi-rank (real mpirun, meshfeed launch) tests and
+# The whole test suite, from a fresh Debian 12 machine: install, lint (rustfmt, clippy,
+# rustdoc, shellcheck, ruff, mypy), build the workspace once in release mode, run unit, doc
+# and multi-rank (real mpirun, meshfeed launch) tests and
 # the examples; then check that the library builds without each optional feature and that
 # the command line names a missing feature. `.ci/run` calls exactly this.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash launch/setup.sh --test
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 HDF5_USE_FILE_LOCKING=FALSE
+# Habits made mechanical, first (they fail in minutes): formatting, the workspace's lints
+# (Cargo.toml [workspace.lints]), the library's docs with their links, the scripts, the
+# Python code (ruff.toml) and the package's types.
+cargo fmt --all --check
+cargo clippy --release --workspace --all-targets -- -D warnings
+RUSTDOCFLAGS="-D warnings" cargo doc --release -p meshfeed --no-deps --document-private-items
+mapfile -t scripts < <(git ls-files '*.sh' '*.sbatch')
+shellcheck -S warning "${scripts[@]}" .ci/run
+.venv/bin/ruff check .
+.venv/bin/mypy python/pysrc/meshfeed
 cargo build --release --workspace --all-targets
 # The Python package (python/, PyO3 + maturin), installed the way users install it, before
 # any test: tests/launchers.rs runs the Ray Train example, which imports it, on a

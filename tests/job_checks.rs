@@ -87,7 +87,7 @@ over_transports! {
     fn ranks_given_different_jobs_are_told_which_option_differs(t: Transport) {
         let dir = generated();
         let d = dir.path().join("d");
-        let base = vec!["run", "--data", d.to_str().unwrap(), "--batch-size", "12"];
+        let base = ["run", "--data", d.to_str().unwrap(), "--batch-size", "12"];
         let with = |extra: &[&'static str]| -> Vec<&str> { base.iter().copied().chain(extra.iter().copied()).collect() };
         // Different --epochs: once a hang forever under MPI.
         let run = run_per_rank(t, &[with(&["--epochs", "2"]), with(&["--epochs", "2"]), with(&["--epochs", "3"])]);

@@ -323,7 +323,7 @@ fn run(args: &RunArgs, job: Result<Job>, rt: &Runtime, stop: &StopSignal) -> Res
         summary.open_s = open_s.take();
         if let Some(v) = verifier.as_mut() {
             let b = job.loader.batch_size as u64;
-            let (report, first_problem) = v.finish_epoch(world, &loader.home_ranges(), first * b..end * b)?;
+            let (report, first_problem) = v.finish_epoch(world, loader.home_ranges(), first * b..end * b)?;
             summary.verified = Some(report.ok());
             if let Some(t) = telemetry.as_mut() {
                 agree(world, t.epoch(&times, &mine, summary.verified))?;

@@ -72,7 +72,7 @@ def main() -> None:
         every = np.concatenate([multihost_utils.process_allgather(i, tiled=True) for i in ids])
         assert len(every) == len(loader) * a.batch_size == len(np.unique(every)), "a sample twice or missing"
         if jax.process_index() == 0:
-            mean = float(np.mean([float(l) for l in losses]))
+            mean = float(np.mean([float(loss) for loss in losses]))
             print(f"epoch {epoch} loss {mean:.4f} ({len(every)} samples, each once, on {devices} devices "
                   f"in {jax.process_count()} processes)", flush=True)
     loader.close()

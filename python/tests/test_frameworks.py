@@ -42,7 +42,8 @@ JAX_CASES = [
 ]
 
 
-@pytest.mark.parametrize("procs,k,mesh,x,transport", JAX_CASES, ids=[f"{c[2]}-np{c[0]}x{c[1]}-{c[4]}" for c in JAX_CASES])
+@pytest.mark.parametrize("procs,k,mesh,x,transport", JAX_CASES,
+                         ids=[f"{c[2]}-np{c[0]}x{c[1]}-{c[4]}" for c in JAX_CASES])
 def test_jax_global_arrays_equal_one_rank_per_device(npy, tmp_path, procs, k, mesh, x, transport):
     devices = procs * k
     cli = tmp_path / "cli"
@@ -113,7 +114,8 @@ def test_the_pytorch_example_trains_under_mpirun_and_torchrun(learnable):
     assert re.search(r"data wait: \d+\.\d% of step time \(dataloader, cpu, 2 ranks\)", r.stdout), r.stdout
     # torchrun, meshfeed over UCX through torch's store, 2 ranks: the same global batches,
     # so the same losses.
-    r = ok(run(TORCHRUN + ["--standalone", "--nproc-per-node", 2, script, learnable, "--epochs", 4, "--transport", "ucx"],
+    r = ok(run(TORCHRUN + ["--standalone", "--nproc-per-node", 2, script, learnable, "--epochs", 4,
+                           "--transport", "ucx"],
                env=dict(ENV, UCX_NET_DEVICES="lo")))
     assert losses(r.stdout, 4) == pytest.approx(over_mpi, abs=2e-4)
 
@@ -134,7 +136,7 @@ def test_the_ray_train_example_trains_over_ucx(learnable):
     # Ray may repeat a worker's lines in the driver's log: the distinct epochs count.
     found = sorted(set(re.findall(r"epoch (\d+) loss ([0-9.]+) \(4096 samples, each once", r.stdout)))
     assert [e for e, _ in found] == ["0", "1", "2"], r.stdout
-    assert falls([float(l) for _, l in found]), found
+    assert falls([float(loss) for _, loss in found]), found
     assert "ray_train: finished (no error)" in r.stdout, r.stdout
 
 
@@ -158,7 +160,8 @@ def test_pinned_buffers_are_reused_only_after_their_copy_finished(monkeypatch):
             log.append(("sync", self.id))
 
     real_empty = torch.empty
-    monkeypatch.setattr(torch, "empty", lambda *a, pin_memory=False, **kw: (log.append(("pin", a[0])), real_empty(*a, **kw))[1])
+    monkeypatch.setattr(torch, "empty",
+                        lambda *a, pin_memory=False, **kw: (log.append(("pin", a[0])), real_empty(*a, **kw))[1])
     monkeypatch.setattr(torch.cuda, "Event", Event)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device: None)
     pool = meshfeed._PinnedPool()

@@ -34,7 +34,7 @@ def ok(r):
 
 
 def read_dump(d: Path, np_: int):
-    return [[json.loads(l) for l in (d / f"rank-{r}.jsonl").read_text().splitlines()] for r in range(np_)]
+    return [[json.loads(line) for line in (d / f"rank-{r}.jsonl").read_text().splitlines()] for r in range(np_)]
 
 
 def python_job(np_, options, out, epochs, *extra, transport="mpi"):
@@ -214,7 +214,8 @@ def test_an_error_reaches_every_rank_as_meshfeed_error(datasets, tmp_path):
     # kill the other ranks when the first one exits non-zero (it could before they print),
     # so each rank reports its own exit code.
     keep = ["--mca", "orte_abort_on_non_zero_status", "0"]
-    uncaught = f"{sys.executable} -c \"import meshfeed; meshfeed.Loader(['/nonexistent/data'], batch_size=4)\"; echo exit=$?"
+    uncaught = (f"{sys.executable} -c \"import meshfeed; meshfeed.Loader(['/nonexistent/data'], batch_size=4)\""
+                "; echo exit=$?")
     r = ok(run(MPIRUN + keep + ["-np", 2, "sh", "-c", uncaught]))
     assert r.stdout.count("exit=1") == 2, r.stdout + r.stderr
     assert r.stderr.count("/nonexistent/data: no such file or directory") == 2, r.stderr

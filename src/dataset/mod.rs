@@ -618,7 +618,7 @@ mod tests {
             assert!(err.contains(bad.to_str().unwrap()) && err.contains(needle), "{err}");
             if !bad.is_dir() {
                 // Given directly, the same path is the same error.
-                let err = resolve_paths(&[bad.clone()]).unwrap_err().to_string();
+                let err = resolve_paths(std::slice::from_ref(&bad)).unwrap_err().to_string();
                 assert!(err.contains(bad.to_str().unwrap()) && err.contains(needle), "{err}");
             }
         };

@@ -289,7 +289,7 @@ mod tests {
         // A short header (one read) and one longer than the first read (two reads).
         for fields in [
             vec![Field::tensor("data", DType::U8, vec![4096])],
-            (0..400).map(|i| Field::tensor(&format!("field{i}"), DType::U8, vec![8])).collect(),
+            (0..400).map(|i| Field::tensor(format!("field{i}"), DType::U8, vec![8])).collect(),
         ] {
             let rec: usize = fields.iter().map(|f| f.fixed_bytes().unwrap()).sum();
             let samples = (4 << 20) / rec as u64 + 1;

@@ -7,7 +7,7 @@
 //!    **pack** each destination's values into one send buffer (one copy);
 //! 2. [`exchange`]: one all-to-all-v over the loader's own communicator — overlapped, when
 //!    the producer runs ahead, with preparing the next window;
-//! 3. [`complete`]: **assemble** the received values into [`Batch`]es (one copy), and
+//! 3. [`complete`]: **assemble** the received values into [`Batch`](super::Batch)es (one copy), and
 //!    agree that every rank did.
 //!
 //! The route a window takes — fused, two-phase ([`super::two_phase`]) or the broadcast

@@ -78,6 +78,8 @@ fn interrupted(what: &str) -> Error {
     Error::Misuse(format!("interrupted while {what} (the loader's producer was left where it was)"))
 }
 
+// One per loader: the size of its largest variant does not matter.
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum Pipeline {
     /// Nothing runs; the engine waits for a start position.
     Idle(Engine),

@@ -219,7 +219,7 @@ impl Reads {
                 b.fields
                     .iter_mut()
                     .map(|f| match f.bytes_mut() {
-                        bytes if bytes.is_empty() => (0..rows).map(|_| <&mut [u8]>::default()).collect(),
+                        [] => (0..rows).map(|_| <&mut [u8]>::default()).collect(),
                         bytes => bytes.chunks_exact_mut(bytes.len() / rows).collect(),
                     })
                     .collect()

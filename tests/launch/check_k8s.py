@@ -276,12 +276,14 @@ def crd_schemas_reject_broken_manifests():
 
     cases = [
         (JOBSET, "    maxRestarts: 3", "    maxRestart: 3", "maxRestart"),
-        (JOBSET, "    maxRestarts: 3", '    maxRestarts: "3"', "spec.failurePolicy.maxRestarts: '3' is not of type 'integer'"),
+        (JOBSET, "    maxRestarts: 3", '    maxRestarts: "3"',
+         "spec.failurePolicy.maxRestarts: '3' is not of type 'integer'"),
         (JOBSET, "          backoffLimit: 0", "          backofLimit: 0", "backofLimit"),
         (JOBSET, "              terminationGracePeriodSeconds: 30",
          "              terminationGracePeriodSecond: 30", "terminationGracePeriodSecond"),
         (MPIJOB, "  slotsPerWorker: 1", "  slotPerWorker: 1", "slotPerWorker"),
-        (MPIJOB, "    backoffLimit: 6", "    backoffLimit: six", "spec.runPolicy.backoffLimit: 'six' is not of type 'integer'"),
+        (MPIJOB, "    backoffLimit: 6", "    backoffLimit: six",
+         "spec.runPolicy.backoffLimit: 'six' is not of type 'integer'"),
         (MPIJOB, "          enableServiceLinks: false", "          enableServiceLink: false", "enableServiceLink"),
     ]
     for path, old, new, needle in cases:
@@ -665,7 +667,7 @@ def mpijob_worker_passes_sigterm_to_the_ranks():
         out = r.stdout.split()
         assert out == ["worker", "exit", "0", "0"], f"{r.stdout}\n{r.stderr}"  # nothing left running
         with open(log) as f:
-            events = [" ".join(l.split()[::2]) for l in f.read().splitlines()]  # drop the pids
+            events = [" ".join(line.split()[::2]) for line in f.read().splitlines()]  # drop the pids
         assert events == ["rank started", "rank started", "rank stopped", "rank stopped", "sshd"], events
         assert "stopping the ranks here" in r.stderr, r.stderr
 

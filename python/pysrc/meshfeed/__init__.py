@@ -261,9 +261,10 @@ def _bootstrap(transport: str, bootstrap: str) -> Optional[tuple]:
 
             return rank, world, _store_all_gather("jax", rank, world, client.key_value_set_bytes, get_all)
     if bootstrap != "auto":
+        init = "torch.distributed.init_process_group" if bootstrap == "torch" else "jax.distributed.initialize"
         raise ConfigError(
             f"bootstrap='{bootstrap}': {bootstrap} has no distributed store initialised in this process "
-            f"(call {'torch.distributed.init_process_group' if bootstrap == 'torch' else 'jax.distributed.initialize'} first)"
+            f"(call {init} first)"
         )
     return None
 
@@ -409,10 +410,11 @@ class Loader:
         devices_per_process: Optional[int] = None,
         bootstrap: str = "auto",
     ) -> None:
+        paths: Sequence[Any] = data
         if isinstance(data, (str, bytes)) or hasattr(data, "__fspath__"):
-            data = [data]
+            paths = [data]
         options = {
-            "data": [_path("data", p) for p in data],
+            "data": [_path("data", p) for p in paths],
             "batch_size": _integer("batch_size", batch_size),
             "seed": _integer("seed", seed),
             "mesh": mesh,
@@ -530,7 +532,9 @@ class Loader:
         """Continues exactly where ``state`` says. Refuses a state of another stream
         (dataset, seed, batch size or tail policy changed), naming what changed."""
         if not isinstance(state, Mapping):
-            raise ConfigError(f"invalid loader state: expected the dict state_dict() returned, not {type(state).__name__}")
+            raise ConfigError(
+                f"invalid loader state: expected the dict state_dict() returned, not {type(state).__name__}"
+            )
         if "epoch" in state:
             _meshfeed.check_epoch(_integer("epoch", state["epoch"]))
         self._inner.load_state_json(json.dumps(dict(state), default=_json_default))

@@ -64,7 +64,8 @@ def make_global(
     for name, value in batch.items():
         if not isinstance(value, np.ndarray):
             continue
-        if value.dtype.itemsize == 8 and not jax.config.jax_enable_x64 and not allow_downcast:
+        # getattr: jax's Config holds its flags as dynamic attributes its type stubs do not declare.
+        if value.dtype.itemsize == 8 and not getattr(jax.config, "jax_enable_x64") and not allow_downcast:
             raise ConfigError(
                 f"field '{name}' is {value.dtype}, which JAX would cast to 32 bits: enable "
                 f"jax.config.update('jax_enable_x64', True), or pass allow_downcast=True"

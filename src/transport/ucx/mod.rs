@@ -83,8 +83,8 @@ const ABORT_GRACE: Duration = Duration::from_millis(200);
 const ABORT_SEND_WAIT: Duration = Duration::from_millis(500);
 
 /// The UCX transport's settings. The transport reads no environment variable itself:
-/// [`UcxConfig::from_env`] is the edge that does (UCX's own `UCX_*` settings are read by
-/// UCX).
+/// [`crate::runtime::Runtime::ucx_with`] is the edge that does, and hands the values to
+/// [`UcxConfig::parse`] (UCX's own `UCX_*` settings are read by UCX).
 #[derive(Clone, Debug, PartialEq)]
 pub struct UcxConfig {
     /// UCX transports to use (overrides `UCX_TLS`); `None` leaves the choice to UCX.
