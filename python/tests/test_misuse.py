@@ -276,8 +276,14 @@ def test_python_api_edges(npy, tmp_path):
         "before = float(b['y'][0])\n"
         "t['y'][0] = -7\n"
         "print('fields shared', int(b['y'][0]) == -7, t['y'].data_ptr() == b['y'].ctypes.data)\n"
+        "fifo = os.path.join(sys.argv[2], 'job.toml')\n"
+        "os.mkfifo(fifo)\n"
+        "try:\n"
+        "    meshfeed.Loader.from_config(fifo)\n"
+        "except meshfeed.ConfigError as e:\n"
+        "    print('job file', e)\n"
     )
-    r = ok(run(MPIRUN + ["-np", 1, sys.executable, "-c", script, npy]))
+    r = ok(run(MPIRUN + ["-np", 1, sys.executable, "-c", script, npy, tmp_path]))
     out = r.stdout
     assert "numpy ints ok" in out and "accepted" not in out, out + r.stderr
     assert "refused mesh_order rank 0: invalid configuration: --mesh-order: unknown mesh axis 'd'" in out, out
@@ -290,6 +296,8 @@ def test_python_api_edges(npy, tmp_path):
     assert "position kept True" in out, out
     assert "ids untouched True" in out, out
     assert "fields shared True True" in out, out
+    # A job file that is a FIFO is refused, not waited on (run would block forever).
+    assert f"job file {tmp_path}/job.toml: not a regular file (a FIFO)" in out, out
 
 
 def test_a_python_rank_that_ends_before_the_rendezvous_does_not_leave_the_others_waiting(npy):
