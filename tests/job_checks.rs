@@ -5,6 +5,7 @@
 
 mod common;
 
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -230,4 +231,36 @@ fn a_singleton_that_srun_started_as_one_of_several_tasks_is_refused() {
     cmd.args(MPIRUN_FLAGS).args(["-np", "2", "-x", "SLURM_STEP_NUM_TASKS", bin()]).args(args);
     cmd.env("SLURM_STEP_NUM_TASKS", "1");
     ok(&wait_bounded(cmd, "mpirun -np 2 in a step of 1 task"));
+}
+
+/// `--checkpoint FILE`: the first run starts afresh and leaves its state there, the next
+/// resumes from it; the two runs' dumps together are one uninterrupted run's. The option
+/// stands for `--state` and `--resume-from`, so it refuses to be given with either.
+#[test]
+fn a_checkpoint_file_resumes_the_stream_where_the_last_run_left_it() {
+    let data = fixtures().join("npy_plain");
+    let out = tempdir();
+    let checkpoint = out.path().join("ckpt.json");
+    let run = |epochs: &str, dump: &Path, extra: &[&str]| {
+        let mut args = vec!["run", "--data", data.to_str().unwrap(), "--batch-size", "8", "--epochs", epochs];
+        args.extend(["--dump", dump.to_str().unwrap()]);
+        args.extend(extra);
+        mpirun(2, &args)
+    };
+    let ck = checkpoint.to_str().unwrap();
+    let (first, rest, clean) = (out.path().join("first"), out.path().join("rest"), out.path().join("clean"));
+    let r = run("1", &first, &["--checkpoint", ck]);
+    ok(&r);
+    assert!(!r.stdout.contains("resuming"), "{}", r.stdout);
+    assert!(checkpoint.is_file(), "the first run leaves its state");
+    let r = run("2", &rest, &["--checkpoint", ck]);
+    ok(&r);
+    assert!(r.stdout.contains("meshfeed: resuming at epoch 1 step 0"), "{}", r.stdout);
+    ok(&run("2", &clean, &[]));
+    let joined: Vec<Vec<u8>> =
+        dump_bytes(&first, 2).into_iter().zip(dump_bytes(&rest, 2)).map(|(a, b)| [a, b].concat()).collect();
+    assert!(!joined[0].is_empty() && joined == dump_bytes(&clean, 2), "the two runs are one uninterrupted run");
+    let r = meshfeed(&["run", "--data", "x", "--batch-size", "8", "--checkpoint", ck, "--state", ck]);
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(r.stderr.contains("--checkpoint") && r.stderr.contains("cannot be used with"), "{}", r.stderr);
 }

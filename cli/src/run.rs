@@ -54,6 +54,11 @@ pub struct RunArgs {
     /// Write the loader state here (JSON) when stopped by SIGTERM/SIGINT or at the end.
     #[arg(long, value_name = "FILE")]
     pub state: Option<PathBuf>,
+    /// Checkpoint the stream in this file, as a job that may be stopped and started again
+    /// wants: resume from it when it exists, and write the state to it when stopped or at
+    /// the end (`--resume-from FILE --state FILE`, or `--state FILE` before the first run).
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["resume_from", "state"])]
+    pub checkpoint: Option<PathBuf>,
     /// Simulate a training step: sleep this many milliseconds after each batch (the
     /// summary then reports time computing and time waiting for data).
     #[arg(long, default_value_t = 0.0, value_name = "MS")]
@@ -63,8 +68,33 @@ pub struct RunArgs {
     pub max_round_bytes: Option<meshfeed::config::ByteSize>,
 }
 
+impl RunArgs {
+    /// `--checkpoint FILE` as what it stands for: `--state FILE`, and `--resume-from FILE`
+    /// when the file exists (the ranks then agree on the resume point, so a file only some
+    /// ranks see is an error naming the difference, not a split job).
+    fn with_checkpoint(mut self) -> Result<RunArgs> {
+        if let Some(file) = self.checkpoint.take() {
+            if std::fs::symlink_metadata(&file).is_ok() {
+                let path = file
+                    .to_str()
+                    .ok_or_else(|| Error::Config(format!("--checkpoint {}: the path is not UTF-8", file.display())))?;
+                self.resume_from = Some(path.to_string());
+            }
+            self.state = Some(file);
+        }
+        Ok(self)
+    }
+}
+
 /// `meshfeed run`.
 pub fn main(args: RunArgs) -> i32 {
+    let args = match args.with_checkpoint() {
+        Ok(args) => args,
+        Err(e) => {
+            crate::report::print_error(None, &e);
+            return 1;
+        }
+    };
     let job = args.job.job();
     let kind = args.job.transport(&job);
     // Stop signals are caught from the start: a SIGTERM while the ranks meet (a pod

@@ -11,12 +11,12 @@
 #   rank 0 refuses ranks whose job id differs from its own.
 # * MESHFEED_STATE (optional; the manifests set /state/state.json, on a volume every pod
 #   shares): makes the job restartable. The arguments must be a `run` command; the
-#   entrypoint appends `--state "$MESHFEED_STATE"`, so that rank 0 saves the loader's
+#   entrypoint appends `--checkpoint "$MESHFEED_STATE"`: rank 0 saves the loader's
 #   position there when the job is stopped by SIGTERM (every rank then exits 75) and at
-#   the end, and, when that file exists, `--resume-from "$MESHFEED_STATE"`, so that a
-#   restarted pod continues exactly where the stopped job left off. The file's directory
-#   must exist (the volume's mount: a missing mount is an error, exit 2, not a silent
-#   fresh start), and the arguments must not name --state or --resume-from themselves.
+#   the end, and when that file exists the job resumes from it, so that a restarted pod
+#   continues exactly where the stopped job left off. The file's directory must exist (the
+#   volume's mount: a missing mount is an error, exit 2, not a silent fresh start), and
+#   the arguments must not name --state, --resume-from or --checkpoint themselves.
 #   Every rank reads the file; only rank 0 writes it (atomically: written beside it, then
 #   renamed). One line on stderr says whether this rank starts afresh or resumes.
 # * Then `exec "${MESHFEED_BIN:-meshfeed}" "$@"`: meshfeed replaces this shell, so it gets
@@ -66,16 +66,16 @@ if [ -n "${MESHFEED_STATE:-}" ]; then
     [ "${1:-}" = run ] || die "MESHFEED_STATE is for \`meshfeed run\`; the arguments start with '${1:-}'"
     for arg in "$@"; do
         case $arg in
-            --state | --state=* | --resume-from | --resume-from=*)
-                die "MESHFEED_STATE is set: leave $arg out of the arguments (the entrypoint adds --state and --resume-from)" ;;
+            --state | --state=* | --resume-from | --resume-from=* | --checkpoint | --checkpoint=*)
+                die "MESHFEED_STATE is set: leave $arg out of the arguments (the entrypoint adds --checkpoint)" ;;
         esac
     done
     state_dir=$(dirname -- "$MESHFEED_STATE")
     [ -d "$state_dir" ] ||
         die "MESHFEED_STATE=$MESHFEED_STATE: directory $state_dir does not exist (is the state volume mounted?)"
-    set -- "$@" --state "$MESHFEED_STATE"
+    # meshfeed resumes from the file when it exists and writes the state there.
+    set -- "$@" --checkpoint "$MESHFEED_STATE"
     if [ -e "$MESHFEED_STATE" ]; then
-        set -- "$@" --resume-from "$MESHFEED_STATE"
         echo "meshfeed entrypoint: rank $RANK resumes from $MESHFEED_STATE" >&2
     else
         echo "meshfeed entrypoint: rank $RANK starts afresh (no $MESHFEED_STATE yet)" >&2

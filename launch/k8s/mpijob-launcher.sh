@@ -7,11 +7,12 @@
 # * MESHFEED_STATE (optional; the manifest sets /state/state.json, a volume the launcher
 #   and every worker mount): makes the job restartable, as entrypoint.sh does for the
 #   UCX manifests. The entrypoint appends `--state "$MESHFEED_STATE"` to the command line
-#   (its last words go to `meshfeed run`: rank 0, on a worker, saves the state there when
-#   the ranks are stopped by SIGTERM and at the end) and, when the file exists,
-#   `--resume-from "$MESHFEED_STATE"`. The file's directory must exist here (the volume's
-#   mount: a missing mount is an error, not a silent fresh start), the command line must
-#   hold a `run` command and must not name --state or --resume-from itself.
+#   (its last words go to `meshfeed run`: with `--checkpoint`, rank 0, on a worker, saves
+#   the state there when the ranks are stopped by SIGTERM and at the end, and every rank
+#   resumes from it when the file exists). The file's directory must exist here (the
+#   volume's mount: a missing mount is an error, not a silent fresh start), the command
+#   line must hold a `run` command and must not name --state, --resume-from or
+#   --checkpoint itself.
 # * Then `exec "${MPIRUN:-mpirun}" ARGS...`: mpirun replaces this shell, so its exit code
 #   is the launcher's: 75 when the ranks stopped cleanly (a worker's ranks got SIGTERM:
 #   see mpijob-worker.sh), and the launcher's restartPolicy OnFailure runs it again,
@@ -31,17 +32,17 @@ if [ -n "${MESHFEED_STATE:-}" ]; then
     for arg in "$@"; do
         case $arg in
             run) has_run=1 ;;
-            --state | --state=* | --resume-from | --resume-from=*)
-                die "MESHFEED_STATE is set: leave $arg out of the arguments (the launcher adds --state and --resume-from)" ;;
+            --state | --state=* | --resume-from | --resume-from=* | --checkpoint | --checkpoint=*)
+                die "MESHFEED_STATE is set: leave $arg out of the arguments (the launcher adds --checkpoint)" ;;
         esac
     done
     [ -n "$has_run" ] || die "MESHFEED_STATE is for \`meshfeed run\`: the arguments hold no \`run\` command"
     state_dir=$(dirname -- "$MESHFEED_STATE")
     [ -d "$state_dir" ] ||
         die "MESHFEED_STATE=$MESHFEED_STATE: directory $state_dir does not exist (is the state volume mounted?)"
-    set -- "$@" --state "$MESHFEED_STATE"
+    # meshfeed resumes from the file when it exists and writes the state there.
+    set -- "$@" --checkpoint "$MESHFEED_STATE"
     if [ -e "$MESHFEED_STATE" ]; then
-        set -- "$@" --resume-from "$MESHFEED_STATE"
         echo "meshfeed mpijob launcher: resuming from $MESHFEED_STATE" >&2
     else
         echo "meshfeed mpijob launcher: starting afresh (no $MESHFEED_STATE yet)" >&2

@@ -21,8 +21,9 @@ Run as root (the emulation uses mount and UTS namespaces) with the project venv:
   token from a secretKeyRef, RANK from the completion index, mpirun through the
   launcher script with -np == workers x slots, ...;
 * entrypoint.sh: index -> RANK mapping, required variables, exit 2 on a bad environment,
-  exec of MESHFEED_BIN with the arguments and its exit code; MESHFEED_STATE: --state
-  always, --resume-from when the file exists, errors for a missing directory;
+  exec of MESHFEED_BIN with the arguments and its exit code; MESHFEED_STATE:
+  --checkpoint (meshfeed resumes from the file when it exists), errors for a missing
+  directory;
 * mpijob-launcher.sh (the state arguments appended to mpirun's command line) and
   mpijob-worker.sh (a SIGTERM passed on to the ranks, sshd stopped after them; run in
   its own PID namespace so that it sees only its own processes);
@@ -354,7 +355,7 @@ def check_ucx_ranks(js, master_addr, claim):
     assert c["command"][-1].endswith("launch/k8s/entrypoint.sh"), c["command"]
     assert c["args"][:3] == ["run", "--transport", "ucx"], c["args"]
     assert "/data" in c["args"]
-    assert not {"--state", "--resume-from"} & set(c["args"]), c["args"]
+    assert not {"--state", "--resume-from", "--checkpoint"} & set(c["args"]), c["args"]
     mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
     vols = {v["name"]: v for v in pod["volumes"]}
     assert "persistentVolumeClaim" in vols[mounts["/data"]], vols
@@ -481,7 +482,7 @@ def mpijob_content():
     assert args[0] == "-np" and int(args[1]) == worker["replicas"] * spec["slotsPerWorker"], args
     prog = args.index("meshfeed")
     assert args[prog + 1] == "run" and "--transport" not in args and "/data" in args, args
-    assert not {"--state", "--resume-from"} & set(args), args
+    assert not {"--state", "--resume-from", "--checkpoint"} & set(args), args
     # mpirun, when stopped itself, gives the ranks time to stop cleanly before SIGKILL.
     follows = dict(zip(args[:prog], args[1:prog]))  # each mpirun word -> the next one
     timeout = int(follows["odls_base_sigkill_timeout"])
@@ -570,8 +571,8 @@ def printed_args(stdout):
 
 @test
 def entrypoint_state_arguments():
-    # MESHFEED_STATE: --state always; --resume-from too once the file exists (a restarted
-    # pod); the user's arguments first, unchanged (spaces included).
+    # MESHFEED_STATE: --checkpoint, which resumes once the file exists (a restarted pod);
+    # the user's arguments first, unchanged (spaces included).
     with tempfile.TemporaryDirectory() as d:
         prog = recorder(d)
         state = os.path.join(d, "vol", "state.json")
@@ -579,12 +580,12 @@ def entrypoint_state_arguments():
         env = {**GOOD, "RANK": "1", "MESHFEED_STATE": state}
         r = entry(env, ["run", "--data", "a b"], prog)
         assert r.returncode == 0, r.stderr
-        assert printed_args(r.stdout) == ["run", "--data", "a b", "--state", state], r.stdout
+        assert printed_args(r.stdout) == ["run", "--data", "a b", "--checkpoint", state], r.stdout
         assert r.stderr.strip() == f"meshfeed entrypoint: rank 1 starts afresh (no {state} yet)", r.stderr
         with open(state, "w") as f:
             f.write("{}")
         r = entry(env, ["run", "--data", "a b"], prog)
-        assert printed_args(r.stdout) == ["run", "--data", "a b", "--state", state, "--resume-from", state], r.stdout
+        assert printed_args(r.stdout) == ["run", "--data", "a b", "--checkpoint", state], r.stdout
         assert r.stderr.strip() == f"meshfeed entrypoint: rank 1 resumes from {state}", r.stderr
         # Without MESHFEED_STATE nothing is added (the manifests of before still work).
         r = entry({**GOOD, "RANK": "1"}, ["run", "--data", "a b"], prog)
@@ -596,6 +597,7 @@ def entrypoint_state_arguments():
             ({"MESHFEED_STATE": state}, ["gen", "--out", "x"], "MESHFEED_STATE is for `meshfeed run`"),
             ({"MESHFEED_STATE": state}, ["run", "--state", "x"], "leave --state out of the arguments"),
             ({"MESHFEED_STATE": state}, ["run", "--resume-from=1:0"], "leave --resume-from=1:0 out"),
+            ({"MESHFEED_STATE": state}, ["run", "--checkpoint", "y"], "leave --checkpoint out of the arguments"),
         ]
         for extra, args, needle in cases:
             r = entry({**GOOD, "RANK": "0", **extra}, args, prog)
@@ -616,11 +618,11 @@ def mpijob_launcher_appends_the_state_arguments():
         r = run([MPI_LAUNCHER, *mpi], env=env, timeout=20)
         assert r.returncode == 0, r.stderr
         # Appended at the end: words after the program go to `meshfeed run`.
-        assert printed_args(r.stdout) == mpi + ["--state", state], r.stdout
+        assert printed_args(r.stdout) == mpi + ["--checkpoint", state], r.stdout
         assert "starting afresh" in r.stderr, r.stderr
         open(state, "w").close()
         r = run([MPI_LAUNCHER, *mpi], env=env, timeout=20)
-        assert printed_args(r.stdout) == mpi + ["--state", state, "--resume-from", state], r.stdout
+        assert printed_args(r.stdout) == mpi + ["--checkpoint", state], r.stdout
         assert f"resuming from {state}" in r.stderr, r.stderr
         r = run([MPI_LAUNCHER, *mpi], env={**env, "MESHFEED_STATE": ""}, timeout=20)
         assert printed_args(r.stdout) == mpi, r.stdout
