@@ -16,21 +16,7 @@ const BATCH: u64 = 32;
 const SAMPLE_BYTES: u64 = 128;
 
 fn gen(dir: &Path, format: &str) {
-    ok(&meshfeed(&[
-        "gen",
-        "--format",
-        format,
-        "--samples",
-        &SAMPLES.to_string(),
-        "--files",
-        "3",
-        "--field",
-        "x:u8:120",
-        "--field",
-        "y:i64",
-        "--out",
-        dir.to_str().unwrap(),
-    ]));
+    Gen::new(format, SAMPLES).field("x:u8:120").field("y:i64").write(dir);
 }
 
 fn bench(np: usize, data: &Path, out: &Path, modes: &str) -> Vec<serde_json::Value> {

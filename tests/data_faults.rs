@@ -20,11 +20,8 @@ fn data(p: &Path) -> &str {
 
 /// `meshfeed gen` into `dir`.
 fn gen(dir: &Path, format: &str, samples: &str, files: &str, fields: &[&str]) {
-    let mut args = vec!["gen", "--format", format, "--samples", samples, "--files", files, "--out", data(dir)];
-    for f in fields {
-        args.extend(["--field", f]);
-    }
-    ok(&meshfeed(&args));
+    let g = Gen::new(format, samples.parse().unwrap()).files(files.parse().unwrap());
+    fields.iter().fold(g, |g, f| g.field(f)).write(dir);
 }
 
 /// Checks a failure every rank agreed on: non-zero exit, no panic, no success line, the

@@ -7,22 +7,7 @@ use common::*;
 
 fn generated() -> tempfile::TempDir {
     let dir = tempdir();
-    let d = dir.path().join("d");
-    ok(&meshfeed(&[
-        "gen",
-        "--format",
-        "npy",
-        "--samples",
-        "1500",
-        "--files",
-        "3",
-        "--field",
-        "x:f32:4",
-        "--field",
-        "y:i64",
-        "--out",
-        d.to_str().unwrap(),
-    ]));
+    Gen::new("npy", 1500).field("x:f32:4").field("y:i64").write(&dir.path().join("d"));
     dir
 }
 

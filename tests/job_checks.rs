@@ -54,20 +54,7 @@ fn run_per_rank(t: Transport, per_rank: &[Vec<&str>]) -> Run {
 
 fn generated() -> tempfile::TempDir {
     let dir = tempdir();
-    let d = dir.path().join("d");
-    ok(&meshfeed(&[
-        "gen",
-        "--format",
-        "npy",
-        "--samples",
-        "600",
-        "--files",
-        "3",
-        "--field",
-        "x:f32:4",
-        "--out",
-        d.to_str().unwrap(),
-    ]));
+    Gen::new("npy", 600).field("x:f32:4").write(&dir.path().join("d"));
     dir
 }
 

@@ -100,21 +100,7 @@ fn signal(pid: u32, sig: i32) {
 }
 
 fn gen_npy(dir: &Path, samples: &str) -> PathBuf {
-    let data = dir.join("d");
-    ok(&meshfeed(&[
-        "gen",
-        "--format",
-        "npy",
-        "--samples",
-        samples,
-        "--files",
-        "3",
-        "--field",
-        "data:f32:8",
-        "--out",
-        data.to_str().unwrap(),
-    ]));
-    data
+    Gen::new("npy", samples.parse().unwrap()).field("data:f32:8").write(&dir.join("d"))
 }
 
 #[test]

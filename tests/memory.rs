@@ -78,8 +78,7 @@ fn check_bounded(what: &str, small: &Path, big: &Path, bigger: &Path, samples: [
 
 /// `meshfeed gen` of one field into `dir`, in 4 files.
 fn gen(dir: &Path, format: &str, samples: u64, field: &str) {
-    let n = samples.to_string();
-    ok(&meshfeed(&["gen", "--format", format, "--samples", &n, "--files", "4", "--field", field, "--out", s(dir)]));
+    Gen::new(format, samples).files(4).field(field).write(dir);
 }
 
 fn check_format(format: &str, field: &str, samples: [u64; 3]) {

@@ -24,19 +24,7 @@ fn ids_by_step(dir: &std::path::Path, np: usize, ranks: &[usize]) -> BTreeMap<(u
 }
 
 fn gen(dir: &std::path::Path, samples: &str, field: &str) {
-    ok(&meshfeed(&[
-        "gen",
-        "--format",
-        "npy",
-        "--samples",
-        samples,
-        "--files",
-        "3",
-        "--field",
-        field,
-        "--out",
-        dir.to_str().unwrap(),
-    ]));
+    Gen::new("npy", samples.parse().unwrap()).field(field).write(dir);
 }
 
 #[test]

@@ -113,6 +113,48 @@ pub fn meshfeed(args: &[&str]) -> Run {
     wait_bounded(cmd, &format!("meshfeed {}", args.join(" ")))
 }
 
+/// A synthetic dataset written by `meshfeed gen` (contents a function of the sample id, so
+/// every delivered value can be checked), as a builder: `Gen::new("npy", 600)
+/// .field("x:f32:4").write(&dir)`. Three files unless told otherwise.
+pub struct Gen {
+    format: String,
+    samples: u64,
+    files: u64,
+    fields: Vec<String>,
+}
+
+impl Gen {
+    /// `samples` samples in `format` (`npy`, `hdf5`, `arrow`, `raw`).
+    pub fn new(format: &str, samples: u64) -> Gen {
+        Gen { format: format.into(), samples, files: 3, fields: Vec::new() }
+    }
+
+    /// In `files` files.
+    pub fn files(mut self, files: u64) -> Gen {
+        self.files = files;
+        self
+    }
+
+    /// One more field, `name:dtype[:shape]` (e.g. `x:f32:4x6`, `y:i64`, `t:bytes`).
+    pub fn field(mut self, field: &str) -> Gen {
+        self.fields.push(field.into());
+        self
+    }
+
+    /// Writes the dataset into `out` (created) and returns `out`; a failure fails the test.
+    pub fn write(&self, out: &Path) -> PathBuf {
+        let (samples, files) = (self.samples.to_string(), self.files.to_string());
+        let out_s = out.to_str().expect("a UTF-8 test path");
+        let mut args = vec!["gen", "--format", &self.format, "--samples", &samples, "--files", &files];
+        for f in &self.fields {
+            args.extend(["--field", f.as_str()]);
+        }
+        args.extend(["--out", out_s]);
+        ok(&meshfeed(&args));
+        out.to_path_buf()
+    }
+}
+
 /// mpirun flags of every multi-rank test: as root, more ranks than cores, ranks that
 /// yield instead of busy-polling (busy-polling oversubscribed ranks starve each other).
 pub const MPIRUN_FLAGS: [&str; 5] = ["--allow-run-as-root", "--oversubscribe", "--mca", "mpi_yield_when_idle", "1"];
