@@ -20,6 +20,8 @@ const SEQUENTIAL_READ: usize = 4 << 20;
 const SEQUENTIAL_BYTES: u64 = 32 << 20;
 /// Random reads made (at most).
 const RANDOM_READS: usize = 256;
+/// The random reads of one round go into one buffer of at most this size.
+const ROUND_BYTES: usize = 8 << 20;
 /// Each half of the probe stops after this long.
 const PROBE_TIME: Duration = Duration::from_millis(250);
 
@@ -80,12 +82,12 @@ pub(crate) fn probe(dataset: &Dataset, home: Range<u64>, sample_bytes: u64, dept
     }
     let (seq_bytes, seq_secs) = (at - region.start, start.elapsed().as_secs_f64());
     advise_dontneed(&f, region.start..at);
+    drop(buf);
     // Random reads of one sample each, past what was streamed where there is room.
     let size = sample_bytes.clamp(4096, SEQUENTIAL_READ as u64);
     let pool = if region.end.saturating_sub(at) >= 64 * size { at..region.end } else { region.clone() };
     let slots = ((pool.end - pool.start) / size).max(1);
     let mut rng = 0x9E37_79B9_7F4A_7C15u64 ^ home_seed(dataset, file);
-    let mut bufs = vec![0u8; size as usize * RANDOM_READS];
     let offsets: Vec<u64> = (0..RANDOM_READS)
         .map(|_| {
             rng ^= rng << 13;
@@ -97,15 +99,18 @@ pub(crate) fn probe(dataset: &Dataset, home: Range<u64>, sample_bytes: u64, dept
         .collect();
     let start = Instant::now();
     let mut reads = 0u64;
-    // In rounds of `depth × 4`, so that a slow device stops the probe in time.
-    let round = (depth * 4).max(1);
-    for (offsets, chunk) in offsets.chunks(round).zip(bufs.chunks_mut(round * size as usize)) {
+    // In rounds of `depth × 4`, so that a slow device stops the probe in time, all into
+    // one round's buffer (at most ROUND_BYTES unless `depth` samples take more: the probe
+    // is outside the window budget, and 256 large samples would be hundreds of MB).
+    let round = (depth * 4).min((ROUND_BYTES / size as usize).max(depth)).max(1);
+    let mut bufs = vec![0u8; size as usize * round.min(offsets.len().max(1))];
+    for offsets in offsets.chunks(round) {
         if start.elapsed() >= PROBE_TIME {
             break;
         }
         let ops = offsets
             .iter()
-            .zip(chunk.chunks_mut(size as usize))
+            .zip(bufs.chunks_mut(size as usize))
             .map(|(&offset, dst)| ReadOp { source: 0, file: &f, offset, bufs: vec![IoSliceMut::new(dst)] })
             .collect();
         match queue::run(ops, depth) {
