@@ -23,20 +23,7 @@ const BOUND: Duration = Duration::from_secs(60);
 /// dataset, `dir/t` the telemetry.
 fn real_run() -> tempfile::TempDir {
     let dir = tempdir();
-    let d = dir.path().join("d");
-    ok(&meshfeed(&[
-        "gen",
-        "--format",
-        "npy",
-        "--samples",
-        "600",
-        "--files",
-        "3",
-        "--field",
-        "x:f32:4",
-        "--out",
-        d.to_str().unwrap(),
-    ]));
+    let d = Gen::new("npy", 600).field("x:f32:4").write(&dir.path().join("d"));
     let t = dir.path().join("t");
     let run = mpirun(
         2,
@@ -483,15 +470,7 @@ fn records(stdout: &str, kind: &str) -> Vec<serde_json::Value> {
 #[test]
 fn the_cost_model_predicts_committed_runs_within_a_factor_of_two() {
     let runs = committed_runs();
-    let run = wait_within(
-        {
-            let mut c = Command::new(bin());
-            c.args(["report", "--predict", "1", "--json"]).arg(&runs);
-            c
-        },
-        "meshfeed report --predict on the committed runs",
-        BOUND,
-    );
+    let run = meshfeed_bounded(&["report", "--predict", "1", "--json", runs.to_str().unwrap()]);
     ok(&run);
     let validation = records(&run.stdout, "validation");
     assert_eq!(validation.len(), 3, "{}", run.stdout);
@@ -504,16 +483,10 @@ fn the_cost_model_predicts_committed_runs_within_a_factor_of_two() {
     // Held out: fit to 2 and 3 ranks, predict 4.
     let fit = tempdir();
     for p in ["np2", "np3"] {
-        let to = fit.path().join(p);
-        std::fs::create_dir_all(&to).unwrap();
-        for f in std::fs::read_dir(runs.join(p)).unwrap() {
-            let f = f.unwrap().path();
-            std::fs::copy(&f, to.join(f.file_name().unwrap())).unwrap();
-        }
+        copy_run(&runs.join(p), &fit.path().join(p));
     }
-    let mut c = Command::new(bin());
-    c.args(["report", "--predict", "1", "--ranks-per-node", "4", "--json"]).arg(fit.path());
-    let run = wait_within(c, "meshfeed report --predict on 2 and 3 ranks", BOUND);
+    let fit_dir = fit.path().to_str().unwrap();
+    let run = meshfeed_bounded(&["report", "--predict", "1", "--ranks-per-node", "4", "--json", fit_dir]);
     ok(&run);
     let prediction = records(&run.stdout, "prediction");
     assert_eq!(prediction.len(), 1, "{}", run.stdout);

@@ -6,12 +6,12 @@ use std::path::{Path, PathBuf};
 use clap::builder::{PossibleValuesParser, TypedValueParser};
 use meshfeed::config::{
     parse_pair, ByteSize, ExchangeCosts, ExchangeMode, Job, JobFile, LocalReads, MeshSpec, NamedValues, ReadStrategy,
-    ShardSpec, Stage, TailPolicy, TransportKind,
+    ShardSpec, Stage, TailPolicy, TransportKind, JOB_FILE_LIMIT,
 };
 use meshfeed::runtime::Runtime;
 use meshfeed::{Error, Result};
 
-use crate::input::{read_small, SMALL_LIMIT};
+use crate::input::read_small;
 
 /// A value parser that lists the names an enum accepts (in `--help` and errors).
 pub fn named<T: NamedValues>() -> impl TypedValueParser<Value = T> {
@@ -150,10 +150,10 @@ impl JobArgs {
     }
 }
 
-/// Reads a TOML job file (a regular file of at most [`SMALL_LIMIT`] bytes: a FIFO in its
+/// Reads a TOML job file (a regular file of at most [`JOB_FILE_LIMIT`] bytes: a FIFO in its
 /// place is refused, not waited on); relative dataset paths are relative to the file.
 fn read_job_file(path: &Path) -> Result<JobFile> {
-    let text = read_small(path, SMALL_LIMIT)?;
+    let text = read_small(path, JOB_FILE_LIMIT)?;
     let file: JobFile =
         toml::from_str(&text).map_err(|e| Error::file(path, format!("invalid job file: {}", e.message())))?;
     Ok(file.relative_to(path.parent().unwrap_or(Path::new("."))))

@@ -59,14 +59,7 @@ pub fn agree<T>(transport: &dyn Transport, local: Result<T>) -> Result<T> {
 /// `ranks disagree on epochs: 2 (ranks 0-1) vs 3 (rank 2)`; every rank returns the same
 /// error, attributed to the lowest rank that differs from rank 0.
 pub fn agree_settings(transport: &dyn Transport, settings: &[(&str, String)]) -> Result<()> {
-    let mine = serde_json::to_vec(settings).map_err(|e| Error::Internal(format!("settings do not serialise: {e}")))?;
-    let all: Vec<Vec<(String, String)>> = transport
-        .all_gather(&mine)?
-        .iter()
-        .map(|bytes| serde_json::from_slice(bytes))
-        .collect::<std::result::Result<_, _>>()
-        .map_err(|e| Error::Transport(format!("bad settings from a peer: {e}")))?;
-    match disagreements(&all) {
+    match disagreements(&gather_settings(transport, settings)?) {
         None => Ok(()),
         Some((rank, message)) => Err(Error::Remote {
             rank,
@@ -91,14 +84,7 @@ pub fn agree_position(transport: &dyn Transport, epoch: u64, step: u64, standing
         return Ok(());
     }
     let here = standing.map_or_else(|| format!("epoch {epoch} step {step}"), str::to_string);
-    let mine = serde_json::to_vec(&[("the loader's position", here)])
-        .map_err(|e| Error::Internal(format!("a position does not serialise: {e}")))?;
-    let all: Vec<Vec<(String, String)>> = transport
-        .all_gather(&mine)?
-        .iter()
-        .map(|bytes| serde_json::from_slice(bytes))
-        .collect::<std::result::Result<_, _>>()
-        .map_err(|e| Error::Transport(format!("bad position from a peer: {e}")))?;
+    let all = gather_settings(transport, &[("the loader's position", here)])?;
     let (rank, message) = disagreements(&all).unwrap_or((0, "ranks disagree on the loader's position".into()));
     Err(Error::Remote {
         rank,
@@ -108,6 +94,17 @@ pub fn agree_position(transport: &dyn Transport, epoch: u64, step: u64, standing
              the same point)"
         ),
     })
+}
+
+/// Every rank's settings, in rank order (collective: one all-gather).
+fn gather_settings(transport: &dyn Transport, settings: &[(&str, String)]) -> Result<Vec<Vec<(String, String)>>> {
+    let mine = serde_json::to_vec(settings).map_err(|e| Error::Internal(format!("settings do not serialise: {e}")))?;
+    transport
+        .all_gather(&mine)?
+        .iter()
+        .map(|bytes| serde_json::from_slice(bytes))
+        .collect::<std::result::Result<_, _>>()
+        .map_err(|e| Error::Transport(format!("bad settings from a peer: {e}")))
 }
 
 /// What differs between the ranks' settings (`all[r]` is rank `r`'s): the first rank that
