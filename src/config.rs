@@ -668,7 +668,7 @@ impl Default for LoaderOptions {
 
 /// The keys of a job file, every one optional; an edge sets the ones its own flags give
 /// (flags override the file) and calls [`JobFile::into_job`].
-#[derive(Clone, Debug, Default, PartialEq, serde::Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct JobFile {
     pub data: Vec<PathBuf>,
@@ -723,6 +723,15 @@ impl Job {
 }
 
 impl JobFile {
+    /// Every key a job file may hold, sorted: what the CLI flags, the Python keyword
+    /// arguments and the documentation's option table are checked against.
+    pub fn keys() -> Vec<String> {
+        match serde_json::to_value(JobFile::default()) {
+            Ok(serde_json::Value::Object(map)) => map.keys().cloned().collect(),
+            _ => unreachable!("a job file serialises to an object"),
+        }
+    }
+
     /// Makes relative dataset and spill paths relative to `base` (the job file's directory).
     pub fn relative_to(mut self, base: &Path) -> JobFile {
         let rebase = |p: PathBuf| if p.is_relative() { base.join(p) } else { p };
@@ -895,6 +904,15 @@ mod tests {
         assert_eq!(s.len(), 20);
         let other = LoaderOptions { seed: 9, ..LoaderOptions::default() };
         assert_ne!(other.settings(), LoaderOptions::default().settings());
+    }
+
+    #[test]
+    fn job_file_keys_are_its_fields() {
+        let keys = JobFile::keys();
+        assert_eq!(keys.len(), 24, "{keys:?}");
+        for k in ["batch_size", "data", "mesh_order", "read_strategy", "shard", "transport"] {
+            assert!(keys.iter().any(|x| x == k), "{k} missing from {keys:?}");
+        }
     }
 
     #[test]
