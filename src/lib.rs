@@ -34,11 +34,12 @@ pub mod error;
 pub mod loader;
 pub mod plan;
 pub mod runtime;
+pub mod telemetry;
 pub mod transport;
 pub mod types;
 pub mod verify;
 
-pub use error::{Error, Result};
+pub use error::{Error, Result, ResultExt};
 
 /// This build's version, with the git revision it was built from.
 pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (", env!("MESHFEED_GIT_REV"), ")");

@@ -28,9 +28,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use meshfeed::error::ErrorKind;
 use meshfeed::runtime::env_var;
 use meshfeed::transport::rendezvous::MAX_WORLD;
-use meshfeed::{Error, Result};
+use meshfeed::{Error, Result, ResultExt};
 
 #[derive(clap::Args, Debug)]
 pub struct LaunchArgs {
@@ -78,7 +79,7 @@ fn parse_grace(v: &str) -> std::result::Result<Duration, String> {
 fn rendezvous_socket(port: Option<u16>) -> Result<std::net::TcpListener> {
     let port = port.unwrap_or(0);
     std::net::TcpListener::bind(("0.0.0.0", port))
-        .map_err(|e| Error::Transport(format!("cannot listen for the rendezvous on port {port}: {e}")))
+        .context(ErrorKind::Transport, format_args!("cannot listen for the rendezvous on port {port}"))
 }
 
 /// 16 random bytes in hex.
@@ -93,7 +94,7 @@ fn nonce() -> Result<String> {
 }
 
 /// `MESHFEED_JOB_TOKEN` from the environment (empty counts as unset, as in
-/// `launch/ray_launch.py`), else a fresh one.
+/// `python -m meshfeed.launch.ray`), else a fresh one.
 fn job_token() -> Result<String> {
     match env_var("MESHFEED_JOB_TOKEN")? {
         Some(t) if t.len() > MAX_TOKEN => {
@@ -125,7 +126,7 @@ impl Stops {
                     c.fetch_add(1, Ordering::SeqCst);
                 })
             }
-            .map_err(|e| Error::Internal(format!("cannot install a handler for signal {sig}: {e}")))?;
+            .context(ErrorKind::Internal, format_args!("cannot install a handler for signal {sig}"))?;
         }
         Ok(Stops { count, last })
     }
@@ -233,7 +234,8 @@ impl Joined {
         let mut fds = [0; 2];
         // SAFETY: pipe2 fills the two descriptors it is given room for.
         if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC | libc::O_NONBLOCK) } == -1 {
-            return Err(Error::Internal(format!("cannot make a pipe: {}", std::io::Error::last_os_error())));
+            let e = std::io::Error::last_os_error();
+            return Err(Error::caused(ErrorKind::Internal, format!("cannot make a pipe: {e}"), e));
         }
         // SAFETY: both descriptors were just opened, and are owned here alone.
         let (read, write) =
@@ -308,7 +310,7 @@ pub fn run(args: LaunchArgs) -> Result<i32> {
     let grace = args.grace;
     let exe = match args.exe {
         Some(exe) => exe,
-        None => std::env::current_exe().map_err(|e| Error::Config(format!("cannot find the meshfeed binary: {e}")))?,
+        None => std::env::current_exe().context(ErrorKind::Config, "cannot find the meshfeed binary")?,
     };
     let token = job_token()?;
     // This launch's identity: rank 0 refuses ranks of other jobs that share the token and
@@ -340,7 +342,7 @@ pub fn run(args: LaunchArgs) -> Result<i32> {
             Ok(c) => children.push((rank, c)),
             Err(e) => {
                 terminate(&mut children, grace);
-                return Err(Error::Config(format!("cannot start rank {rank}: {e}")));
+                return Err(Error::caused(ErrorKind::Config, format!("cannot start rank {rank}: {e}"), e));
             }
         }
     }

@@ -32,7 +32,7 @@ use arrow_schema::{DataType, Schema};
 
 use super::rows::{advise_dontneed, advise_willneed, read_error, read_vectored_exact_at, RowChunk, RECORD_GAP_BYTES};
 use super::schema::{DType, Field, FieldKind};
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorKind, Result, ResultExt};
 
 /// Whether this thread is inside a decoder of untrusted Arrow data whose panics meshfeed
 /// catches. Panic hooks (the runtime's, the fuzz harness's) ask this to let such panics
@@ -78,7 +78,7 @@ struct Footer {
 fn read_exact(file: &File, path: &Path, offset: u64, len: u64, what: &str) -> Result<Vec<u8>> {
     let mut buf = Vec::new();
     let n = usize::try_from(len).map_err(|_| Error::file(path, format!("{what}: {len} bytes cannot be addressed")))?;
-    buf.try_reserve_exact(n).map_err(|e| Error::file(path, format!("{what}: cannot allocate {len} bytes: {e}")))?;
+    buf.try_reserve_exact(n).file_context(path, format_args!("{what}: cannot allocate {len} bytes"))?;
     buf.resize(n, 0);
     file.read_exact_at(&mut buf, offset).map_err(|e| match e.kind() {
         std::io::ErrorKind::UnexpectedEof => {
@@ -186,8 +186,11 @@ fn width_of(wide: bool) -> u64 {
     }
 }
 
+/// What every error of a footer or batch header that does not parse starts with.
+const CORRUPT: &str = "corrupt Arrow IPC file";
+
 fn read_footer(file: &File, path: &Path) -> Result<Footer> {
-    let corrupt = |r: String| Error::file(path, format!("corrupt Arrow IPC file: {r}"));
+    let corrupt = |r: String| Error::file(path, format!("{CORRUPT}: {r}"));
     let file_len = file.metadata().map_err(|e| Error::io(path, e))?.len();
     if file_len < 18 {
         return Err(corrupt(format!("only {file_len} bytes")));
@@ -200,11 +203,12 @@ fn read_footer(file: &File, path: &Path) -> Result<Footer> {
         ));
     }
     let tail: [u8; 10] = read_at(file, path, file_len, file_len - 10, 10, "trailer")?.try_into().expect("10 bytes");
-    let footer_len = arrow_ipc::reader::read_footer_length(tail).map_err(|e| corrupt(e.to_string()))? as u64;
+    let footer_len = arrow_ipc::reader::read_footer_length(tail).file_context(path, CORRUPT)? as u64;
     if footer_len > file_len - 18 {
         return Err(corrupt(format!("footer length {footer_len} exceeds the file size {file_len}")));
     }
     let fbytes = read_at(file, path, file_len, file_len - 10 - footer_len, footer_len, "footer")?;
+    // (flatbuffers' error is not a `std::error::Error` without its `std` feature: text only)
     let footer = arrow_ipc::root_as_footer(&fbytes).map_err(|e| corrupt(format!("footer: {e}")))?;
     let fb_schema = footer.schema().ok_or_else(|| corrupt("footer has no schema".into()))?;
     if fb_schema.endianness() != arrow_ipc::Endianness::Little {
@@ -216,7 +220,7 @@ fn read_footer(file: &File, path: &Path) -> Result<Footer> {
             format!("Arrow IPC metadata version {:?} is not supported (V4 or later)", footer.version()),
         ));
     }
-    let schema = arrow_ipc::convert::try_fb_to_schema(fb_schema).map_err(|e| corrupt(e.to_string()))?;
+    let schema = arrow_ipc::convert::try_fb_to_schema(fb_schema).file_context(path, CORRUPT)?;
     if footer.dictionaries().is_some_and(|d| !d.is_empty()) {
         return Err(Error::file(path, "dictionary-encoded columns are not supported"));
     }
@@ -610,7 +614,6 @@ pub fn write(
             }
         }
     }
-    let err = |e: arrow_schema::ArrowError| Error::file(path, e.to_string());
     if let Some(f) = fields.iter().find(|f| matches!(f.kind, FieldKind::Tensor { dtype: DType::Bool, .. })) {
         return Err(Error::Config(format!("Arrow output does not support bool field '{}' (use u8)", f.name)));
     }
@@ -618,7 +621,7 @@ pub fn write(
         fields.iter().map(|f| AField::new(f.name.clone(), data_type(&f.kind), false)).collect::<Vec<_>>(),
     ));
     let file = File::create(path).map_err(|e| Error::io(path, e))?;
-    let mut writer = arrow_ipc::writer::FileWriter::try_new(std::io::BufWriter::new(file), &schema).map_err(err)?;
+    let mut writer = arrow_ipc::writer::FileWriter::try_new(std::io::BufWriter::new(file), &schema).in_file(path)?;
     let mut start = 0;
     let mut scratch = Vec::new();
     while start < samples {
@@ -636,7 +639,9 @@ pub fn write(
                     if *utf8 {
                         let mut b = StringBuilder::new();
                         for v in values {
-                            b.append_value(String::from_utf8(v).map_err(|e| Error::Config(e.to_string()))?);
+                            let text =
+                                String::from_utf8(v).map_err(|e| Error::caused(ErrorKind::Config, e.to_string(), e))?;
+                            b.append_value(text);
                         }
                         Arc::new(b.finish())
                     } else {
@@ -663,22 +668,23 @@ pub fn write(
                         .len(len)
                         .add_buffer(Buffer::from_vec(bytes))
                         .build()
-                        .map_err(err)?;
+                        .in_file(path)?;
                     for dt in levels.into_iter().rev() {
                         let DataType::FixedSizeList(_, n) = dt else { unreachable!("list level") };
                         len /= n as usize;
-                        data = arrow_data::ArrayData::builder(dt).len(len).add_child_data(data).build().map_err(err)?;
+                        data =
+                            arrow_data::ArrayData::builder(dt).len(len).add_child_data(data).build().in_file(path)?;
                     }
                     make_array(data)
                 }
             };
             columns.push(col);
         }
-        let batch = RecordBatch::try_new(schema.clone(), columns).map_err(err)?;
-        writer.write(&batch).map_err(err)?;
+        let batch = RecordBatch::try_new(schema.clone(), columns).in_file(path)?;
+        writer.write(&batch).in_file(path)?;
         start = end;
     }
-    writer.finish().map_err(err)
+    writer.finish().in_file(path)
 }
 
 #[cfg(test)]

@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use super::hdf5;
 use super::schema::{DType, Field, FieldKind};
 use super::{npy, raw, Format};
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, ResultExt};
 
 /// Name of the manifest written next to generated files.
 pub const MANIFEST: &str = "meshfeed-gen.json";
@@ -233,8 +233,7 @@ fn write_records(
     let record: usize = fields.iter().filter_map(Field::fixed_bytes).sum();
     let mut rec = Vec::new();
     // An allocation the allocator refuses is an error here, not an abort.
-    rec.try_reserve_exact(record)
-        .map_err(|e| Error::file(path, format!("cannot allocate a record of {record} bytes: {e}")))?;
+    rec.try_reserve_exact(record).file_context(path, format_args!("cannot allocate a record of {record} bytes"))?;
     for id in 0..n {
         rec.clear();
         for fi in 0..fields.len() {
@@ -266,8 +265,7 @@ pub fn find_manifest(paths: &[PathBuf]) -> Result<Option<Manifest>> {
     let p = dir.join(MANIFEST);
     match std::fs::read_to_string(&p) {
         Ok(text) => {
-            let m: Manifest =
-                serde_json::from_str(&text).map_err(|e| Error::file(&p, format!("invalid manifest: {e}")))?;
+            let m: Manifest = serde_json::from_str(&text).file_context(&p, "invalid manifest")?;
             Ok((m.generator == GENERATOR).then_some(m))
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),

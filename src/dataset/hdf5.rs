@@ -21,7 +21,7 @@ use hdf5::{Hyperslab, SliceOrIndex};
 use super::rows::{advise_dontneed, advise_willneed, coalesce, read_error, read_vectored_exact_at, RowChunk};
 use super::schema::{DType, Field};
 use super::DatasetOptions;
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, ResultExt};
 
 /// Spans closer than this are read through in one hyperslab.
 const HDF5_GAP_BYTES: u64 = 1 << 20;
@@ -114,12 +114,12 @@ fn group_of(file: &hdf5::File, group: Option<&str>) -> hdf5::Result<hdf5::Group>
 
 /// The datasets of a group with their fields, checked to share one sample count.
 fn fields_of(path: &Path, file: &hdf5::File, group: Option<&str>) -> Result<(u64, Vec<Field>, Vec<hdf5::Dataset>)> {
-    let h5err = |e: hdf5::Error| Error::file(path, e.to_string());
-    let g = group_of(file, group).map_err(|e| match group {
-        Some(name) => Error::file(path, format!("no group '{name}': {e}")),
-        None => h5err(e),
-    })?;
-    let datasets = g.datasets().map_err(h5err)?;
+    let g = group_of(file, group);
+    let g = match group {
+        Some(name) => g.file_context(path, format_args!("no group '{name}'"))?,
+        None => g.in_file(path)?,
+    };
+    let datasets = g.datasets().in_file(path)?;
     if datasets.is_empty() {
         return Err(Error::file(path, format!("no datasets in group '{}'", group.unwrap_or("/"))));
     }
@@ -141,8 +141,8 @@ fn fields_of(path: &Path, file: &hdf5::File, group: Option<&str>) -> Result<(u64
             Some(_) => {}
             None => samples = Some((n as u64, name.clone())),
         }
-        let dt = ds.dtype().map_err(h5err)?;
-        let td = dt.to_descriptor().map_err(|e| Error::file(path, undescribable_type(&name, &dt, &e)))?;
+        let dt = ds.dtype().in_file(path)?;
+        let td = dt.to_descriptor().map_err(|e| Error::file_caused(path, undescribable_type(&name, &dt, &e), e))?;
         let dtype = dtype_of(&name, &td).map_err(|r| Error::file(path, r))?;
         check_filters(&name, ds).map_err(|r| Error::file(path, r))?;
         let field = Field::tensor(name, dtype, rest.to_vec());
@@ -155,7 +155,7 @@ fn fields_of(path: &Path, file: &hdf5::File, group: Option<&str>) -> Result<(u64
 }
 
 fn open_file(path: &Path) -> Result<hdf5::File> {
-    hdf5::File::open(path).map_err(|e| Error::file(path, format!("cannot open as HDF5: {e}")))
+    hdf5::File::open(path).file_context(path, "cannot open as HDF5")
 }
 
 /// Reads the sample count and fields of an HDF5 file, and whether its values can be read
@@ -319,9 +319,8 @@ impl super::FileReader for Hdf5Reader {
                             .map_err(|e| read_error(&self.path, e, at, buf.len()))?;
                         Buffer::from_vec(buf)
                     }
-                    None => read_span(ds, *dtype, *ndim, span.clone()).map_err(|e| {
-                        Error::file(&self.path, format!("reading rows {}..{}: {e}", span.start, span.end))
-                    })?,
+                    None => read_span(ds, *dtype, *ndim, span.clone())
+                        .file_context(&self.path, format_args!("reading rows {}..{}", span.start, span.end))?,
                 };
                 let b = chunk.add_buffer(buf);
                 while let Some(&&r) = next.peek() {
@@ -346,8 +345,7 @@ pub fn write(
     samples: u64,
     mut value: impl FnMut(u64, usize, &mut Vec<u8>),
 ) -> Result<()> {
-    let h5err = |e: hdf5::Error| Error::file(path, e.to_string());
-    let file = hdf5::File::create(path).map_err(h5err)?;
+    let file = hdf5::File::create(path).in_file(path)?;
     for (fi, f) in fields.iter().enumerate() {
         let super::FieldKind::Tensor { dtype, shape } = &f.kind else {
             return Err(Error::Config(format!("HDF5 output cannot hold variable-length field '{}'", f.name)));
@@ -370,14 +368,14 @@ pub fn write(
                     .map(|c| <$t>::from_le_bytes(c.try_into().expect("exact chunk")))
                     .collect();
                 let arr = ndarray::ArrayD::from_shape_vec(dims, data).expect("shape matches data");
-                file.new_dataset_builder().with_data(&arr).create(f.name.as_str()).map_err(h5err)?;
+                file.new_dataset_builder().with_data(&arr).create(f.name.as_str()).in_file(path)?;
             }};
         }
         match dtype {
             DType::Bool => {
                 let data: Vec<bool> = bytes.iter().map(|&b| b != 0).collect();
                 let arr = ndarray::ArrayD::from_shape_vec(dims, data).expect("shape matches data");
-                file.new_dataset_builder().with_data(&arr).create(f.name.as_str()).map_err(h5err)?;
+                file.new_dataset_builder().with_data(&arr).create(f.name.as_str()).in_file(path)?;
             }
             DType::U8 => write_typed!(u8),
             DType::I8 => write_typed!(i8),

@@ -175,7 +175,8 @@ impl FileInfo {
     /// including where a format library hides short reads (HDF5 fills them with zeros).
     pub fn check_unchanged(&self) -> Result<()> {
         let meta = std::fs::metadata(&self.path).map_err(|e| {
-            Error::file(&self.path, format!("changed since the dataset was opened: it can no longer be read ({e})"))
+            let reason = format!("changed since the dataset was opened: it can no longer be read ({e})");
+            Error::file_caused(&self.path, reason, e)
         })?;
         match self.describe_change(&meta) {
             Some(change) => Err(Error::file(&self.path, change)),

@@ -12,7 +12,7 @@ use std::path::Path;
 use super::npy_header::{parse_preamble, PreambleError, PyValue, MAX_PREAMBLE_LEN};
 use super::rows::{RecordFile, RecordLayout};
 use super::schema::{DType, Field};
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, ResultExt};
 
 /// Reads the header: sample count and fields.
 pub fn scan(path: &Path) -> Result<(u64, Vec<Field>)> {
@@ -37,7 +37,7 @@ fn read_preamble(file: std::fs::File, path: &Path) -> Result<super::npy_header::
         }
         parsed => parsed,
     };
-    parsed.map_err(|e| Error::file(path, e.to_string()))
+    parsed.in_file(path)
 }
 
 /// Opens a `.npy` file for reading rows, checking that its fields are `expected`.

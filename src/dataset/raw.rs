@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 
 use super::rows::{RecordFile, RecordLayout};
 use super::schema::{DType, Field};
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, ResultExt};
 
 /// Name of the schema file next to raw record files.
 pub const SCHEMA_FILE: &str = "schema.json";
@@ -42,8 +42,7 @@ pub fn read_schema(path: &Path) -> Result<Vec<Field>> {
         std::io::ErrorKind::NotFound => Error::file(path, format!("raw records need a schema file {}", sp.display())),
         _ => Error::io(&sp, e),
     })?;
-    let schema: SchemaFile =
-        serde_json::from_str(&text).map_err(|e| Error::file(&sp, format!("invalid schema: {e}")))?;
+    let schema: SchemaFile = serde_json::from_str(&text).file_context(&sp, "invalid schema")?;
     if schema.fields.is_empty() {
         return Err(Error::file(&sp, "invalid schema: no fields"));
     }

@@ -7,7 +7,7 @@ use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::PathBuf;
 
 use crate::dataset::{self, Dataset, DatasetOptions, Field, FileInfo, FileStamp, Format};
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorKind, Result, ResultExt};
 use crate::transport::{agree, ReduceOp, Transport};
 
 /// A file header on the wire. Paths travel as bytes: a file name need not be UTF-8.
@@ -79,14 +79,13 @@ pub fn open_dataset(transport: &dyn Transport, paths: &[PathBuf], options: Datas
         .map(|(_, (path, format))| dataset::scan_file(path, *format, &options).map(WireInfo::from))
         .collect();
     let mine = agree(transport, mine)?;
-    let bytes =
-        serde_json::to_vec(&mine).map_err(|e| Error::Internal(format!("file headers do not serialise: {e}")))?;
+    let bytes = serde_json::to_vec(&mine).context(ErrorKind::Internal, "file headers do not serialise")?;
     let gathered = transport.all_gather(&bytes)?;
     let mut per_rank: Vec<std::vec::IntoIter<WireInfo>> = gathered
         .iter()
         .map(|bytes| serde_json::from_slice::<Vec<WireInfo>>(bytes).map(Vec::into_iter))
         .collect::<std::result::Result<_, _>>()
-        .map_err(|e| Error::Transport(format!("bad file header exchange: {e}")))?;
+        .context(ErrorKind::Transport, "bad file header exchange")?;
     let infos = (0..files.len())
         .map(|i| {
             per_rank[i % world]

@@ -50,7 +50,7 @@ use super::engine::Engine;
 use super::producer::Producer;
 use super::stream::Position;
 use super::window::Window;
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorKind, Result, ResultExt};
 use crate::transport::{agree_position, ReduceOp, Transport};
 
 /// How often a consumer that waits asks its interrupt check ([`Interrupt`]): a Ctrl-C
@@ -150,7 +150,7 @@ impl Pipeline {
                 let window = producer.next_window();
                 let _ = tx.send((producer, window));
             })
-            .map_err(|e| Error::Internal(format!("cannot start a thread for the loader's window: {e}")))?;
+            .context(ErrorKind::Internal, "cannot start a thread for the loader's window")?;
         match wait(&rx, &mut interrupt) {
             Waited::Got((producer, window)) => {
                 *self = Pipeline::Inline(producer);
@@ -183,7 +183,7 @@ impl Pipeline {
             .spawn(move || {
                 let _ = ended_tx.send(produce(producer, tx, flag));
             })
-            .map_err(|e| Error::Internal(format!("cannot start the loader's producer thread: {e}")))?;
+            .context(ErrorKind::Internal, "cannot start the loader's producer thread")?;
         *self = Pipeline::Background(Background { windows: rx, stop, ended, thread });
         Ok(())
     }

@@ -7,7 +7,7 @@
 //! the [`Fingerprint`] records those, and a mismatch is refused naming what changed.
 
 use crate::dataset::Dataset;
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorKind, Result, ResultExt};
 
 /// The largest epoch a loader can stand at. A position is a JSON number in a state file,
 /// exact in every JSON reader up to 2^53 (JavaScript's and Python's `float` included), and
@@ -115,7 +115,7 @@ impl LoaderState {
 
     /// Parses a state written by [`LoaderState::to_json`].
     pub fn from_json(text: &str) -> Result<LoaderState> {
-        serde_json::from_str(text).map_err(|e| Error::Config(format!("invalid loader state: {e}")))
+        serde_json::from_str(text).context(ErrorKind::Config, "invalid loader state")
     }
 
     /// Reads a state file of at most `limit` bytes, defensively
@@ -123,6 +123,6 @@ impl LoaderState {
     /// state can be).
     pub fn read_file(path: &std::path::Path, limit: u64) -> Result<LoaderState> {
         let text = crate::config::read_small_file(path, limit)?;
-        LoaderState::from_json(&text).map_err(|e| Error::file(path, e.to_string()))
+        LoaderState::from_json(&text).in_file(path)
     }
 }

@@ -31,7 +31,7 @@ use std::sync::{Arc, Condvar, Mutex, RwLock};
 use std::thread::JoinHandle;
 
 use crate::dataset::{Dataset, Field, FileReader, RowChunk};
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorKind, Result, ResultExt};
 use crate::plan::io::STREAM_READ_BYTES;
 
 /// Where each fixed-size field lies in a row's record.
@@ -258,7 +258,7 @@ impl HomeStore {
                 let bytes = usize::try_from(resident.saturating_mul(l.record as u64))
                     .map_err(|_| Error::Config("the resident rows do not fit this machine's address space".into()))?;
                 let region = Region::create(bytes)
-                    .map_err(|e| Error::Config(format!("cannot allocate {bytes} bytes for the resident rows: {e}")))?;
+                    .context(ErrorKind::Config, format_args!("cannot allocate {bytes} bytes for the resident rows"))?;
                 Memory::Records(Arc::new(region))
             }
             None => Memory::Chunks(Arc::new(RwLock::new(Vec::new()))),
@@ -289,7 +289,7 @@ impl HomeStore {
                 std::thread::Builder::new()
                     .name("meshfeed-filler".into())
                     .spawn(move || fill.run())
-                    .map_err(|e| Error::Internal(format!("cannot start the filler thread: {e}")))?,
+                    .context(ErrorKind::Internal, "cannot start the filler thread")?,
             )
         } else {
             progress.publish(0);
@@ -372,7 +372,7 @@ impl Drop for HomeStore {
 /// Creates the spill file of `bytes` bytes in `dir`, already unlinked: it disappears with
 /// the last process holding it, however the job ends.
 fn spill_file(dir: &Path, bytes: u64) -> Result<File> {
-    let meta = std::fs::metadata(dir).map_err(|e| Error::file(dir, format!("spill directory: {e}")))?;
+    let meta = std::fs::metadata(dir).file_context(dir, "spill directory")?;
     if !meta.is_dir() {
         return Err(Error::file(dir, "spill directory: not a directory"));
     }
@@ -382,22 +382,20 @@ fn spill_file(dir: &Path, bytes: u64) -> Result<File> {
         .write(true)
         .create_new(true)
         .open(&path)
-        .map_err(|e| Error::file(&path, format!("cannot create the spill file: {e}")))?;
+        .file_context(&path, "cannot create the spill file")?;
     let _ = std::fs::remove_file(&path);
     // Reserve the space now, so that a full device is an error here, not mid-epoch.
     // SAFETY: fallocate on a descriptor we own.
     let r = unsafe { libc::posix_fallocate(file.as_raw_fd(), 0, bytes as libc::off_t) };
     if r != 0 && r != libc::EOPNOTSUPP && r != libc::EINVAL {
-        return Err(Error::file(
+        let e = std::io::Error::from_raw_os_error(r);
+        return Err(Error::file_caused(
             dir,
-            format!(
-                "spill directory: cannot reserve {} for the spill file: {}",
-                crate::plan::io::show_bytes(bytes),
-                std::io::Error::from_raw_os_error(r)
-            ),
+            format!("spill directory: cannot reserve {} for the spill file: {e}", crate::plan::io::show_bytes(bytes)),
+            e,
         ));
     }
-    file.set_len(bytes).map_err(|e| Error::file(dir, format!("spill directory: {e}")))?;
+    file.set_len(bytes).file_context(dir, "spill directory")?;
     // Spilled rows are read back at random, one record at a time.
     crate::dataset::rows::advise_random(&file);
     Ok(file)

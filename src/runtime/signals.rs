@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::error::{Error, Result};
+use crate::error::{ErrorKind, Result, ResultExt};
 use crate::transport::{ReduceOp, Transport};
 
 /// Records SIGTERM and SIGINT instead of dying on them. The flag lives in this value (a
@@ -22,7 +22,7 @@ impl StopSignal {
         let received = Arc::new(AtomicUsize::new(0));
         for sig in [libc::SIGTERM, libc::SIGINT] {
             signal_hook::flag::register_usize(sig, received.clone(), sig as usize)
-                .map_err(|e| Error::Internal(format!("cannot install a handler for signal {sig}: {e}")))?;
+                .context(ErrorKind::Internal, format_args!("cannot install a handler for signal {sig}"))?;
         }
         Ok(StopSignal { received })
     }

@@ -41,7 +41,7 @@
 //! token shared by several jobs (one Kubernetes Secret for every Job, an exported
 //! `MESHFEED_JOB_TOKEN`) and a port that a new job's rank 0 reuses while ranks of an
 //! earlier job still retry it (a Job deleted and created again under the same name). The
-//! job id tells such jobs apart: `meshfeed launch`, `launch/ray_launch.py` and
+//! job id tells such jobs apart: `meshfeed launch`, `python -m meshfeed.launch.ray` and
 //! `launch/k8s/emulate.sh` make a fresh one per launch, the Kubernetes manifest uses the
 //! Job's uid, and rank 0 refuses a rank whose id differs from its own. Without a job id
 //! (unset or empty on every rank) nothing is derived in its place: then only the token,
@@ -54,7 +54,7 @@ use std::net::{TcpListener, TcpStream, ToSocketAddrs};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use crate::error::{Error, Result};
+use crate::error::{BoxError, Error, ErrorKind, Result, ResultExt};
 
 const MAGIC: &[u8; 4] = b"MFRV";
 const VERSION: u8 = 2;
@@ -174,9 +174,10 @@ pub fn exchange(cfg: &RendezvousConfig, payload: Vec<u8>) -> Result<Vec<Vec<u8>>
     if cfg.rank == 0 {
         let listener = match cfg.listen_fd {
             Some(fd) => inherited_listener(fd, cfg.master_port)?,
-            None => TcpListener::bind(("0.0.0.0", cfg.master_port)).map_err(|e| {
-                Error::Transport(format!("rendezvous: rank 0 cannot listen on port {}: {e}", cfg.master_port))
-            })?,
+            None => TcpListener::bind(("0.0.0.0", cfg.master_port)).context(
+                ErrorKind::Transport,
+                format_args!("rendezvous: rank 0 cannot listen on port {}", cfg.master_port),
+            )?,
         };
         // One write per line, errors ignored: a closed stderr must not stop rank 0.
         serve(cfg, listener, payload, &mut |line| {
@@ -212,11 +213,16 @@ fn inherited_listener(fd: i32, port: u16) -> Result<TcpListener> {
     // SAFETY: dup of a descriptor just checked to be open; the copy belongs to us alone.
     let own = unsafe { libc::dup(fd) };
     if own < 0 {
-        return Err(bad(format!("cannot duplicate it: {}", std::io::Error::last_os_error())));
+        let e = std::io::Error::last_os_error();
+        return Err(Error::caused(
+            ErrorKind::Config,
+            format!("MESHFEED_RENDEZVOUS_FD={fd}: cannot duplicate it: {e}"),
+            e,
+        ));
     }
     // SAFETY: `own` is an open listening socket descriptor that nothing else owns.
     let listener = unsafe { TcpListener::from_raw_fd(own) };
-    let at = listener.local_addr().map_err(|e| bad(e.to_string()))?.port();
+    let at = listener.local_addr().context(ErrorKind::Config, format_args!("MESHFEED_RENDEZVOUS_FD={fd}"))?.port();
     if at != port {
         return Err(bad(format!("it listens on port {at}, not MASTER_PORT {port}")));
     }
@@ -343,7 +349,7 @@ fn serve(
     log: &mut dyn FnMut(String),
 ) -> Result<Vec<Vec<u8>>> {
     let deadline = Instant::now() + cfg.timeout;
-    listener.set_nonblocking(true).map_err(|e| Error::Transport(format!("rendezvous: {e}")))?;
+    listener.set_nonblocking(true).context(ErrorKind::Transport, "rendezvous")?;
     let (tx, rx) = mpsc::channel::<std::result::Result<Registration, String>>();
     let mut slots: Vec<Option<Registration>> = (0..cfg.world).map(|_| None).collect();
     let mut registered = 1; // rank 0 itself
@@ -406,7 +412,7 @@ fn serve(
     for reg in slots.iter_mut().flatten() {
         reg.stream
             .write_all(&reply)
-            .map_err(|e| Error::Transport(format!("rendezvous: cannot answer rank {}: {e}", reg.rank)))?;
+            .context(ErrorKind::Transport, format_args!("rendezvous: cannot answer rank {}", reg.rank))?;
     }
     Ok(table)
 }
@@ -418,16 +424,17 @@ fn join(cfg: &RendezvousConfig, payload: &[u8]) -> Result<Vec<Vec<u8>>> {
     let mut stream = loop {
         let attempt = target
             .to_socket_addrs()
-            .map_err(|e| e.to_string())
-            .and_then(|mut a| a.next().ok_or_else(|| "no address".to_string()))
-            .and_then(|a| TcpStream::connect_timeout(&a, Duration::from_secs(2)).map_err(|e| e.to_string()));
+            .map_err(BoxError::from)
+            .and_then(|mut a| a.next().ok_or_else(|| BoxError::from("no address")))
+            .and_then(|a| TcpStream::connect_timeout(&a, Duration::from_secs(2)).map_err(BoxError::from));
         match attempt {
             Ok(s) => break s,
             Err(e) if Instant::now() > deadline => {
-                return Err(Error::Transport(format!(
-                    "rendezvous: cannot reach rank 0 at {target} within {} s: {e}",
-                    cfg.timeout.as_secs()
-                )))
+                return Err(Error::caused(
+                    ErrorKind::Transport,
+                    format!("rendezvous: cannot reach rank 0 at {target} within {} s: {e}", cfg.timeout.as_secs()),
+                    e,
+                ))
             }
             Err(_) => std::thread::sleep(Duration::from_millis(100)),
         }
@@ -437,7 +444,7 @@ fn join(cfg: &RendezvousConfig, payload: &[u8]) -> Result<Vec<Vec<u8>>> {
             "rendezvous at {target}: no answer within {} s (the other ranks never arrived?)",
             cfg.timeout.as_secs()
         )),
-        _ => Error::Transport(format!("rendezvous at {target}: {e}")),
+        _ => Error::caused(ErrorKind::Transport, format!("rendezvous at {target}: {e}"), e),
     };
     stream.write_all(&hello(cfg, payload)).map_err(fail)?;
     stream

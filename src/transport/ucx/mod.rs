@@ -743,7 +743,9 @@ impl UcxTransport {
             Error::Remote { rank, kind, message } => {
                 Failed::Remote { rank: *rank, kind: *kind, message: message.clone() }
             }
-            Error::Transport(message) => Failed::Local(message.clone()),
+            Error::Transport(message) | Error::Caused { kind: ErrorKind::Transport, message, .. } => {
+                Failed::Local(message.clone())
+            }
             other => Failed::Local(other.to_string()),
         });
         error
