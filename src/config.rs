@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
 use crate::dataset::DatasetOptions;
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorKind, Result, ResultExt};
 
 /// Reads a small text file (a job file, a state, a run's telemetry) defensively: opening
 /// never blocks (a FIFO in a file's place would wait for a writer forever), only regular
@@ -421,6 +421,7 @@ pub const DEFAULT_READ_QUEUE_DEPTH: usize = 16;
 /// storage's speed when known, and the node-local spill directory.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ReadOptions {
+    #[serde(rename = "read_strategy")]
     pub strategy: ReadStrategy,
     /// Bytes the ranks of one host may hold for data together (resident rows, pass
     /// buffers); `None`: from the cgroup memory limit or the available memory.
@@ -430,8 +431,10 @@ pub struct ReadOptions {
     /// The storage's random reads per second per host (`None`: probed when needed).
     pub storage_iops: Option<u64>,
     /// Node-local directory to spill what does not fit in memory to.
+    #[serde(serialize_with = "lossy_path")]
     pub spill_dir: Option<PathBuf>,
     /// Reads in flight per rank when reading at random.
+    #[serde(rename = "read_queue_depth")]
     pub queue_depth: usize,
 }
 
@@ -621,33 +624,48 @@ pub struct LoaderOptions {
 }
 
 impl LoaderOptions {
-    /// Every option as a (name, value) pair of text (names as in job files), so that ranks
-    /// can check they were all given the same ([`crate::transport::agree_settings`]).
-    pub fn settings(&self) -> Vec<(&'static str, String)> {
-        let l = &self.layout;
-        let pairs = |m: Vec<String>| m.join("; ");
-        vec![
-            ("batch_size", self.batch_size.to_string()),
-            ("seed", self.seed.to_string()),
-            ("window_bytes", self.window_bytes.to_string()),
-            ("prefetch", self.prefetch.to_string()),
-            ("mesh", l.mesh.as_ref().map_or_else(|| "dp=<ranks>".into(), |m| m.to_string())),
-            ("mesh_order", l.mesh_order.join(",")),
-            ("pipeline_axis", l.pipeline_axis.clone().unwrap_or_default()),
-            ("shard", pairs(l.shard.iter().map(|(f, s)| format!("{f}={s}")).collect())),
-            ("stages", pairs(l.stages.iter().map(|(f, s)| format!("{f}={s}")).collect())),
-            ("exchange", l.exchange.to_string()),
-            ("exchange_costs", l.exchange_costs.to_string()),
-            ("devices_per_process", l.devices_per_process.to_string()),
-            ("tail", self.tail.to_string()),
-            ("read_strategy", self.read.strategy.to_string()),
-            ("memory_budget", self.read.memory_budget.map_or_else(|| "auto".into(), |b| b.to_string())),
-            ("storage_bandwidth", self.read.storage_bandwidth.map_or_else(|| "probe".into(), |b| b.to_string())),
-            ("storage_iops", self.read.storage_iops.map_or_else(|| "probe".into(), |b| b.to_string())),
-            ("spill_dir", self.read.spill_dir.as_ref().map_or_else(String::new, |p| p.display().to_string())),
-            ("read_queue_depth", self.read.queue_depth.to_string()),
-            ("local_reads", self.local_reads.to_string()),
-        ]
+    /// Every option as a (job-file key, value) pair of text, so that ranks can check they
+    /// were all given the same ([`crate::transport::agree_settings`]). Derived from the
+    /// options' serde form, so that no option can be left out of the agreement: a nested
+    /// struct's fields are named by their job-file keys (a test checks every name is one),
+    /// a value not given reads `default`.
+    pub fn settings(&self) -> Vec<(String, String)> {
+        let value = serde_json::to_value(self).expect("loader options serialise (paths lossily)");
+        let keys = JobFile::keys();
+        let mut out = Vec::new();
+        flatten_settings(&value, &keys, &mut out);
+        out
+    }
+}
+
+/// The leaves of `value` as (key, text): objects whose key is a job-file key (a field
+/// table such as `shard`) are leaves (`x=dp,tp; y=dp`), other objects are descended into.
+fn flatten_settings(value: &serde_json::Value, keys: &[String], out: &mut Vec<(String, String)>) {
+    use serde_json::Value;
+    let text = |v: &Value| match v {
+        Value::Null => "default".to_string(),
+        Value::String(s) => s.clone(),
+        v => v.to_string(),
+    };
+    let Value::Object(map) = value else { return };
+    for (key, v) in map {
+        match v {
+            Value::Object(_) if !keys.contains(key) => flatten_settings(v, keys, out),
+            Value::Object(fields) => {
+                let pairs: Vec<String> = fields.iter().map(|(f, s)| format!("{f}={}", text(s))).collect();
+                out.push((key.clone(), pairs.join("; ")));
+            }
+            Value::Array(items) => out.push((key.clone(), items.iter().map(text).collect::<Vec<_>>().join(","))),
+            v => out.push((key.clone(), text(v))),
+        }
+    }
+}
+
+/// Serialises a path as text, lossily (the settings agreement compares what it prints).
+fn lossy_path<S: serde::Serializer>(p: &Option<PathBuf>, s: S) -> std::result::Result<S::Ok, S::Error> {
+    match p {
+        Some(p) => s.serialize_some(&p.to_string_lossy()),
+        None => s.serialize_none(),
     }
 }
 
@@ -666,35 +684,132 @@ impl Default for LoaderOptions {
     }
 }
 
-/// The keys of a job file, every one optional; an edge sets the ones its own flags give
-/// (flags override the file) and calls [`JobFile::into_job`].
+/// The job description: every option of a job, declared once. A job file's keys (TOML),
+/// the command line's flags (`--batch-size` for `batch_size`, derived from this struct
+/// with the `clap` feature, the field docs as help), the Python package's keyword
+/// arguments and the documentation's option table are these fields (tests fail when one
+/// drifts: [`JobFile::keys`]); the loader's options reach the cross-rank settings
+/// agreement from their serde form ([`LoaderOptions::settings`]). Every key is optional;
+/// an edge overlays its own flags ([`JobFile::overlay`]) and calls [`JobFile::into_job`].
 #[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+#[cfg_attr(feature = "clap", derive(clap::Args))]
 #[serde(default, deny_unknown_fields)]
 pub struct JobFile {
+    /// Dataset files or directories (all supported files in a directory, in name order).
+    #[cfg_attr(feature = "clap", arg(long, num_args = 1.., value_name = "PATH"))]
     pub data: Vec<PathBuf>,
+    /// HDF5 group that holds the datasets [default: the file root].
+    #[cfg_attr(feature = "clap", arg(long, value_name = "GROUP"))]
     pub group: Option<String>,
+    /// Global batch size B (must be divisible by the batch dimension's split).
+    #[cfg_attr(feature = "clap", arg(long))]
     pub batch_size: Option<usize>,
+    /// Number of epochs [default: 1].
+    #[cfg_attr(feature = "clap", arg(long))]
     pub epochs: Option<u64>,
+    /// Seed of the shuffle [default: 0].
+    #[cfg_attr(feature = "clap", arg(long))]
     pub seed: Option<u64>,
+    /// Budget for one exchange window's buffers per rank (K/M/G suffixes); memory stays
+    /// within (prefetch + 1) × this [default: 64M].
+    #[cfg_attr(feature = "clap", arg(long, value_name = "BYTES"))]
     pub window_bytes: Option<ByteSize>,
+    /// Windows the background producer runs ahead of the consumer; 0: no producer thread,
+    /// each window is made when asked for [default: 2].
+    #[cfg_attr(feature = "clap", arg(long))]
     pub prefetch: Option<usize>,
+    /// How ranks read their home ranges: auto (resident when the data fits the memory
+    /// budget, else the cheaper of passes and random by the storage's speed), resident
+    /// (stream once, keep in memory), passes (K sequential passes per epoch), random (keep
+    /// what fits, read the rest where needed) [default: auto].
+    #[cfg_attr(feature = "clap", arg(long, value_parser = named::<ReadStrategy>()))]
     pub read_strategy: Option<ReadStrategy>,
+    /// Memory the ranks of one host may hold for data together (K/M/G) [default: 3/4 of
+    /// the cgroup limit's or the host's headroom, less the pipelines].
+    #[cfg_attr(feature = "clap", arg(long, value_name = "BYTES"))]
     pub memory_budget: Option<ByteSize>,
+    /// The storage's sequential bandwidth per host in bytes/s (K/M/G) [default: probed
+    /// when the choice depends on it].
+    #[cfg_attr(feature = "clap", arg(long, value_name = "BYTES"))]
     pub storage_bandwidth: Option<ByteSize>,
+    /// The storage's random reads per second per host [default: probed when needed].
+    #[cfg_attr(feature = "clap", arg(long, value_name = "READS"))]
     pub storage_iops: Option<u64>,
+    /// Node-local directory (NVMe scratch) where what does not fit in memory is streamed
+    /// once and read back from.
+    #[cfg_attr(feature = "clap", arg(long, value_name = "DIR"))]
     pub spill_dir: Option<PathBuf>,
+    /// Reads in flight per rank when reading samples at random [default: 16].
+    #[cfg_attr(feature = "clap", arg(long, value_name = "N"))]
     pub read_queue_depth: Option<usize>,
+    /// Last incomplete batch of an epoch: drop, pad (with the epoch's first samples) or
+    /// partial (a short batch) [default: drop].
+    #[cfg_attr(feature = "clap", arg(long, value_parser = named::<TailPolicy>()))]
     pub tail: Option<TailPolicy>,
+    /// Transport: mpi (launch with mpirun/srun) or ucx (launch with `meshfeed launch`, Ray or
+    /// Kubernetes: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, MESHFEED_JOB_TOKEN) [default: mpi].
+    #[cfg_attr(feature = "clap", arg(long, value_parser = named::<TransportKind>()))]
     pub transport: Option<TransportKind>,
+    /// Device mesh, e.g. dp=2,tp=2,pp=2 (product = number of ranks) [default: dp over all ranks].
+    #[cfg_attr(feature = "clap", arg(long))]
     pub mesh: Option<MeshSpec>,
+    /// Mesh axes from slowest to fastest varying in the rank numbering [default: as written].
+    #[cfg_attr(feature = "clap", arg(long, value_delimiter = ','))]
     pub mesh_order: Vec<String>,
+    /// The pipeline axis [default: pp].
+    #[cfg_attr(feature = "clap", arg(long))]
     pub pipeline_axis: Option<String>,
-    pub shard: BTreeMap<String, ShardSpec>,
-    pub stages: BTreeMap<String, Stage>,
+    /// Sharding of a field, per dimension of [batch, *shape]: mesh axis, axes joined by +, or -.
+    #[cfg_attr(feature = "clap", arg(long, value_name = "FIELD=SPEC", value_parser = parse_pair::<ShardSpec>))]
+    #[serde(with = "field_map")]
+    pub shard: Vec<(String, ShardSpec)>,
+    /// Pipeline stages that receive a field.
+    #[cfg_attr(feature = "clap", arg(long, value_name = "FIELD=first|last|all", value_parser = parse_pair::<Stage>))]
+    #[serde(with = "field_map")]
+    pub stages: Vec<(String, Stage)>,
+    /// Exchange algorithm (auto: the cheaper of fused and two-phase by the cost model;
+    /// broadcast: the single-loader baseline) [default: auto].
+    #[cfg_attr(feature = "clap", arg(long, value_parser = named::<ExchangeMode>()))]
     pub exchange: Option<ExchangeMode>,
+    /// The all-to-all costs `--exchange auto` decides with: latency per peer (s), bandwidth
+    /// of a rank on its host and of a host's link (bytes/s), e.g.
+    /// latency=5e-6,intra=1e10,inter=1.2e9 (`meshfeed report --predict` fits them)
+    /// [default: measured here, see docs/meshes.md on the exchange].
+    #[cfg_attr(feature = "clap", arg(long, value_name = "latency=S,intra=B/S,inter=B/S"))]
     pub exchange_costs: Option<ExchangeCosts>,
+    /// Ranks on one host read the rows they receive from each other's home ranges straight
+    /// from the files (the page cache they share) instead of exchanging them: auto (npy, raw
+    /// and fixed-size Arrow samples of 1 KiB and more, fused exchange) or off [default: auto].
+    #[cfg_attr(feature = "clap", arg(long, value_parser = named::<LocalReads>()))]
     pub local_reads: Option<LocalReads>,
+    /// Mesh devices each rank drives (one process per host with several devices, as JAX
+    /// runs): the mesh has ranks × K devices and a rank receives the union of their devices'
+    /// shards [default: 1].
+    #[cfg_attr(feature = "clap", arg(long, value_name = "K"))]
     pub devices_per_process: Option<usize>,
+}
+
+/// A value parser that lists the names an enum accepts (in `--help` and errors).
+#[cfg(feature = "clap")]
+pub fn named<T: NamedValues>() -> impl clap::builder::TypedValueParser<Value = T> {
+    use clap::builder::TypedValueParser;
+    clap::builder::PossibleValuesParser::new(T::NAMES).try_map(|s| s.parse::<T>())
+}
+
+/// `FIELD = VALUE` pairs, written as a table (`[shard]` in TOML, a dict in Python) and
+/// held in the order given (a later pair for a field overrides an earlier one).
+mod field_map {
+    use std::collections::BTreeMap;
+
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    pub fn serialize<T: Serialize, S: Serializer>(pairs: &[(String, T)], s: S) -> Result<S::Ok, S::Error> {
+        s.collect_map(pairs.iter().map(|(k, v)| (k, v)))
+    }
+
+    pub fn deserialize<'de, T: Deserialize<'de>, D: Deserializer<'de>>(d: D) -> Result<Vec<(String, T)>, D::Error> {
+        Ok(BTreeMap::<String, T>::deserialize(d)?.into_iter().collect())
+    }
 }
 
 /// A validated job: what to load and how.
@@ -711,14 +826,17 @@ impl Job {
     /// What defines the job beyond the loader's options, as (name, value) pairs of text,
     /// for checking that all ranks were given the same ([`LoaderOptions::settings`] holds
     /// the loader's; a `Loader` checks those itself).
-    pub fn settings(&self) -> Vec<(&'static str, String)> {
+    pub fn settings(&self) -> Vec<(String, String)> {
         let data: Vec<String> = self.data.iter().map(|p| p.display().to_string()).collect();
-        vec![
+        [
             ("data", data.join(", ")),
             ("group", self.dataset.hdf5_group.clone().unwrap_or_default()),
             ("epochs", self.epochs.to_string()),
             ("transport", self.transport.to_string()),
         ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect()
     }
 }
 
@@ -730,6 +848,38 @@ impl JobFile {
             Ok(serde_json::Value::Object(map)) => map.keys().cloned().collect(),
             _ => unreachable!("a job file serialises to an object"),
         }
+    }
+
+    /// This job with the keys `flags` gives put over it (a command line's flags over its
+    /// job file): a value or a list given replaces the job's, and field tables (`shard`,
+    /// `stages`) are merged field by field, the flags' winning.
+    pub fn overlay(mut self, mut flags: JobFile) -> Result<JobFile> {
+        use serde_json::Value;
+        // Paths go around the serde form (JSON text cannot hold a path that is not UTF-8).
+        let data = std::mem::take(&mut self.data);
+        let spill_dir = self.spill_dir.take();
+        let (flag_data, flag_spill_dir) = (std::mem::take(&mut flags.data), flags.spill_dir.take());
+        let object = |f: &JobFile| match serde_json::to_value(f) {
+            Ok(Value::Object(map)) => map,
+            _ => unreachable!("a job file without its paths serialises to an object"),
+        };
+        let mut merged = object(&self);
+        for (key, value) in object(&flags) {
+            match value {
+                Value::Null => {}
+                Value::Array(items) if items.is_empty() => {}
+                Value::Object(fields) => match merged.get_mut(&key) {
+                    Some(Value::Object(base)) => base.extend(fields),
+                    _ => drop(merged.insert(key, Value::Object(fields))),
+                },
+                value => drop(merged.insert(key, value)),
+            }
+        }
+        let mut job: JobFile = serde_json::from_value(Value::Object(merged))
+            .context(ErrorKind::Internal, "a job's own values do not parse back")?;
+        job.data = if flag_data.is_empty() { data } else { flag_data };
+        job.spill_dir = flag_spill_dir.or(spill_dir);
+        Ok(job)
     }
 
     /// Makes relative dataset and spill paths relative to `base` (the job file's directory).
@@ -775,8 +925,8 @@ impl JobFile {
                     mesh: self.mesh,
                     mesh_order: self.mesh_order,
                     pipeline_axis: self.pipeline_axis,
-                    shard: self.shard,
-                    stages: self.stages,
+                    shard: self.shard.into_iter().collect(),
+                    stages: self.stages.into_iter().collect(),
                     exchange: self.exchange.unwrap_or_default(),
                     exchange_costs: self.exchange_costs.unwrap_or_default(),
                     devices_per_process,
@@ -893,17 +1043,68 @@ mod tests {
         o.layout.shard.insert("x".into(), "dp,tp".parse().unwrap());
         o.layout.shard.insert("y".into(), "dp".parse().unwrap());
         let s = o.settings();
-        let get = |n: &str| s.iter().find(|(k, _)| *k == n).map(|(_, v)| v.as_str()).unwrap();
+        let get = |n: &str| s.iter().find(|(k, _)| k == n).map(|(_, v)| v.as_str()).unwrap();
         assert_eq!(
             (get("batch_size"), get("mesh"), get("shard"), get("tail")),
-            ("32", "dp=<ranks>", "x=dp,tp; y=dp", "drop")
+            ("32", "default", "x=dp,tp; y=dp", "drop")
         );
         assert_eq!((get("local_reads"), get("devices_per_process")), ("auto", "1"));
         assert_eq!(get("exchange_costs"), ExchangeCosts::default().to_string());
-        assert_eq!((get("read_strategy"), get("memory_budget"), get("read_queue_depth")), ("auto", "auto", "16"));
+        assert_eq!((get("read_strategy"), get("memory_budget"), get("read_queue_depth")), ("auto", "default", "16"));
         assert_eq!(s.len(), 20);
         let other = LoaderOptions { seed: 9, ..LoaderOptions::default() };
         assert_ne!(other.settings(), LoaderOptions::default().settings());
+    }
+
+    /// The agreement covers every key of the job description: the loader's settings and the
+    /// job's own are, together, exactly the job file's keys (an option added to the options
+    /// under another name, or to the job file only, fails here).
+    #[test]
+    fn settings_are_the_job_keys() {
+        let job = JobFile { data: vec!["d".into()], batch_size: Some(8), ..Default::default() }.into_job().unwrap();
+        let mut names: Vec<String> = job.settings().into_iter().chain(job.loader.settings()).map(|(k, _)| k).collect();
+        names.sort();
+        assert_eq!(names, JobFile::keys());
+    }
+
+    #[test]
+    fn flags_overlay_a_job_file() {
+        let file: JobFile = serde_json::from_str(
+            r#"{"data": ["a"], "batch_size": 8, "seed": 3, "mesh_order": ["tp", "dp"], "shard": {"x": "dp", "y": "dp,-"},
+                "memory_budget": "1G", "exchange_costs": "latency=1e-6,intra=1e9,inter=1e8"}"#,
+        )
+        .unwrap();
+        assert_eq!(file.shard.len(), 2);
+        let flags = JobFile {
+            seed: Some(5),
+            shard: vec![("y".into(), "dp,tp".parse().unwrap()), ("z".into(), "dp".parse().unwrap())],
+            spill_dir: Some("/scratch".into()),
+            ..Default::default()
+        };
+        let job = file.clone().overlay(flags).unwrap();
+        assert_eq!((job.batch_size, job.seed, job.data.clone()), (Some(8), Some(5), vec![PathBuf::from("a")]));
+        assert_eq!(
+            (job.mesh_order.clone(), job.memory_budget),
+            (vec!["tp".to_string(), "dp".into()], Some(ByteSize(1 << 30)))
+        );
+        let shard: Vec<String> = job.shard.iter().map(|(f, s)| format!("{f}={s}")).collect();
+        assert_eq!(shard, ["x=dp", "y=dp,tp", "z=dp"]);
+        assert_eq!((job.spill_dir, job.exchange_costs), (Some(PathBuf::from("/scratch")), file.exchange_costs));
+        // Nothing given: the file as it was; a list given replaces the file's.
+        assert_eq!(file.clone().overlay(JobFile::default()).unwrap(), file);
+        let order = JobFile { mesh_order: vec!["dp".into()], data: vec!["b".into()], ..Default::default() };
+        let job = file.overlay(order).unwrap();
+        assert_eq!((job.mesh_order, job.data), (vec!["dp".to_string()], vec![PathBuf::from("b")]));
+    }
+
+    /// A path that is not UTF-8 survives the overlay (it goes around the serde form).
+    #[test]
+    fn overlay_keeps_paths_that_are_not_text() {
+        use std::os::unix::ffi::OsStrExt;
+        let odd = PathBuf::from(std::ffi::OsStr::from_bytes(b"/data/\xff.npy"));
+        let file = JobFile { data: vec![odd.clone()], spill_dir: Some(odd.clone()), ..Default::default() };
+        let job = file.overlay(JobFile { batch_size: Some(2), ..Default::default() }).unwrap();
+        assert_eq!((job.data, job.spill_dir, job.batch_size), (vec![odd.clone()], Some(odd), Some(2)));
     }
 
     #[test]

@@ -3,141 +3,31 @@
 
 use std::path::{Path, PathBuf};
 
-use clap::builder::{PossibleValuesParser, TypedValueParser};
-use meshfeed::config::{
-    parse_pair, ByteSize, ExchangeCosts, ExchangeMode, Job, JobFile, LocalReads, MeshSpec, NamedValues, ReadStrategy,
-    ShardSpec, Stage, TailPolicy, TransportKind, JOB_FILE_LIMIT,
-};
+use meshfeed::config::{Job, JobFile, TransportKind, JOB_FILE_LIMIT};
 use meshfeed::runtime::Runtime;
 use meshfeed::{Error, Result};
 
 use crate::input::read_small;
 
-/// A value parser that lists the names an enum accepts (in `--help` and errors).
-pub fn named<T: NamedValues>() -> impl TypedValueParser<Value = T> {
-    PossibleValuesParser::new(T::NAMES).try_map(|s| s.parse::<T>())
-}
-
-/// What to load and how: shared by `run` and `bench`.
+/// What to load and how: shared by `run` and `bench`. The flags are the job description's
+/// keys ([`JobFile`], declared once in the library), each overriding the `--config` file's.
 #[derive(clap::Args, Debug)]
 pub struct JobArgs {
     /// TOML job file: dataset, loader options, mesh, specs, stages. Flags override it.
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
-    /// Dataset files or directories (all supported files in a directory, in name order).
-    #[arg(long, num_args = 1.., value_name = "PATH")]
-    pub data: Vec<PathBuf>,
-    /// HDF5 group that holds the datasets (default: the file root).
-    #[arg(long, value_name = "GROUP")]
-    pub group: Option<String>,
-    /// Global batch size B (must be divisible by the batch dimension's split).
-    #[arg(long)]
-    pub batch_size: Option<usize>,
-    /// Number of epochs [default: 1].
-    #[arg(long)]
-    pub epochs: Option<u64>,
-    /// Seed of the shuffle [default: 0].
-    #[arg(long)]
-    pub seed: Option<u64>,
-    /// Budget for one exchange window's buffers per rank (K/M/G suffixes); memory stays
-    /// within (prefetch + 1) × this [default: 64M].
-    #[arg(long, value_name = "BYTES")]
-    pub window_bytes: Option<ByteSize>,
-    /// Windows the background producer runs ahead of the consumer; 0: no producer thread,
-    /// each window is made when asked for [default: 2].
-    #[arg(long)]
-    pub prefetch: Option<usize>,
-    /// Device mesh, e.g. dp=2,tp=2,pp=2 (product = number of ranks) [default: dp=<ranks>].
-    #[arg(long)]
-    pub mesh: Option<MeshSpec>,
-    /// Mesh axes from slowest to fastest varying in the rank numbering [default: as written].
-    #[arg(long, value_delimiter = ',')]
-    pub mesh_order: Vec<String>,
-    /// Mesh devices each rank drives (one process per host with several devices, as JAX
-    /// runs): the mesh has ranks × K devices and a rank receives the union of its devices'
-    /// shards [default: 1].
-    #[arg(long, value_name = "K")]
-    pub devices_per_process: Option<usize>,
-    /// The pipeline axis [default: pp].
-    #[arg(long)]
-    pub pipeline_axis: Option<String>,
-    /// Sharding of a field, per dimension of [batch, *shape]: mesh axis, axes joined by +, or -.
-    #[arg(long = "shard", value_name = "FIELD=SPEC", value_parser = parse_pair::<ShardSpec>)]
-    pub shard: Vec<(String, ShardSpec)>,
-    /// Pipeline stages that receive a field.
-    #[arg(long = "stages", value_name = "FIELD=first|last|all", value_parser = parse_pair::<Stage>)]
-    pub stages: Vec<(String, Stage)>,
-    /// Exchange algorithm (auto: the cheaper of fused and two-phase by the cost model;
-    /// broadcast: the single-loader baseline) [default: auto].
-    #[arg(long, value_parser = named::<ExchangeMode>())]
-    pub exchange: Option<ExchangeMode>,
-    /// The all-to-all costs `--exchange auto` decides with: latency per peer (s), bandwidth
-    /// of a rank on its host and of a host's link (bytes/s), e.g.
-    /// latency=5e-6,intra=1e10,inter=1.2e9 (`meshfeed report --predict` fits them)
-    /// [default: measured here, see the README's cost model].
-    #[arg(long, value_name = "latency=S,intra=B/S,inter=B/S")]
-    pub exchange_costs: Option<ExchangeCosts>,
-    /// Last incomplete batch of an epoch: drop, pad (with the epoch's first samples) or
-    /// partial (a short batch) [default: drop].
-    #[arg(long, value_parser = named::<TailPolicy>())]
-    pub tail: Option<TailPolicy>,
-    /// How ranks read their home ranges: auto (resident when the data fits the memory
-    /// budget, else the cheaper of passes and random by the storage's speed), resident
-    /// (stream once, keep in memory), passes (K sequential passes per epoch), random (keep
-    /// what fits, read the rest where needed) [default: auto].
-    #[arg(long, value_parser = named::<ReadStrategy>())]
-    pub read_strategy: Option<ReadStrategy>,
-    /// Memory the ranks of one host may hold for data together (K/M/G) [default: 3/4 of
-    /// the cgroup limit's or the host's headroom, less the pipelines].
-    #[arg(long, value_name = "BYTES")]
-    pub memory_budget: Option<ByteSize>,
-    /// The storage's sequential bandwidth per host in bytes/s (K/M/G) [default: probed
-    /// when the choice depends on it].
-    #[arg(long, value_name = "BYTES")]
-    pub storage_bandwidth: Option<ByteSize>,
-    /// The storage's random reads per second per host [default: probed when needed].
-    #[arg(long, value_name = "READS")]
-    pub storage_iops: Option<u64>,
-    /// Node-local directory (NVMe scratch) where what does not fit in memory is streamed
-    /// once and read back from.
-    #[arg(long, value_name = "DIR")]
-    pub spill_dir: Option<PathBuf>,
-    /// Reads in flight per rank when reading samples at random [default: 16].
-    #[arg(long, value_name = "N")]
-    pub read_queue_depth: Option<usize>,
-    /// Ranks on one host read the rows they receive from each other's home ranges straight
-    /// from the files (the page cache they share) instead of exchanging them: auto (npy, raw
-    /// and fixed-size Arrow samples of 1 KiB and more, fused exchange) or off [default: auto].
-    #[arg(long, value_parser = named::<LocalReads>())]
-    pub local_reads: Option<LocalReads>,
-    /// Transport: mpi (launch with mpirun/srun) or ucx (launch with `meshfeed launch`, Ray or
-    /// Kubernetes: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, MESHFEED_JOB_TOKEN) [default: mpi].
-    #[arg(long, value_parser = named::<TransportKind>())]
-    pub transport: Option<TransportKind>,
+    #[command(flatten)]
+    pub flags: JobFile,
 }
 
 impl JobArgs {
     /// Merges the config file (if any) and the flags into a job; flags win.
     pub fn job(&self) -> Result<Job> {
-        let mut file = match &self.config {
+        let file = match &self.config {
             Some(path) => read_job_file(path)?,
             None => JobFile::default(),
         };
-        if !self.data.is_empty() {
-            file.data = self.data.clone();
-        }
-        macro_rules! flag_wins {
-            ($($field:ident),*) => { $(if let Some(v) = &self.$field { file.$field = Some(v.clone()); })* };
-        }
-        flag_wins!(group, batch_size, epochs, seed, window_bytes, prefetch, tail, transport, mesh);
-        flag_wins!(pipeline_axis, exchange, exchange_costs, local_reads, devices_per_process);
-        flag_wins!(read_strategy, memory_budget, storage_bandwidth, storage_iops, spill_dir, read_queue_depth);
-        if !self.mesh_order.is_empty() {
-            file.mesh_order = self.mesh_order.clone();
-        }
-        file.shard.extend(self.shard.iter().cloned());
-        file.stages.extend(self.stages.iter().cloned());
-        file.into_job()
+        file.overlay(self.flags.clone())?.into_job()
     }
 
     /// The transport the job asks for, even when the job is invalid (its error is then
@@ -145,7 +35,7 @@ impl JobArgs {
     pub fn transport(&self, job: &Result<Job>) -> TransportKind {
         match job {
             Ok(job) => job.transport,
-            Err(_) => self.transport.unwrap_or_default(),
+            Err(_) => self.flags.transport.unwrap_or_default(),
         }
     }
 }
@@ -180,4 +70,76 @@ pub fn with_runtime(
     runtime.abort_on_panic();
     let rank = runtime.rank();
     crate::report::exit_code(Some(rank), job(&runtime))
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::{CommandFactory, Parser};
+    use meshfeed::config::ReadStrategy;
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        job: JobArgs,
+    }
+
+    /// Every key of the job description is a flag of the same name (`batch_size` is
+    /// `--batch-size`), and the flags are exactly the keys and `--config`.
+    #[test]
+    fn the_flags_are_the_job_keys() {
+        let mut flags: Vec<String> = Cli::command()
+            .get_arguments()
+            .filter_map(|a| a.get_long())
+            .filter(|l| *l != "config")
+            .map(|l| l.replace('-', "_"))
+            .collect();
+        flags.sort();
+        assert_eq!(flags, JobFile::keys());
+    }
+
+    /// The option table in docs/cli.md lists exactly the job description's keys.
+    #[test]
+    fn the_documented_options_are_the_job_keys() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/cli.md");
+        let text = std::fs::read_to_string(&path).unwrap();
+        let section = text.split("## Job options").nth(1).expect("docs/cli.md has a Job options section");
+        let mut keys: Vec<String> = section
+            .lines()
+            .filter_map(|l| l.strip_prefix("| `"))
+            .filter_map(|l| l.split_once('`'))
+            .map(|(k, _)| k.to_string())
+            .collect();
+        keys.sort();
+        assert_eq!(keys, JobFile::keys());
+    }
+
+    #[test]
+    fn flags_override_the_job_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("job.toml");
+        std::fs::write(&file, "data = [\"d\"]\nbatch_size = 8\nseed = 1\n[shard]\nx = \"dp\"\ny = \"dp\"\n").unwrap();
+        let cli = Cli::try_parse_from([
+            "meshfeed",
+            "--config",
+            file.to_str().unwrap(),
+            "--seed",
+            "4",
+            "--shard",
+            "y=dp,-",
+            "--read-strategy",
+            "passes",
+            "--memory-budget",
+            "2G",
+        ])
+        .unwrap();
+        let job = cli.job.job().unwrap();
+        assert_eq!((job.data, job.loader.batch_size, job.loader.seed), (vec![dir.path().join("d")], 8, 4));
+        let shard: Vec<String> = job.loader.layout.shard.iter().map(|(f, s)| format!("{f}={s}")).collect();
+        assert_eq!(shard, ["x=dp", "y=dp,-"]);
+        assert_eq!((job.loader.read.strategy, job.loader.read.memory_budget), (ReadStrategy::Passes, Some(2 << 30)));
+        let bad = Cli::try_parse_from(["meshfeed", "--read-strategy", "often"]).err().unwrap().to_string();
+        assert!(bad.contains("[possible values: auto, resident, passes, random]"), "{bad}");
+    }
 }

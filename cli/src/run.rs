@@ -197,7 +197,7 @@ fn run(args: &RunArgs, job: Result<Job>, rt: &Runtime, stop: &StopSignal) -> Res
     // Every rank must run the same job: all differences are named before anything starts.
     let mut settings = job.settings();
     settings.extend(job.loader.settings());
-    settings.extend([("verify", args.verify.to_string()), ("dump", args.dump.is_some().to_string())]);
+    settings.extend([("verify".into(), args.verify.to_string()), ("dump".into(), args.dump.is_some().to_string())]);
     agree_settings(world, &settings)?;
     if job.epochs > MAX_EPOCH + 1 {
         let e = Error::Config(format!("--epochs {}: epochs run from 0 to {MAX_EPOCH} (2^53 - 1)", job.epochs));
@@ -230,7 +230,7 @@ fn run(args: &RunArgs, job: Result<Job>, rt: &Runtime, stop: &StopSignal) -> Res
         });
         agree(world, resumed)?;
         let at = loader.position();
-        agree_settings(world, &[("resume point", format!("{}:{}", at.epoch, at.step))])?;
+        agree_settings(world, &[("resume point".into(), format!("{}:{}", at.epoch, at.step))])?;
     }
     let start_at = loader.position();
     if rank == 0 && !args.json && start_at != Position::default() {

@@ -12,7 +12,7 @@
 use std::collections::BTreeMap;
 
 use super::{ReduceOp, Transport};
-use crate::error::{Error, ErrorKind, Result};
+use crate::error::{Error, ErrorKind, Result, ResultExt};
 
 /// Failure agreement: every rank calls this with the outcome of a local phase. If any rank
 /// failed, every rank returns [`Error::Remote`] naming the first failing rank and its
@@ -58,7 +58,7 @@ pub fn agree<T>(transport: &dyn Transport, local: Result<T>) -> Result<T> {
 /// setting that differs is named in the error, with the ranks holding each value, e.g.
 /// `ranks disagree on epochs: 2 (ranks 0-1) vs 3 (rank 2)`; every rank returns the same
 /// error, attributed to the lowest rank that differs from rank 0.
-pub fn agree_settings(transport: &dyn Transport, settings: &[(&str, String)]) -> Result<()> {
+pub fn agree_settings(transport: &dyn Transport, settings: &[(String, String)]) -> Result<()> {
     match disagreements(&gather_settings(transport, settings)?) {
         None => Ok(()),
         Some((rank, message)) => Err(Error::Remote {
@@ -84,7 +84,7 @@ pub fn agree_position(transport: &dyn Transport, epoch: u64, step: u64, standing
         return Ok(());
     }
     let here = standing.map_or_else(|| format!("epoch {epoch} step {step}"), str::to_string);
-    let all = gather_settings(transport, &[("the loader's position", here)])?;
+    let all = gather_settings(transport, &[("the loader's position".to_string(), here)])?;
     let (rank, message) = disagreements(&all).unwrap_or((0, "ranks disagree on the loader's position".into()));
     Err(Error::Remote {
         rank,
@@ -97,14 +97,14 @@ pub fn agree_position(transport: &dyn Transport, epoch: u64, step: u64, standing
 }
 
 /// Every rank's settings, in rank order (collective: one all-gather).
-fn gather_settings(transport: &dyn Transport, settings: &[(&str, String)]) -> Result<Vec<Vec<(String, String)>>> {
-    let mine = serde_json::to_vec(settings).map_err(|e| Error::Internal(format!("settings do not serialise: {e}")))?;
+fn gather_settings(transport: &dyn Transport, settings: &[(String, String)]) -> Result<Vec<Vec<(String, String)>>> {
+    let mine = serde_json::to_vec(settings).context(ErrorKind::Internal, "settings do not serialise")?;
     transport
         .all_gather(&mine)?
         .iter()
         .map(|bytes| serde_json::from_slice(bytes))
         .collect::<std::result::Result<_, _>>()
-        .map_err(|e| Error::Transport(format!("bad settings from a peer: {e}")))
+        .context(ErrorKind::Transport, "bad settings from a peer")
 }
 
 /// What differs between the ranks' settings (`all[r]` is rank `r`'s): the first rank that
@@ -196,7 +196,7 @@ mod tests {
         assert!(msg.contains("seed: 1 (rank 0) vs 9 (rank 1); mesh: (not given) (rank 0) vs dp=2 (rank 1)"), "{msg}");
         assert_eq!(ranks_text(&[0, 1, 2, 5, 7, 8]), "ranks 0-2, 5, 7-8");
         // One rank: nothing to disagree with.
-        agree_settings(&LocalTransport::new(), &[("epochs", "2".into())]).unwrap();
+        agree_settings(&LocalTransport::new(), &[("epochs".into(), "2".into())]).unwrap();
         agree_position(&LocalTransport::new(), u64::MAX, 0, None).unwrap();
     }
 }
