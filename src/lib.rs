@@ -13,6 +13,8 @@
 //!   ─► transport (all-to-all-v over MPI or UCX; thin)
 //!   ─► loader (producer: read, pack, exchange, assemble; consumer: batches)
 //!   ─► verify (exactly-once checks, the dump format)
+//!   ─► telemetry (typed, versioned records of a run: written by `meshfeed run`, read by
+//!      `meshfeed report`)
 //! runtime: how a process joins its job (MPI initialised or adopted, UCX rendezvous),
 //!          stop signals, panics
 //! ```

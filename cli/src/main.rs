@@ -20,7 +20,6 @@ mod input;
 mod inspect;
 mod job;
 mod launch;
-mod model;
 mod report;
 mod run;
 mod telemetry;

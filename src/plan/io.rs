@@ -81,7 +81,7 @@ pub struct IoInputs {
 }
 
 /// How the ranks read their home ranges.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase", tag = "strategy")]
 pub enum Strategy {
     Resident,
@@ -101,7 +101,7 @@ impl Strategy {
 }
 
 /// An epoch's predicted time on the busiest host, seconds.
-#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Prediction {
     pub first_epoch_s: f64,
     pub later_epoch_s: f64,
@@ -109,8 +109,9 @@ pub struct Prediction {
     pub later_storage_bytes: f64,
 }
 
-/// The chosen plan.
-#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+/// The chosen plan (as `meshfeed run --telemetry` records it in `run.json`:
+/// [`crate::telemetry::RunInfo`]).
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct IoPlan {
     pub strategy: Strategy,
     /// Home rows each rank keeps in memory (a prefix of its home range), by rank.

@@ -15,17 +15,18 @@
 //!
 //! Rank 0 prints a table of ratios, or with `--json` one JSON object per mode
 //! ([`record::Record`]); `--out FILE` appends the same lines to a file, which
-//! `meshfeed bench report` ([`report`], [`plots`]) turns into the tables and plots of the
-//! benchmark suite (`bench/run.sh`). Machines are shared and noisy: compare ratios.
+//! `meshfeed bench report` ([`report`]; [`meshfeed_analysis::bench`]) turns into the tables
+//! and plots of the benchmark suite (`bench/run.sh`). Machines are shared and noisy:
+//! compare ratios.
 
 mod limits;
 mod loader;
 mod modes;
-pub mod plots;
 mod random_access;
-mod record;
 mod report;
 mod table;
+
+pub(crate) use meshfeed_analysis::bench::{median, record};
 
 use std::path::PathBuf;
 use std::str::FromStr;
@@ -138,13 +139,6 @@ fn ucx_over(tls: &str, world: &dyn Transport) -> Result<Box<dyn Transport>> {
 #[cfg(not(feature = "ucx"))]
 fn ucx_over(_tls: &str, _world: &dyn Transport) -> Result<Box<dyn Transport>> {
     Err(Error::feature_disabled("ucx", "--transports ucx-*"))
-}
-
-/// The median of some measurements (0 for none).
-pub(crate) fn median(v: &[f64]) -> f64 {
-    let mut v = v.to_vec();
-    v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied().unwrap_or(0.0)
 }
 
 /// Times `f` on every rank, from a common start (barrier), as the slowest rank's seconds

@@ -1,5 +1,5 @@
 //! The cost model of `meshfeed report --predict`: fitted to the windows of measured runs
-//! (telemetry schema 2), it predicts an epoch's time, throughput and scaling efficiency on
+//! (telemetry schema 2, [`meshfeed::telemetry`]), it predicts an epoch's time, throughput and scaling efficiency on
 //! more nodes than were measured. Pure: the report reads the telemetry, this fits and
 //! predicts.
 //!
@@ -8,6 +8,12 @@
 //! * **read**: `[read latency] + bytes read / per-rank read bandwidth`, where the per-rank
 //!   bandwidth is `min([node read bandwidth] / ranks per node, [storage bandwidth] / ranks)`:
 //!   a node's link to the shared storage, or the storage itself, whichever is the limit.
+//!   The bytes read depend on the run's read strategy ([`ReadPlan`], from the read plan
+//!   `run.json` records): a `resident` run streams its data once, in the first epoch, and
+//!   later epochs read nothing (no read term at all); `passes` read it K times every epoch;
+//!   `random` reads every epoch what it does not keep. What a rank reads from the rows kept
+//!   in memory costs `[kept read per byte] × bytes it delivers` instead (fitted to the
+//!   windows that read nothing from storage: a resident run's later epochs).
 //! * **own work** besides reading (planning, packing, assembling): `[cpu per row] × rows`.
 //! * **the slowest rank**: a window is collective, so it waits for the slowest rank's own
 //!   work. With own work spread like a normal variable of coefficient of variation `[cv]`
@@ -17,8 +23,9 @@
 //!   bandwidth]`: a fixed cost per window, peers, shared memory, and the node's network
 //!   link shared by its ranks: [`meshfeed::plan::cost::all_to_all_seconds`], the function
 //!   `--exchange auto` weighs fused against two-phase with, on these fitted constants
-//!   ([`meshfeed::config::ExchangeCosts`]).
-//!
+//!   ([`meshfeed::config::ExchangeCosts`]). Where a node's ranks copy each other's kept
+//!   rows (`--local-reads`, recorded in `run.json`), those rows are not exchanged on the
+//!   node, and a resident run exchanges with other nodes' ranks only.
 //! * **the consumer** (the training step; `meshfeed run`'s verification, dump or
 //!   `--compute-ms`): `[consume per row] × rows + [consume per byte] × bytes`, its time
 //!   not waiting for batches.
@@ -35,6 +42,60 @@ use serde::Serialize;
 use meshfeed::config::ExchangeCosts;
 use meshfeed::plan::budget::{bookkeeping_per_step, WindowBudget};
 use meshfeed::plan::cost::all_to_all_seconds;
+use meshfeed::plan::{IoPlan, Strategy};
+
+/// What an epoch reads from storage, as a multiple of the bytes it delivers: the first
+/// epoch, and every later one (the read strategy, as the model weighs it).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct ReadPlan {
+    pub first: f64,
+    pub later: f64,
+}
+
+impl Default for ReadPlan {
+    fn default() -> ReadPlan {
+        ReadPlan::EVERY_EPOCH
+    }
+}
+
+impl ReadPlan {
+    /// Every epoch reads its rows from storage (a `random` plan that keeps nothing; runs
+    /// that recorded no read plan).
+    pub const EVERY_EPOCH: ReadPlan = ReadPlan { first: 1.0, later: 1.0 };
+    /// The data is streamed once, in the first epoch, and kept: later epochs read nothing.
+    pub const RESIDENT: ReadPlan = ReadPlan { first: 1.0, later: 0.0 };
+
+    /// The reads of a run's read plan, for a dataset of `samples` samples: `resident`
+    /// reads once; `passes` K times each epoch; `random` keeps its resident rows (read in
+    /// the first epoch) and reads the rest every epoch — from the spill directory after
+    /// the first where there is one, counted at the storage's rate, which overstates a
+    /// faster local disk.
+    pub fn of(plan: &IoPlan, samples: u64) -> ReadPlan {
+        match plan.strategy {
+            Strategy::Resident => ReadPlan::RESIDENT,
+            Strategy::Passes { passes } => ReadPlan { first: passes.max(1) as f64, later: passes.max(1) as f64 },
+            Strategy::Random => {
+                let kept = (plan.resident.iter().sum::<u64>() as f64 / samples.max(1) as f64).clamp(0.0, 1.0);
+                ReadPlan { first: 1.0, later: 1.0 - kept }
+            }
+        }
+    }
+
+    /// The share of the rows delivered that come from rows kept in memory (every epoch:
+    /// a resident run's first epoch streams its rows into memory before sending them).
+    pub fn kept(&self) -> f64 {
+        (1.0 - self.later).clamp(0.0, 1.0)
+    }
+
+    /// The factor of epoch `epoch`.
+    pub fn factor(&self, epoch: u64) -> f64 {
+        if epoch == 0 {
+            self.first
+        } else {
+            self.later
+        }
+    }
+}
 
 /// One rank's record of one window, as the model reads it.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -55,6 +116,27 @@ pub struct WindowSample {
     pub bytes_sent_off_host: u64,
 }
 
+impl WindowSample {
+    /// The model's view of a window's record (host 0: the run's reader numbers the hosts).
+    pub fn of(w: &meshfeed::telemetry::Window) -> WindowSample {
+        let p = &w.phase_s;
+        WindowSample {
+            rank: w.rank,
+            host: 0,
+            epoch: w.epoch,
+            first_step: w.first_step,
+            read_s: p.read,
+            cpu_s: p.plan + p.pack + p.assemble,
+            exchange_s: p.exchange,
+            peer_wait_s: w.peer_wait_s,
+            rows: w.rows,
+            bytes_read: w.bytes_read,
+            bytes_sent: w.bytes_sent,
+            bytes_sent_off_host: w.bytes_sent_off_host,
+        }
+    }
+}
+
 /// A measured run: its shape and its windows.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Run {
@@ -66,6 +148,10 @@ pub struct Run {
     pub window_bytes: u64,
     pub prefetch: usize,
     pub sample_bytes: f64,
+    /// What its epochs read ([`ReadPlan::of`] its recorded read plan).
+    pub reads: ReadPlan,
+    /// Same-host ranks copied each other's kept rows rather than exchange them.
+    pub shares_stores: bool,
     /// Each epoch's time (the slowest rank's), by epoch.
     pub epoch_s: Vec<(u64, f64)>,
     /// Per rank and epoch: the consumer's time not waiting for batches, and the rows it
@@ -93,6 +179,9 @@ pub struct Calibration {
     /// The storage's own limit (all nodes together), where the measurements reached it.
     pub storage_bytes_per_s: Option<f64>,
     pub cpu_s_per_row: f64,
+    /// The read phase's time per byte a rank delivers from rows kept in memory (fitted to
+    /// windows that read nothing from storage; 0 where no run had one).
+    pub kept_read_s_per_byte: f64,
     /// Exchange cost per window, whatever the world size.
     pub overhead_s: f64,
     /// Exchange cost per peer (`None`: the runs that exchanged all had one world size,
@@ -135,6 +224,20 @@ pub struct Scenario {
     /// Ranks that receive each sample (1: data parallel; a mesh that replicates the batch
     /// over a tensor-parallel axis of size T: T).
     pub replicas: usize,
+    /// What its epochs read from storage.
+    pub reads: ReadPlan,
+    /// Same-host ranks copy each other's kept rows rather than exchange them (`--local-reads`).
+    pub shares_stores: bool,
+}
+
+/// The peers a rank exchanges with, of `ranks` ranks, `per_node` a node: all but itself,
+/// or only those on other nodes where a node's ranks share every row they keep.
+fn peers(ranks: usize, per_node: usize, shared: bool) -> usize {
+    if shared {
+        ranks.saturating_sub(per_node.max(1))
+    } else {
+        ranks.saturating_sub(1)
+    }
 }
 
 /// The model's answer for one scenario.
@@ -145,11 +248,15 @@ pub struct Prediction {
     pub ranks: usize,
     pub windows: u64,
     pub steps_per_window: u64,
+    /// A later epoch's time (the steady state: what throughput and efficiency are of), and
+    /// the first epoch's (which differs where the read strategy keeps the data).
     pub epoch_s: f64,
+    pub first_epoch_s: f64,
     pub samples_per_s: f64,
     /// Throughput per node over the first scenario's (the fewest nodes).
     pub efficiency: f64,
-    /// Per window: the slowest rank's read and other own work, and the exchange.
+    /// Per window of a later epoch: the slowest rank's read and other own work, and the
+    /// exchange.
     pub read_s: f64,
     pub cpu_s: f64,
     pub exchange_s: f64,
@@ -286,6 +393,15 @@ pub fn fit(runs: &[Run]) -> Option<Calibration> {
     let all: Vec<(&Run, &WindowSample)> = runs.iter().flat_map(|r| r.windows.iter().map(move |w| (*r, w))).collect();
     let rows: u64 = all.iter().map(|(_, w)| w.rows).sum();
     let cpu_s_per_row = all.iter().map(|(_, w)| w.cpu_s).sum::<f64>() / rows.max(1) as f64;
+    // Reading kept rows (from memory: the rank's own, or its host's where ranks read each
+    // other's), per byte delivered, where a window read nothing from storage.
+    let kept: Vec<(f64, f64)> = all
+        .iter()
+        .filter(|(_, w)| w.bytes_read == 0 && w.rows > 0)
+        .map(|(r, w)| (w.read_s, w.rows as f64 * r.sample_bytes))
+        .collect();
+    let kept_bytes: f64 = kept.iter().map(|k| k.1).sum();
+    let kept_read_s_per_byte = if kept_bytes > 0.0 { kept.iter().map(|k| k.0).sum::<f64>() / kept_bytes } else { 0.0 };
 
     // The exchange: the exposed time less peer waiting, over peers, on-host bytes and the
     // node's off-host bytes in the same window.
@@ -300,7 +416,9 @@ pub fn fit(runs: &[Run]) -> Option<Calibration> {
     for (i, run) in runs.iter().enumerate() {
         for w in run.windows.iter().filter(|w| w.bytes_sent > 0) {
             let off = node_off[&(i, w.host, w.epoch, w.first_step)] as f64;
-            x.push(vec![1.0, (run.ranks - 1) as f64, (w.bytes_sent - w.bytes_sent_off_host) as f64, off]);
+            let shared = run.shares_stores && run.reads.kept() >= 1.0;
+            let peers = peers(run.ranks, run.ranks_per_node(), shared) as f64;
+            x.push(vec![1.0, peers, (w.bytes_sent - w.bytes_sent_off_host) as f64, off]);
             y.push((w.exchange_s - w.peer_wait_s).max(0.0));
         }
     }
@@ -343,6 +461,7 @@ pub fn fit(runs: &[Run]) -> Option<Calibration> {
         node_read_bytes_per_s: node_rate,
         storage_bytes_per_s: storage,
         cpu_s_per_row,
+        kept_read_s_per_byte,
         overhead_s: coef[0],
         latency_s: (sizes.0 < sizes.1).then_some(coef[1]),
         intra_bytes_per_s: bandwidth(coef[2]),
@@ -363,20 +482,32 @@ pub fn predict_one(c: &Calibration, s: &Scenario) -> Prediction {
     let per_step = (rows_per_step.ceil() * s.sample_bytes) as u64 + bookkeeping_per_step(b as usize, p as usize, 2);
     let spw = WindowBudget { window_bytes: s.window_bytes, prefetch: s.prefetch }.steps_per_window(per_step, steps);
     let windows = steps.div_ceil(spw);
-    // One window on one rank.
-    let read_bytes = spw as f64 * b as f64 / p * s.sample_bytes;
+    // Bytes one rank sends, and delivers, in a window.
+    let sent = spw as f64 * rows_per_step * s.sample_bytes;
+    // One window on one rank: its reads from storage (a multiple `factor` of the bytes it
+    // delivers, as the read strategy says; none, no latency either, where it keeps its
+    // data), and from the rows kept (the rest).
     let mut rate = c.node_read_bytes_per_s / rpn as f64;
     if let Some(storage) = c.storage_bytes_per_s {
         rate = rate.min(storage / p);
     }
-    let read = c.read_latency_s + read_bytes / rate.max(1.0);
+    let read_of = |factor: f64| {
+        let read_bytes = factor * spw as f64 * b as f64 / p * s.sample_bytes;
+        let storage = if read_bytes > 0.0 { c.read_latency_s + read_bytes / rate.max(1.0) } else { 0.0 };
+        storage + (1.0 - factor).max(0.0) * sent * c.kept_read_s_per_byte
+    };
+    let read = read_of(s.reads.later);
     let cpu = c.cpu_s_per_row * spw as f64 * rows_per_step;
     let slowest = 1.0 + c.cv * (2.0 * p.ln()).max(0.0).sqrt();
-    let sent = spw as f64 * rows_per_step * s.sample_bytes;
-    let on_host = sent * rpn as f64 / p;
-    let node_off = rpn as f64 * (sent - on_host);
+    // Bytes to ranks of the node (none of the kept rows where the node's ranks share
+    // them) and off the node.
+    let kept = if s.shares_stores { s.reads.kept() } else { 0.0 };
+    let to_node = sent * rpn as f64 / p;
+    let on_host = to_node * (1.0 - kept);
+    let node_off = rpn as f64 * (sent - to_node);
     let exchange = if p > 1.0 {
-        c.overhead_s + all_to_all_seconds(&c.exchange_costs(), p as usize - 1, on_host, node_off)
+        let peers = peers(p as usize, rpn, kept >= 1.0);
+        c.overhead_s + all_to_all_seconds(&c.exchange_costs(), peers, on_host, node_off)
     } else {
         0.0
     };
@@ -384,6 +515,7 @@ pub fn predict_one(c: &Calibration, s: &Scenario) -> Prediction {
     let consume = (c.consume_s_per_row + c.consume_s_per_byte * s.sample_bytes) * spw as f64 * rows_per_step;
     let window = (own + exchange).max(consume);
     let epoch_s = windows as f64 * window;
+    let first_window = ((read_of(s.reads.first) + cpu) * slowest + exchange).max(consume);
     Prediction {
         kind: "prediction",
         nodes: s.nodes,
@@ -391,6 +523,7 @@ pub fn predict_one(c: &Calibration, s: &Scenario) -> Prediction {
         windows,
         steps_per_window: spw,
         epoch_s,
+        first_epoch_s: windows as f64 * first_window,
         samples_per_s: (steps * b) as f64 / epoch_s.max(1e-12),
         efficiency: 1.0,
         read_s: read * slowest,
@@ -427,11 +560,12 @@ pub struct Validation {
     pub ratio: f64,
 }
 
-/// The model's error on the runs it was fitted to (each run's last epoch).
+/// The model's error on the runs it was fitted to (each run's last epoch: the first, or a
+/// later one, as its read strategy reads it).
 pub fn validate(c: &Calibration, runs: &[Run]) -> Vec<Validation> {
     runs.iter()
         .filter_map(|r| {
-            let &(_, measured) = r.epoch_s.iter().max_by_key(|(e, _)| *e)?;
+            let &(epoch, measured) = r.epoch_s.iter().max_by_key(|(e, _)| *e)?;
             let s = Scenario {
                 nodes: r.nodes,
                 ranks_per_node: r.ranks_per_node(),
@@ -441,8 +575,11 @@ pub fn validate(c: &Calibration, runs: &[Run]) -> Vec<Validation> {
                 window_bytes: r.window_bytes,
                 prefetch: r.prefetch,
                 replicas: 1,
+                reads: r.reads,
+                shares_stores: r.shares_stores,
             };
-            let predicted = predict_one(c, &s).epoch_s;
+            let p = predict_one(c, &s);
+            let predicted = if epoch == 0 { p.first_epoch_s } else { p.epoch_s };
             Some(Validation {
                 kind: "validation",
                 run: r.name.clone(),
@@ -506,6 +643,8 @@ mod tests {
             window_bytes: 64 << 20,
             prefetch: 2,
             sample_bytes: bytes,
+            reads: ReadPlan::EVERY_EPOCH,
+            shares_stores: false,
             epoch_s: vec![(0, 1.0)],
             consumer: vec![(0.5, 1000); p],
             windows: out,
@@ -521,6 +660,7 @@ mod tests {
             node_read_bytes_per_s: 400e6,
             storage_bytes_per_s: None,
             cpu_s_per_row: 1e-6,
+            kept_read_s_per_byte: 0.0,
             overhead_s: 0.0005,
             latency_s: Some(20e-6),
             intra_bytes_per_s: Some(5e9),
@@ -605,6 +745,8 @@ mod tests {
             window_bytes: 1 << 30,
             prefetch: 0,
             replicas: 1,
+            reads: ReadPlan::EVERY_EPOCH,
+            shares_stores: false,
         };
         let one = predict_one(&c, &s);
         // 1 GiB / 3 per step: the whole epoch (1024 steps of 256 KiB per rank) in one window.
@@ -649,6 +791,8 @@ mod tests {
             window_bytes: 8 << 20,
             prefetch: 2,
             replicas: 1,
+            reads: ReadPlan::EVERY_EPOCH,
+            shares_stores: false,
         };
         let fast = predict_one(&t, &s);
         assert!(!fast.consumer_bound && fast.consume_s == 0.0);
@@ -659,6 +803,85 @@ mod tests {
         assert!(
             close(slow.consume_s, rows * 1e-3) && close(slow.epoch_s, slow.windows as f64 * rows * 1e-3),
             "{slow:?}"
+        );
+    }
+
+    #[test]
+    fn a_resident_run_reads_in_its_first_epoch_only() {
+        let t = truth();
+        let s = Scenario {
+            nodes: 2,
+            ranks_per_node: 2,
+            samples: 1 << 16,
+            sample_bytes: 16384.0,
+            batch_size: 256,
+            window_bytes: 8 << 20,
+            prefetch: 2,
+            replicas: 1,
+            reads: ReadPlan::EVERY_EPOCH,
+            shares_stores: false,
+        };
+        let every = predict_one(&t, &s);
+        assert_eq!(every.first_epoch_s, every.epoch_s);
+        assert!(every.read_s > 0.0);
+        let resident = predict_one(&t, &Scenario { reads: ReadPlan::RESIDENT, ..s.clone() });
+        // The first epoch streams the data as before; later ones have no read term at all.
+        assert_eq!(resident.first_epoch_s, every.first_epoch_s);
+        assert_eq!(resident.read_s, 0.0);
+        let windows = resident.windows as f64;
+        assert!(close(resident.epoch_s, every.epoch_s - windows * every.read_s), "{resident:?} vs {every:?}");
+        assert!(resident.samples_per_s > every.samples_per_s);
+        // Passes read K times an epoch.
+        let passes = predict_one(&t, &Scenario { reads: ReadPlan { first: 3.0, later: 3.0 }, ..s.clone() });
+        assert!(close(passes.read_s, 3.0 * every.read_s - 2.0 * t.read_latency_s), "{passes:?}");
+        // Reading the kept rows costs its own rate: all of them in a resident run's later
+        // epochs, three quarters where a random plan keeps that much.
+        let k = Calibration { kept_read_s_per_byte: 1e-10, ..t.clone() };
+        let sent = (resident.steps_per_window * 256 / 4) as f64 * 16384.0;
+        let kept = predict_one(&k, &Scenario { reads: ReadPlan::RESIDENT, ..s.clone() });
+        assert!(close(kept.read_s, sent * 1e-10), "{kept:?}");
+        assert_eq!(kept.first_epoch_s, every.first_epoch_s);
+        let quarter = predict_one(&k, &Scenario { reads: ReadPlan { first: 1.0, later: 0.25 }, ..s.clone() });
+        let storage = t.read_latency_s + (every.read_s - t.read_latency_s) / 4.0;
+        assert!(close(quarter.read_s, storage + 0.75 * sent * 1e-10), "{quarter:?}");
+
+        // The plans `run.json` records.
+        let plan = |strategy, resident: Vec<u64>| IoPlan { strategy, resident, ..IoPlan::direct(2) };
+        assert_eq!(ReadPlan::of(&plan(Strategy::Resident, vec![50, 50]), 100), ReadPlan::RESIDENT);
+        assert_eq!(ReadPlan::of(&plan(Strategy::Passes { passes: 3 }, vec![0, 0]), 100).later, 3.0);
+        assert_eq!(ReadPlan::of(&plan(Strategy::Random, vec![0, 0]), 100), ReadPlan::EVERY_EPOCH);
+        assert_eq!(ReadPlan::of(&plan(Strategy::Random, vec![10, 15]), 100), ReadPlan { first: 1.0, later: 0.75 });
+
+        // Validation compares a resident run's later epoch with the prediction without
+        // reads, and a run of one epoch with the first.
+        let mut run = synthetic(&t, 2, 2, 8, 4096, 2048.0);
+        run.reads = ReadPlan::RESIDENT;
+        run.epoch_s = vec![(0, 9.0), (1, 2.0)];
+        let v = &validate(&t, std::slice::from_ref(&run))[0];
+        let mut every_run = run.clone();
+        every_run.reads = ReadPlan::EVERY_EPOCH;
+        let v_every = &validate(&t, &[every_run])[0];
+        assert!(v.predicted_s < v_every.predicted_s, "{v:?} vs {v_every:?}");
+        // A resident run whose node's ranks share their rows exchanges nothing on a node:
+        // on one node, only the fixed cost per window remains.
+        let one_node = Scenario { nodes: 1, reads: ReadPlan::RESIDENT, ..s.clone() };
+        let exchanged = predict_one(&t, &one_node);
+        let shared = predict_one(&t, &Scenario { shares_stores: true, ..one_node.clone() });
+        assert!(close(shared.exchange_s, t.overhead_s) && exchanged.exchange_s > shared.exchange_s, "{shared:?}");
+        // On two, the bytes to the other node and its ranks remain.
+        let two = predict_one(&t, &Scenario { shares_stores: true, reads: ReadPlan::RESIDENT, ..s.clone() });
+        let off = 2.0 * (two.steps_per_window * 256 / 4) as f64 * 16384.0 / 2.0;
+        assert!(close(two.exchange_s, t.overhead_s + 2.0 * 20e-6 + off / 1e9), "{two:?}");
+        // The fit tells the cost of reading kept rows from the windows that read nothing.
+        for w in run.windows.iter_mut().filter(|w| w.first_step % 2 == 1) {
+            w.bytes_read = 0;
+            w.read_s = w.rows as f64 * run.sample_bytes * 2e-10;
+        }
+        assert!(close(fit(std::slice::from_ref(&run)).unwrap().kept_read_s_per_byte, 2e-10));
+        run.epoch_s = vec![(0, 9.0)];
+        assert_eq!(
+            validate(&t, std::slice::from_ref(&run))[0].predicted_s,
+            validate(&t, &[Run { reads: ReadPlan::EVERY_EPOCH, ..run.clone() }])[0].predicted_s
         );
     }
 

@@ -1,0 +1,549 @@
+//! Telemetry: typed, versioned records of a run (`meshfeed run --telemetry DIR`), written
+//! by the command line and read back by `meshfeed report` (the `meshfeed-analysis` crate).
+//!
+//! A run's directory holds `run.json` ([`RunInfo`], rank 0's: the run's configuration and
+//! its read plan) and one `rank-<r>.jsonl` per rank ([`RANK_FILE_PREFIX`]): a JSON line
+//! per window ([`Window`]: its steps, time in each phase, waiting for the slowest peer
+//! inside the exchange and for the consumer, bytes read, sent — to other hosts too — and
+//! received), then one per epoch ([`Epoch`]: its host, time in each phase, waiting for the
+//! producer and computing, its bytes, peak memory, and whether it verified).
+//!
+//! Every record carries the layout's version in its `schema` key ([`SCHEMA`]). Reading
+//! takes every version from [`OLDEST_SCHEMA`] on — schema 1 wrote only epoch records,
+//! without a `kind`, peer waiting or off-host bytes; keys added since are optional — and
+//! refuses any other, naming the file (and line). A record's times must be finite and
+//! non-negative and its counts non-negative integers; anything else is an error naming the
+//! file, the line and the key, never a quiet zero.
+//!
+//! Records are plain data: nothing here runs a loader. [`RunInfo::of`] and
+//! [`Window::of`] build records from a job, a loader and its metrics.
+
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::config::{read_small_file, Job};
+use crate::error::{Error, Result};
+use crate::loader::{Loader, Phase};
+use crate::plan::IoPlan;
+
+/// The version of the records' layout this build writes.
+pub const SCHEMA: u32 = 2;
+
+/// The oldest version this build reads.
+pub const OLDEST_SCHEMA: u32 = 1;
+
+/// The run's configuration, in a run's directory.
+pub const RUN_FILE: &str = "run.json";
+
+/// Rank files are `rank-<r>.jsonl`.
+pub const RANK_FILE_PREFIX: &str = "rank-";
+/// See [`RANK_FILE_PREFIX`].
+pub const RANK_FILE_SUFFIX: &str = ".jsonl";
+
+/// The most a rank's file may hold (1 GiB, far beyond any real run's), and `run.json`
+/// (1 MiB): longer files are refused before they are read.
+pub const RANK_FILE_LIMIT: u64 = 1 << 30;
+/// See [`RANK_FILE_LIMIT`].
+pub const RUN_FILE_LIMIT: u64 = 1 << 20;
+
+/// The name of rank `rank`'s file.
+pub fn rank_file_name(rank: usize) -> String {
+    format!("{RANK_FILE_PREFIX}{rank}{RANK_FILE_SUFFIX}")
+}
+
+/// Seconds in each phase of the loader ([`Phase`]), by name.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Phases {
+    pub plan: f64,
+    pub read: f64,
+    pub pack: f64,
+    pub exchange: f64,
+    pub assemble: f64,
+}
+
+impl Phases {
+    /// The phases of durations indexed like [`Phase::ALL`] (the loader's metrics).
+    pub fn of(d: &[Duration; 5]) -> Phases {
+        let s = |p: Phase| d[p as usize].as_secs_f64();
+        Phases {
+            plan: s(Phase::Plan),
+            read: s(Phase::Read),
+            pack: s(Phase::Pack),
+            exchange: s(Phase::Exchange),
+            assemble: s(Phase::Assemble),
+        }
+    }
+
+    /// Seconds in phase `p`.
+    pub fn get(&self, p: Phase) -> f64 {
+        match p {
+            Phase::Plan => self.plan,
+            Phase::Read => self.read,
+            Phase::Pack => self.pack,
+            Phase::Exchange => self.exchange,
+            Phase::Assemble => self.assemble,
+        }
+    }
+
+    /// A rank's own work: every phase but the exchange (which includes waiting for
+    /// others).
+    pub fn own(&self) -> f64 {
+        self.plan + self.read + self.pack + self.assemble
+    }
+
+    /// The first phase whose time is not a finite, non-negative number of seconds.
+    fn check(&self) -> std::result::Result<(), String> {
+        Phase::ALL.iter().try_for_each(|&p| seconds(&format!("phase_s.{}", p.name()), self.get(p)))
+    }
+}
+
+/// `run.json`: the run's configuration, written by rank 0, so that records of many runs
+/// join without wrapper scripts.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RunInfo {
+    /// The records' layout ([`SCHEMA`]).
+    pub schema: u32,
+    /// The version of meshfeed that wrote it.
+    #[serde(default)]
+    pub version: String,
+    pub ranks: usize,
+    /// The dataset's paths (or a description of it).
+    #[serde(default)]
+    pub data: Vec<PathBuf>,
+    /// Samples in the dataset.
+    pub samples: u64,
+    /// Global batch size.
+    pub batch_size: u64,
+    pub epochs: u64,
+    pub seed: u64,
+    /// The device mesh (`dp=2,tp=2`).
+    pub mesh: String,
+    /// The exchange the loader ran (`fused`, `two-phase`, `broadcast`).
+    pub exchange: String,
+    pub transport: String,
+    pub window_bytes: u64,
+    pub prefetch: usize,
+    pub steps_per_window: u64,
+    /// Bytes of one sample, variable-length values at their mean size where known (since
+    /// schema 2).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sample_bytes: Option<u64>,
+    /// How the ranks read their home ranges, and why: the strategy, passes per epoch,
+    /// spill, rows kept per rank (written since the read strategies).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub read_plan: Option<IoPlan>,
+    /// Whether same-host ranks copied each other's kept rows rather than exchange them
+    /// (`--local-reads`; not recorded before).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shares_stores: Option<bool>,
+}
+
+impl RunInfo {
+    /// The record of a run of `job` by `loader` on `ranks` ranks.
+    pub fn of(job: &Job, loader: &Loader, ranks: usize) -> RunInfo {
+        use crate::plan::budget;
+        let d = loader.dataset();
+        RunInfo {
+            schema: SCHEMA,
+            version: env!("CARGO_PKG_VERSION").into(),
+            ranks,
+            data: job.data.clone(),
+            samples: d.len(),
+            batch_size: job.loader.batch_size as u64,
+            epochs: job.epochs,
+            seed: job.loader.seed,
+            mesh: loader.mesh().to_string(),
+            exchange: loader.exchange_mode().to_string(),
+            transport: job.transport.to_string(),
+            window_bytes: job.loader.window_bytes,
+            prefetch: job.loader.prefetch,
+            steps_per_window: loader.steps_per_window(),
+            sample_bytes: Some(budget::sample_bytes(&budget::value_sizes(d.fields(), &d.mean_value_bytes()))),
+            read_plan: Some(loader.read_plan().clone()),
+            shares_stores: Some(loader.shares_stores()),
+        }
+    }
+
+    /// Parses `run.json`'s text (`path` names it in errors): a JSON object of a known
+    /// schema, every key of its type, at least one rank.
+    pub fn parse(path: &Path, text: &str) -> Result<RunInfo> {
+        let bad = |why: String| Error::file(path, why);
+        let v: serde_json::Value = serde_json::from_str(text).map_err(|e| bad(format!("not JSON: {e}")))?;
+        if !v.is_object() {
+            return Err(bad(format!("not a JSON object: {v}")));
+        }
+        check_schema(&v).map_err(bad)?;
+        if v.get("ranks").is_some_and(|r| r.as_u64().is_none_or(|r| r == 0)) {
+            return Err(bad(format!("ranks is {}: a number of ranks is a positive integer", v["ranks"])));
+        }
+        let info: RunInfo = typed(v).map_err(bad)?;
+        Ok(info)
+    }
+
+    /// Reads `dir`'s `run.json`: `None` where nothing is there; an error naming it where
+    /// it is not a regular file, too long, or no run's configuration.
+    pub fn read(dir: &Path) -> Result<Option<RunInfo>> {
+        let path = dir.join(RUN_FILE);
+        match std::fs::symlink_metadata(&path) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            _ => RunInfo::parse(&path, &read_small_file(&path, RUN_FILE_LIMIT)?).map(Some),
+        }
+    }
+}
+
+/// One rank's record of one window.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Window {
+    /// The records' layout ([`SCHEMA`]).
+    pub schema: u32,
+    pub rank: usize,
+    pub epoch: u64,
+    /// The window's first step in its epoch, and its steps.
+    pub first_step: u64,
+    pub steps: u64,
+    /// Rows this rank delivered from it.
+    pub rows: u64,
+    pub phase_s: Phases,
+    /// Time in agreements (part of the exchange): waiting for the slowest peer.
+    pub peer_wait_s: f64,
+    /// Time the consumer waited for this window.
+    pub wait_s: f64,
+    pub bytes_read: u64,
+    pub bytes_sent: u64,
+    pub bytes_sent_off_host: u64,
+    pub bytes_received: u64,
+}
+
+impl Window {
+    /// The record of rank `rank`'s window `w` (the loader's
+    /// [`crate::loader::Loader::keep_window_records`]).
+    pub fn of(rank: usize, w: &crate::loader::WindowRecord) -> Window {
+        Window {
+            schema: SCHEMA,
+            rank,
+            epoch: w.epoch,
+            first_step: w.first_step,
+            steps: w.steps,
+            rows: w.rows,
+            phase_s: Phases::of(&w.phase),
+            peer_wait_s: w.peer_wait.as_secs_f64(),
+            wait_s: w.wait.as_secs_f64(),
+            bytes_read: w.bytes_read,
+            bytes_sent: w.bytes_sent,
+            bytes_sent_off_host: w.bytes_sent_off_host,
+            bytes_received: w.bytes_received,
+        }
+    }
+
+    fn check(&self) -> std::result::Result<(), String> {
+        self.phase_s.check()?;
+        seconds("peer_wait_s", self.peer_wait_s)?;
+        seconds("wait_s", self.wait_s)
+    }
+}
+
+/// One rank's record of one epoch: its own metrics, before any reduction.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Epoch {
+    /// The records' layout ([`SCHEMA`]).
+    pub schema: u32,
+    pub rank: usize,
+    /// The run's ranks.
+    pub ranks: usize,
+    /// The rank's host.
+    pub host: String,
+    pub epoch: u64,
+    pub steps: u64,
+    /// Samples the epoch delivered (all ranks together).
+    pub samples: u64,
+    /// The epoch's time on this rank.
+    pub seconds: f64,
+    pub phase_s: Phases,
+    /// Time in agreements (part of the exchange; since schema 2).
+    #[serde(default)]
+    pub peer_wait_s: f64,
+    /// Time the consumer waited for the producer, and computed (`--compute-ms`).
+    pub wait_s: f64,
+    pub compute_s: f64,
+    pub bytes_read: u64,
+    /// Bytes read back from spill files.
+    #[serde(default)]
+    pub bytes_read_spill: u64,
+    pub bytes_sent: u64,
+    /// Since schema 2.
+    #[serde(default)]
+    pub bytes_sent_off_host: u64,
+    pub bytes_received: u64,
+    pub windows: u64,
+    pub peak_rss_bytes: u64,
+    /// Whether the epoch verified (`None`: not checked).
+    #[serde(default)]
+    pub verified: Option<bool>,
+}
+
+impl Epoch {
+    fn check(&self) -> std::result::Result<(), String> {
+        seconds("seconds", self.seconds)?;
+        self.phase_s.check()?;
+        seconds("peer_wait_s", self.peer_wait_s)?;
+        seconds("wait_s", self.wait_s)?;
+        seconds("compute_s", self.compute_s)
+    }
+}
+
+/// A line of a rank's file.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+pub enum Record {
+    Window(Window),
+    Epoch(Epoch),
+}
+
+impl Record {
+    /// The rank that wrote it.
+    pub fn rank(&self) -> usize {
+        match self {
+            Record::Window(w) => w.rank,
+            Record::Epoch(e) => e.rank,
+        }
+    }
+
+    /// Parses one line; the error says what is wrong (the caller names the file and line).
+    pub fn parse(line: &str) -> std::result::Result<Record, String> {
+        let v: serde_json::Value = serde_json::from_str(line).map_err(|e| format!("not a JSON record: {e}"))?;
+        if !v.is_object() {
+            return Err(format!("not a JSON record: {v}"));
+        }
+        check_schema(&v)?;
+        // Schema 1 wrote epoch records only, without a kind.
+        let record = match v.get("kind").map(|k| k.as_str()) {
+            Some(Some("window")) => Record::Window(typed(v)?),
+            None | Some(Some("epoch")) => Record::Epoch(typed(v)?),
+            Some(_) => return Err(format!("kind is {}: a record is a \"window\" or an \"epoch\"", v["kind"])),
+        };
+        match &record {
+            Record::Window(w) => w.check()?,
+            Record::Epoch(e) => e.check()?,
+        }
+        Ok(record)
+    }
+
+    /// The record as one JSON line (without the newline).
+    pub fn to_line(&self) -> String {
+        serde_json::to_string(self).expect("a record serialises")
+    }
+}
+
+/// Reads a rank's file: its records with their (1-based) line numbers. Errors name the
+/// file (and line): not a regular file, too long, a line that is no record of a known
+/// schema.
+pub fn read_rank_file(path: &Path) -> Result<Vec<(usize, Record)>> {
+    let text = read_small_file(path, RANK_FILE_LIMIT)?;
+    text.lines()
+        .enumerate()
+        .map(|(i, line)| {
+            Record::parse(line).map(|r| (i + 1, r)).map_err(|why| Error::file(path, format!("line {}: {why}", i + 1)))
+        })
+        .collect()
+}
+
+/// Writes one rank's file (and, for rank 0, `run.json`).
+pub struct Writer {
+    path: PathBuf,
+    file: BufWriter<File>,
+}
+
+impl Writer {
+    /// Creates `dir` and rank `rank`'s file in it; writes `run` as `run.json` where given
+    /// (rank 0).
+    pub fn create(dir: &Path, rank: usize, run: Option<&RunInfo>) -> Result<Writer> {
+        std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+        if let Some(run) = run {
+            let path = dir.join(RUN_FILE);
+            let text = serde_json::to_string(run).map_err(|e| Error::Internal(e.to_string()))?;
+            std::fs::write(&path, format!("{text}\n")).map_err(|e| Error::io(&path, e))?;
+        }
+        let path = dir.join(rank_file_name(rank));
+        let file = File::create(&path).map_err(|e| Error::io(&path, e))?;
+        Ok(Writer { path, file: BufWriter::new(file) })
+    }
+
+    /// Appends a record.
+    pub fn append(&mut self, record: &Record) -> Result<()> {
+        writeln!(self.file, "{}", record.to_line()).map_err(|e| Error::io(&self.path, e))
+    }
+
+    /// Writes what is buffered to the file.
+    pub fn flush(&mut self) -> Result<()> {
+        self.file.flush().map_err(|e| Error::io(&self.path, e))
+    }
+}
+
+/// A record's `schema`, checked: one this build reads.
+fn check_schema(v: &serde_json::Value) -> std::result::Result<u32, String> {
+    match v.get("schema").and_then(|s| s.as_u64()) {
+        Some(s) if (u64::from(OLDEST_SCHEMA)..=u64::from(SCHEMA)).contains(&s) => Ok(s as u32),
+        _ => Err(format!(
+            "telemetry schema {} (this meshfeed reads {OLDEST_SCHEMA} to {SCHEMA})",
+            v.get("schema").unwrap_or(&serde_json::Value::Null)
+        )),
+    }
+}
+
+/// The typed record of `v`; where a key has the wrong type, the error names the key (a
+/// count that is no non-negative integer, a time that is no number), else serde's.
+fn typed<T: serde::de::DeserializeOwned>(v: serde_json::Value) -> std::result::Result<T, String> {
+    serde_json::from_value::<T>(v.clone())
+        .map_err(|e| diagnose(&v).unwrap_or_else(|| format!("not a telemetry record: {e}")))
+}
+
+/// The keys whose values are counts.
+const COUNTS: [&str; 20] = [
+    "rank",
+    "ranks",
+    "epoch",
+    "first_step",
+    "steps",
+    "rows",
+    "samples",
+    "bytes_read",
+    "bytes_read_spill",
+    "bytes_sent",
+    "bytes_sent_off_host",
+    "bytes_received",
+    "windows",
+    "peak_rss_bytes",
+    "batch_size",
+    "epochs",
+    "seed",
+    "window_bytes",
+    "prefetch",
+    "steps_per_window",
+];
+
+/// The first key of `v` whose value is not of its kind: a count that is not a
+/// non-negative integer, a time (`seconds`, `*_s`, `phase_s.*`) that is not a number.
+fn diagnose(v: &serde_json::Value) -> Option<String> {
+    let obj = v.as_object()?;
+    for k in COUNTS {
+        if let Some(x) = obj.get(k).filter(|x| x.as_u64().is_none()) {
+            return Some(format!("{k} is {x}: a count is a non-negative integer"));
+        }
+    }
+    let times = obj.iter().filter(|(k, _)| *k == "seconds" || (k.ends_with("_s") && *k != "phase_s"));
+    let phases = obj.get("phase_s").and_then(|p| p.as_object()).into_iter().flatten();
+    for (k, x) in times.map(|(k, x)| (k.clone(), x)).chain(phases.map(|(k, x)| (format!("phase_s.{k}"), x))) {
+        if x.as_f64().is_none() {
+            return Some(format!("{k} is {x}: a time is a finite, non-negative number of seconds"));
+        }
+    }
+    None
+}
+
+/// Refuses a time that is not a finite, non-negative number of seconds.
+fn seconds(key: &str, s: f64) -> std::result::Result<(), String> {
+    if s.is_finite() && s >= 0.0 {
+        Ok(())
+    } else {
+        Err(format!("{key} is {s}: a time is a finite, non-negative number of seconds"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const WINDOW: &str = r#"{"bytes_read":2049000,"bytes_received":1967040,"bytes_sent":2049000,"bytes_sent_off_host":0,"epoch":0,"first_step":0,"kind":"window","peer_wait_s":0.001368556,"phase_s":{"assemble":0.000998794,"exchange":0.001836897,"pack":0.0,"plan":0.001376286,"read":0.001917066},"rank":0,"rows":120,"schema":2,"steps":1,"wait_s":0.009745586}"#;
+    const EPOCH: &str = r#"{"bytes_read":196704000,"bytes_read_spill":0,"bytes_received":196704000,"bytes_sent":196704000,"bytes_sent_off_host":0,"compute_s":0.0,"epoch":0,"host":"vm","kind":"epoch","peak_rss_bytes":32575488,"peer_wait_s":0.028216835,"phase_s":{"assemble":0.014297137,"exchange":0.03725301,"pack":0.0,"plan":0.003011975,"read":0.098461997},"rank":0,"ranks":2,"samples":24000,"schema":2,"seconds":0.172755173,"steps":100,"verified":null,"wait_s":0.171819776,"windows":100}"#;
+    /// An epoch record as schema 1 wrote it: no kind, peer waiting, off-host bytes,
+    /// spill or verification.
+    const EPOCH_V1: &str = r#"{"schema":1,"rank":1,"ranks":2,"host":"a","epoch":3,"steps":10,"samples":100,"seconds":1.5,"phase_s":{"plan":0.1,"read":0.2,"pack":0.0,"exchange":0.3,"assemble":0.4},"wait_s":0.5,"compute_s":0.0,"bytes_read":10,"bytes_sent":20,"bytes_received":20,"windows":2,"peak_rss_bytes":1024}"#;
+
+    #[test]
+    fn records_written_today_and_by_schema_1_parse_and_round_trip() {
+        let Record::Window(w) = Record::parse(WINDOW).unwrap() else { panic!("a window") };
+        assert_eq!((w.rank, w.rows, w.phase_s.read, w.bytes_sent), (0, 120, 0.001917066, 2049000));
+        let Record::Epoch(e) = Record::parse(EPOCH).unwrap() else { panic!("an epoch") };
+        assert_eq!((e.ranks, e.host.as_str(), e.samples, e.verified), (2, "vm", 24000, None));
+        // What is written reads back the same, with the same keys as before.
+        for line in [WINDOW, EPOCH] {
+            let r = Record::parse(line).unwrap();
+            let again: serde_json::Value = serde_json::from_str(&r.to_line()).unwrap();
+            assert_eq!(again, serde_json::from_str::<serde_json::Value>(line).unwrap());
+            assert_eq!(Record::parse(&r.to_line()).unwrap(), r);
+        }
+        let Record::Epoch(e) = Record::parse(EPOCH_V1).unwrap() else { panic!("schema 1: an epoch") };
+        assert_eq!((e.schema, e.rank, e.epoch, e.peer_wait_s, e.bytes_sent_off_host), (1, 1, 3, 0.0, 0));
+        assert!((e.phase_s.own() - 0.7).abs() < 1e-12);
+    }
+
+    #[test]
+    fn unknown_schemas_kinds_and_bad_values_are_refused_saying_what_is_wrong() {
+        let with = |key: &str, value: serde_json::Value| {
+            let mut v: serde_json::Value = serde_json::from_str(EPOCH).unwrap();
+            v[key] = value;
+            Record::parse(&v.to_string()).unwrap_err()
+        };
+        assert_eq!(with("schema", 3.into()), "telemetry schema 3 (this meshfeed reads 1 to 2)");
+        assert_eq!(with("schema", 0.into()), "telemetry schema 0 (this meshfeed reads 1 to 2)");
+        assert!(with("kind", "batch".into()).starts_with("kind is \"batch\""));
+        assert_eq!(with("samples", (-600).into()), "samples is -600: a count is a non-negative integer");
+        assert_eq!(
+            with("seconds", (-0.5).into()),
+            "seconds is -0.5: a time is a finite, non-negative number of seconds"
+        );
+        assert!(with("wait_s", "soon".into()).starts_with("wait_s is \"soon\": a time"));
+        let mut v: serde_json::Value = serde_json::from_str(WINDOW).unwrap();
+        v["phase_s"]["read"] = (-0.25).into();
+        assert!(Record::parse(&v.to_string()).unwrap_err().starts_with("phase_s.read is -0.25"));
+        v.as_object_mut().unwrap().remove("schema");
+        assert_eq!(Record::parse(&v.to_string()).unwrap_err(), "telemetry schema null (this meshfeed reads 1 to 2)");
+        assert!(Record::parse("1e999").unwrap_err().starts_with("not a JSON record"));
+        assert!(Record::parse(r#"{"schema":2,"kind":"window"}"#).unwrap_err().contains("missing field"));
+    }
+
+    #[test]
+    fn run_json_parses_with_and_without_a_read_plan_and_names_the_file_when_not() {
+        let path = Path::new("/x/run.json");
+        let text = r#"{"batch_size":240,"data":["d"],"epochs":3,"exchange":"fused","mesh":"dp=2","prefetch":2,"ranks":2,"read_plan":{"budget":0,"prediction":{"first_epoch_s":0.07,"later_epoch_s":0.07,"later_storage_bytes":393408000.0},"reason":"why","resident":[0,0],"spill":false,"storage":{"bandwidth":5000000000.0,"iops":1000000.0},"strategy":{"strategy":"random"}},"sample_bytes":16392,"samples":24000,"schema":2,"seed":0,"steps_per_window":1,"transport":"mpi","version":"0.1.0","window_bytes":4194304}"#;
+        let run = RunInfo::parse(path, text).unwrap();
+        assert_eq!(run.read_plan.as_ref().unwrap().strategy, crate::plan::Strategy::Random);
+        assert_eq!((run.ranks, run.sample_bytes), (2, Some(16392)));
+        let again = RunInfo::parse(path, &serde_json::to_string(&run).unwrap()).unwrap();
+        assert_eq!(again, run);
+        let mut v: serde_json::Value = serde_json::from_str(text).unwrap();
+        v.as_object_mut().unwrap().remove("read_plan");
+        v.as_object_mut().unwrap().remove("sample_bytes");
+        v["schema"] = 1.into();
+        let old = RunInfo::parse(path, &v.to_string()).unwrap();
+        assert_eq!((old.read_plan, old.sample_bytes), (None, None));
+        v["schema"] = 7.into();
+        let err = RunInfo::parse(path, &v.to_string()).unwrap_err().to_string();
+        assert!(err.contains("/x/run.json: telemetry schema 7 (this meshfeed reads 1 to 2)"), "{err}");
+        v["schema"] = 2.into();
+        v["ranks"] = 0.into();
+        let err = RunInfo::parse(path, &v.to_string()).unwrap_err().to_string();
+        assert!(err.contains("/x/run.json: ranks is 0: a number of ranks is a positive integer"), "{err}");
+    }
+
+    #[test]
+    fn the_writer_writes_what_the_reader_reads() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut w = Writer::create(dir.path(), 3, None).unwrap();
+        let window = Record::parse(WINDOW).unwrap();
+        let epoch = Record::parse(EPOCH).unwrap();
+        w.append(&window).unwrap();
+        w.append(&epoch).unwrap();
+        w.flush().unwrap();
+        let path = dir.path().join(rank_file_name(3));
+        assert_eq!(read_rank_file(&path).unwrap(), [(1, window), (2, epoch)]);
+        assert_eq!(RunInfo::read(dir.path()).unwrap(), None);
+        std::fs::write(&path, format!("{EPOCH}\n{{\"schema\":9}}\n")).unwrap();
+        let err = read_rank_file(&path).unwrap_err().to_string();
+        assert!(err.contains("rank-3.jsonl: line 2: telemetry schema 9"), "{err}");
+    }
+}
