@@ -17,14 +17,14 @@
 # one image serves every manifest of launch/k8s/: the Indexed Job and the JobSet run its
 # ENTRYPOINT, the MPIJob's launcher runs mpirun and its workers run sshd as that user.
 #
-# tests/image.rs checks this file against the code without a container engine: the build
-# steps against launch/quickstart.sh and launch/setup.sh, the runtime packages against
-# `ldd` of the binary, the build context (.dockerignore) against what cargo needs, the
-# paths against the manifests, and it runs this image's ENTRYPOINT from a copy of the
+# tests/emulation/image.rs checks this file against the code without a container engine:
+# the build steps against launch/quickstart.sh and launch/setup.sh, the runtime packages
+# against `ldd` of the binary, the build context (.dockerignore) against what cargo needs,
+# the paths against the manifests, and it runs this image's ENTRYPOINT from a copy of the
 # runtime stage's files. Keep to the instructions it understands (it says which).
 
 # The toolchain: the one this repository is built and tested with here, and at least the
-# newest rust-version of the locked dependencies (tests/image.rs checks that).
+# newest rust-version of the locked dependencies (tests/emulation/image.rs checks that).
 ARG RUST_VERSION=1.95
 
 FROM rust:${RUST_VERSION}-bookworm AS build

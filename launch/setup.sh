@@ -11,7 +11,7 @@ packages=(libopenmpi-dev openmpi-bin libhdf5-dev libucx-dev ucx-utils libclang-d
     libfontconfig1-dev libfreetype-dev fonts-dejavu-core)
 if [[ "${1:-}" == "--test" ]]; then
     # iproute2: the tests' emulated nodes and pods (network namespaces); openssh: the
-    # MPIJob's workers run sshd, its launcher ssh (tests/mpijob.rs).
+    # MPIJob's workers run sshd, its launcher ssh (tests/emulation/mpijob.rs).
     packages+=(python3 python3-venv iproute2 openssh-client openssh-server
         e2fsprogs # e2fsprogs: mkfs.ext4 for the cold-storage benchmark's loop devices
         shellcheck) # the scripts' lint (tests/ci.sh)

@@ -33,8 +33,11 @@
 # limited to the bridge's subnet, through the cluster's TaskProlog.
 # Needs root. The directory is $MESHFEED_CLUSTER_DIR (default /tmp/meshfeed-cluster);
 # MESHFEED_CLUSTER_ID (0-9, default 0) keeps clusters on one machine apart (subnet
-# 10.77.<id>, bridge, namespaces and ports); the addresses above are cluster 0's.
+# 10.77.<id>, bridge, namespaces and ports); the addresses above are cluster 0's. The
+# nodes' network: launch/netns.sh, as every emulation's.
 set -euo pipefail
+# shellcheck source=launch/netns.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../launch/netns.sh"
 
 base=${MESHFEED_CLUSTER_DIR:-/tmp/meshfeed-cluster}
 id=${MESHFEED_CLUSTER_ID:-0}
@@ -145,15 +148,7 @@ EOF
 # One namespace on the bridge: NS VETH ADDRESS RATE DELAY.
 attach() {
     local ns=$1 veth=$2 addr=$3 rate=$4 delay=$5
-    ip netns list | grep -qx "$ns\( .*\)\?" || ip netns add "$ns"
-    if ! ip link show "$veth" >/dev/null 2>&1; then
-        ip link add "$veth" type veth peer name eth0 netns "$ns"
-        ip link set "$veth" master "$bridge" up
-        ip -n "$ns" addr add "$addr/24" dev eth0
-        ip -n "$ns" link set eth0 up
-        ip -n "$ns" link set lo up
-        ip -n "$ns" route add default via "$subnet.1"
-    fi
+    netns_node "$bridge" "$ns" "$veth" "$addr/24" "$subnet.1"
     [[ -n $rate || -n $delay ]] && shape_link "$ns" "$veth" "$rate" "$delay"
     return 0
 }
@@ -181,11 +176,7 @@ shape_node() {
 
 network_up() { # NODES BANDWIDTH DELAY STORAGE_BANDWIDTH STORAGE_DELAY
     local n=$1 rate=$2 delay=$3 i
-    ip link show "$bridge" >/dev/null 2>&1 || {
-        ip link add "$bridge" type bridge
-        ip addr add "$subnet.1/24" dev "$bridge"
-        ip link set "$bridge" up
-    }
+    netns_bridge "$bridge" "$subnet.1/24"
     for i in $(seq 1 "$n"); do
         attach "$pre-node$i" "${pre}v$i" "$subnet.$((10 + i))" "$rate" "$delay"
     done
@@ -285,7 +276,7 @@ up() {
 }
 
 down() {
-    local f i ns
+    local f i
     if [[ -d $base/run ]]; then
         for f in "$base"/run/*.pid.own "$base/run/munged.pid"; do
             [[ -f $f ]] || continue
@@ -297,16 +288,10 @@ down() {
             alive "$f" && kill -KILL "$(cat "$f")" 2>/dev/null || true
         done
     fi
-    local n
+    local n nodes=()
     n=$(cat "$base/nodes" 2>/dev/null || echo 0)
-    for i in $(seq 1 "$n"); do
-        ns=$pre-node$i
-        ip link del "${pre}v$i" 2>/dev/null || true
-        ip netns del "$ns" 2>/dev/null || true
-    done
-    ip link del "${pre}vs" 2>/dev/null || true
-    ip netns del "$pre-storage" 2>/dev/null || true
-    ip link del "$bridge" 2>/dev/null || true
+    for i in $(seq 1 "$n"); do nodes+=("$pre-node$i"); done
+    netns_remove "$bridge" "${nodes[@]}" "$pre-storage"
     rm -rf "$base"
     say "down"
 }

@@ -20,12 +20,18 @@ shellcheck -S warning "${scripts[@]}" .ci/run
 .venv/bin/mypy python/pysrc/meshfeed
 cargo build --release --workspace --all-targets
 # The Python package (python/, PyO3 + maturin), installed the way users install it, before
-# any test: tests/launchers.rs runs the Ray Train example, which imports it, on a
-# multi-node Ray cluster. (maturin's build hook runs the `maturin` program: the venv's bin
+# any test: tests/emulation/launchers.rs runs the Ray Train example, which imports it,
+# on a multi-node Ray cluster. (maturin's build hook runs the `maturin` program: the venv's bin
 # goes on PATH.)
 PATH="$PWD/.venv/bin:$PATH" .venv/bin/pip install -q --disable-pip-version-check --no-build-isolation ./python
-# Two test threads: multi-rank tests oversubscribe the 2 cores already.
-cargo test --release --workspace --no-fail-fast -- --test-threads=2
+# Stage 1: the loader's behaviour. Unit tests, the behaviour tests (tests/behaviour: one
+# binary) and doc tests; two test threads: multi-rank tests oversubscribe the 2 cores
+# already. The deployment emulations are stage 2, below. (The Python extension's library
+# has no Rust tests, `test = false`, which naming `--lib` would override.)
+echo "== stage 1: unit, doc and behaviour tests"
+cargo test --release --workspace --exclude meshfeed-python --no-fail-fast --lib --bins --test behaviour \
+    -- --test-threads=2
+cargo test --release --workspace --no-fail-fast --doc -- --test-threads=2
 # The Python package tested from Python under real mpirun and the UCX launcher against
 # the command line.
 .venv/bin/python -m pytest -q -p no:cacheprovider python/tests
@@ -36,6 +42,14 @@ bash bench/run.sh --smoke --out "$(mktemp -d)/bench-smoke"
 # kept in memory is read from the device once and never after, no OOM kill. Where the
 # kernel lacks the controllers it prints why it skipped (never a silent pass).
 bash bench/run.sh --cold --smoke
+
+# Stage 2: the deployment emulations (tests/emulation: one binary), once the loader's
+# behaviour passed: the image's recipe, the MPIJob on emulated pods of the image, a
+# preempted Kubernetes Job, a multi-node Ray cluster and a two-node Slurm, each node or
+# pod a network namespace (launch/netns.sh). Before the feature builds below: they need
+# the binary with every feature.
+echo "== stage 2: deployment emulations"
+cargo test --release -p meshfeed --no-fail-fast --test emulation -- --test-threads=2
 
 # The library does not depend on the command line's crates.
 if cargo tree -p meshfeed --edges normal --prefix none | grep -E "^(clap|indicatif|toml) "; then

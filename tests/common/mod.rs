@@ -114,30 +114,37 @@ pub fn meshfeed(args: &[&str]) -> Run {
 }
 
 /// A synthetic dataset written by `meshfeed gen` (contents a function of the sample id, so
-/// every delivered value can be checked), as a builder: `Gen::new("npy", 600)
+/// every delivered value can be checked), as a builder: `Dataset::gen("npy", 600)
 /// .field("x:f32:4").write(&dir)`. Three files unless told otherwise.
-pub struct Gen {
+pub struct Dataset {
     format: String,
     samples: u64,
     files: u64,
     fields: Vec<String>,
+    extra: Vec<String>,
 }
 
-impl Gen {
+impl Dataset {
     /// `samples` samples in `format` (`npy`, `hdf5`, `arrow`, `raw`).
-    pub fn new(format: &str, samples: u64) -> Gen {
-        Gen { format: format.into(), samples, files: 3, fields: Vec::new() }
+    pub fn gen(format: &str, samples: u64) -> Dataset {
+        Dataset { format: format.into(), samples, files: 3, fields: Vec::new(), extra: Vec::new() }
     }
 
     /// In `files` files.
-    pub fn files(mut self, files: u64) -> Gen {
+    pub fn files(mut self, files: u64) -> Dataset {
         self.files = files;
         self
     }
 
     /// One more field, `name:dtype[:shape]` (e.g. `x:f32:4x6`, `y:i64`, `t:bytes`).
-    pub fn field(mut self, field: &str) -> Gen {
+    pub fn field(mut self, field: &str) -> Dataset {
         self.fields.push(field.into());
+        self
+    }
+
+    /// More `meshfeed gen` options, after the others (e.g. `["--arrow-batch-rows", "100"]`).
+    pub fn args<'a>(mut self, args: impl IntoIterator<Item = &'a str>) -> Dataset {
+        self.extra.extend(args.into_iter().map(String::from));
         self
     }
 
@@ -150,8 +157,89 @@ impl Gen {
             args.extend(["--field", f.as_str()]);
         }
         args.extend(["--out", out_s]);
+        args.extend(self.extra.iter().map(String::as_str));
         ok(&meshfeed(&args));
         out.to_path_buf()
+    }
+}
+
+/// A `meshfeed run` job on a dataset, as a builder of its command line: `Job::new(&data)
+/// .batch(8).seed(9).epochs(2).mesh("dp=2,tp=2").dump(&dir).mpirun(4)`. The options go on
+/// the command line in the order they are given, after `run --data DATA`; the job runs
+/// under real `mpirun` ([`Job::mpirun`]), the UCX launcher ([`Job::launch`]) or either
+/// ([`Job::over`]), and returns the [`Run`] the test asserts on.
+#[derive(Clone, Debug)]
+pub struct Job {
+    args: Vec<String>,
+}
+
+impl Job {
+    /// `meshfeed run --data DATA`.
+    pub fn new(data: impl AsRef<Path>) -> Job {
+        let data = data.as_ref().to_str().expect("a UTF-8 test path");
+        Job { args: vec!["run".into(), "--data".into(), data.into()] }
+    }
+
+    /// `OPTION VALUE`.
+    pub fn opt(mut self, option: &str, value: impl ToString) -> Job {
+        self.args.extend([option.to_string(), value.to_string()]);
+        self
+    }
+
+    /// `--batch-size B` (the global batch).
+    pub fn batch(self, batch: u64) -> Job {
+        self.opt("--batch-size", batch)
+    }
+
+    /// `--epochs E`.
+    pub fn epochs(self, epochs: u64) -> Job {
+        self.opt("--epochs", epochs)
+    }
+
+    /// `--seed S`.
+    pub fn seed(self, seed: u64) -> Job {
+        self.opt("--seed", seed)
+    }
+
+    /// `--mesh MESH` (e.g. `dp=2,tp=2`).
+    pub fn mesh(self, mesh: &str) -> Job {
+        self.opt("--mesh", mesh)
+    }
+
+    /// `--window-bytes SIZE` (e.g. `1K`).
+    pub fn window(self, bytes: &str) -> Job {
+        self.opt("--window-bytes", bytes)
+    }
+
+    /// `--dump DIR`.
+    pub fn dump(self, dir: &Path) -> Job {
+        self.opt("--dump", dir.to_str().expect("a UTF-8 test path"))
+    }
+
+    /// More arguments, as they are (flags, options and their values).
+    pub fn args<S: AsRef<str>>(mut self, args: impl IntoIterator<Item = S>) -> Job {
+        self.args.extend(args.into_iter().map(|a| a.as_ref().to_string()));
+        self
+    }
+
+    /// The command line after `meshfeed`, for callers that start it their own way.
+    pub fn argv(&self) -> Vec<&str> {
+        self.args.iter().map(String::as_str).collect()
+    }
+
+    /// `mpirun -np NP meshfeed run ...` under real OpenMPI.
+    pub fn mpirun(&self, np: usize) -> Run {
+        mpirun(np, &self.argv())
+    }
+
+    /// `meshfeed launch -n NP -- meshfeed run ... --transport ucx`.
+    pub fn launch(&self, np: usize) -> Run {
+        Transport::Ucx.run(np, &self.argv())
+    }
+
+    /// On `np` ranks over `t` (as [`Transport::run`]).
+    pub fn over(&self, t: Transport, np: usize) -> Run {
+        t.run(np, &self.argv())
     }
 }
 

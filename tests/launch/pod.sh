@@ -7,14 +7,14 @@
 #   pod.sh -r IMAGE_ROOT -d POD_DIR -n NETNS -h HOSTNAME -u UID:GID [-w WORKDIR]
 #          [-e NAME=VALUE]... [-v HOST_PATH:POD_PATH[:ro]]... -- COMMAND ARGS...
 #
-#   -r  the image's files under a directory (tests/image.rs writes the runtime stage's
-#       there): its etc/ and usr/local/ are laid over this machine's, its opt/ and home/
-#       replace them
+#   -r  the image's files under a directory (tests/emulation/image.rs writes the runtime
+#       stage's there): its etc/ and usr/local/ are laid over this machine's, its opt/ and
+#       home/ replace them
 #   -d  the pod's own directory (created): its etc/ (hosts, passwd, group, ... written by
 #       the caller) goes over the image's, its home/ is the pod's writable /home, and
 #       `pid` receives the host's pid of COMMAND (the container's main process, to which
 #       the kubelet sends SIGTERM)
-#   -n  the pod's network namespace (made by the caller, e.g. with a veth on a bridge)
+#   -n  the pod's network namespace (made by the caller, e.g. with launch/netns.sh)
 #   -e  the container's environment, and nothing else (as a kubelet starts it, with
 #       the image's PATH and the user's HOME when not given)
 #   -v  a volume: a bind mount, read-only with :ro

@@ -16,14 +16,18 @@
 # (`ray.init(address="auto")`) must run on a node, next to that node's raylet. `down`
 # kills every process in the nodes' network namespaces (Ray's daemons and workers, and
 # whatever they started; never by name), then removes the namespaces, veths and bridge.
-# Needs root, iproute2, util-linux, and `ray` on PATH (the venv's).
+# Needs root, iproute2, util-linux, and `ray` on PATH (the venv's). The nodes' network:
+# launch/netns.sh, as every emulation's.
 set -euo pipefail
+# shellcheck source=launch/netns.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../../launch/netns.sh"
 
 id=${MESHFEED_RAY_ID:-8}
 [[ $id =~ ^[0-9]$ ]] || { echo "ray_nodes: MESHFEED_RAY_ID must be 0-9" >&2; exit 2; }
 subnet=10.78.$id
 bridge=mfrb$id
 ns() { echo "mfray$id-$1"; }
+all_ns() { local i; for ((i = 0; i < $1; i++)); do ns "$i"; done; }
 die() { echo "ray_nodes: $*" >&2; exit 1; }
 
 up() {
@@ -36,22 +40,11 @@ up() {
         echo "127.0.0.1 localhost"
         for ((i = 0; i < n; i++)); do echo "$subnet.$((i + 2)) $(ns "$i")"; done
     } >"$dir/hosts"
-    if ! ip link show "$bridge" >/dev/null 2>&1; then
-        ip link add "$bridge" type bridge
-        ip addr add "$subnet.1/24" dev "$bridge"
-        ip link set "$bridge" up
-    fi
+    netns_bridge "$bridge" "$subnet.1/24"
     for ((i = 0; i < n; i++)); do
-        local s veth=mfrv$id$i
+        local s
         s=$(ns "$i")
-        ip netns list | grep -qx "$s\( .*\)\?" || ip netns add "$s"
-        if ! ip link show "$veth" >/dev/null 2>&1; then
-            ip link add "$veth" type veth peer name eth0 netns "$s"
-            ip link set "$veth" master "$bridge" up
-            ip -n "$s" addr add "$subnet.$((i + 2))/24" dev eth0
-            ip -n "$s" link set eth0 up
-            ip -n "$s" link set lo up
-        fi
+        netns_node "$bridge" "$s" "mfrv$id$i" "$subnet.$((i + 2))/24"
         mkdir -p "$dir/node$i/ray"
         local join=(--head --port=6379 --include-dashboard=false)
         ((i == 0)) || join=(--address="$subnet.2:6379")
@@ -94,26 +87,11 @@ run_on() {
 }
 
 down() {
-    local dir=$1 n i s pids
+    local dir=$1 n nodes
     n=$(cat "$dir/nodes" 2>/dev/null || echo 8)
-    for sig in TERM KILL; do
-        for ((i = 0; i < n; i++)); do
-            s=$(ns "$i")
-            pids=$(ip netns pids "$s" 2>/dev/null || true)
-            [[ -n $pids ]] && kill -"$sig" $pids 2>/dev/null || true
-        done
-        for _ in $(seq 50); do
-            pids=
-            for ((i = 0; i < n; i++)); do pids+=$(ip netns pids "$(ns "$i")" 2>/dev/null || true); done
-            [[ -z $pids ]] && break
-            sleep 0.1
-        done
-    done
-    for ((i = 0; i < n; i++)); do
-        ip link del "mfrv$id$i" 2>/dev/null || true
-        ip netns del "$(ns "$i")" 2>/dev/null || true
-    done
-    ip link del "$bridge" 2>/dev/null || true
+    mapfile -t nodes < <(all_ns "$n")
+    netns_kill "${nodes[@]}"
+    netns_remove "$bridge" "${nodes[@]}"
     rm -rf "$dir"
 }
 

@@ -2,12 +2,10 @@
 //! launch`), on files written by numpy, h5py and pyarrow: exactly once, byte exactness, world-size invariance, the `--dump`
 //! format, `--verify` and `--json`.
 
-mod common;
-
 use std::collections::BTreeSet;
 use std::path::Path;
 
-use common::*;
+use crate::common::*;
 
 const NPS: [usize; 4] = [1, 2, 3, 4];
 
@@ -21,12 +19,9 @@ fn check_dataset(t: Transport, dataset: &Path, extra: &[&str]) -> GlobalBatches 
     for np in NPS {
         let out = tempdir();
         let dump = out.path().join("dump");
-        let mut args =
-            vec!["run", "--data", dataset.to_str().unwrap(), "--batch-size", "12", "--epochs", "2", "--seed", "5"];
         // A small window budget forces several exchange windows per epoch.
-        args.extend(["--window-bytes", "700", "--dump", dump.to_str().unwrap()]);
-        args.extend(extra);
-        let run = t.run(np, &args);
+        let job = Job::new(dataset).batch(12).epochs(2).seed(5).window("700").dump(&dump).args(extra);
+        let run = job.over(t, np);
         ok(&run);
         let lines = read_dump(&dump, np);
         for (r, l) in lines.iter().enumerate() {
@@ -88,20 +83,7 @@ over_transports! {
         let dump_of = |name: &str| {
             let out = tempdir();
             let dump = out.path().join("d");
-            ok(&t.run(
-                2,
-                &[
-                    "run",
-                    "--data",
-                    fx.join(name).to_str().unwrap(),
-                    "--batch-size",
-                    "10",
-                    "--seed",
-                    "3",
-                    "--dump",
-                    dump.to_str().unwrap(),
-                ],
-            ));
+            ok(&Job::new(fx.join(name)).batch(10).seed(3).dump(&dump).over(t, 2));
             dump_bytes(&dump, 2)
         };
         let npy = dump_of("npy_struct");
@@ -137,21 +119,11 @@ fn chunked_exchange_equals_direct_exchange() {
     let dump = |cap: Option<&str>| {
         let out = tempdir();
         let d = out.path().join("d");
-        let mut args = vec![
-            "run",
-            "--data",
-            data.to_str().unwrap(),
-            "--batch-size",
-            "8",
-            "--epochs",
-            "2",
-            "--dump",
-            d.to_str().unwrap(),
-        ];
+        let mut job = Job::new(&data).batch(8).epochs(2).dump(&d);
         if let Some(c) = cap {
-            args.extend(["--max-round-bytes", c]);
+            job = job.opt("--max-round-bytes", c);
         }
-        ok(&mpirun(4, &args));
+        ok(&job.mpirun(4));
         dump_bytes(&d, 4)
     };
     // 64 bytes per round over 4 ranks: 16-byte pieces, many rounds per window.
@@ -170,40 +142,13 @@ over_transports! {
             ("arrow", vec!["x:f32:2x3", "y:u16", "t:bytes", "s:utf8"]),
         ] {
             let out = tempdir();
-            let data = out.path().join(format);
-            let mut args = vec![
-                "gen",
-                "--format",
-                format,
-                "--samples",
-                "997",
-                "--files",
-                "3",
-                "--out",
-                data.to_str().unwrap(),
-                "--arrow-batch-rows",
-                "100",
-            ];
-            for f in &fields {
-                args.extend(["--field", f]);
-            }
-            ok(&meshfeed(&args));
+            let data = fields
+                .iter()
+                .fold(Dataset::gen(format, 997), |d, f| d.field(f))
+                .args(["--arrow-batch-rows", "100"])
+                .write(&out.path().join(format));
             for np in [3, 4] {
-                let run = t.run(
-                    np,
-                    &[
-                        "run",
-                        "--data",
-                        data.to_str().unwrap(),
-                        "--batch-size",
-                        "24",
-                        "--epochs",
-                        "2",
-                        "--window-bytes",
-                        "4K",
-                        "--verify",
-                    ],
-                );
+                let run = Job::new(&data).batch(24).epochs(2).window("4K").args(["--verify"]).over(t, np);
                 ok(&run);
                 let steps = 997 / 24;
                 assert_eq!(
@@ -222,26 +167,13 @@ over_transports! {
 
     fn verify_fails_on_corrupted_contents(t: Transport) {
         let out = tempdir();
-        let data = out.path().join("d");
-        ok(&meshfeed(&[
-            "gen",
-            "--format",
-            "raw",
-            "--samples",
-            "64",
-            "--files",
-            "2",
-            "--field",
-            "x:u32:4",
-            "--out",
-            data.to_str().unwrap(),
-        ]));
+        let data = Dataset::gen("raw", 64).files(2).field("x:u32:4").write(&out.path().join("d"));
         // Flip one byte of sample 40 (file 1 holds ids 32..64; record = 16 bytes).
         let f = data.join("part-00001.raw");
         let mut bytes = std::fs::read(&f).unwrap();
         bytes[(40 - 32) * 16 + 5] ^= 0xff;
         std::fs::write(&f, bytes).unwrap();
-        let run = t.run(2, &["run", "--data", data.to_str().unwrap(), "--batch-size", "64", "--verify"]);
+        let run = Job::new(&data).batch(64).args(["--verify"]).over(t, 2);
         assert_ne!(run.code, 0, "corruption must fail --verify:\n{}", run.stdout);
         assert!(run.stdout.contains("FAILED") && run.stdout.contains("1 wrong contents"), "{}", run.stdout);
         assert!(run.stderr.contains("sample 40 field 'x'"), "{}", run.stderr);
@@ -250,23 +182,13 @@ over_transports! {
 
     fn json_summary_lines(t: Transport) {
         let fx = fixtures();
-        let run = t.run(
-            2,
-            &[
-                "run",
-                "--data",
-                fx.join("npy_plain").to_str().unwrap(),
-                "--batch-size",
-                "8",
-                "--epochs",
-                "3",
-                "--json",
-                "--verify",
-                // Every row read where a window needs it (resident rows: tests below).
-                "--memory-budget",
-                "0",
-            ],
-        );
+        let run = Job::new(fx.join("npy_plain"))
+            .batch(8)
+            .epochs(3)
+            .args(["--json", "--verify"])
+            // Every row read where a window needs it (resident rows: tests below).
+            .opt("--memory-budget", 0)
+            .over(t, 2);
         ok(&run);
         let lines: Vec<serde_json::Value> =
             run.stdout.lines().map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l}: {e}"))).collect();
@@ -295,25 +217,11 @@ over_transports! {
 #[test]
 fn planning_work_per_rank_falls_with_the_number_of_ranks() {
     let out = tempdir();
-    let data = out.path().join("d");
     let n = 8192u64;
-    ok(&meshfeed(&[
-        "gen",
-        "--format",
-        "raw",
-        "--samples",
-        "8192",
-        "--files",
-        "2",
-        "--field",
-        "x:u8:8",
-        "--out",
-        data.to_str().unwrap(),
-    ]));
+    let data = Dataset::gen("raw", n).files(2).field("x:u8:8").write(&out.path().join("d"));
     let mut most = vec![];
     for np in [1usize, 2, 4] {
-        let run =
-            mpirun(np, &["run", "--data", data.to_str().unwrap(), "--batch-size", "64", "--epochs", "2", "--json"]);
+        let run = Job::new(&data).batch(64).epochs(2).args(["--json"]).mpirun(np);
         ok(&run);
         for line in run.stdout.lines() {
             let l: serde_json::Value = serde_json::from_str(line).unwrap();

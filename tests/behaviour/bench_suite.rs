@@ -4,11 +4,9 @@
 //! delivers steps × batch samples; `meshfeed bench report` writes its table and non-empty
 //! PNG and SVG plots. Outcomes only — never timings.
 
-mod common;
-
 use std::path::Path;
 
-use common::*;
+use crate::common::*;
 
 const SAMPLES: u64 = 1000;
 const BATCH: u64 = 32;
@@ -16,7 +14,7 @@ const BATCH: u64 = 32;
 const SAMPLE_BYTES: u64 = 128;
 
 fn gen(dir: &Path, format: &str) {
-    Gen::new(format, SAMPLES).field("x:u8:120").field("y:i64").write(dir);
+    Dataset::gen(format, SAMPLES).field("x:u8:120").field("y:i64").write(dir);
 }
 
 fn bench(np: usize, data: &Path, out: &Path, modes: &str) -> Vec<serde_json::Value> {

@@ -3,12 +3,10 @@
 //! the network), jobs run with `srun --mpi=pmix` and `sbatch`, and `down` removes
 //! everything it started. One test: the test cluster (id 9) is one per machine.
 
-mod common;
-
 use std::path::Path;
 use std::process::Command;
 
-use common::*;
+use crate::common::*;
 
 fn cluster(args: &[&str]) -> Run {
     let mut cmd = Command::new("bash");
@@ -43,6 +41,7 @@ impl Drop for Down {
 
 #[test]
 fn jobs_on_a_two_node_slurm_deliver_what_mpirun_delivers() {
+    let _alone = crate::one_cluster_at_a_time();
     let out = tempdir();
     let down = Down;
     ok(&cluster(&["up", "--nodes", "2", "--storage-bandwidth", "400mbit"]));

@@ -13,12 +13,10 @@
 //! killed for memory; a budget larger than the limit allows is cut to it, and data that
 //! cannot be kept is refused with a message, not an OOM kill.
 
-mod common;
-
 use std::path::Path;
 use std::sync::Arc;
 
-use common::*;
+use crate::common::*;
 use meshfeed::loader::MIN_MARGIN;
 use meshfeed::plan::io::STREAM_READ_BYTES;
 
@@ -78,7 +76,7 @@ fn check_bounded(what: &str, small: &Path, big: &Path, bigger: &Path, samples: [
 
 /// `meshfeed gen` of one field into `dir`, in 4 files.
 fn gen(dir: &Path, format: &str, samples: u64, field: &str) {
-    Gen::new(format, samples).files(4).field(field).write(dir);
+    Dataset::gen(format, samples).files(4).field(field).write(dir);
 }
 
 fn check_format(format: &str, field: &str, samples: [u64; 3]) {

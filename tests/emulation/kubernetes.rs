@@ -13,18 +13,16 @@
 //!   (tests/launch/check_k8s.py: kubernetes-validate --strict for built-in kinds, the
 //!   vendored OpenAPI definitions in tests/k8s-schemas/ for the custom resources).
 //!
-//! The MPIJob runs on emulated pods of the image in tests/mpijob.rs.
+//! The MPIJob runs on emulated pods of the image in tests/emulation/mpijob.rs.
 //!
 //! Needs root (emulate.sh's namespaces), OpenMPI's mpirun for the reference runs, and the
 //! project's .venv (kubernetes-validate).
-
-mod common;
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::Command;
 
-use common::*;
+use crate::common::*;
 
 fn repo(p: &str) -> String {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(p).to_str().unwrap().to_string()
@@ -57,6 +55,7 @@ fn dumping_meshfeed(dir: &Path, dumps: &Path) -> String {
 
 #[test]
 fn preempted_emulated_job_restarts_and_resumes_exactly() {
+    let _alone = crate::one_cluster_at_a_time();
     let data = fixtures().join("hdf5");
     let out = tempdir();
     let mut args = stream_args(&data);
@@ -222,7 +221,7 @@ fn manifests_pass_their_schema_checks() {
     // kinds with kubernetes-validate --strict, the JobSet and the MPIJob against their
     // vendored OpenAPI definitions, broken variants rejected, and the restart semantics
     // of each manifest (rules, exit codes, state volume). Its other checks (scripts,
-    // emulation) run in tests/launchers.rs.
+    // emulation) run in tests/emulation/launchers.rs.
     let only = "^(manifests_validate_strict|strict_validation_rejects_a_typo|crd_schemas_reject_broken_manifests\
                 |manifest_content|jobset_content|mpijob_content)$";
     let out = Command::new(python())

@@ -2,7 +2,8 @@
 //! instructions it may use), the build context (.dockerignore), the files a stage holds
 //! (its COPYs), the Debian packages of this machine that stand for the image's, and the
 //! runtime stage's files written out under a temporary root (`Image`). Shared by
-//! tests/image.rs (the recipe's checks) and tests/mpijob.rs (the MPIJob on the image).
+//! tests/emulation/image.rs (the recipe's checks) and tests/emulation/mpijob.rs (the
+//! MPIJob on the image).
 #![allow(dead_code)]
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -156,7 +157,7 @@ pub fn parse_dockerfile(text: &str) -> Dockerfile {
         let (kw, rest) = (kw.to_ascii_uppercase(), rest.trim().to_string());
         assert!(
             MODELLED.contains(&kw.as_str()),
-            "Dockerfile:{line}: {kw} is not modelled by tests/image.rs: teach the test what it does first"
+            "Dockerfile:{line}: {kw} is not modelled by tests/emulation/image.rs: teach the test what it does first"
         );
         if kw == "FROM" {
             let words: Vec<&str> = rest.split_whitespace().collect();
@@ -201,7 +202,7 @@ pub fn parse_copy(i: &Instr) -> Copy {
         match flag.strip_prefix("--from=") {
             Some(stage) => from = Some(stage.to_string()),
             // --chmod/--chown/--link change modes and owners the run below depends on.
-            None => panic!("Dockerfile:{}: COPY {flag} is not modelled by tests/image.rs", i.line),
+            None => panic!("Dockerfile:{}: COPY {flag} is not modelled by tests/emulation/image.rs", i.line),
         }
         rest = r.trim_start();
     }

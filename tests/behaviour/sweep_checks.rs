@@ -5,14 +5,12 @@
 //! valid sweep submits exactly its points. `sbatch` and the meshfeed binary are fakes
 //! that log their arguments: no cluster and no build of meshfeed are needed.
 
-mod common;
-
 use std::collections::BTreeSet;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::*;
+use crate::common::*;
 
 /// A temporary directory with a fake `sbatch` (appends its arguments, one line a job, to
 /// `sbatch.log`) and a fake meshfeed (appends its arguments to `meshfeed.log`: sweep.sh

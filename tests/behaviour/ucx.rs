@@ -1,27 +1,19 @@
 //! The UCX transport: equivalence with MPI (byte-identical dumps), the local launcher,
 //! hostile rendezvous traffic, wrong tokens, concurrent jobs and a rank killed mid-epoch.
 
-mod common;
-
 use std::io::Write;
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common::*;
 
 /// Runs the same job over MPI and over UCX and compares the dumps byte for byte.
 fn same_dump(np: usize, data: &str, extra: &[&str]) {
     let out = tempdir();
     let (dm, du) = (out.path().join("mpi"), out.path().join("ucx"));
-    let mut base =
-        vec!["run", "--data", data, "--batch-size", "12", "--epochs", "2", "--seed", "4", "--window-bytes", "2K"];
-    base.extend(extra);
-    let mut a = base.clone();
-    a.extend(["--dump", dm.to_str().unwrap()]);
-    ok(&mpirun(np, &a));
-    let mut b = base.clone();
-    b.extend(["--transport", "ucx", "--dump", du.to_str().unwrap()]);
-    ok(&launch(np, &b));
+    let base = Job::new(data).batch(12).epochs(2).seed(4).window("2K").args(extra);
+    ok(&base.clone().dump(&dm).mpirun(np));
+    ok(&base.dump(&du).launch(np));
     let (m, u) = (dump_bytes(&dm, np), dump_bytes(&du, np));
     assert!(m.iter().all(|f| !f.is_empty()));
     assert!(m == u, "{data} {extra:?} at {np} ranks: UCX dump differs from MPI dump");
@@ -48,37 +40,8 @@ fn ucx_dumps_equal_mpi_dumps_with_replication_and_two_phase() {
 #[test]
 fn launcher_verifies_and_fails_the_job_when_a_rank_fails() {
     let out = tempdir();
-    let data = out.path().join("g");
-    ok(&meshfeed(&[
-        "gen",
-        "--format",
-        "arrow",
-        "--samples",
-        "300",
-        "--files",
-        "3",
-        "--field",
-        "x:f32:4",
-        "--field",
-        "t:bytes",
-        "--out",
-        data.to_str().unwrap(),
-    ]));
-    let run = launch(
-        3,
-        &[
-            "run",
-            "--transport",
-            "ucx",
-            "--data",
-            data.to_str().unwrap(),
-            "--batch-size",
-            "12",
-            "--epochs",
-            "2",
-            "--verify",
-        ],
-    );
+    let data = Dataset::gen("arrow", 300).field("x:f32:4").field("t:bytes").write(&out.path().join("g"));
+    let run = Job::new(&data).batch(12).epochs(2).args(["--verify"]).launch(3);
     ok(&run);
     assert_eq!(run.stdout.matches("contents match the generator").count(), 2, "{}", run.stdout);
     // A bad file seen by one rank: every rank reports it, the launcher fails the job.
@@ -90,7 +53,7 @@ fn launcher_verifies_and_fails_the_job_when_a_rank_fails() {
     let p = bad.join("part-1.npy");
     let bytes = std::fs::read(&p).unwrap();
     std::fs::write(&p, &bytes[..bytes.len() - 5]).unwrap();
-    let run = launch(3, &["run", "--transport", "ucx", "--data", bad.to_str().unwrap(), "--batch-size", "3"]);
+    let run = Job::new(&bad).batch(3).launch(3);
     assert_ne!(run.code, 0);
     let line = agreed_failure(&run, 3);
     assert!(line.contains("rank 1: ") && line.contains("part-1.npy") && line.contains("truncated"), "{line}");

@@ -4,15 +4,13 @@
 //! with the same token and port, a rank that publishes a malformed UCX worker address,
 //! and stopping a job by signalling `mpirun`.
 
-mod common;
-
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common::*;
 
 /// A unique value for `MESHFEED_TEST_MARKER`, which every process of one launch inherits,
 /// so that they can be found in /proc whoever their parent is now.
@@ -100,7 +98,7 @@ fn signal(pid: u32, sig: i32) {
 }
 
 fn gen_npy(dir: &Path, samples: &str) -> PathBuf {
-    Gen::new("npy", samples.parse().unwrap()).field("data:f32:8").write(&dir.join("d"))
+    Dataset::gen("npy", samples.parse().unwrap()).field("data:f32:8").write(&dir.join("d"))
 }
 
 #[test]

@@ -1,13 +1,11 @@
 //! The examples check their own results; here each runs under real `mpirun` and under the
 //! UCX launcher at several rank counts, and must report success.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 
 fn generated() -> tempfile::TempDir {
     let dir = tempdir();
-    Gen::new("npy", 1500).field("x:f32:4").field("y:i64").write(&dir.path().join("d"));
+    Dataset::gen("npy", 1500).field("x:f32:4").field("y:i64").write(&dir.path().join("d"));
     dir
 }
 

@@ -2,12 +2,10 @@
 //! Kubernetes Indexed Job (manifest validated offline, emulated with namespaces by
 //! launch/k8s/emulate.sh) produce the same dump as mpirun; their own checkers pass.
 
-mod common;
-
 use std::path::Path;
 use std::process::Command;
 
-use common::*;
+use crate::common::*;
 
 fn repo(p: &str) -> String {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(p).to_str().unwrap().to_string()
@@ -166,6 +164,7 @@ impl Drop for RayNodes {
 /// both nodes, trains on meshfeed over UCX there. `down` leaves no namespace behind.
 #[test]
 fn a_two_node_ray_cluster_runs_the_launcher_and_ray_train() {
+    let _alone = crate::one_cluster_at_a_time();
     let data = fixtures().join("npy_struct");
     let out = tempdir();
     let args = job_args(&data);

@@ -8,13 +8,11 @@
 //! of run.json or of `run --config` is refused at once, not waited on (a hang is a
 //! failure: every command here runs within a bound).
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 
 /// How long one report (or a refused run) may take: seconds at most; a hang is a failure.
 const BOUND: Duration = Duration::from_secs(60);
@@ -23,7 +21,7 @@ const BOUND: Duration = Duration::from_secs(60);
 /// dataset, `dir/t` the telemetry.
 fn real_run() -> tempfile::TempDir {
     let dir = tempdir();
-    let d = Gen::new("npy", 600).field("x:f32:4").write(&dir.path().join("d"));
+    let d = Dataset::gen("npy", 600).field("x:f32:4").write(&dir.path().join("d"));
     let t = dir.path().join("t");
     let run = mpirun(
         2,

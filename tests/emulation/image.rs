@@ -12,20 +12,16 @@
 //!   (same paths, under a temporary root), as the image's user and with only the image's
 //!   and the Job's environment, runs a real 2-rank UCX job, and refuses a bad environment.
 //!
-//! The recipe may use only the instructions its parser (tests/image/recipe.rs) models;
+//! The recipe may use only the instructions its parser (tests/emulation/recipe.rs) models;
 //! anything else fails here, to be taught to the parser first, so that no step escapes the
-//! checks. The MPIJob's run on the image is tests/mpijob.rs.
-
-mod common;
-#[path = "image/recipe.rs"]
-mod recipe;
+//! checks. The MPIJob's run on the image is tests/emulation/mpijob.rs.
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::process::Command;
 
-use common::*;
-use recipe::*;
+use crate::common::*;
+use crate::recipe::*;
 
 /// A builder stage and a slim runtime of the same Debian release as this machine (the
 /// release whose packages and libraries the other checks read), on tagged images.

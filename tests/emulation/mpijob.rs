@@ -3,11 +3,11 @@
 //!
 //! No Kubernetes or container engine runs here. Each pod is one container emulated by
 //! tests/launch/pod.sh: the Dockerfile's runtime stage (its files, written out by
-//! tests/image/recipe.rs; its packages: this machine's, the same Debian release) with the
-//! pod's own network namespace on a bridge (10.79.7.0/24), host name, PID namespace and
-//! /tmp, the manifest's volumes, as the image's user. The containers run the manifest's
-//! own commands, arguments and environment. The test does mpi-operator's part as the
-//! operator (v2beta1, OpenMPI) does it:
+//! tests/emulation/recipe.rs; its packages: this machine's, the same Debian release) with
+//! the pod's own network namespace on a bridge (10.79.7.0/24), host name, PID namespace
+//! and /tmp, the manifest's volumes, as the image's user. The containers run the
+//! manifest's own commands, arguments and environment. The test does mpi-operator's part
+//! as the operator (v2beta1, OpenMPI) does it:
 //!
 //! * the job's SSH key (ECDSA P-521) as a secret mounted at sshAuthMountPath: `id_rsa`,
 //!   `id_rsa.pub`, `authorized_keys`, root's files of mode 0644;
@@ -28,19 +28,15 @@
 //! Needs root (namespaces, bind mounts), iproute2, openssh-server and -client, OpenMPI,
 //! and the project's .venv (PyYAML reads the manifest).
 
-mod common;
-#[path = "image/recipe.rs"]
-mod recipe;
-
 use std::fs::File;
 use std::net::{SocketAddr, TcpStream};
 use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::*;
-use recipe::*;
+use crate::common::*;
+use crate::recipe::*;
 use serde_json::Value;
 
 /// Keeps these pods' network apart from other tests' (Ray's nodes use 10.78.8.0/24).
@@ -56,48 +52,33 @@ fn sh(args: &[&str]) -> bool {
 }
 
 /// The pods' network: a bridge on the host (NET.1) and one namespace per pod, with a veth
-/// named eth0 in the pod. Dropping it kills whatever runs in the pods' namespaces and
-/// removes them.
+/// named eth0 in the pod, made and removed by launch/netns.sh (every emulation's network).
+/// Dropping it kills whatever runs in the pods' namespaces and removes them.
 struct Network {
     pods: Vec<String>,
+}
+
+/// `bash launch/netns.sh COMMAND ARGS...`; true if it succeeded.
+fn netns(command: &str, args: &[&str]) -> bool {
+    let script = repo().join("launch/netns.sh");
+    let mut all = vec!["bash", script.to_str().unwrap(), command];
+    all.extend(args);
+    sh(&all)
 }
 
 impl Network {
     fn new(max_pods: usize) -> Network {
         let net = Network { pods: (0..max_pods).map(|i| format!("mfmpi7-{i}")).collect() };
         net.teardown(); // what a killed earlier run may have left
-        assert!(
-            sh(&["ip", "link", "add", BRIDGE, "type", "bridge"]),
-            "cannot create bridge {BRIDGE} (root? iproute2?)"
-        );
-        assert!(sh(&["ip", "addr", "add", &format!("{NET}.1/24"), "dev", BRIDGE]));
-        assert!(sh(&["ip", "link", "set", BRIDGE, "up"]));
+        assert!(netns("bridge", &[BRIDGE, &format!("{NET}.1/24")]), "cannot create bridge {BRIDGE} (root? iproute2?)");
         net
     }
 
     /// Pod `i`'s namespace, with the address NET.<i+2>.
     fn pod(&self, i: usize) -> (String, String) {
         let (ns, veth, ip) = (&self.pods[i], format!("mfmv7-{i}"), format!("{NET}.{}", i + 2));
-        if !Path::new("/run/netns").join(ns).exists() {
-            assert!(sh(&["ip", "netns", "add", ns]));
-            assert!(sh(&["ip", "link", "add", &veth, "type", "veth", "peer", "name", "eth0", "netns", ns]));
-            assert!(sh(&["ip", "link", "set", &veth, "master", BRIDGE, "up"]));
-            assert!(sh(&["ip", "-n", ns, "addr", "add", &format!("{ip}/24"), "dev", "eth0"]));
-            assert!(sh(&["ip", "-n", ns, "link", "set", "eth0", "up"]));
-            assert!(sh(&["ip", "-n", ns, "link", "set", "lo", "up"]));
-        }
+        assert!(netns("node", &[BRIDGE, ns, &veth, &format!("{ip}/24")]), "cannot create pod {i}'s namespace {ns}");
         (ns.clone(), ip)
-    }
-
-    fn pids(&self) -> Vec<String> {
-        self.pods
-            .iter()
-            .flat_map(|ns| {
-                let out = Command::new("ip").args(["netns", "pids", ns]).stderr(Stdio::null()).output();
-                out.map(|o| String::from_utf8_lossy(&o.stdout).split_whitespace().map(String::from).collect())
-                    .unwrap_or_else(|_| Vec::new())
-            })
-            .collect()
     }
 
     /// How many processes named `comm` run in pod `i`'s network namespace.
@@ -110,24 +91,9 @@ impl Network {
     }
 
     fn teardown(&self) {
-        for sig in ["-TERM", "-KILL"] {
-            let pids = self.pids();
-            if pids.is_empty() {
-                break;
-            }
-            let mut kill = vec!["kill", sig];
-            kill.extend(pids.iter().map(String::as_str));
-            sh(&kill);
-            let t = Instant::now();
-            while !self.pids().is_empty() && t.elapsed() < Duration::from_secs(5) {
-                std::thread::sleep(Duration::from_millis(100));
-            }
-        }
-        for (i, ns) in self.pods.iter().enumerate() {
-            sh(&["ip", "link", "del", &format!("mfmv7-{i}")]);
-            sh(&["ip", "netns", "del", ns]);
-        }
-        sh(&["ip", "link", "del", BRIDGE]);
+        let pods: Vec<&str> = self.pods.iter().map(String::as_str).collect();
+        netns("kill", &pods);
+        netns("remove", &[&[BRIDGE], &pods[..]].concat());
     }
 }
 
@@ -349,6 +315,7 @@ impl Job {
 
 #[test]
 fn mpijob_runs_on_the_image_and_resumes_after_a_worker_preemption() {
+    let _alone = crate::one_cluster_at_a_time();
     // SAFETY: geteuid has no preconditions.
     assert_eq!(unsafe { libc::geteuid() }, 0, "the pods' namespaces and mounts need root (CI runs as root)");
     let manifest = repo().join("launch/k8s/meshfeed-mpijob.yaml");

@@ -2,12 +2,10 @@
 //! reason) is printed once, and every other rank says why it stopped; no panic, no hang,
 //! no success output — over MPI and over UCX.
 
-mod common;
-
 use std::path::Path;
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 
 /// Runs a job expected to fail and checks the error contract on every rank.
 fn fails(t: Transport, np: usize, args: &[&str], needles: &[&str]) -> Run {

@@ -2,14 +2,12 @@
 //! SIGTERM at a step boundary, exact resumption across rank counts, meshes and
 //! transports, fingerprint checks, tail policies, the memory budget and a soak test
 //! (over MPI and UCX), bounded memory with and without prefetch, and a rank SIGKILLed
-//! under mpirun (UCX: tests/ucx.rs).
-
-mod common;
+//! under mpirun (UCX: tests/behaviour/ucx.rs).
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common::*;
 
 /// Global batches of a dump as (epoch, step) → ids of the given ranks' rows, in rank order.
 fn ids_by_step(dir: &std::path::Path, np: usize, ranks: &[usize]) -> BTreeMap<(u64, u64), Vec<u64>> {
@@ -24,7 +22,7 @@ fn ids_by_step(dir: &std::path::Path, np: usize, ranks: &[usize]) -> BTreeMap<(u
 }
 
 fn gen(dir: &std::path::Path, samples: &str, field: &str) {
-    Gen::new("npy", samples.parse().unwrap()).field(field).write(dir);
+    Dataset::gen("npy", samples.parse().unwrap()).field(field).write(dir);
 }
 
 #[test]
@@ -206,7 +204,7 @@ over_transports! {
 }
 
 /// Peak RSS (max over ranks) of one epoch, keeping nothing in memory (what the window
-/// budget alone bounds; the strategies' budgets: tests/memory.rs).
+/// budget alone bounds; the strategies' budgets: tests/behaviour/memory.rs).
 fn peak_rss(data: &std::path::Path, window: &str, prefetch: usize) -> u64 {
     let d = data.to_str().unwrap();
     let p = prefetch.to_string();

@@ -4,15 +4,13 @@
 //! error naming the file and the reason on every rank — never zeros, a skip, a panic or a
 //! hang; over MPI and over UCX.
 
-mod common;
-
 use std::io::BufRead;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common::*;
 
 fn data(p: &Path) -> &str {
     p.to_str().unwrap()
@@ -20,7 +18,7 @@ fn data(p: &Path) -> &str {
 
 /// `meshfeed gen` into `dir`.
 fn gen(dir: &Path, format: &str, samples: &str, files: &str, fields: &[&str]) {
-    let g = Gen::new(format, samples.parse().unwrap()).files(files.parse().unwrap());
+    let g = Dataset::gen(format, samples.parse().unwrap()).files(files.parse().unwrap());
     fields.iter().fold(g, |g, f| g.field(f)).write(dir);
 }
 
@@ -438,8 +436,9 @@ fn dir_bytes(dir: &Path) -> u64 {
 
 /// Arrow reads are proportional to the rows a window needs, not to the record batches
 /// holding them: peak RSS stays within the documented bound for data 12× and 48× the
-/// window per rank (as for .npy in tests/reliability.rs), and an epoch reads at most about
-/// twice the dataset (it used to decode every batch a window touched: 60× here).
+/// window per rank (as for .npy in tests/behaviour/reliability.rs), and an epoch reads at
+/// most about twice the dataset (it used to decode every batch a window touched: 60×
+/// here).
 #[test]
 fn arrow_memory_and_reads_are_bounded_by_the_window() {
     let out = tempdir();

@@ -3,13 +3,11 @@
 //! that cannot be written and resume points outside the job are refused before anything
 //! is delivered; and output nobody reads does not fail a job.
 
-mod common;
-
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 
 /// Starts one rank per argument list over `t`: under MPI one MPMD `mpirun`, under UCX the
 /// ranks one by one as a launcher would. One `Run`: the first non-zero exit code, the
@@ -54,7 +52,7 @@ fn run_per_rank(t: Transport, per_rank: &[Vec<&str>]) -> Run {
 
 fn generated() -> tempfile::TempDir {
     let dir = tempdir();
-    Gen::new("npy", 600).field("x:f32:4").write(&dir.path().join("d"));
+    Dataset::gen("npy", 600).field("x:f32:4").write(&dir.path().join("d"));
     dir
 }
 

@@ -2,8 +2,6 @@
 //! arbitrary strings for every spec parser. Nothing may panic, hang or allocate what a
 //! file merely claims; every failure is an error naming the file.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 
 use meshfeed::dataset::{gen, DType, Dataset, Field, FieldKind, Format};
@@ -210,7 +208,7 @@ fn mutated_hdf5_files_fail_cleanly() {
             bytes.truncate((next() % bytes.len() as u64) as usize);
         }
         std::fs::write(&path, &bytes).unwrap();
-        let run = common::meshfeed(&["inspect", "--data", dir.path().to_str().unwrap()]);
+        let run = crate::common::meshfeed(&["inspect", "--data", dir.path().to_str().unwrap()]);
         assert!(run.code == 0 || run.code == 1, "case {case}: exit {} (crash?)\n{}", run.code, run.stderr);
         if run.code == 1 {
             assert!(run.stderr.contains("part-00000.h5"), "case {case}: {}", run.stderr);

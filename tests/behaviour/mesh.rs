@@ -3,12 +3,10 @@
 //! bytes numpy wrote (`xyz_rows/*.bin`), for npy, HDF5 and Arrow inputs, with the fused
 //! and the two-phase exchange.
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use common::*;
+use crate::common::*;
 
 const B: usize = 8;
 
@@ -212,23 +210,13 @@ fn expected_line(
 }
 
 fn run_case(t: Transport, data: &Path, case: &Case, exchange: &str, dump: &Path) {
-    let mut args = vec!["run", "--data", data.to_str().unwrap(), "--batch-size", "8", "--seed", "9", "--epochs", "2"];
-    args.extend([
-        "--mesh",
-        case.mesh,
-        "--exchange",
-        exchange,
-        "--window-bytes",
-        "1K",
-        "--dump",
-        dump.to_str().unwrap(),
-    ]);
+    let mut job =
+        Job::new(data).batch(8).seed(9).epochs(2).mesh(case.mesh).opt("--exchange", exchange).window("1K").dump(dump);
     if let Some(o) = case.order {
-        args.extend(["--mesh-order", o]);
+        job = job.opt("--mesh-order", o);
     }
-    let k = case.k.to_string();
     if case.k > 1 {
-        args.extend(["--devices-per-process", &k]);
+        job = job.opt("--devices-per-process", case.k);
     }
     let pairs: Vec<String> = case
         .shard
@@ -237,10 +225,9 @@ fn run_case(t: Transport, data: &Path, case: &Case, exchange: &str, dump: &Path)
         .chain(case.stages.iter().map(|(f, s)| format!("{f}={s}")))
         .collect();
     for (i, p) in pairs.iter().enumerate() {
-        args.push(if i < case.shard.len() { "--shard" } else { "--stages" });
-        args.push(p);
+        job = job.opt(if i < case.shard.len() { "--shard" } else { "--stages" }, p);
     }
-    ok(&t.run(case.np, &args));
+    ok(&job.over(t, case.np));
 }
 
 fn check_format(t: Transport, format: &str, exchanges: &[&str]) {
@@ -253,22 +240,7 @@ fn check_format(t: Transport, format: &str, exchanges: &[&str]) {
     // The reference global batches: one process, data parallel.
     let out = tempdir();
     let refdump = out.path().join("ref");
-    ok(&t.run(
-        1,
-        &[
-            "run",
-            "--data",
-            data.to_str().unwrap(),
-            "--batch-size",
-            "8",
-            "--seed",
-            "9",
-            "--epochs",
-            "2",
-            "--dump",
-            refdump.to_str().unwrap(),
-        ],
-    ));
+    ok(&Job::new(&data).batch(8).seed(9).epochs(2).dump(&refdump).over(t, 1));
     let reference = read_dump(&refdump, 1).remove(0);
     assert_eq!(reference.len(), 2 * (101 / B));
     for case in CASES {
@@ -319,24 +291,8 @@ over_transports! {
 
     fn verify_with_meshes_on_generated_data(t: Transport) {
         let out = tempdir();
-        let data = out.path().join("g");
-        ok(&meshfeed(&[
-            "gen",
-            "--format",
-            "arrow",
-            "--samples",
-            "500",
-            "--files",
-            "2",
-            "--field",
-            "x:f32:4x6",
-            "--field",
-            "y:i64",
-            "--field",
-            "t:bytes",
-            "--out",
-            data.to_str().unwrap(),
-        ]));
+        let data =
+            Dataset::gen("arrow", 500).files(2).field("x:f32:4x6").field("y:i64").field("t:bytes").write(&out.path().join("g"));
         for (np, mesh, specs) in [
             (4, "dp=2,tp=2", vec!["--shard", "x=dp,-,tp"]),
             (4, "dp=2,fsdp=2", vec!["--shard", "x=dp+fsdp", "--shard", "y=dp+fsdp", "--shard", "t=dp+fsdp"]),
@@ -349,22 +305,8 @@ over_transports! {
             ),
         ] {
             for exchange in ["fused", "two-phase"] {
-                let mut args = vec![
-                    "run",
-                    "--data",
-                    data.to_str().unwrap(),
-                    "--batch-size",
-                    "16",
-                    "--mesh",
-                    mesh,
-                    "--exchange",
-                    exchange,
-                    "--verify",
-                    "--window-bytes",
-                    "2K",
-                ];
-                args.extend(&specs);
-                let run = t.run(np, &args);
+                let job = Job::new(&data).batch(16).mesh(mesh).opt("--exchange", exchange);
+                let run = job.args(["--verify"]).window("2K").args(&specs).over(t, np);
                 ok(&run);
                 assert!(run.stdout.contains("contents match the generator"), "{}", run.stdout);
                 assert!(run.stdout.contains(&format!("{exchange} exchange")), "{}", run.stdout);
@@ -463,22 +405,7 @@ over_transports! {
 #[test]
 fn bench_compares_fused_two_phase_and_naive() {
     let out = tempdir();
-    let data = out.path().join("g");
-    ok(&meshfeed(&[
-        "gen",
-        "--format",
-        "npy",
-        "--samples",
-        "2000",
-        "--files",
-        "2",
-        "--field",
-        "x:f32:8x16",
-        "--field",
-        "y:i64",
-        "--out",
-        data.to_str().unwrap(),
-    ]));
+    let data = Dataset::gen("npy", 2000).files(2).field("x:f32:8x16").field("y:i64").write(&out.path().join("g"));
     let run = mpirun(
         4,
         &[
