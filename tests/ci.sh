@@ -17,7 +17,7 @@ RUSTDOCFLAGS="-D warnings" cargo doc --release -p meshfeed --no-deps --document-
 mapfile -t scripts < <(git ls-files '*.sh' '*.sbatch')
 shellcheck -S warning "${scripts[@]}" .ci/run
 .venv/bin/ruff check .
-.venv/bin/mypy python/pysrc/meshfeed
+.venv/bin/mypy --strict python/pysrc/meshfeed
 cargo build --release --workspace --all-targets
 # The Python package (python/, PyO3 + maturin), installed the way users install it, before
 # any test: tests/emulation/launchers.rs runs the Ray Train example, which imports it,

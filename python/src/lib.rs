@@ -1,20 +1,23 @@
 //! `meshfeed._meshfeed`: the extension module under the `meshfeed` Python package. It is
-//! thin on purpose: options arrive as the job file's keys (JSON from the Python side),
-//! batches leave as plain tuples whose field buffers are handed over without a copy
-//! (`FieldBuffer`, the buffer protocol), and everything else — arrays, the mapping, state
-//! dicts, exceptions' classes — is Python in `pysrc/meshfeed`.
+//! thin on purpose: options arrive as a dict of the job file's keys, converted by serde
+//! (`pythonize`) into the one job declaration, [`JobFile`]; states and the layout leave
+//! and arrive as Python objects the same way; a batch leaves as a [`Batch`] whose tensor
+//! fields are [`FieldBuffer`]s, handed over without a copy through the buffer protocol
+//! with their element format and shape (so numpy needs no dtype table). The mapping,
+//! the framework hand-offs and the exceptions' use are Python in `pysrc/meshfeed`.
 
-use std::ffi::{c_int, c_void};
+use std::ffi::{c_int, c_void, CStr};
 use std::path::Path;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
 use pyo3::exceptions::PyBufferError;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyList, PyTuple};
+use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
+use pythonize::{depythonize, pythonize};
 
 use meshfeed::config::{read_small_file, Job, JobFile, TransportKind, JOB_FILE_LIMIT};
-use meshfeed::dataset::FieldKind;
+use meshfeed::dataset::{DType, FieldKind};
 use meshfeed::loader::{FieldData, LoaderState};
 use meshfeed::runtime::Runtime;
 use meshfeed::types::Epoch;
@@ -110,6 +113,41 @@ fn with_runtime<T>(
     f(runtime)
 }
 
+/// What Python sees of a loader's layout: the mesh's axes (name, size), each device's
+/// coordinate (device `d` is driven by rank `d / devices_per_process`), devices per
+/// process, this rank's local rank and the number of ranks on its host, per field its
+/// name, dtype (`None`: variable length), shape and the mesh axes splitting each
+/// dimension of `[batch, *shape]`, and the read plan.
+#[derive(serde::Serialize)]
+struct Layout<'a> {
+    mesh: Vec<(&'a str, usize)>,
+    device_coords: Vec<Vec<usize>>,
+    devices_per_process: usize,
+    local_rank: usize,
+    local_size: usize,
+    fields: Vec<FieldLayout<'a>>,
+    read: ReadLayout<'a>,
+}
+
+#[derive(serde::Serialize)]
+struct FieldLayout<'a> {
+    name: &'a str,
+    dtype: Option<&'static str>,
+    shape: Option<Vec<usize>>,
+    dims: Vec<Vec<&'a str>>,
+}
+
+/// How the ranks read their home ranges: the strategy, its passes per epoch, whether
+/// what does not fit is spilled, this rank's resident rows and why.
+#[derive(serde::Serialize)]
+struct ReadLayout<'a> {
+    strategy: &'static str,
+    passes: Option<u64>,
+    spill: bool,
+    resident_rows: Option<u64>,
+    reason: &'a str,
+}
+
 /// A distributed loader (the Rust `meshfeed::loader::Loader`).
 #[pyclass(module = "meshfeed._meshfeed")]
 struct Loader {
@@ -192,13 +230,14 @@ fn epoch_arg(value: &Bound<'_, PyAny>) -> PyResult<u64> {
 
 #[pymethods]
 impl Loader {
-    /// Opens a loader from the job file's keys, as a JSON object; over UCX, `bootstrap`
-    /// (rank, world size, all_gather) joins the job through a framework's store.
+    /// Opens a loader from a dict of the job file's keys ([`JobFile`], unknown keys
+    /// refused); over UCX, `bootstrap` (rank, world size, all_gather) joins the job
+    /// through a framework's store.
     #[new]
-    #[pyo3(signature = (options_json, bootstrap=None))]
-    fn new(py: Python<'_>, options_json: &str, bootstrap: Option<Bootstrap>) -> PyResult<Loader> {
-        let file: JobFile = serde_json::from_str(options_json)
-            .map_err(|e| ConfigError::new_err(format!("invalid loader options: {e}")))?;
+    #[pyo3(signature = (options, bootstrap=None))]
+    fn new(py: Python<'_>, options: &Bound<'_, PyAny>, bootstrap: Option<Bootstrap>) -> PyResult<Loader> {
+        let file: JobFile =
+            depythonize(options).map_err(|e| ConfigError::new_err(format!("invalid loader options: {e}")))?;
         Loader::open(py, file, bootstrap)
     }
 
@@ -214,16 +253,12 @@ impl Loader {
         Loader::open(py, file.relative_to(path.parent().unwrap_or(Path::new("."))), bootstrap)
     }
 
-    /// The loader's layout as JSON: mesh axes (name, size), each device's coordinate (device
-    /// `d` is driven by rank `d / devices_per_process`), devices per process, this
-    /// rank's local rank and the ranks on its host, and per field its name, dtype (null:
-    /// variable length), shape and the mesh axes splitting each dimension of
-    /// `[batch, *shape]`.
-    fn layout_json(&self) -> PyResult<String> {
+    /// The loader's [`Layout`] as a dict.
+    fn layout<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         self.with(|l| {
             let mesh = l.mesh();
-            let axes: Vec<(&String, usize)> = mesh.names().iter().zip(mesh.sizes().iter().copied()).collect();
-            let fields: Vec<serde_json::Value> = l
+            let names = mesh.names();
+            let fields = l
                 .dataset()
                 .fields()
                 .iter()
@@ -233,33 +268,31 @@ impl Loader {
                         FieldKind::Tensor { dtype, shape } => (Some(dtype.name()), Some(shape.clone())),
                         FieldKind::Bytes { .. } => (None, None),
                     };
-                    let dims: Vec<Vec<&String>> =
-                        s.dims.iter().map(|axes| axes.iter().map(|&a| &mesh.names()[a]).collect()).collect();
-                    serde_json::json!({"name": f.name, "dtype": dtype, "shape": shape, "dims": dims})
+                    let dims = s.dims.iter().map(|axes| axes.iter().map(|&a| names[a].as_str()).collect()).collect();
+                    FieldLayout { name: &f.name, dtype, shape, dims }
                 })
                 .collect();
             let (local_rank, local_size) = l.local_rank();
-            let device_coords: Vec<Vec<usize>> =
-                (0..mesh.devices()).map(|d| mesh.coords(meshfeed::types::Rank(d))).collect();
-            Ok(serde_json::json!({
-                "mesh": axes,
-                "device_coords": device_coords,
-                "devices_per_process": l.options().layout.devices_per_process,
-                "local_rank": local_rank,
-                "local_size": local_size,
-                "fields": fields,
-                "read": serde_json::json!({
-                    "strategy": l.read_plan().strategy.name(),
-                    "passes": match l.read_plan().strategy {
+            let plan = l.read_plan();
+            let layout = Layout {
+                mesh: names.iter().map(String::as_str).zip(mesh.sizes().iter().copied()).collect(),
+                device_coords: (0..mesh.devices()).map(|d| mesh.coords(meshfeed::types::Rank(d))).collect(),
+                devices_per_process: l.options().layout.devices_per_process,
+                local_rank,
+                local_size,
+                fields,
+                read: ReadLayout {
+                    strategy: plan.strategy.name(),
+                    passes: match plan.strategy {
                         meshfeed::plan::Strategy::Passes { passes } => Some(passes),
                         _ => None,
                     },
-                    "spill": l.read_plan().spill,
-                    "resident_rows": l.read_plan().resident.get(l.rank().0),
-                    "reason": l.read_plan().reason,
-                }),
-            })
-            .to_string())
+                    spill: plan.spill,
+                    resident_rows: plan.resident.get(l.rank().0).copied(),
+                    reason: &plan.reason,
+                },
+            };
+            pythonize(py, &layout).map_err(|e| InternalError::new_err(format!("layout: {e}")))
         })
     }
 
@@ -284,11 +317,9 @@ impl Loader {
         })
     }
 
-    /// The next batch of the epoch as `(epoch, step, coords, ids, fields, global_rows)`, or
-    /// `None` at the epoch's end; `ids` are int64 bytes, each field is `(name, dtype, shape,
-    /// buffer)` (tensors) or `(name, None, None, [bytes, ...])` (variable length), and
-    /// `global_rows` is the global batch's size. The GIL is released while it waits.
-    fn next_batch<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyTuple>>> {
+    /// The next batch of the epoch, or `None` at the epoch's end. The GIL is released
+    /// while it waits.
+    fn next_batch(&self, py: Python<'_>) -> PyResult<Option<Batch>> {
         let Some((batch, rows)) = self.with(|l| {
             let batch = py.allow_threads(|| l.next_batch());
             let batch = self.outcome(batch)?;
@@ -302,38 +333,35 @@ impl Loader {
         };
         let (epoch, step, coords) = (batch.epoch().0, batch.step().0, batch.coords().to_vec());
         let ids: Vec<u8> = batch.ids().iter().flat_map(|id| (id.0 as i64).to_le_bytes()).collect();
-        let fields = PyList::empty(py);
+        let ids = FieldBuffer::new(Bytes::Owned(ids), DType::I64, vec![batch.ids().len()])?;
+        let fields = PyDict::new(py);
         for data in batch.into_fields() {
             let name = data.field().name.clone();
-            let dtype = match &data.field().kind {
-                FieldKind::Tensor { dtype, .. } => Some(dtype.name()),
-                FieldKind::Bytes { .. } => None,
-            };
-            let item = match (dtype, data.shape()) {
-                (Some(dtype), Some(shape)) => {
-                    let buffer = Bound::new(py, FieldBuffer { data })?;
-                    (name, Some(dtype), Some(shape), buffer.into_any()).into_pyobject(py)?
+            match (&data.field().kind, data.shape()) {
+                (FieldKind::Tensor { dtype, .. }, Some(shape)) => {
+                    let dtype = *dtype;
+                    fields.set_item(name, FieldBuffer::new(Bytes::Field(data), dtype, shape)?)?;
                 }
                 _ => {
-                    let rows: Vec<Bound<'py, PyBytes>> =
+                    let rows: Vec<Bound<'_, PyBytes>> =
                         (0..data.rows()).map(|i| PyBytes::new(py, data.row(i))).collect();
-                    (name, None::<&str>, None::<Vec<usize>>, PyList::new(py, rows)?.into_any()).into_pyobject(py)?
+                    fields.set_item(name, PyList::new(py, rows)?)?;
                 }
-            };
-            fields.append(item)?;
+            }
         }
-        Ok(Some((epoch, step, coords, PyBytes::new(py, &ids), fields, rows).into_pyobject(py)?))
+        Ok(Some(Batch { epoch, step, coords, global_rows: rows, ids: Py::new(py, ids)?, fields: fields.unbind() }))
     }
 
-    /// The loader's state ([`LoaderState`]) as JSON.
-    fn state_json(&self) -> PyResult<String> {
-        self.with(|l| serde_json::to_string(&l.state()).map_err(|e| InternalError::new_err(format!("state: {e}"))))
+    /// The loader's state ([`LoaderState`]) as a dict.
+    fn state<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let state = self.with(|l| Ok(l.state()))?;
+        pythonize(py, &state).map_err(|e| InternalError::new_err(format!("state: {e}")))
     }
 
-    /// Continues where a state from `state_json` (of any rank count) says.
-    fn load_state_json(&self, py: Python<'_>, state: &str) -> PyResult<()> {
+    /// Continues where a state from `state` (of any rank count) says.
+    fn load_state(&self, py: Python<'_>, state: &Bound<'_, PyAny>) -> PyResult<()> {
         let state: LoaderState =
-            serde_json::from_str(state).map_err(|e| ConfigError::new_err(format!("invalid loader state: {e}")))?;
+            depythonize(state).map_err(|e| ConfigError::new_err(format!("invalid loader state: {e}")))?;
         self.with(|l| {
             let sought = py.allow_threads(|| l.seek(&state));
             self.outcome(sought)
@@ -352,15 +380,125 @@ impl Loader {
     }
 }
 
-/// One field's bytes, owned, exposed read-only through the buffer protocol: numpy arrays
-/// are views of it (`numpy.frombuffer`), and keep it alive.
+/// This rank's part of one global batch: the global batch's position, this rank's
+/// coordinates, the rows' sample ids (int64) and the fields received, by name: a
+/// [`FieldBuffer`] per tensor field, a list of `bytes` per variable-length one.
+#[pyclass(module = "meshfeed._meshfeed", frozen)]
+struct Batch {
+    #[pyo3(get)]
+    epoch: u64,
+    #[pyo3(get)]
+    step: u64,
+    coords: Vec<usize>,
+    /// The size of the global batch (smaller for a `partial` tail).
+    #[pyo3(get)]
+    global_rows: usize,
+    #[pyo3(get)]
+    ids: Py<FieldBuffer>,
+    fields: Py<PyDict>,
+}
+
+#[pymethods]
+impl Batch {
+    /// This rank's coordinate on each mesh axis (of its first device).
+    #[getter]
+    fn coords<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+        PyTuple::new(py, &self.coords)
+    }
+
+    /// The fields, by name, in the dataset's order (a fresh dict of the same objects).
+    #[getter]
+    fn fields<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        self.fields.bind(py).copy()
+    }
+}
+
+/// The bytes behind a [`FieldBuffer`].
+enum Bytes {
+    Field(FieldData),
+    Owned(Vec<u8>),
+}
+
+impl Bytes {
+    fn as_slice(&self) -> &[u8] {
+        match self {
+            Bytes::Field(f) => f.bytes(),
+            Bytes::Owned(v) => v,
+        }
+    }
+}
+
+/// The buffer protocol's (struct module's) format of a dtype: meshfeed delivers
+/// little-endian values.
+fn buffer_format(dtype: DType) -> &'static CStr {
+    match dtype {
+        DType::Bool => c"?",
+        DType::U8 => c"B",
+        DType::I8 => c"b",
+        DType::U16 => c"<H",
+        DType::I16 => c"<h",
+        DType::U32 => c"<I",
+        DType::I32 => c"<i",
+        DType::U64 => c"<Q",
+        DType::I64 => c"<q",
+        DType::F16 => c"<e",
+        DType::F32 => c"<f",
+        DType::F64 => c"<d",
+    }
+}
+
+/// One tensor's bytes, owned, exposed read-only through the buffer protocol as a C-order
+/// array of its dtype and shape: `numpy.asarray`, `memoryview` and friends view it without
+/// a copy, and keep it alive.
 #[pyclass(module = "meshfeed._meshfeed", frozen)]
 struct FieldBuffer {
-    data: FieldData,
+    bytes: Bytes,
+    dtype: DType,
+    /// The shape and C-order strides in bytes, as the buffer protocol reads them: they
+    /// live (and never move) as long as this object, which every view references.
+    shape: Box<[pyo3::ffi::Py_ssize_t]>,
+    strides: Box<[pyo3::ffi::Py_ssize_t]>,
+}
+
+impl FieldBuffer {
+    fn new(bytes: Bytes, dtype: DType, shape: Vec<usize>) -> PyResult<FieldBuffer> {
+        let items: Option<usize> = shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d));
+        if items.and_then(|n| n.checked_mul(dtype.size())) != Some(bytes.as_slice().len()) {
+            return Err(InternalError::new_err(format!(
+                "a field of {} bytes is not a {} array of shape {shape:?}",
+                bytes.as_slice().len(),
+                dtype.name()
+            )));
+        }
+        let size = |n: usize| {
+            pyo3::ffi::Py_ssize_t::try_from(n).map_err(|_| InternalError::new_err("a field too large for Python"))
+        };
+        let mut strides = vec![0; shape.len()];
+        let mut stride = dtype.size();
+        for (s, &d) in strides.iter_mut().zip(&shape).rev() {
+            *s = size(stride)?;
+            stride = stride.saturating_mul(d);
+        }
+        let shape = shape.into_iter().map(size).collect::<PyResult<Vec<_>>>()?;
+        Ok(FieldBuffer { bytes, dtype, shape: shape.into(), strides: strides.into() })
+    }
 }
 
 #[pymethods]
 impl FieldBuffer {
+    /// The element type, as meshfeed names it (`f32`, `i64`, ...).
+    #[getter]
+    fn dtype(&self) -> &'static str {
+        self.dtype.name()
+    }
+
+    /// The array's shape, `(rows, *slice)`.
+    #[getter]
+    fn shape<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+        PyTuple::new(py, self.shape.iter())
+    }
+
+    /// The buffer protocol: a read-only C-order array of the dtype's format and the shape.
     unsafe fn __getbuffer__(slf: Bound<'_, Self>, view: *mut pyo3::ffi::Py_buffer, flags: c_int) -> PyResult<()> {
         use pyo3::ffi;
         if view.is_null() {
@@ -369,25 +507,31 @@ impl FieldBuffer {
         if flags & ffi::PyBUF_WRITABLE == ffi::PyBUF_WRITABLE {
             return Err(PyBufferError::new_err("meshfeed batches are read-only"));
         }
-        let bytes = slf.get().data.bytes();
-        // SAFETY: `view` is the caller's; the bytes live as long as `obj` (this object,
-        // referenced by the view), and a frozen FieldBuffer never changes them.
+        let this = slf.get();
+        let bytes = this.bytes.as_slice();
+        // SAFETY: `view` is the caller's; the bytes, the format, the shape and the
+        // strides live as long as `obj` (this object, referenced by the view), and a
+        // frozen FieldBuffer never changes them. Without PyBUF_ND the consumer reads the
+        // (C-contiguous) bytes as one run, as numpy's own buffers do.
         unsafe {
             (*view).obj = slf.clone().into_any().into_ptr();
             (*view).buf = bytes.as_ptr() as *mut c_void;
             (*view).len = bytes.len() as ffi::Py_ssize_t;
             (*view).readonly = 1;
-            (*view).itemsize = 1;
+            (*view).itemsize = this.dtype.size() as ffi::Py_ssize_t;
             (*view).format = if flags & ffi::PyBUF_FORMAT == ffi::PyBUF_FORMAT {
-                c"B".as_ptr() as *mut _
+                buffer_format(this.dtype).as_ptr() as *mut _
             } else {
                 std::ptr::null_mut()
             };
-            (*view).ndim = 1;
-            (*view).shape =
-                if flags & ffi::PyBUF_ND == ffi::PyBUF_ND { &mut (*view).len } else { std::ptr::null_mut() };
+            (*view).ndim = this.shape.len() as c_int;
+            (*view).shape = if flags & ffi::PyBUF_ND == ffi::PyBUF_ND {
+                this.shape.as_ptr() as *mut _
+            } else {
+                std::ptr::null_mut()
+            };
             (*view).strides = if flags & ffi::PyBUF_STRIDES == ffi::PyBUF_STRIDES {
-                &mut (*view).itemsize
+                this.strides.as_ptr() as *mut _
             } else {
                 std::ptr::null_mut()
             };
@@ -400,8 +544,8 @@ impl FieldBuffer {
     unsafe fn __releasebuffer__(&self, _view: *mut pyo3::ffi::Py_buffer) {}
 }
 
-/// Refuses an epoch out of range (as `set_epoch` does): for a state's epoch, checked
-/// before its JSON would turn a number beyond 64 bits into a float.
+/// Refuses an epoch out of range (as `set_epoch` does): a state's epoch, checked before
+/// the state is, so that the message is the same as `set_epoch`'s.
 #[pyfunction]
 fn check_epoch(epoch: &Bound<'_, PyAny>) -> PyResult<()> {
     meshfeed::loader::check_epoch(epoch_arg(epoch)?).map_err(error)
@@ -419,10 +563,19 @@ fn shutdown(py: Python<'_>) {
     py.allow_threads(|| drop(runtime));
 }
 
+/// Every key of a job file, sorted ([`JobFile::keys`]): what `Loader`'s keyword
+/// arguments are checked against.
+#[pyfunction]
+fn job_keys() -> Vec<String> {
+    JobFile::keys()
+}
+
 #[pymodule]
 fn _meshfeed(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Loader>()?;
+    m.add_class::<Batch>()?;
     m.add_class::<FieldBuffer>()?;
+    m.add_function(wrap_pyfunction!(job_keys, m)?)?;
     m.add_function(wrap_pyfunction!(shutdown, m)?)?;
     m.add_function(wrap_pyfunction!(check_epoch, m)?)?;
     m.add("Error", m.py().get_type::<Error>())?;

@@ -1,4 +1,4 @@
-//! Launching without mpirun: the Ray launcher (launch/ray_launch.py, real Ray) and the
+//! Launching without mpirun: the Ray launcher (`python -m meshfeed.launch.ray`, real Ray) and the
 //! Kubernetes Indexed Job (manifest validated offline, emulated with namespaces by
 //! launch/k8s/emulate.sh) produce the same dump as mpirun; their own checkers pass.
 
@@ -67,7 +67,7 @@ fn ray_job_produces_the_mpirun_dump() {
     let want = mpirun_dump(4, &argv, &out.path().join("mpi"));
     let dump = out.path().join("ray");
     let run = Command::new(python())
-        .arg(repo("launch/ray_launch.py"))
+        .args(["-m", "meshfeed.launch.ray"])
         .args(["-n", "4", "--timeout", "120", "--", bin()])
         .args(&args)
         .args(["--transport", "ucx", "--dump", dump.to_str().unwrap()])
@@ -182,11 +182,11 @@ fn a_two_node_ray_cluster_runs_the_launcher_and_ray_train() {
     {
         let nodes = RayNodes::up(2);
         let dump = out.path().join("ray");
-        let launcher = repo("launch/ray_launch.py");
-        let mut cmd = vec!["python", &launcher, "-n", "4", "--address", "auto", "--timeout", "120", "--", bin()];
+        let mut cmd = vec!["python", "-m", "meshfeed.launch.ray"];
+        cmd.extend(["-n", "4", "--address", "auto", "--timeout", "120", "--", bin()]);
         cmd.extend(&argv);
         cmd.extend(["--transport", "ucx", "--dump", dump.to_str().unwrap()]);
-        let run = nodes.exec(0, &cmd, "ray_launch.py on the cluster");
+        let run = nodes.exec(0, &cmd, "meshfeed.launch.ray on the cluster");
         ok(&run);
         assert!(run.stdout.contains("ray_launch: all 4 ranks succeeded"), "{}", run.stdout);
         // SPREAD: two ranks on each node. Rank 0 may land on either; the ranks on the

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""Checks launch/ray_launch.py with small fake rank commands (no meshfeed needed).
+"""Checks the Ray launcher, `python -m meshfeed.launch.ray`, with small fake rank
+commands (the ranks need no meshfeed).
 
-Run with the Python that has ray installed:
+Run with the Python that has ray and the meshfeed package installed:
 
     .venv/bin/python tests/launch/check_ray.py
 
@@ -17,9 +18,9 @@ import sys
 import tempfile
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-LAUNCHER = os.path.normpath(os.path.join(HERE, "..", "..", "launch", "ray_launch.py"))
 PY = sys.executable
+# The launcher, run as a module of the installed package.
+LAUNCHER = [PY, "-m", "meshfeed.launch.ray"]
 
 # A fake rank: installs a SIGTERM handler (writes term-R, prints a line, exits 143),
 # prints its contract variables and one line on stderr, writes up-R, then acts on
@@ -71,7 +72,7 @@ def launch(args, env_extra=None, timeout=60):
     env.update(env_extra or {})
     t0 = time.monotonic()
     p = subprocess.run(
-        [PY, LAUNCHER] + args,
+        LAUNCHER + args,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         env=env,
@@ -224,8 +225,14 @@ CASES = [
 
 
 def main():
-    if not os.path.exists(LAUNCHER):
-        print("launcher not found: %s" % LAUNCHER)
+    try:
+        import importlib.util
+
+        found = importlib.util.find_spec("meshfeed.launch.ray") is not None
+    except ImportError:
+        found = False
+    if not found:
+        print("launcher not found: meshfeed.launch.ray (pip install ./python into %s's environment)" % PY)
         print("0 passed, 1 failed")
         return 1
     t0 = time.monotonic()

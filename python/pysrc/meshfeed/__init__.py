@@ -18,6 +18,10 @@ asynchronous copies to a GPU) and :func:`meshfeed.jax.make_global` (global ``jax
 s for a ``jax.sharding.Mesh``; with ``devices_per_process=K``, one process drives K
 devices).
 
+Types: the enumerated options are ``Literal`` s and the job's options, the loader's state
+and layout ``TypedDict`` s, in :mod:`meshfeed.options`. Launching on Ray, one actor per
+rank: ``python -m meshfeed.launch.ray`` (imports Ray only when run).
+
 Errors are :class:`Error` subclasses (:class:`DataError`, :class:`ConfigError`,
 :class:`TransportError`, :class:`VerifyError`, :class:`MisuseError`,
 :class:`InternalError`), raised on every rank with the same class and message.
@@ -34,15 +38,15 @@ cannot continue after that, and the process should end.
 from __future__ import annotations
 
 import atexit
-import json
 import operator
 import os
 import sys
 import weakref
-from collections.abc import Mapping
-from typing import Any, Iterator, Optional, Sequence, Union
+from collections.abc import Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Optional, SupportsIndex, Union, cast
 
 import numpy as np
+import numpy.typing as npt
 
 from . import _meshfeed
 from ._meshfeed import (
@@ -54,10 +58,29 @@ from ._meshfeed import (
     TransportError,
     VerifyError,
 )
+from .options import (
+    Bootstrap,
+    Exchange,
+    JobOptions,
+    Layout,
+    LoaderState,
+    LocalReads,
+    ReadPlan,
+    ReadStrategy,
+    Stage,
+    Tail,
+    Transport,
+)
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = [
     "Loader",
     "Batch",
+    "FieldValue",
+    "LoaderState",
+    "JobOptions",
     "Error",
     "DataError",
     "ConfigError",
@@ -67,24 +90,16 @@ __all__ = [
     "InternalError",
 ]
 
-# meshfeed dtype names -> numpy dtypes (little-endian, as meshfeed delivers them).
-_DTYPES = {
-    "bool": np.dtype("?"),
-    "u8": np.dtype("u1"),
-    "i8": np.dtype("i1"),
-    "u16": np.dtype("<u2"),
-    "i16": np.dtype("<i2"),
-    "u32": np.dtype("<u4"),
-    "i32": np.dtype("<i4"),
-    "u64": np.dtype("<u8"),
-    "i64": np.dtype("<i8"),
-    "f16": np.dtype("<f2"),
-    "f32": np.dtype("<f4"),
-    "f64": np.dtype("<f8"),
-}
+#: A field of a batch: a tensor field's array (``[rows, *slice]``, read-only), or a
+#: variable-length field's values, one ``bytes`` per row.
+FieldValue = Union["npt.NDArray[Any]", "list[bytes]"]
+#: A path argument: ``str``, ``bytes`` or ``os.PathLike``.
+PathArg = Union[str, bytes, "os.PathLike[str]", "os.PathLike[bytes]"]
+#: A number of bytes: an integer (Python's or numpy's), or a string with a suffix ("64M").
+Size = Union[str, SupportsIndex]
 
 
-class Batch(Mapping):
+class Batch(Mapping[str, FieldValue]):
     """This rank's part of one global batch: a read-only mapping of field name to array.
 
     Attributes:
@@ -100,22 +115,19 @@ class Batch(Mapping):
 
     __slots__ = ("ids", "epoch", "step", "coords", "global_rows", "_fields", "_loader")
 
-    def __init__(self, raw: tuple, loader: Optional["Loader"] = None) -> None:
-        epoch, step, coords, ids, fields, global_rows = raw
-        self.epoch: int = epoch
-        self.step: int = step
-        self.coords: tuple = tuple(coords)
-        self.global_rows: int = global_rows
-        self.ids: np.ndarray = np.frombuffer(ids, dtype="<i8")
+    def __init__(self, raw: _meshfeed.Batch, loader: Optional[Loader] = None) -> None:
+        self.epoch: int = raw.epoch
+        self.step: int = raw.step
+        self.coords: tuple[int, ...] = raw.coords
+        self.global_rows: int = raw.global_rows
+        # The extension's buffers carry their dtype and shape: numpy views them as they are.
+        self.ids: npt.NDArray[np.int64] = np.asarray(raw.ids)
         self._loader = loader
-        self._fields: dict = {}
-        for name, dtype, shape, data in fields:
-            if dtype is None:
-                self._fields[name] = data
-            else:
-                self._fields[name] = np.frombuffer(data, dtype=_DTYPES[dtype]).reshape(shape)
+        self._fields: dict[str, FieldValue] = {
+            name: value if isinstance(value, list) else np.asarray(value) for name, value in raw.fields.items()
+        }
 
-    def __getitem__(self, name: str) -> Any:
+    def __getitem__(self, name: str) -> FieldValue:
         return self._fields[name]
 
     def __iter__(self) -> Iterator[str]:
@@ -131,7 +143,9 @@ class Batch(Mapping):
         )
         return f"Batch(epoch={self.epoch}, step={self.step}, rows={len(self.ids)}, {fields})"
 
-    def to_torch(self, device: Any = None, non_blocking: bool = True) -> dict:
+    def to_torch(
+        self, device: Union[str, torch.device, None] = None, non_blocking: bool = True
+    ) -> dict[str, Union[torch.Tensor, list[bytes]]]:
         """The batch as a dict of ``torch.Tensor`` (plus ``"ids"``, int64, unless a field
         has that name).
 
@@ -145,20 +159,23 @@ class Batch(Mapping):
         fields stay lists of ``bytes``.
         """
         import torch
+        from torch.utils.dlpack import from_dlpack
 
         if device is None:
             local = self._loader.local_rank if self._loader is not None else 0
             device = f"cuda:{local}" if torch.cuda.is_available() else "cpu"
         device = torch.device(device)
         # The sample ids as "ids", unless a field has that name (then they stay batch.ids).
-        items = ([] if "ids" in self._fields else [("ids", self.ids)]) + list(self._fields.items())
-        out = {}
+        items: list[tuple[str, FieldValue]] = [] if "ids" in self._fields else [("ids", self.ids)]
+        items += self._fields.items()
+        out: dict[str, Union[torch.Tensor, list[bytes]]] = {}
         for name, value in items:
-            if not isinstance(value, np.ndarray):
+            if isinstance(value, list):
                 out[name] = value
                 continue
-            # The ids live in an immutable bytes object: a tensor gets its own copy.
-            host = torch.from_numpy(value.copy()) if value is self.ids else torch.from_dlpack(value)
+            # The ids are read-only and shared by every user of the batch: a tensor gets
+            # its own copy.
+            host = torch.from_numpy(value.copy()) if value is self.ids else from_dlpack(value)
             if device.type == "cpu":
                 out[name] = host
             else:
@@ -174,10 +191,11 @@ class _PinnedPool:
     SLOTS = 3
 
     def __init__(self) -> None:
-        self._slots: dict = {}
-        self._next: dict = {}
+        # Per field, SLOTS entries of (pinned buffer, the event of its last copy).
+        self._slots: dict[str, list[Optional[tuple[torch.Tensor, Optional[torch.cuda.Event]]]]] = {}
+        self._next: dict[str, int] = {}
 
-    def copy_to(self, name: str, host: Any, device: Any, non_blocking: bool) -> Any:
+    def copy_to(self, name: str, host: torch.Tensor, device: torch.device, non_blocking: bool) -> torch.Tensor:
         import torch
 
         slots = self._slots.setdefault(name, [None] * self.SLOTS)
@@ -193,7 +211,7 @@ class _PinnedPool:
         pinned = buf[:nbytes].view(host.dtype).view(host.shape)
         pinned.copy_(host)
         on_device = pinned.to(device, non_blocking=non_blocking)
-        event = torch.cuda.Event()
+        event = torch.cuda.Event()  # type: ignore[no-untyped-call]  # torch leaves it unannotated
         event.record(torch.cuda.current_stream(device))
         slots[i] = (buf, event)
         return on_device
@@ -212,11 +230,16 @@ def _launcher_local_rank() -> Optional[int]:
 _exchanges = 0
 
 
-def _store_all_gather(kind: str, rank: int, world: int, set_: Any, get_all: Any) -> Any:
+AllGather = Callable[[bytes], "list[bytes]"]
+
+
+def _store_all_gather(
+    kind: str, rank: int, world: int, set_: Callable[[str, bytes], object], get_all: Callable[[list[str]], list[bytes]]
+) -> AllGather:
     """An all-gather of bytes over a key-value store, under a prefix that is fresh for each
     exchange and each restart of the job (torchrun's TORCHELASTIC_RESTART_COUNT)."""
 
-    def all_gather(payload: bytes) -> list:
+    def all_gather(payload: bytes) -> list[bytes]:
         global _exchanges
         _exchanges += 1
         restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
@@ -227,7 +250,7 @@ def _store_all_gather(kind: str, rank: int, world: int, set_: Any, get_all: Any)
     return all_gather
 
 
-def _bootstrap(transport: str, bootstrap: str) -> Optional[tuple]:
+def _bootstrap(transport: str, bootstrap: str) -> Optional[tuple[int, int, AllGather]]:
     """(rank, world, all_gather) over a framework's store, or None for the environment."""
     if bootstrap not in ("auto", "env", "torch", "jax"):
         raise ConfigError(f"bootstrap='{bootstrap}': expected auto, env, torch or jax")
@@ -244,7 +267,7 @@ def _bootstrap(transport: str, bootstrap: str) -> Optional[tuple]:
         store = dist.distributed_c10d._get_default_store()
         rank, world = dist.get_rank(), dist.get_world_size()
 
-        def get_all(keys: list) -> list:
+        def get_all(keys: list[str]) -> list[bytes]:
             store.wait(keys, timedelta(seconds=timeout))
             return [store.get(k) for k in keys]
 
@@ -256,10 +279,10 @@ def _bootstrap(transport: str, bootstrap: str) -> Optional[tuple]:
         if client is not None:
             rank, world = global_state.process_id, global_state.num_processes
 
-            def get_all(keys: list) -> list:
+            def jax_get_all(keys: list[str]) -> list[bytes]:
                 return [client.blocking_key_value_get_bytes(k, int(timeout * 1000)) for k in keys]
 
-            return rank, world, _store_all_gather("jax", rank, world, client.key_value_set_bytes, get_all)
+            return rank, world, _store_all_gather("jax", rank, world, client.key_value_set_bytes, jax_get_all)
     if bootstrap != "auto":
         init = "torch.distributed.init_process_group" if bootstrap == "torch" else "jax.distributed.initialize"
         raise ConfigError(
@@ -272,12 +295,19 @@ def _bootstrap(transport: str, bootstrap: str) -> Optional[tuple]:
 _live: "weakref.WeakSet[Loader]" = weakref.WeakSet()
 
 
-def _json_default(value: Any) -> Any:
-    """numpy integers (and anything else with ``__index__``) as Python ints in options
-    and states."""
-    if hasattr(value, "__index__") and not isinstance(value, bool):
+def _plain(value: Any) -> Any:
+    """Options and states as the extension reads them: numpy integers (anything with
+    ``__index__`` but a bool) as Python ints, mappings as dicts and tuples as lists, at
+    any depth; anything else as it is (the extension names what it cannot take)."""
+    if isinstance(value, (bool, int, float, str, bytes)) or value is None:
+        return value
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if hasattr(value, "__index__"):
         return operator.index(value)
-    raise TypeError(f"{type(value).__name__} is not a JSON value")
+    return value
 
 
 def _integer(name: str, value: Any) -> int:
@@ -298,7 +328,7 @@ def _path(name: str, value: Any) -> str:
         raise ConfigError(f"{name}: {value!r} is not a path (str, bytes or os.PathLike)") from None
 
 
-def _names(name: str, value: Any) -> list:
+def _names(name: str, value: Any) -> list[str]:
     """A list of names: a sequence of strings, or one string of comma-separated names
     (``"dp,tp"``, as on the command line) — never split into letters."""
     if isinstance(value, str):
@@ -315,7 +345,7 @@ def _names(name: str, value: Any) -> list:
     return names
 
 
-def _mapping(name: str, value: Any) -> dict:
+def _mapping(name: str, value: Any) -> dict[str, str]:
     """A field -> spec mapping (``{"x": "dp,tp"}``)."""
     if not isinstance(value, Mapping):
         raise ConfigError(f"{name}={value!r}: expected a mapping of field name to spec, e.g. {{'x': 'dp,tp'}}")
@@ -384,36 +414,36 @@ class Loader:
 
     def __init__(
         self,
-        data: Union[str, Sequence[str]],
-        batch_size: int,
+        data: Union[PathArg, Sequence[PathArg]],
+        batch_size: SupportsIndex,
         *,
-        seed: int = 0,
+        seed: SupportsIndex = 0,
         mesh: Optional[str] = None,
         shard: Optional[Mapping[str, str]] = None,
-        stages: Optional[Mapping[str, str]] = None,
-        mesh_order: Optional[Sequence[str]] = None,
+        stages: Optional[Mapping[str, Stage]] = None,
+        mesh_order: Union[str, Sequence[str], None] = None,
         pipeline_axis: Optional[str] = None,
-        transport: str = "mpi",
-        window_bytes: Union[int, str, None] = None,
-        prefetch: Optional[int] = None,
-        tail: Optional[str] = None,
-        exchange: Optional[str] = None,
+        transport: Transport = "mpi",
+        window_bytes: Optional[Size] = None,
+        prefetch: Optional[SupportsIndex] = None,
+        tail: Optional[Tail] = None,
+        exchange: Optional[Exchange] = None,
         exchange_costs: Optional[str] = None,
-        read_strategy: Optional[str] = None,
-        memory_budget: Union[int, str, None] = None,
-        storage_bandwidth: Union[int, str, None] = None,
-        storage_iops: Optional[int] = None,
-        spill_dir: Optional[str] = None,
-        read_queue_depth: Optional[int] = None,
-        local_reads: Optional[str] = None,
+        read_strategy: Optional[ReadStrategy] = None,
+        memory_budget: Optional[Size] = None,
+        storage_bandwidth: Optional[Size] = None,
+        storage_iops: Optional[SupportsIndex] = None,
+        spill_dir: Optional[PathArg] = None,
+        read_queue_depth: Optional[SupportsIndex] = None,
+        local_reads: Optional[LocalReads] = None,
         group: Optional[str] = None,
-        devices_per_process: Optional[int] = None,
-        bootstrap: str = "auto",
+        devices_per_process: Optional[SupportsIndex] = None,
+        bootstrap: Bootstrap = "auto",
     ) -> None:
-        paths: Sequence[Any] = data
+        paths: Sequence[Any] = data  # type: ignore[assignment]  # one path is made a list below
         if isinstance(data, (str, bytes)) or hasattr(data, "__fspath__"):
             paths = [data]
-        options = {
+        options: dict[str, Any] = {
             "data": [_path("data", p) for p in paths],
             "batch_size": _integer("batch_size", batch_size),
             "seed": _integer("seed", seed),
@@ -441,11 +471,13 @@ class Loader:
         for key in ("prefetch", "storage_iops", "read_queue_depth", "devices_per_process"):
             if options[key] is not None:
                 options[key] = _integer(key, options[key])
-        options = {k: v for k, v in options.items() if v is not None}
-        self._init(_meshfeed.Loader(json.dumps(options, default=_json_default), _bootstrap(transport, bootstrap)))
+        # The job file's keys, as the extension reads them into its job declaration (which
+        # refuses unknown keys and values of the wrong type, naming them).
+        job = cast(JobOptions, _plain({k: v for k, v in options.items() if v is not None}))
+        self._init(_meshfeed.Loader(job, _bootstrap(transport, bootstrap)))
 
     @classmethod
-    def from_config(cls, path: str, *, bootstrap: str = "auto") -> "Loader":
+    def from_config(cls, path: PathArg, *, bootstrap: Bootstrap = "auto") -> Loader:
         """A loader from a TOML job file (the command line's ``--config``)."""
         transport = "mpi"
         try:
@@ -463,15 +495,16 @@ class Loader:
         self._init(_meshfeed.Loader.from_config(_path("path", path), _bootstrap(transport, bootstrap)))
         return self
 
-    def _init(self, inner: Any) -> None:
+    def _init(self, inner: _meshfeed.Loader) -> None:
         self._inner = inner
         self.rank: int = inner.rank()
         self.world_size: int = inner.world_size()
-        self.layout: dict = json.loads(inner.layout_json())
+        #: The mesh, the devices' coordinates, the fields and the read plan.
+        self.layout: Layout = inner.layout()
         #: How the ranks read their home ranges: ``strategy`` (``resident``, ``passes``
         #: or ``random``), ``passes`` per epoch, ``spill``, this rank's ``resident_rows``
         #: and the ``reason`` for the choice (memory budget, storage speed).
-        self.read_plan: dict = self.layout.pop("read")
+        self.read_plan: ReadPlan = self.layout["read"]
         launcher = _launcher_local_rank()
         #: This process's index among the job's processes on its host: the launcher's
         #: LOCAL_RANK (or Open MPI's, Slurm's, MPICH's) when set, else counted from the
@@ -481,7 +514,7 @@ class Loader:
         _live.add(self)
 
     @property
-    def mesh_shape(self) -> dict:
+    def mesh_shape(self) -> dict[str, int]:
         """The device mesh's axes and sizes, e.g. ``{"dp": 2, "tp": 2}``."""
         return {name: size for name, size in self.layout["mesh"]}
 
@@ -490,13 +523,15 @@ class Loader:
         """Mesh devices this process drives."""
         return self.layout["devices_per_process"]
 
-    def partition_specs(self) -> dict:
+    def partition_specs(self) -> dict[str, tuple[Union[None, str, tuple[str, ...]], ...]]:
         """Per tensor field, the mesh axes splitting each dimension of ``[batch, *shape]``,
         as ``jax.sharding.PartitionSpec`` arguments: ``None`` (not split), an axis name,
         or a tuple of names (trailing unsplit dimensions left out)."""
         specs = {}
         for f in self.layout["fields"]:
-            dims = [None if not axes else axes[0] if len(axes) == 1 else tuple(axes) for axes in f["dims"]]
+            dims: list[Union[None, str, tuple[str, ...]]] = [
+                None if not axes else axes[0] if len(axes) == 1 else tuple(axes) for axes in f["dims"]
+            ]
             while dims and dims[-1] is None:
                 dims.pop()
             specs[f["name"]] = tuple(dims)
@@ -522,22 +557,23 @@ class Loader:
                 return
             yield Batch(raw, self)
 
-    def state_dict(self) -> dict:
+    def state_dict(self) -> LoaderState:
         """The position after the last delivered batch, and what defines the stream (a
         small dict, the same on every rank). Load it with :meth:`load_state_dict` on any
         number of ranks or mesh."""
-        return json.loads(self._inner.state_json())
+        return self._inner.state()
 
-    def load_state_dict(self, state: dict) -> None:
-        """Continues exactly where ``state`` says. Refuses a state of another stream
-        (dataset, seed, batch size or tail policy changed), naming what changed."""
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continues exactly where ``state`` (a :meth:`state_dict`, also after a JSON round
+        trip) says. Refuses a state of another stream (dataset, seed, batch size or tail
+        policy changed), naming what changed."""
         if not isinstance(state, Mapping):
             raise ConfigError(
                 f"invalid loader state: expected the dict state_dict() returned, not {type(state).__name__}"
             )
         if "epoch" in state:
             _meshfeed.check_epoch(_integer("epoch", state["epoch"]))
-        self._inner.load_state_json(json.dumps(dict(state), default=_json_default))
+        self._inner.load_state(_plain(state))
 
     def close(self) -> None:
         """Stops the loader (collective: at the same point on every rank). In a forked
@@ -545,7 +581,7 @@ class Loader:
         _live.discard(self)
         self._inner.close()
 
-    def __enter__(self) -> "Loader":
+    def __enter__(self) -> Loader:
         return self
 
     def __exit__(self, *exc: Any) -> None:

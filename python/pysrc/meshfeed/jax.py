@@ -13,16 +13,20 @@ devices' shards); :func:`make_global` assembles the global arrays with
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Optional
 
 import numpy as np
 
-from . import Batch, ConfigError
+from . import Batch, ConfigError, Loader
+
+if TYPE_CHECKING:
+    import jax
 
 __all__ = ["make_global"]
 
 
-def _check_mesh(loader: Any, mesh: Any) -> None:
+def _check_mesh(loader: Loader, mesh: jax.sharding.Mesh) -> None:
     """The JAX mesh must be the loader's: same axes and sizes, and each device of it in
     the process meshfeed delivers that device's shard to."""
     want = loader.mesh_shape
@@ -41,8 +45,12 @@ def _check_mesh(loader: Any, mesh: Any) -> None:
 
 
 def make_global(
-    batch: Batch, mesh: Any, specs: Optional[Mapping[str, Any]] = None, *, allow_downcast: bool = False
-) -> dict:
+    batch: Batch,
+    mesh: jax.sharding.Mesh,
+    specs: Optional[Mapping[str, jax.sharding.PartitionSpec]] = None,
+    *,
+    allow_downcast: bool = False,
+) -> dict[str, jax.Array]:
     """The batch's tensor fields as global ``jax.Array`` s of shape ``[global_rows, *shape]``
     sharded by ``NamedSharding(mesh, spec)``.
 
@@ -59,8 +67,8 @@ def make_global(
         raise ConfigError("make_global needs a batch from a meshfeed.Loader")
     _check_mesh(loader, mesh)
     own = loader.partition_specs()
-    shapes = {f["name"]: f["shape"] for f in loader.layout["fields"]}
-    out = {}
+    shapes = {f["name"]: f["shape"] or [] for f in loader.layout["fields"]}
+    out: dict[str, jax.Array] = {}
     for name, value in batch.items():
         if not isinstance(value, np.ndarray):
             continue
@@ -72,7 +80,10 @@ def make_global(
             )
         spec = (specs or {}).get(name)
         if spec is None:
-            spec = PartitionSpec(*own[name])
+            spec = PartitionSpec(*own[name])  # type: ignore[no-untyped-call]  # jax leaves it unannotated
         global_shape = (batch.global_rows, *shapes[name])
-        out[name] = jax.make_array_from_process_local_data(NamedSharding(mesh, spec), value, global_shape)
+        sharding = NamedSharding(mesh, spec)
+        out[name] = jax.make_array_from_process_local_data(  # type: ignore[no-untyped-call]  # likewise
+            sharding, value, global_shape
+        )
     return out

@@ -1,18 +1,17 @@
-#!/usr/bin/env python3
 """Launch a meshfeed job on Ray: one Ray actor per rank, on a local Ray instance
 or on a running (multi-node) Ray cluster.
 
 Usage
 -----
 
-    python launch/ray_launch.py -n N [--address local|auto|HOST:PORT]
+    python -m meshfeed.launch.ray -n N [--address local|auto|HOST:PORT]
         [--cpus-per-rank C] [--strategy SPREAD|PACK|STRICT_SPREAD|STRICT_PACK]
         [--master-addr ADDR] [--master-port 0] [--num-cpus C] [--timeout SECONDS]
         [--split-stderr] -- COMMAND [ARGS...]
 
 for example, on a Ray cluster (run on one of its nodes, e.g. the head):
 
-    python launch/ray_launch.py -n 8 --address auto -- \\
+    python -m meshfeed.launch.ray -n 8 --address auto -- \\
         meshfeed run --transport ucx --data /shared/ds --batch-size 1024
 
 ``--address local`` (the default) starts a Ray instance of its own on loopback,
@@ -83,19 +82,30 @@ Failure semantics
 Each rank runs in a session (process group) of its own, so stopping a rank also
 stops any processes it started, and it gets SIGKILL if its actor's process dies
 (Linux parent-death signal), so a crashed launcher leaves no rank behind.
+
+It needs Ray (``pip install ray``) in the Python that runs it, and imports it only when
+run; the ranks need nothing of it.
 """
 
+from __future__ import annotations
+
 import argparse
+import collections
 import math
 import os
 import signal
 import socket
+import subprocess
 import sys
+import threading
 import time
+from types import FrameType, ModuleType
+from typing import IO, Any, Optional
 
-# Must be set before ray is imported.
-os.environ["RAY_AUTH_MODE"] = "disabled"
-os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+__all__ = ["main", "parse_args", "RankRunner"]
+
+#: A rank's output: (from its stderr, the line without its end).
+Line = tuple[bool, str]
 
 POLL_WAIT_S = 0.5  # how long one RankRunner.poll waits for output
 TERM_GRACE_S = 5.0  # SIGTERM -> SIGKILL delay when stopping ranks
@@ -122,31 +132,25 @@ except OSError as e:
 class RankRunner:
     """Ray actor body: runs one rank's subprocess and buffers its output lines."""
 
-    def __init__(self, rank):
-        import collections
-        import threading
-
+    def __init__(self, rank: int) -> None:
         self.rank = rank
-        self.proc = None
-        self.lines = collections.deque()  # (is_stderr, text)
+        self.proc: Optional[subprocess.Popen[bytes]] = None
+        self.lines: collections.deque[Line] = collections.deque()
         self.cond = threading.Condition()
-        self.readers = []
-        self.exit_seen_at = None
+        self.readers: list[threading.Thread] = []
+        self.exit_seen_at: Optional[float] = None
 
-    def node(self):
+    def node(self) -> str:
         """The id of the Ray node this actor runs on."""
         import ray
 
-        return ray.get_runtime_context().get_node_id()
+        return str(ray.get_runtime_context().get_node_id())
 
-    def free_port(self):
+    def free_port(self) -> int:
         """A TCP port free now on this actor's node."""
         return free_port("")
 
-    def start(self, argv, env, cwd, split_stderr):
-        import subprocess
-        import threading
-
+    def start(self, argv: list[str], env: dict[str, str], cwd: str, split_stderr: bool) -> Optional[str]:
         shim = [sys.executable, "-c", _EXEC_SHIM, str(os.getpid())]
         try:
             self.proc = subprocess.Popen(
@@ -160,16 +164,17 @@ class RankRunner:
             )
         except OSError as e:
             return "cannot start rank %d: %s" % (self.rank, e)
-        streams = [(self.proc.stdout, False)]
+        streams: list[tuple[Optional[IO[bytes]], bool]] = [(self.proc.stdout, False)]
         if split_stderr:
             streams.append((self.proc.stderr, True))
         for pipe, is_err in streams:
+            assert pipe is not None  # both are PIPE
             t = threading.Thread(target=self._read, args=(pipe, is_err), daemon=True)
             t.start()
             self.readers.append(t)
         return None
 
-    def _read(self, pipe, is_err):
+    def _read(self, pipe: IO[bytes], is_err: bool) -> None:
         for raw in iter(pipe.readline, b""):
             text = raw.decode("utf-8", errors="replace").rstrip("\r\n")
             with self.cond:
@@ -179,15 +184,17 @@ class RankRunner:
         with self.cond:
             self.cond.notify_all()
 
-    def _drain(self, max_lines=20000):
-        out = []
+    def _drain(self, max_lines: int = 20000) -> list[Line]:
+        out: list[Line] = []
         while self.lines and len(out) < max_lines:
             out.append(self.lines.popleft())
         return out
 
-    def _exit_code(self):
+    def _exit_code(self) -> Optional[int]:
         """The exit code once the process exited and its output was read
         (or 2 s after exit if a leftover child keeps the pipe open)."""
+        if self.proc is None:
+            return None
         rc = self.proc.poll()
         if rc is None:
             return None
@@ -198,7 +205,7 @@ class RankRunner:
             return None
         return rc
 
-    def poll(self, wait_s):
+    def poll(self, wait_s: float) -> tuple[list[Line], Optional[int]]:
         """Returns (lines, exit code or None); waits up to wait_s for either."""
         deadline = time.monotonic() + wait_s
         with self.cond:
@@ -215,16 +222,14 @@ class RankRunner:
             rc = self._exit_code() if not self.lines else None
             return self._drain(), rc
 
-    def stop(self, grace_s):
+    def stop(self, grace_s: float) -> tuple[list[Line], Optional[int]]:
         """SIGTERM the rank's process group, SIGKILL after grace_s; returns
         (remaining lines, exit code)."""
-        import subprocess
-
         if self.proc is None:
             return [], None
         pgid = self.proc.pid  # start_new_session: the rank leads its own group
 
-        def signal_group(sig):
+        def signal_group(sig: signal.Signals) -> None:
             try:
                 os.killpg(pgid, sig)
             except (ProcessLookupError, PermissionError):
@@ -244,7 +249,7 @@ class RankRunner:
             return self._drain(), rc
 
 
-def free_port(addr):
+def free_port(addr: str) -> int:
     """A port that is free now on addr (on every address if addr is not local)."""
     family = socket.AF_INET6 if ":" in addr else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as s:
@@ -252,27 +257,28 @@ def free_port(addr):
             s.bind((addr, 0))
         except OSError:
             s.bind(("", 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]
+        return port
 
 
 class Stop(Exception):
     """Raised by the SIGINT/SIGTERM handler."""
 
-    def __init__(self, signum):
+    def __init__(self, signum: int) -> None:
         super().__init__(signum)
         self.signum = signum
 
 
-def say(msg):
+def say(msg: str) -> None:
     sys.stdout.write("ray_launch: %s\n" % msg)
     sys.stdout.flush()
 
 
-def emit(rank, lines):
+def emit(rank: int, lines: list[Line]) -> None:
     if not lines:
         return
-    out = []
-    err = []
+    out: list[str] = []
+    err: list[str] = []
     for is_err, text in lines:
         (err if is_err else out).append("[rank %d] %s\n" % (rank, text))
     if out:
@@ -283,9 +289,9 @@ def emit(rank, lines):
         sys.stderr.flush()
 
 
-def parse_args(argv):
+def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(
-        prog="ray_launch.py",
+        prog="python -m meshfeed.launch.ray",
         description="Run N ranks of COMMAND as Ray actors, on a local Ray instance or a Ray cluster.",
         usage="%(prog)s -n N [options] -- COMMAND [ARGS...]",
     )
@@ -320,7 +326,7 @@ def parse_args(argv):
     return args
 
 
-def run_job(ray, args):
+def run_job(ray: ModuleType, args: argparse.Namespace) -> int:
     """Runs the job on an initialised Ray; returns the launcher's exit code."""
     from ray.exceptions import GetTimeoutError, RayActorError
 
@@ -334,7 +340,7 @@ def run_job(ray, args):
     cwd = os.getcwd()
     deadline = time.monotonic() + args.timeout if args.timeout > 0 else None
 
-    def time_left():
+    def time_left() -> Optional[float]:
         return None if deadline is None else max(0.0, deadline - time.monotonic())
 
     # One bundle per rank, placed as --strategy says; actor r in bundle r.
@@ -355,11 +361,11 @@ def run_job(ray, args):
         ]
     else:
         actors = [Runner.remote(r) for r in range(n)]
-    finished = {}  # rank -> exit code
-    failure = None  # (rank, code)
+    finished: dict[int, int] = {}  # rank -> exit code
+    failure: Optional[tuple[int, int]] = None  # (rank, code)
     code = 0
 
-    def fail_rank(rank, rc):
+    def fail_rank(rank: int, rc: int) -> None:
         nonlocal failure, code
         if rc < 0:
             try:
@@ -372,9 +378,9 @@ def run_job(ray, args):
         code = rc
         say("rank %d exited with code %d; stopping the job" % (rank, rc))
 
-    pending = {}  # poll ref -> rank
+    pending: dict[Any, int] = {}  # poll ref -> rank
 
-    def actor_died(rank, e):
+    def actor_died(rank: int, e: BaseException) -> None:
         first = str(e).strip().splitlines()
         say("rank %d: its actor died: %s" % (rank, first[0] if first else type(e).__name__))
         fail_rank(rank, 1)
@@ -433,7 +439,7 @@ def run_job(ray, args):
             ready, _ = ray.wait(list(pending), num_returns=1, timeout=1.0)
             if ready:
                 ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=0)
-            failed = []  # (rank, code or exception)
+            failed: list[tuple[int, Any]] = []  # (rank, code or exception)
             # Print every ready batch first, then act on the failures.
             for ref in sorted(ready, key=lambda x: pending[x]):
                 r = pending.pop(ref)
@@ -492,15 +498,23 @@ def run_job(ray, args):
     return code
 
 
-def main(argv=None):
+def main(argv: Optional[list[str]] = None) -> int:
+    """Runs the launcher with ``argv`` (default: the command line); returns its exit code."""
     args = parse_args(sys.argv[1:] if argv is None else argv)
 
-    def on_signal(signum, _frame):
+    def on_signal(signum: int, _frame: Optional[FrameType]) -> None:
         raise Stop(signum)
 
     import logging
 
-    import ray
+    # Must be set before ray is imported.
+    os.environ["RAY_AUTH_MODE"] = "disabled"
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    try:
+        import ray
+    except ImportError as e:
+        say("error: cannot start Ray: %s (pip install ray)" % e)
+        return 1
 
     try:
         if args.address == "local":

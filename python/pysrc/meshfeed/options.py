@@ -1,0 +1,138 @@
+"""The types at meshfeed's Python edge: the values an enumerated option takes, the job's
+options as the extension receives them, the loader's state and layout.
+
+``JobOptions`` has exactly the job file's keys (``meshfeed._meshfeed.job_keys()``; a test
+checks it), so a dict typed by it is a job file's content.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Optional, TypedDict, Union
+
+__all__ = [
+    "Transport",
+    "Bootstrap",
+    "Tail",
+    "Exchange",
+    "ReadStrategy",
+    "LocalReads",
+    "Stage",
+    "ByteSize",
+    "JobOptions",
+    "Fingerprint",
+    "LoaderState",
+    "FieldLayout",
+    "ReadPlan",
+    "Layout",
+]
+
+#: How the ranks communicate: MPI (mpirun, srun) or UCX (torchrun, Ray, ``meshfeed launch``).
+Transport = Literal["mpi", "ucx"]
+#: How ``transport="ucx"`` finds the other ranks (see :class:`meshfeed.Loader`).
+Bootstrap = Literal["auto", "env", "torch", "jax"]
+#: The last incomplete batch of an epoch.
+Tail = Literal["drop", "pad", "partial"]
+#: The exchange of samples between ranks.
+Exchange = Literal["auto", "fused", "two-phase", "broadcast"]
+#: How the ranks read their home ranges (``auto``: by the memory budget and the storage).
+ReadStrategy = Literal["auto", "resident", "passes", "random"]
+#: Whether ranks on one host read each other's rows straight from the files.
+LocalReads = Literal["auto", "off"]
+#: The pipeline stages that receive a field.
+Stage = Literal["first", "last", "all"]
+#: A number of bytes: an integer, or a string with a suffix (``"64M"``, ``"1G"``).
+ByteSize = Union[int, str]
+
+
+class JobOptions(TypedDict, total=False):
+    """The keys of a job file (``meshfeed run --config``), every one optional here; the
+    loader needs ``data`` and ``batch_size``. Paths are strings."""
+
+    data: list[str]
+    group: str
+    batch_size: int
+    epochs: int
+    seed: int
+    window_bytes: ByteSize
+    prefetch: int
+    read_strategy: ReadStrategy
+    memory_budget: ByteSize
+    storage_bandwidth: ByteSize
+    storage_iops: int
+    spill_dir: str
+    read_queue_depth: int
+    tail: Tail
+    transport: Transport
+    mesh: str
+    mesh_order: list[str]
+    pipeline_axis: str
+    shard: dict[str, str]
+    stages: dict[str, Stage]
+    exchange: Exchange
+    exchange_costs: str
+    local_reads: LocalReads
+    devices_per_process: int
+
+
+class Fingerprint(TypedDict):
+    """What defines the global batch stream (not the ranks or the mesh)."""
+
+    #: Per file: name (not the full path), samples, bytes.
+    files: list[tuple[str, int, int]]
+    #: Field names and kinds, as text.
+    fields: list[str]
+    samples: int
+    batch_size: int
+    seed: int
+    tail: Tail
+
+
+class LoaderState(TypedDict):
+    """A loader's position (:meth:`meshfeed.Loader.state_dict`): the next step to deliver,
+    and the stream it belongs to. The same on every rank; plain data (a JSON round trip
+    keeps it loadable)."""
+
+    seed: int
+    epoch: int
+    step: int
+    fingerprint: Fingerprint
+
+
+class FieldLayout(TypedDict):
+    """One field: its dtype (``None``: variable length), the shape of one value, and per
+    dimension of ``[batch, *shape]`` the mesh axes splitting it."""
+
+    name: str
+    dtype: Optional[str]
+    shape: Optional[list[int]]
+    dims: list[list[str]]
+
+
+class ReadPlan(TypedDict):
+    """How the ranks read their home ranges (:attr:`meshfeed.Loader.read_plan`)."""
+
+    strategy: Literal["resident", "passes", "random"]
+    #: Passes over the files per epoch (``passes`` only).
+    passes: Optional[int]
+    #: Whether what does not fit in memory is streamed to the spill directory.
+    spill: bool
+    #: This rank's home rows kept in memory.
+    resident_rows: Optional[int]
+    #: Why, in a sentence: the numbers the choice was made from.
+    reason: str
+
+
+class Layout(TypedDict):
+    """The loader's mesh and fields as this process sees them (:attr:`meshfeed.Loader.layout`)."""
+
+    #: The mesh's axes, (name, size), in order.
+    mesh: list[tuple[str, int]]
+    #: Each device's coordinate on the mesh; device ``d`` is driven by process
+    #: ``d // devices_per_process``.
+    device_coords: list[list[int]]
+    devices_per_process: int
+    #: This rank's index among the job's ranks on its host, counted from their host names.
+    local_rank: int
+    local_size: int
+    fields: list[FieldLayout]
+    read: ReadPlan

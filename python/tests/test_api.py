@@ -1,0 +1,104 @@
+"""The Python edge against the one job declaration (`meshfeed::config::JobFile`): Loader's
+keyword arguments, the `JobOptions` type and the `Literal`s of the enumerated options
+cannot drift from the job file's keys and values; field buffers carry their dtype and
+shape, so that numpy, memoryview and torch read every dtype as it is.
+
+Run by tests/ci.sh after `pip install ./python` into the test venv: `pytest python/tests`.
+"""
+
+import inspect
+import re
+import sys
+import typing
+
+import pytest
+
+import meshfeed
+from meshfeed import _meshfeed, options
+from test_loader import BIN, MPIRUN, ok, run
+
+# Loader's keyword arguments that are not job keys, and why.
+PYTHON_ONLY = {
+    "bootstrap": "how transport='ucx' finds its peers through a framework's store in this process "
+                 "(torch.distributed, jax.distributed): a job file describes no process",
+}
+# Job keys Loader deliberately leaves out, and why.
+OMITTED = {
+    "epochs": "the training loop runs the epochs (set_epoch, then iterate): a loader has no run length",
+}
+
+
+def test_loader_keyword_arguments_are_the_job_keys():
+    keys = set(_meshfeed.job_keys())
+    params = set(inspect.signature(meshfeed.Loader.__init__).parameters) - {"self"}
+    assert set(OMITTED) <= keys and not set(PYTHON_ONLY) & keys
+    missing, extra = keys - set(OMITTED) - params, params - keys - set(PYTHON_ONLY)
+    assert not missing, f"job keys Loader does not take (add them, or to OMITTED with a reason): {sorted(missing)}"
+    assert not extra, f"Loader arguments that are no job key (add to PYTHON_ONLY with a reason): {sorted(extra)}"
+
+
+def test_job_options_type_is_the_job_file():
+    declared = set(options.JobOptions.__optional_keys__) | set(options.JobOptions.__required_keys__)
+    assert declared == set(_meshfeed.job_keys())
+
+
+@pytest.mark.parametrize("key, literal", [
+    ("transport", options.Transport),
+    ("tail", options.Tail),
+    ("exchange", options.Exchange),
+    ("read_strategy", options.ReadStrategy),
+    ("local_reads", options.LocalReads),
+    ("stages", options.Stage),
+])
+def test_literals_are_the_values_the_job_file_takes(key, literal):
+    # The job declaration names the values it takes when given another (before any MPI).
+    value = {"x": "?"} if key == "stages" else "?"
+    with pytest.raises(meshfeed.ConfigError) as e:
+        _meshfeed.Loader({"data": ["/nonexistent"], "batch_size": 1, key: value})
+    message = str(e.value)
+    assert message.startswith("invalid loader options: unknown variant `?`, expected"), message
+    accepted = re.findall(r"`([^`]+)`", message.split("expected", 1)[1])
+    assert sorted(typing.get_args(literal)) == sorted(accepted), message
+
+
+def test_unknown_options_and_states_are_refused_by_name():
+    with pytest.raises(meshfeed.ConfigError, match="invalid loader options: unknown field `bogus`, expected one of"):
+        _meshfeed.Loader({"data": ["/nonexistent"], "batch_size": 1, "bogus": 1})
+    with pytest.raises(meshfeed.ConfigError, match="invalid loader options: .*"):
+        _meshfeed.Loader({"data": ["/nonexistent"], "batch_size": "twelve"})
+
+
+def test_every_dtype_reaches_numpy_and_torch_as_it_is(tmp_path):
+    data = tmp_path / "dtypes"
+    fields = ["a:bool:3", "b:f16:2x2", "c:u16", "d:i8", "e:u64", "f:f64:2", "g:i16", "h:u32", "i:i32", "j:f32:1",
+              "k:u8:5", "m:i64"]
+    ok(run([BIN, "gen", "--format", "npy", "--samples", "24", "--files", "1", "--out", data]
+           + [a for f in fields for a in ("--field", f)]))
+    script = (
+        "import sys, numpy as np, torch, meshfeed\n"
+        "l = meshfeed.Loader(sys.argv[1], 8, seed=3)\n"
+        "want = np.load(sys.argv[1] + '/part-00000.npy')\n"
+        "for b in l:\n"
+        "    assert b.ids.dtype == np.int64 and b.ids.shape == (8,) and not b.ids.flags.writeable\n"
+        "    t = b.to_torch(device='cpu')\n"
+        "    for name, v in b.items():\n"
+        "        w = want[name][b.ids]\n"
+        "        assert v.dtype == w.dtype and v.shape == w.shape and np.array_equal(v, w), (name, v, w)\n"
+        "        assert not v.flags.writeable and memoryview(v).shape == v.shape, name\n"
+        "        assert t[name].numpy().dtype == w.dtype and t[name].data_ptr() == v.ctypes.data, name\n"
+        "print('dtypes ok', len(l))\n"
+    )
+    r = ok(run(MPIRUN + ["-np", 1, sys.executable, "-c", script, data]))
+    assert "dtypes ok 3" in r.stdout, r.stdout + r.stderr
+
+
+def test_the_ray_launcher_is_a_module_that_imports_ray_only_when_run():
+    # `import meshfeed` (and the launcher's module itself) work without importing Ray.
+    script = (
+        "import sys, meshfeed, meshfeed.launch.ray as launcher\n"
+        "assert 'ray' not in sys.modules, 'ray imported'\n"
+        "assert launcher.parse_args(['-n', '2', '--', 'true']).n == 2\n"
+        "print('ok')\n"
+    )
+    r = ok(run([sys.executable, "-c", script]))
+    assert r.stdout.strip() == "ok", r.stdout + r.stderr
