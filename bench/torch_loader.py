@@ -32,6 +32,7 @@ import os
 import platform
 import resource
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -298,7 +299,7 @@ def main():
         "window_bytes": args.window_bytes,
         "steps_per_epoch": samples // args.batch_size,
         "epochs": args.epochs,
-        "epoch_s": sorted(epochs)[len(epochs) // 2],
+        "epoch_s": statistics.median(epochs),
         "epoch_s_best": best,
         "epoch_s_all": epochs,
         "samples_per_epoch": samples,

@@ -627,8 +627,8 @@ impl LoaderOptions {
     /// Every option as a (job-file key, value) pair of text, so that ranks can check they
     /// were all given the same ([`crate::transport::agree_settings`]). Derived from the
     /// options' serde form, so that no option can be left out of the agreement: a nested
-    /// struct's fields are named by their job-file keys (a test checks every name is one),
-    /// a value not given reads `default`.
+    /// struct's fields are named by their job-file keys (a test checks every name is one);
+    /// a value not given reads as what it means (`dp=<ranks>`, `auto`, `probe`) or empty.
     pub fn settings(&self) -> Vec<(String, String)> {
         let value = serde_json::to_value(self).expect("loader options serialise (paths lossily)");
         let keys = JobFile::keys();
@@ -643,7 +643,7 @@ impl LoaderOptions {
 fn flatten_settings(value: &serde_json::Value, keys: &[String], out: &mut Vec<(String, String)>) {
     use serde_json::Value;
     let text = |v: &Value| match v {
-        Value::Null => "default".to_string(),
+        Value::Null => String::new(),
         Value::String(s) => s.clone(),
         v => v.to_string(),
     };
@@ -656,8 +656,19 @@ fn flatten_settings(value: &serde_json::Value, keys: &[String], out: &mut Vec<(S
                 out.push((key.clone(), pairs.join("; ")));
             }
             Value::Array(items) => out.push((key.clone(), items.iter().map(text).collect::<Vec<_>>().join(","))),
+            Value::Null => out.push((key.clone(), not_given(key).to_string())),
             v => out.push((key.clone(), text(v))),
         }
+    }
+}
+
+/// What an option not given means, as the settings agreement names it (empty: nothing).
+fn not_given(key: &str) -> &'static str {
+    match key {
+        "mesh" => "dp=<ranks>",
+        "memory_budget" => "auto",
+        "storage_bandwidth" | "storage_iops" => "probe",
+        _ => "",
     }
 }
 
@@ -844,10 +855,13 @@ impl JobFile {
     /// Every key a job file may hold, sorted: what the CLI flags, the Python keyword
     /// arguments and the documentation's option table are checked against.
     pub fn keys() -> Vec<String> {
-        match serde_json::to_value(JobFile::default()) {
+        let mut keys: Vec<String> = match serde_json::to_value(JobFile::default()) {
             Ok(serde_json::Value::Object(map)) => map.keys().cloned().collect(),
             _ => unreachable!("a job file serialises to an object"),
-        }
+        };
+        // Sorted whatever order serde_json's map keeps (`preserve_order` keeps the fields').
+        keys.sort();
+        keys
     }
 
     /// This job with the keys `flags` gives put over it (a command line's flags over its
@@ -1046,11 +1060,15 @@ mod tests {
         let get = |n: &str| s.iter().find(|(k, _)| k == n).map(|(_, v)| v.as_str()).unwrap();
         assert_eq!(
             (get("batch_size"), get("mesh"), get("shard"), get("tail")),
-            ("32", "default", "x=dp,tp; y=dp", "drop")
+            ("32", "dp=<ranks>", "x=dp,tp; y=dp", "drop")
         );
         assert_eq!((get("local_reads"), get("devices_per_process")), ("auto", "1"));
         assert_eq!(get("exchange_costs"), ExchangeCosts::default().to_string());
-        assert_eq!((get("read_strategy"), get("memory_budget"), get("read_queue_depth")), ("auto", "default", "16"));
+        assert_eq!((get("read_strategy"), get("memory_budget"), get("read_queue_depth")), ("auto", "auto", "16"));
+        assert_eq!(
+            (get("storage_bandwidth"), get("storage_iops"), get("spill_dir"), get("pipeline_axis")),
+            ("probe", "probe", "", "")
+        );
         assert_eq!(s.len(), 20);
         let other = LoaderOptions { seed: 9, ..LoaderOptions::default() };
         assert_ne!(other.settings(), LoaderOptions::default().settings());

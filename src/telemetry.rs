@@ -11,9 +11,12 @@
 //! Every record carries the layout's version in its `schema` key ([`SCHEMA`]). Reading
 //! takes every version from [`OLDEST_SCHEMA`] on — schema 1 wrote only epoch records,
 //! without a `kind`, peer waiting or off-host bytes; keys added since are optional — and
-//! refuses any other, naming the file (and line). A record's times must be finite and
-//! non-negative and its counts non-negative integers; anything else is an error naming the
-//! file, the line and the key, never a quiet zero.
+//! refuses any other, naming the file (and line). A record needs only the keys the report
+//! reads: its schema, rank, epoch and phase times; a window's first step, rows, peer
+//! waiting and bytes read, sent and sent off the host; an epoch's samples, seconds and
+//! waiting. Any other key may be absent (0; an epoch's host `?`, its ranks unsaid). A
+//! record's times must be finite and non-negative and its counts non-negative integers;
+//! anything else is an error naming the file, the line and the key, never a quiet zero.
 //!
 //! Records are plain data: nothing here runs a loader. [`RunInfo::of`] and
 //! [`Window::of`] build records from a job, a loader and its metrics.
@@ -26,7 +29,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::config::{read_small_file, Job};
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorKind, Result, ResultExt};
 use crate::loader::{Loader, Phase};
 use crate::plan::IoPlan;
 
@@ -204,6 +207,7 @@ pub struct Window {
     pub epoch: u64,
     /// The window's first step in its epoch, and its steps.
     pub first_step: u64,
+    #[serde(default)]
     pub steps: u64,
     /// Rows this rank delivered from it.
     pub rows: u64,
@@ -211,10 +215,12 @@ pub struct Window {
     /// Time in agreements (part of the exchange): waiting for the slowest peer.
     pub peer_wait_s: f64,
     /// Time the consumer waited for this window.
+    #[serde(default)]
     pub wait_s: f64,
     pub bytes_read: u64,
     pub bytes_sent: u64,
     pub bytes_sent_off_host: u64,
+    #[serde(default)]
     pub bytes_received: u64,
 }
 
@@ -252,11 +258,14 @@ pub struct Epoch {
     /// The records' layout ([`SCHEMA`]).
     pub schema: u32,
     pub rank: usize,
-    /// The run's ranks.
-    pub ranks: usize,
-    /// The rank's host.
+    /// The run's ranks (`None`: the record does not say).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ranks: Option<usize>,
+    /// The rank's host (`?` where the record does not say).
+    #[serde(default = "unknown_host")]
     pub host: String,
     pub epoch: u64,
+    #[serde(default)]
     pub steps: u64,
     /// Samples the epoch delivered (all ranks together).
     pub samples: u64,
@@ -268,21 +277,32 @@ pub struct Epoch {
     pub peer_wait_s: f64,
     /// Time the consumer waited for the producer, and computed (`--compute-ms`).
     pub wait_s: f64,
+    #[serde(default)]
     pub compute_s: f64,
+    #[serde(default)]
     pub bytes_read: u64,
     /// Bytes read back from spill files.
     #[serde(default)]
     pub bytes_read_spill: u64,
+    #[serde(default)]
     pub bytes_sent: u64,
     /// Since schema 2.
     #[serde(default)]
     pub bytes_sent_off_host: u64,
+    #[serde(default)]
     pub bytes_received: u64,
+    #[serde(default)]
     pub windows: u64,
+    #[serde(default)]
     pub peak_rss_bytes: u64,
     /// Whether the epoch verified (`None`: not checked).
     #[serde(default)]
     pub verified: Option<bool>,
+}
+
+/// The host of an epoch record that names none.
+fn unknown_host() -> String {
+    "?".to_string()
 }
 
 impl Epoch {
@@ -364,7 +384,8 @@ impl Writer {
         std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
         if let Some(run) = run {
             let path = dir.join(RUN_FILE);
-            let text = serde_json::to_string(run).map_err(|e| Error::Internal(e.to_string()))?;
+            let text =
+                serde_json::to_string(run).context(ErrorKind::Internal, "the run's record does not serialise")?;
             std::fs::write(&path, format!("{text}\n")).map_err(|e| Error::io(&path, e))?;
         }
         let path = dir.join(rank_file_name(rank));
@@ -468,7 +489,7 @@ mod tests {
         let Record::Window(w) = Record::parse(WINDOW).unwrap() else { panic!("a window") };
         assert_eq!((w.rank, w.rows, w.phase_s.read, w.bytes_sent), (0, 120, 0.001917066, 2049000));
         let Record::Epoch(e) = Record::parse(EPOCH).unwrap() else { panic!("an epoch") };
-        assert_eq!((e.ranks, e.host.as_str(), e.samples, e.verified), (2, "vm", 24000, None));
+        assert_eq!((e.ranks, e.host.as_str(), e.samples, e.verified), (Some(2), "vm", 24000, None));
         // What is written reads back the same, with the same keys as before.
         for line in [WINDOW, EPOCH] {
             let r = Record::parse(line).unwrap();
@@ -504,6 +525,40 @@ mod tests {
         assert_eq!(Record::parse(&v.to_string()).unwrap_err(), "telemetry schema null (this meshfeed reads 1 to 2)");
         assert!(Record::parse("1e999").unwrap_err().starts_with("not a JSON record"));
         assert!(Record::parse(r#"{"schema":2,"kind":"window"}"#).unwrap_err().contains("missing field"));
+    }
+
+    #[test]
+    fn records_need_only_the_keys_the_report_reads() {
+        // A schema-1 epoch record with no host, ranks, steps, compute, bytes, windows or
+        // peak memory: read as the reader before the typed records read it.
+        let bare = r#"{"schema":1,"rank":1,"epoch":3,"samples":100,"seconds":1.5,"phase_s":{"plan":0.1,"read":0.2,"pack":0.0,"exchange":0.3,"assemble":0.4},"wait_s":0.5}"#;
+        let Record::Epoch(e) = Record::parse(bare).unwrap() else { panic!("schema 1: an epoch") };
+        assert_eq!((e.schema, e.rank, e.epoch, e.samples, e.seconds, e.wait_s), (1, 1, 3, 100, 1.5, 0.5));
+        assert_eq!(
+            (e.host.as_str(), e.ranks, e.steps, e.compute_s, e.windows, e.peak_rss_bytes),
+            ("?", None, 0, 0.0, 0, 0)
+        );
+        assert_eq!((e.bytes_read, e.bytes_sent, e.bytes_received, e.verified), (0, 0, 0, None));
+        // A window without its steps, the consumer's waiting or the bytes received.
+        let mut v: serde_json::Value = serde_json::from_str(WINDOW).unwrap();
+        for key in ["steps", "wait_s", "bytes_received"] {
+            v.as_object_mut().unwrap().remove(key);
+        }
+        let Record::Window(w) = Record::parse(&v.to_string()).unwrap() else { panic!("a window") };
+        assert_eq!((w.steps, w.wait_s, w.bytes_received, w.rows), (0, 0.0, 0, 120));
+        // What the report reads is still needed.
+        for key in ["samples", "seconds", "wait_s", "epoch", "phase_s"] {
+            let mut v: serde_json::Value = serde_json::from_str(bare).unwrap();
+            v.as_object_mut().unwrap().remove(key);
+            let err = Record::parse(&v.to_string()).unwrap_err();
+            assert!(err.contains(&format!("missing field `{key}`")), "{key}: {err}");
+        }
+        for key in ["first_step", "rows", "peer_wait_s", "bytes_read", "bytes_sent", "bytes_sent_off_host"] {
+            let mut v: serde_json::Value = serde_json::from_str(WINDOW).unwrap();
+            v.as_object_mut().unwrap().remove(key);
+            let err = Record::parse(&v.to_string()).unwrap_err();
+            assert!(err.contains(&format!("missing field `{key}`")), "{key}: {err}");
+        }
     }
 
     #[test]

@@ -13,7 +13,9 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 HDF5_USE_FILE_L
 # Python code (ruff.toml) and the package's types.
 cargo fmt --all --check
 cargo clippy --release --workspace --all-targets -- -D warnings
-RUSTDOCFLAGS="-D warnings" cargo doc --release -p meshfeed --no-deps --document-private-items
+RUSTDOCFLAGS="-D warnings" cargo doc --release -p meshfeed -p meshfeed-analysis --no-deps --document-private-items
+# (The command line apart: its binary's docs and the library's share target/doc/meshfeed.)
+RUSTDOCFLAGS="-D warnings" cargo doc --release -p meshfeed-cli --no-deps --document-private-items
 mapfile -t scripts < <(git ls-files '*.sh' '*.sbatch')
 shellcheck -S warning "${scripts[@]}" .ci/run
 .venv/bin/ruff check .

@@ -1,7 +1,8 @@
-//! Files the command line reads whole — telemetry (`rank-<r>.jsonl`, `run.json`), a sweep
-//! point's records (`point.json`, `storage.json`, `pytorch.jsonl`), bench results and
-//! `--config` job files — read defensively, as `LoaderState::read_file` reads a resume
-//! file (both with [`meshfeed::config::read_small_file`]): opening never blocks (a FIFO
+//! Files the analysis reads whole — a sweep point's records (`point.json`,
+//! `storage.json`, `pytorch.jsonl`) and bench results — read defensively, as
+//! `LoaderState::read_file` reads a resume file, telemetry (`rank-<r>.jsonl`, `run.json`)
+//! is read and the command line reads a `--config` job file (all with
+//! [`meshfeed::config::read_small_file`]): opening never blocks (a FIFO
 //! in a file's place would wait for a writer forever),
 //! only regular files are read, and a file longer than its kind can be is refused before
 //! anything is read, not read whole into memory.
@@ -14,8 +15,7 @@ use meshfeed::Result;
 /// record) may hold: 1 GiB, far beyond any real run's.
 pub const RECORDS_LIMIT: u64 = 1 << 30;
 
-/// The most a small JSON or TOML file (`run.json`, `point.json`, `storage.json`, a job
-/// file) may hold: 1 MiB.
+/// The most a small JSON file (`point.json`, `storage.json`) may hold: 1 MiB.
 pub const SMALL_LIMIT: u64 = 1 << 20;
 
 /// Reads the text of `path`, at most `limit` bytes ([`meshfeed::config::read_small_file`]):

@@ -44,6 +44,8 @@ use meshfeed::plan::budget::{bookkeeping_per_step, WindowBudget};
 use meshfeed::plan::cost::all_to_all_seconds;
 use meshfeed::plan::{IoPlan, Strategy};
 
+use crate::median;
+
 /// What an epoch reads from storage, as a multiple of the bytes it delivers: the first
 /// epoch, and every later one (the read strategy, as the model weighs it).
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
@@ -114,9 +116,21 @@ pub struct WindowSample {
     pub bytes_read: u64,
     pub bytes_sent: u64,
     pub bytes_sent_off_host: u64,
+    pub bytes_received: u64,
 }
 
 impl WindowSample {
+    /// The bytes this rank moved to and from ranks of its own host, the on-host argument
+    /// of [`all_to_all_seconds`]: its sends less those off the host, and its receipts less
+    /// the share from off the host, taken as that of its sends (a window records which
+    /// sends left the host, not which receipts came from off it; on one host both are 0).
+    pub fn on_host_bytes(&self) -> f64 {
+        let sent_on = self.bytes_sent.saturating_sub(self.bytes_sent_off_host) as f64;
+        let off_share =
+            if self.bytes_sent > 0 { self.bytes_sent_off_host as f64 / self.bytes_sent as f64 } else { 0.0 };
+        sent_on + self.bytes_received as f64 * (1.0 - off_share)
+    }
+
     /// The model's view of a window's record (host 0: the run's reader numbers the hosts).
     pub fn of(w: &meshfeed::telemetry::Window) -> WindowSample {
         let p = &w.phase_s;
@@ -133,6 +147,7 @@ impl WindowSample {
             bytes_read: w.bytes_read,
             bytes_sent: w.bytes_sent,
             bytes_sent_off_host: w.bytes_sent_off_host,
+            bytes_received: w.bytes_received,
         }
     }
 }
@@ -337,16 +352,6 @@ fn solve_normal(x: &[Vec<f64>], y: &[f64], cols: &[usize]) -> Option<Vec<f64>> {
     Some((0..n).map(|i| a[i][n] / a[i][i] / scale[i]).collect())
 }
 
-/// The median (0 for none).
-pub fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    match v.len() {
-        0 => 0.0,
-        n if n % 2 == 1 => v[n / 2],
-        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
-    }
-}
-
 /// Fits the model to measured runs (meshfeed's, with window records). `None` when they
 /// hold no window that read anything.
 pub fn fit(runs: &[Run]) -> Option<Calibration> {
@@ -418,7 +423,7 @@ pub fn fit(runs: &[Run]) -> Option<Calibration> {
             let off = node_off[&(i, w.host, w.epoch, w.first_step)] as f64;
             let shared = run.shares_stores && run.reads.kept() >= 1.0;
             let peers = peers(run.ranks, run.ranks_per_node(), shared) as f64;
-            x.push(vec![1.0, peers, (w.bytes_sent - w.bytes_sent_off_host) as f64, off]);
+            x.push(vec![1.0, peers, w.on_host_bytes(), off]);
             y.push((w.exchange_s - w.peer_wait_s).max(0.0));
         }
     }
@@ -503,7 +508,8 @@ pub fn predict_one(c: &Calibration, s: &Scenario) -> Prediction {
     // them) and off the node.
     let kept = if s.shares_stores { s.reads.kept() } else { 0.0 };
     let to_node = sent * rpn as f64 / p;
-    let on_host = to_node * (1.0 - kept);
+    // In and out: a rank receives what it sends (data parallel, uniform home ranges).
+    let on_host = 2.0 * to_node * (1.0 - kept);
     let node_off = rpn as f64 * (sent - to_node);
     let exchange = if p > 1.0 {
         let peers = peers(p as usize, rpn, kept >= 1.0);
@@ -616,7 +622,7 @@ mod tests {
                 let node_off = off * rpn as f64;
                 let exchange = c.overhead_s
                     + c.latency_s.unwrap() * (p - 1) as f64
-                    + on / c.intra_bytes_per_s.unwrap()
+                    + 2.0 * on / c.intra_bytes_per_s.unwrap()
                     + c.inter_bytes_per_s.map_or(0.0, |b| node_off / b);
                 out.push(WindowSample {
                     rank,
@@ -631,6 +637,7 @@ mod tests {
                     bytes_read: read_bytes as u64,
                     bytes_sent: sent as u64,
                     bytes_sent_off_host: off as u64,
+                    bytes_received: sent as u64,
                 });
             }
         }
@@ -751,18 +758,19 @@ mod tests {
         let one = predict_one(&c, &s);
         // 1 GiB / 3 per step: the whole epoch (1024 steps of 256 KiB per rank) in one window.
         assert_eq!((one.windows, one.steps_per_window), (1, 1024));
-        // Each rank reads 256 MiB at 100 MB/s, and exchanges it on its host at 5 GB/s.
+        // Each rank reads 256 MiB at 100 MB/s, and sends and receives it on its host at
+        // 5 GB/s (the on-host bandwidth counts bytes in and out).
         let bytes = (256u64 << 20) as f64;
         assert!(close(one.read_s, bytes / 100e6), "{one:?}");
-        assert!(close(one.exchange_s, bytes / 5e9), "{one:?}");
-        assert!(close(one.epoch_s, bytes / 100e6 + bytes / 5e9), "{one:?}");
+        assert!(close(one.exchange_s, 2.0 * bytes / 5e9), "{one:?}");
+        assert!(close(one.epoch_s, bytes / 100e6 + 2.0 * bytes / 5e9), "{one:?}");
         // Twice the nodes: half the reading per rank; 3/4 of the bytes cross the link,
         // shared by 4 ranks... efficiency below 1, throughput up.
         let p = predict(&c, &s, &[1, 2, 4096]);
         assert_eq!(p[0].efficiency, 1.0);
         assert!(p[1].samples_per_s > p[0].samples_per_s && p[1].efficiency < 1.0, "{p:?}");
         let half = bytes / 2.0;
-        let expect = half / 100e6 + (half / 2.0) / 5e9 + 4.0 * (half / 2.0) / 1e9;
+        let expect = half / 100e6 + 2.0 * (half / 2.0) / 5e9 + 4.0 * (half / 2.0) / 1e9;
         assert!(close(p[1].epoch_s, expect), "{:?} vs {expect}", p[1]);
         assert_eq!(p[2].ranks, 4096 * 4);
         assert!(p.iter().all(|p| p.efficiency > 0.0 && p.efficiency <= 1.0 && p.skew_share == 0.0));

@@ -25,7 +25,8 @@ use meshfeed::{Error, Result};
 use serde::Serialize;
 
 use crate::input::{present, read_if_present, read_small, RECORDS_LIMIT, SMALL_LIMIT};
-use crate::model::{self, median, Calibration, Prediction, ReadPlan, Scenario, Validation, WindowSample};
+use crate::median;
+use crate::model::{self, Calibration, Prediction, ReadPlan, Scenario, Validation, WindowSample};
 
 /// The phases a rank's own work is made of: all but the exchange.
 const OWN: [Phase; 4] = [Phase::Plan, Phase::Read, Phase::Pack, Phase::Assemble];
@@ -497,8 +498,12 @@ fn read_rank(
             }
             Record::Epoch(e) => e,
         };
-        if e.ranks != ranks && disagree.is_none() {
-            disagree = Some(bad(format!("the record says the run had {} rank(s), but {says}", e.ranks)));
+        // A record that does not say (schema 1 could leave it out) disagrees with nothing.
+        match e.ranks {
+            Some(n) if n != ranks && disagree.is_none() => {
+                disagree = Some(bad(format!("the record says the run had {n} rank(s), but {says}")));
+            }
+            _ => {}
         }
         if let Some(first) = lines.insert(e.epoch, line) {
             return Err(bad(format!(

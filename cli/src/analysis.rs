@@ -7,7 +7,8 @@ use std::path::PathBuf;
 
 use clap::builder::RangedU64ValueParser;
 use meshfeed::config::ByteSize;
-use meshfeed::{Error, Result};
+use meshfeed::error::ErrorKind;
+use meshfeed::{Result, ResultExt};
 use meshfeed_analysis::report::{self, Model, PredictOptions};
 use serde::Serialize;
 
@@ -295,5 +296,5 @@ pub fn run(args: ReportArgs) -> Result<()> {
 
 /// One JSON line.
 fn json<T: Serialize>(v: &T) -> Result<String> {
-    serde_json::to_string(v).map_err(|e| Error::Internal(e.to_string()))
+    serde_json::to_string(v).context(ErrorKind::Internal, "a record of the report does not serialise")
 }

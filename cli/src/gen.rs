@@ -21,7 +21,7 @@ pub struct GenArgs {
     /// Number of files (samples are spread evenly, remainder to the first files).
     #[arg(long, default_value_t = 1)]
     pub files: u64,
-    /// A field as name:dtype[:shape], e.g. x:f32:3x32, y:i64, t:bytes (Arrow only).
+    /// A field as `name:dtype[:shape]`, e.g. `x:f32:3x32`, `y:i64`, `t:bytes` (Arrow only).
     #[arg(long = "field", required = true, value_name = "NAME:DTYPE[:SHAPE]")]
     pub fields: Vec<String>,
     /// Output directory (created if missing).

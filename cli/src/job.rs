@@ -7,7 +7,7 @@ use meshfeed::config::{Job, JobFile, TransportKind, JOB_FILE_LIMIT};
 use meshfeed::runtime::Runtime;
 use meshfeed::{Error, Result};
 
-use crate::input::read_small;
+use meshfeed::config::read_small_file;
 
 /// What to load and how: shared by `run` and `bench`. The flags are the job description's
 /// keys ([`JobFile`], declared once in the library), each overriding the `--config` file's.
@@ -43,7 +43,7 @@ impl JobArgs {
 /// Reads a TOML job file (a regular file of at most [`JOB_FILE_LIMIT`] bytes: a FIFO in its
 /// place is refused, not waited on); relative dataset paths are relative to the file.
 fn read_job_file(path: &Path) -> Result<JobFile> {
-    let text = read_small(path, JOB_FILE_LIMIT)?;
+    let text = read_small_file(path, JOB_FILE_LIMIT)?;
     let file: JobFile =
         toml::from_str(&text).map_err(|e| Error::file(path, format!("invalid job file: {}", e.message())))?;
     Ok(file.relative_to(path.parent().unwrap_or(Path::new("."))))

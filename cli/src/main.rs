@@ -16,7 +16,6 @@ macro_rules! out {
 mod analysis;
 mod bench;
 mod gen;
-mod input;
 mod inspect;
 mod job;
 mod launch;

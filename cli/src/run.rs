@@ -30,12 +30,12 @@ pub struct RunArgs {
     /// order, with the right contents (contents: for datasets written by `meshfeed gen`).
     #[arg(long)]
     pub verify: bool,
-    /// Write one rank-<r>.jsonl per rank: ids and CRC-32 of every delivered row.
+    /// Write one `rank-<r>.jsonl` per rank: ids and CRC-32 of every delivered row.
     #[arg(long, value_name = "DIR")]
     pub dump: Option<PathBuf>,
-    /// Write per-rank telemetry here: rank-<r>.jsonl (one JSON line per window: time per
+    /// Write per-rank telemetry here: `rank-<r>.jsonl` (one JSON line per window: time per
     /// phase, waiting for the slowest peer, bytes; and one per epoch: host, time per phase,
-    /// waiting, bytes, peak memory) and run.json (the configuration), for `meshfeed
+    /// waiting, bytes, peak memory) and `run.json` (the configuration), for `meshfeed
     /// report`.
     #[arg(long, value_name = "DIR")]
     pub telemetry: Option<PathBuf>,

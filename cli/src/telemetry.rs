@@ -43,7 +43,7 @@ impl TelemetryWriter {
         self.writer.append(&Record::Epoch(Epoch {
             schema: SCHEMA,
             rank: self.rank,
-            ranks: self.ranks,
+            ranks: Some(self.ranks),
             host: self.host.clone(),
             epoch: t.epoch,
             steps: t.steps,

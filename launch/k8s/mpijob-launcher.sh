@@ -6,7 +6,7 @@
 #
 # * MESHFEED_STATE (optional; the manifest sets /state/state.json, a volume the launcher
 #   and every worker mount): makes the job restartable, as entrypoint.sh does for the
-#   UCX manifests. The entrypoint appends `--state "$MESHFEED_STATE"` to the command line
+#   UCX manifests. The launcher appends `--checkpoint "$MESHFEED_STATE"` to the command line
 #   (its last words go to `meshfeed run`: with `--checkpoint`, rank 0, on a worker, saves
 #   the state there when the ranks are stopped by SIGTERM and at the end, and every rank
 #   resumes from it when the file exists). The file's directory must exist here (the

@@ -148,6 +148,22 @@ struct ReadLayout<'a> {
     reason: &'a str,
 }
 
+/// `value` (from `pythonize`) as JSON carries it: its tuples (a Rust tuple's) as lists, at
+/// any depth. The layout and the state are plain data, so a `state_dict()` equals its
+/// own JSON round trip.
+fn json_shaped(value: Bound<'_, PyAny>) -> PyResult<Bound<'_, PyAny>> {
+    if let Ok(dict) = value.downcast::<PyDict>() {
+        // Replacing the values of a dict's keys while iterating it is allowed (PyDict_Next).
+        for (key, item) in dict.iter() {
+            dict.set_item(key, json_shaped(item)?)?;
+        }
+    } else if value.is_instance_of::<PyList>() || value.is_instance_of::<PyTuple>() {
+        let items = value.try_iter()?.map(|item| json_shaped(item?)).collect::<PyResult<Vec<_>>>()?;
+        return Ok(PyList::new(value.py(), items)?.into_any());
+    }
+    Ok(value)
+}
+
 /// A distributed loader (the Rust `meshfeed::loader::Loader`).
 #[pyclass(module = "meshfeed._meshfeed")]
 struct Loader {
@@ -292,7 +308,7 @@ impl Loader {
                     reason: &plan.reason,
                 },
             };
-            pythonize(py, &layout).map_err(|e| InternalError::new_err(format!("layout: {e}")))
+            json_shaped(pythonize(py, &layout).map_err(|e| InternalError::new_err(format!("layout: {e}")))?)
         })
     }
 
@@ -355,7 +371,7 @@ impl Loader {
     /// The loader's state ([`LoaderState`]) as a dict.
     fn state<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let state = self.with(|l| Ok(l.state()))?;
-        pythonize(py, &state).map_err(|e| InternalError::new_err(format!("state: {e}")))
+        json_shaped(pythonize(py, &state).map_err(|e| InternalError::new_err(format!("state: {e}")))?)
     }
 
     /// Continues where a state from `state` (of any rank count) says.
@@ -498,45 +514,53 @@ impl FieldBuffer {
         PyTuple::new(py, self.shape.iter())
     }
 
-    /// The buffer protocol: a read-only C-order array of the dtype's format and the shape.
+    /// The buffer protocol (PEP 3118): a read-only C-order array of the dtype's format and
+    /// the shape. A request without `PyBUF_ND` gets the bytes as one run (`ndim` 1, no
+    /// shape, `itemsize` 1, format `B`), as `PyBuffer_FillInfo` exports them; one for
+    /// Fortran order is refused unless the array is also Fortran-contiguous.
     unsafe fn __getbuffer__(slf: Bound<'_, Self>, view: *mut pyo3::ffi::Py_buffer, flags: c_int) -> PyResult<()> {
         use pyo3::ffi;
         if view.is_null() {
             return Err(PyBufferError::new_err("no view to fill"));
         }
-        if flags & ffi::PyBUF_WRITABLE == ffi::PyBUF_WRITABLE {
+        // SAFETY: `view` is the caller's, to fill; on an error its `obj` must be NULL.
+        unsafe { (*view).obj = std::ptr::null_mut() };
+        let requested = |flag: c_int| flags & flag == flag;
+        if requested(ffi::PyBUF_WRITABLE) {
             return Err(PyBufferError::new_err("meshfeed batches are read-only"));
         }
         let this = slf.get();
         let bytes = this.bytes.as_slice();
-        // SAFETY: `view` is the caller's; the bytes, the format, the shape and the
-        // strides live as long as `obj` (this object, referenced by the view), and a
-        // frozen FieldBuffer never changes them. Without PyBUF_ND the consumer reads the
-        // (C-contiguous) bytes as one run, as numpy's own buffers do.
+        // C order is also Fortran order where at most one dimension exceeds 1, or where
+        // there are no elements (CPython's PyBuffer_IsContiguous).
+        if requested(ffi::PyBUF_F_CONTIGUOUS) && !bytes.is_empty() && this.shape.iter().filter(|&&d| d > 1).count() > 1
+        {
+            return Err(PyBufferError::new_err(format!(
+                "a meshfeed field of shape {:?} is C-contiguous, not Fortran-contiguous",
+                this.shape
+            )));
+        }
+        let nd = requested(ffi::PyBUF_ND);
+        // SAFETY: the bytes, the format, the shape and the strides live as long as `obj`
+        // (this object, referenced by the view), and a frozen FieldBuffer never changes
+        // them. PyBUF_STRIDES includes PyBUF_ND: strides are only given with the shape.
         unsafe {
-            (*view).obj = slf.clone().into_any().into_ptr();
             (*view).buf = bytes.as_ptr() as *mut c_void;
             (*view).len = bytes.len() as ffi::Py_ssize_t;
             (*view).readonly = 1;
-            (*view).itemsize = this.dtype.size() as ffi::Py_ssize_t;
-            (*view).format = if flags & ffi::PyBUF_FORMAT == ffi::PyBUF_FORMAT {
-                buffer_format(this.dtype).as_ptr() as *mut _
-            } else {
-                std::ptr::null_mut()
+            (*view).itemsize = if nd { this.dtype.size() as ffi::Py_ssize_t } else { 1 };
+            (*view).format = match (requested(ffi::PyBUF_FORMAT), nd) {
+                (false, _) => std::ptr::null_mut(),
+                (true, true) => buffer_format(this.dtype).as_ptr() as *mut _,
+                (true, false) => c"B".as_ptr() as *mut _,
             };
-            (*view).ndim = this.shape.len() as c_int;
-            (*view).shape = if flags & ffi::PyBUF_ND == ffi::PyBUF_ND {
-                this.shape.as_ptr() as *mut _
-            } else {
-                std::ptr::null_mut()
-            };
-            (*view).strides = if flags & ffi::PyBUF_STRIDES == ffi::PyBUF_STRIDES {
-                this.strides.as_ptr() as *mut _
-            } else {
-                std::ptr::null_mut()
-            };
+            (*view).ndim = if nd { this.shape.len() as c_int } else { 1 };
+            (*view).shape = if nd { this.shape.as_ptr() as *mut _ } else { std::ptr::null_mut() };
+            (*view).strides =
+                if requested(ffi::PyBUF_STRIDES) { this.strides.as_ptr() as *mut _ } else { std::ptr::null_mut() };
             (*view).suboffsets = std::ptr::null_mut();
             (*view).internal = std::ptr::null_mut();
+            (*view).obj = slf.clone().into_any().into_ptr();
         }
         Ok(())
     }

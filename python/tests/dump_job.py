@@ -28,6 +28,8 @@ def main() -> None:
         with open(resume) as f:
             state = json.load(f)
         loader.load_state_dict(state)
+        # Plain data: the loader's state equals the one it was loaded from (JSON).
+        assert loader.state_dict() == state, (loader.state_dict(), state)
         first = state["epoch"]
     delivered = 0
     with open(os.path.join(out, f"rank-{loader.rank}.jsonl"), "w") as dump:
@@ -44,8 +46,10 @@ def main() -> None:
                 dump.write(json.dumps(line, separators=(",", ":")) + "\n")
                 delivered += 1
                 if stop_after is not None and delivered == stop_after:
+                    state = loader.state_dict()
+                    assert state == json.loads(json.dumps(state)), state
                     with open(sys.argv[5], "w") as f:
-                        json.dump(loader.state_dict(), f)
+                        json.dump(state, f)
                     loader.close()
                     return
     loader.close()

@@ -92,6 +92,98 @@ def test_every_dtype_reaches_numpy_and_torch_as_it_is(tmp_path):
     assert "dtypes ok 3" in r.stdout, r.stdout + r.stderr
 
 
+# A consumer's requests of a field buffer (PyObject_GetBuffer through ctypes), and what
+# each one fills in: (len, itemsize, ndim, format, shape, strides).
+BUFFER_REQUESTS = r"""
+import ctypes, hashlib, sys, zlib
+import numpy as np, meshfeed
+
+SIMPLE, WRITABLE, FORMAT, ND, STRIDES = 0, 0x1, 0x4, 0x8, 0x18
+C_CONTIGUOUS, F_CONTIGUOUS, ANY_CONTIGUOUS, FULL_RO = 0x38, 0x58, 0x98, 0x11C
+
+
+class Py_buffer(ctypes.Structure):
+    _fields_ = [("buf", ctypes.c_void_p), ("obj", ctypes.c_void_p), ("len", ctypes.c_ssize_t),
+                ("itemsize", ctypes.c_ssize_t), ("readonly", ctypes.c_int), ("ndim", ctypes.c_int),
+                ("format", ctypes.c_char_p), ("shape", ctypes.POINTER(ctypes.c_ssize_t)),
+                ("strides", ctypes.POINTER(ctypes.c_ssize_t)), ("suboffsets", ctypes.c_void_p),
+                ("internal", ctypes.c_void_p)]
+
+
+get, release = ctypes.pythonapi.PyObject_GetBuffer, ctypes.pythonapi.PyBuffer_Release
+get.argtypes = [ctypes.py_object, ctypes.POINTER(Py_buffer), ctypes.c_int]
+release.argtypes, release.restype = [ctypes.POINTER(Py_buffer)], None
+
+
+def request(obj, flags):
+    view = Py_buffer(obj=1)  # garbage the exporter must overwrite (NULL on an error)
+    try:
+        get(obj, ctypes.byref(view), flags)
+    except BufferError:
+        assert view.obj is None, "a refused request leaves view.obj set"
+        raise
+    try:
+        assert view.obj == id(obj) and view.readonly == 1 and view.suboffsets is None, flags
+        n = view.ndim
+        return (view.len, view.itemsize, n, view.format, tuple(view.shape[:n]) if view.shape else None,
+                tuple(view.strides[:n]) if view.strides else None)
+    finally:
+        release(ctypes.byref(view))
+
+
+def refused(obj, flags):
+    try:
+        request(obj, flags)
+    except BufferError as e:
+        return str(e)
+    raise AssertionError(f"request {flags:#x} of {obj.shape} not refused")
+
+
+loader = meshfeed.Loader(sys.argv[1], 8, seed=3)
+raw = loader._inner.next_batch()
+x, v, ids = raw.fields["x"], raw.fields["v"], raw.ids  # (8, 4, 6) f32, (8, 1) i16, (8,) i64
+refs = sys.getrefcount(x)
+n = 8 * 4 * 6 * 4
+
+# memoryview (a full request): the dtype's format, the shape, C-order strides.
+m = memoryview(x)
+assert (m.format, m.itemsize, m.ndim, m.shape, m.strides, m.nbytes) == ("<f", 4, 3, (8, 4, 6), (96, 24, 4), n)
+assert m.readonly and m.c_contiguous and m.contiguous and not m.f_contiguous
+assert m.tobytes() == bytes(x) == np.asarray(x).tobytes()
+m.release()
+assert memoryview(v).f_contiguous and memoryview(ids).f_contiguous
+assert request(x, FULL_RO) == (n, 4, 3, b"<f", (8, 4, 6), (96, 24, 4))
+assert request(x, STRIDES) == request(x, C_CONTIGUOUS) == request(x, ANY_CONTIGUOUS) == (
+    n, 4, 3, None, (8, 4, 6), (96, 24, 4))
+assert request(x, ND) == (n, 4, 3, None, (8, 4, 6), None)
+assert request(x, ND | FORMAT) == (n, 4, 3, b"<f", (8, 4, 6), None)
+
+# Without PyBUF_ND: the bytes as one run, as PyBuffer_FillInfo exports them.
+assert request(x, SIMPLE) == (n, 1, 1, None, None, None)
+assert request(x, FORMAT) == (n, 1, 1, b"B", None, None)
+# hashlib and zlib make SIMPLE requests (hashlib refuses a view of more than one dimension).
+assert hashlib.sha256(x).digest() == hashlib.sha256(np.asarray(x).tobytes()).digest()
+assert zlib.crc32(x) == zlib.crc32(np.asarray(x).tobytes())
+
+# Fortran order: refused where the C-ordered data is not also Fortran-ordered.
+assert "Fortran" in refused(x, F_CONTIGUOUS) and "Fortran" in refused(x, F_CONTIGUOUS | FORMAT)
+assert request(v, F_CONTIGUOUS) == (16, 2, 2, None, (8, 1), (2, 2))
+assert request(ids, F_CONTIGUOUS | FORMAT) == (64, 8, 1, b"<q", (8,), (8,))
+assert "read-only" in refused(x, WRITABLE) and "read-only" in refused(x, FULL_RO | WRITABLE)
+assert sys.getrefcount(x) == refs, "a view's reference was not released"
+loader.close()
+print("buffers ok")
+"""
+
+
+def test_field_buffers_answer_each_buffer_request_as_pep_3118_says(tmp_path):
+    data = tmp_path / "buffers"
+    ok(run([BIN, "gen", "--format", "npy", "--samples", "16", "--files", "1", "--out", data]
+           + ["--field", "x:f32:4x6", "--field", "v:i16:1"]))
+    r = ok(run(MPIRUN + ["-np", 1, sys.executable, "-c", BUFFER_REQUESTS, data]))
+    assert "buffers ok" in r.stdout, r.stdout + r.stderr
+
+
 def test_the_ray_launcher_is_a_module_that_imports_ray_only_when_run():
     # `import meshfeed` (and the launcher's module itself) work without importing Ray.
     script = (

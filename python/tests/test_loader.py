@@ -110,6 +110,8 @@ def test_the_read_plan_is_visible_from_python(datasets, tmp_path):
     script = (
         "import json, sys, meshfeed\n"
         "l = meshfeed.Loader(sys.argv[1], 12, **json.loads(sys.argv[2]))\n"
+        "assert 'read' not in l.layout and l.layout == json.loads(json.dumps(l.layout)), l.layout\n"
+        "assert l.layout['mesh'] == [['dp', 2]] and l.mesh_shape == {'dp': 2}, l.layout\n"
         "print(json.dumps({'rank': l.rank, **l.read_plan}))\n"
     )
     spill = tmp_path / "spill"

@@ -127,8 +127,6 @@ pub fn modelled_costs(
     hosts: &[usize],
     costs: &ExchangeCosts,
 ) -> Result<(f64, f64)> {
-    let (intra, inter) = (costs.intra_bytes_per_s.max(1) as f64, costs.inter_bytes_per_s.max(1) as f64);
-    let latency = costs.latency_ns as f64 * 1e-9;
     // Fused: one all-to-all straight to every receiver.
     let recv = recv_bytes_per_step(placement, fields, sizes);
     let fused = all_to_all_times(&recv, hosts, costs).into_iter().fold(0.0, f64::max);
@@ -139,13 +137,16 @@ pub fn modelled_costs(
     for b in placement.blocks() {
         let members: Vec<&Receiver> = b.receivers.iter().filter(|r| !r.parts.is_empty()).collect();
         let Some(leader) = members.first().map(|m| m.rank.0) else { continue };
-        let speed = |m: usize| if hosts[m] == hosts[leader] { intra } else { inter };
-        let scatter: f64 = members.iter().map(|m| recv[m.rank.0] as f64 / speed(m.rank.0)).sum();
+        // Phase 2 is an exchange too: the leader sends each member its part (bytes on the
+        // leader's host or over the link), a member receives one message.
+        let split = |m: usize| if hosts[m] == hosts[leader] { (recv[m] as f64, 0.0) } else { (0.0, recv[m] as f64) };
+        let (on, link) = members.iter().map(|m| split(m.rank.0)).fold((0.0, 0.0), |a, b| (a.0 + b.0, a.1 + b.1));
         for (i, m) in members.iter().enumerate() {
             let phase2 = if i == 0 {
-                scatter + members.len() as f64 * latency
+                all_to_all_seconds(costs, members.len(), on, link)
             } else {
-                recv[m.rank.0] as f64 / speed(m.rank.0) + latency
+                let (on, link) = split(m.rank.0);
+                all_to_all_seconds(costs, 1, on, link)
             };
             two = two.max(phase1[m.rank.0] + phase2);
         }

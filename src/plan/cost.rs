@@ -7,9 +7,13 @@
 use crate::config::ExchangeCosts;
 
 /// Seconds one rank spends in one all-to-all: a latency per peer it exchanges a message
-/// with (`peers`: the world size less one), its bytes to and from ranks on its own host
-/// over the on-host bandwidth, and the bytes on its host's link to other hosts (which its
-/// host's ranks share) over the link's bandwidth.
+/// with (`peers`: the world size less one in a full exchange), `on_host_bytes` — the bytes
+/// it sends to *and* receives from ranks on its own host — over the on-host bandwidth,
+/// and `link_bytes` — the larger of what its host's ranks together send to and receive
+/// from other hosts (the link is full duplex, shared by the host's ranks) — over the
+/// link's bandwidth. Both the choice and the fit pass these quantities, so a fitted
+/// `intra` is the bandwidth of bytes in and out (`meshfeed_analysis::model`, which sees
+/// a window's sends, takes the link's out for its larger side).
 pub fn all_to_all_seconds(costs: &ExchangeCosts, peers: usize, on_host_bytes: f64, link_bytes: f64) -> f64 {
     let latency = costs.latency_ns as f64 * 1e-9;
     latency * peers as f64

@@ -6,10 +6,3 @@
 pub mod plots;
 pub mod record;
 pub mod report;
-
-/// The median of some measurements (the upper one of an even count; 0 for none).
-pub fn median(v: &[f64]) -> f64 {
-    let mut v = v.to_vec();
-    v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied().unwrap_or(0.0)
-}

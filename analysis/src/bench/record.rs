@@ -137,7 +137,7 @@ impl Setting {
             batch_size: self.batch_size,
             window_bytes: self.window_bytes,
             epochs: epoch_s.len() as u64,
-            epoch_s: super::median(epoch_s),
+            epoch_s: crate::median(epoch_s.to_vec()),
             epoch_s_best: best,
             epoch_s_all: epoch_s.to_vec(),
             samples_per_epoch,

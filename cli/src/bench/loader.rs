@@ -134,7 +134,7 @@ pub fn measure(
             e += epochs + 1;
         }
         loader.take_metrics();
-        let (without, with) = (median(&without), median(&with));
+        let (without, with) = (median(without), median(with));
         row.compute_ms = Some(ms);
         row.epoch_without_compute_s = Some(without);
         row.epoch_with_compute_s = Some(with);

@@ -26,7 +26,8 @@ mod random_access;
 mod report;
 mod table;
 
-pub(crate) use meshfeed_analysis::bench::{median, record};
+pub(crate) use meshfeed_analysis::bench::record;
+pub(crate) use meshfeed_analysis::median;
 
 use std::path::PathBuf;
 use std::str::FromStr;

@@ -499,12 +499,13 @@ class Loader:
         self._inner = inner
         self.rank: int = inner.rank()
         self.world_size: int = inner.world_size()
-        #: The mesh, the devices' coordinates, the fields and the read plan.
-        self.layout: Layout = inner.layout()
+        layout = inner.layout()
         #: How the ranks read their home ranges: ``strategy`` (``resident``, ``passes``
         #: or ``random``), ``passes`` per epoch, ``spill``, this rank's ``resident_rows``
         #: and the ``reason`` for the choice (memory budget, storage speed).
-        self.read_plan: ReadPlan = self.layout["read"]
+        self.read_plan: ReadPlan = layout.pop("read")
+        #: The mesh, the devices' coordinates and the fields (the read plan apart).
+        self.layout: Layout = layout
         launcher = _launcher_local_rank()
         #: This process's index among the job's processes on its host: the launcher's
         #: LOCAL_RANK (or Open MPI's, Slurm's, MPICH's) when set, else counted from the
@@ -516,7 +517,7 @@ class Loader:
     @property
     def mesh_shape(self) -> dict[str, int]:
         """The device mesh's axes and sizes, e.g. ``{"dp": 2, "tp": 2}``."""
-        return {name: size for name, size in self.layout["mesh"]}
+        return {str(name): int(size) for name, size in self.layout["mesh"]}
 
     @property
     def devices_per_process(self) -> int:

@@ -77,8 +77,9 @@ class JobOptions(TypedDict, total=False):
 class Fingerprint(TypedDict):
     """What defines the global batch stream (not the ranks or the mesh)."""
 
-    #: Per file: name (not the full path), samples, bytes.
-    files: list[tuple[str, int, int]]
+    #: Per file: ``[name, samples, bytes]`` (the name, not the full path), a list as
+    #: JSON carries it.
+    files: list[list[Union[str, int]]]
     #: Field names and kinds, as text.
     fields: list[str]
     samples: int
@@ -123,10 +124,12 @@ class ReadPlan(TypedDict):
 
 
 class Layout(TypedDict):
-    """The loader's mesh and fields as this process sees them (:attr:`meshfeed.Loader.layout`)."""
+    """The loader's mesh and fields as this process sees them (:attr:`meshfeed.Loader.layout`;
+    the read plan is :attr:`meshfeed.Loader.read_plan`). Plain data: lists, as JSON carries
+    them."""
 
-    #: The mesh's axes, (name, size), in order.
-    mesh: list[tuple[str, int]]
+    #: The mesh's axes, ``[name, size]``, in order.
+    mesh: list[list[Union[str, int]]]
     #: Each device's coordinate on the mesh; device ``d`` is driven by process
     #: ``d // devices_per_process``.
     device_coords: list[list[int]]
@@ -135,4 +138,3 @@ class Layout(TypedDict):
     local_rank: int
     local_size: int
     fields: list[FieldLayout]
-    read: ReadPlan
