@@ -96,7 +96,7 @@ impl Reads {
         let home = stream.home.range(stream.rank);
         let in_memory = |id: SampleId| {
             home.contains(&id.0) && own.as_ref().is_some_and(|v| v.tier(id.0 - home.start) == Tier::Memory)
-                || self.pass.as_ref().is_some_and(|p| p.value(id, 0).is_some())
+                || self.pass.as_ref().is_some_and(|p| p.holds(id))
         };
         let spilled: Vec<u64> = match &own {
             Some(v) if v.spill.is_some() => ids
