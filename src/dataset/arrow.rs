@@ -429,28 +429,6 @@ impl ArrowReader {
         Ok(ArrowReader { file, path: path.to_path_buf(), footer, starts })
     }
 
-    /// Reads `ranges` (relative to `buffer`, inside it) in coalesced reads; each read
-    /// becomes a buffer of `chunk` and each range's location is appended to `out`.
-    fn read_ranges(
-        &self,
-        chunk: &mut RowChunk,
-        buffer: FileSpan,
-        ranges: &[Range<u64>],
-        what: &str,
-        out: &mut Vec<ValueLoc>,
-    ) -> Result<()> {
-        let mut at = 0;
-        for (g, n) in group_ranges(ranges, RECORD_GAP_BYTES) {
-            let bytes = read_exact(&self.file, &self.path, buffer.start + g.start, g.end - g.start, what)?;
-            let b = chunk.add_buffer(Buffer::from_vec(bytes));
-            for r in &ranges[at..at + n] {
-                out.push((b, (r.start - g.start) as usize, (r.end - r.start) as usize));
-            }
-            at += n;
-        }
-        Ok(())
-    }
-
     /// The value ranges of `rows` (local to the batch) of a variable-length column, read
     /// from its offsets buffer: checked to be ordered and to lie inside `values`.
     fn value_ranges(
@@ -536,11 +514,16 @@ impl super::FileReader for ArrowReader {
         Some(&self.file)
     }
 
+    /// Reads the values of `rows` (sorted) in as few reads as [`group_ranges`] allows
+    /// across columns and record batches alike: the rows of a dense range (a pass, a run of
+    /// a window) come in one read of their batches' byte span, not one read per column
+    /// buffer of each batch.
     fn read_rows(&mut self, rows: &[u64]) -> Result<RowChunk> {
         let fields = self.footer.fields.len();
         let mut chunk = RowChunk::new(fields);
-        // Per column, where each requested row's value is; pushed row-major at the end.
-        let mut locs: Vec<Vec<ValueLoc>> = (0..fields).map(|_| Vec::with_capacity(rows.len())).collect();
+        // Every value wanted: its byte range in the file, its row (index into `rows`) and
+        // its column.
+        let mut wanted: Vec<(Range<u64>, usize, usize)> = Vec::with_capacity(rows.len() * fields);
         let mut i = 0;
         while i < rows.len() {
             let b = self.starts.partition_point(|&s| s <= rows[i]) - 1;
@@ -551,27 +534,51 @@ impl super::FileReader for ArrowReader {
             let local: Vec<u64> = rows[i..j].iter().map(|r| r - self.starts[b]).collect();
             let batch = &self.footer.batches[b];
             for (c, column) in batch.columns.iter().enumerate() {
-                let name = &self.footer.fields[c].name;
                 match *column {
                     Column::Fixed { values, width } => {
                         // Inside the buffer: rows × width ≤ its length (checked at open).
-                        let ranges: Vec<Range<u64>> = local.iter().map(|&r| r * width..(r + 1) * width).collect();
-                        self.read_ranges(&mut chunk, values, &ranges, &format!("column '{name}'"), &mut locs[c])?;
+                        wanted.extend(
+                            local
+                                .iter()
+                                .enumerate()
+                                .map(|(k, &r)| (values.start + r * width..values.start + (r + 1) * width, i + k, c)),
+                        );
                     }
                     Column::Var { offsets, values, wide } => {
-                        let context = format!("record batch {b}, column '{name}'");
+                        let context = format!("record batch {b}, column '{}'", self.footer.fields[c].name);
                         let ranges = self.value_ranges(&mut chunk, &context, offsets, values, wide, &local)?;
-                        self.read_ranges(&mut chunk, values, &ranges, &format!("column '{name}'"), &mut locs[c])?;
+                        wanted.extend(
+                            ranges
+                                .into_iter()
+                                .enumerate()
+                                .map(|(k, r)| (values.start + r.start..values.start + r.end, i + k, c)),
+                        );
                     }
                 }
             }
             i = j;
         }
-        for k in 0..rows.len() {
-            for col in &locs {
-                let (b, offset, len) = col[k];
-                chunk.push_value(b, offset, len);
+        // In file order (stable: a batch's buffers mostly are already), then grouped.
+        wanted.sort_by_key(|(r, _, _)| r.start);
+        let ranges: Vec<Range<u64>> = wanted.iter().map(|(r, _, _)| r.clone()).collect();
+        let mut locs: Vec<ValueLoc> = vec![(0, 0, 0); rows.len() * fields];
+        let mut at = 0;
+        for (g, n) in group_ranges(&ranges, RECORD_GAP_BYTES) {
+            let served = &wanted[at..at + n];
+            let mut columns: Vec<usize> = served.iter().map(|&(_, _, c)| c).collect();
+            columns.sort_unstable();
+            columns.dedup();
+            let names: Vec<String> = columns.iter().map(|&c| format!("'{}'", self.footer.fields[c].name)).collect();
+            let what = format!("{} {}", if names.len() == 1 { "column" } else { "columns" }, names.join(", "));
+            let bytes = read_exact(&self.file, &self.path, g.start, g.end - g.start, &what)?;
+            let buffer = chunk.add_buffer(Buffer::from_vec(bytes));
+            for (r, k, c) in served {
+                locs[k * fields + c] = (buffer, (r.start - g.start) as usize, (r.end - r.start) as usize);
             }
+            at += n;
+        }
+        for (buffer, offset, len) in locs {
+            chunk.push_value(buffer, offset, len);
         }
         Ok(chunk)
     }
@@ -756,9 +763,12 @@ mod tests {
         // batch holds ~180 KB here).
         let offsets = 2 * 4 * rows.len() as u64;
         assert!(chunk.bytes_read() <= 2 * needed + offsets, "{} bytes read for {needed}", chunk.bytes_read());
-        // Dense reads stay few reads: every row of the file.
+        // Dense reads stay few reads: every row of the file, five batches of three
+        // columns, comes in one read of their span (the messages between the batches are
+        // read through), not one per column buffer of each batch.
         let all: Vec<u64> = (0..5000).collect();
         let chunk = r.read_rows(&all).unwrap();
+        assert_eq!(chunk.buffers(), 1, "{} reads for the whole file", chunk.buffers());
         for (i, &id) in all.iter().enumerate().step_by(97) {
             for f in 0..3 {
                 want.clear();

@@ -69,6 +69,12 @@ impl RowChunk {
         &self.buffers[loc.buffer as usize].as_slice()[loc.offset..loc.offset + loc.len]
     }
 
+    /// Buffers the chunk's values lie in: for readers that read into buffers of their own,
+    /// the reads that brought them in.
+    pub fn buffers(&self) -> usize {
+        self.buffers.len()
+    }
+
     /// Bytes the reader brought into memory for this chunk.
     pub fn bytes_read(&self) -> u64 {
         self.bytes_read

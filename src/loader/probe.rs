@@ -125,8 +125,10 @@ pub(crate) fn probe(dataset: &Dataset, home: Range<u64>, sample_bytes: u64, dept
     Probe { seq_bytes, seq_secs, reads, read_secs, cached: false }
 }
 
-/// The file holding most of `home`, and the byte range of its home rows (from the
-/// values' offsets where the format stores them in place, else proportional to the rows).
+/// The file holding most of `home`, and the byte range of its home rows: the span of the
+/// largest field's values where the format stores them in place (the one a sample's read
+/// is mostly made of: in HDF5 and Arrow each field has its own region), else a share of
+/// the file proportional to the rows.
 fn region(dataset: &Dataset, home: Range<u64>) -> Option<(usize, Range<u64>)> {
     if home.is_empty() {
         return None;
@@ -139,9 +141,10 @@ fn region(dataset: &Dataset, home: Range<u64>) -> Option<(usize, Range<u64>)> {
     let (start, end) = (dataset.file_start(file), dataset.file_start(file + 1));
     let rows = home.start.max(start) - start..home.end.min(end) - start;
     let info = &dataset.files()[file];
+    let largest = (0..dataset.fields().len()).max_by_key(|&f| dataset.fields()[f].fixed_bytes().unwrap_or(0))?;
     let in_place = dataset.open_reader(file).ok().and_then(|r| {
-        let a = r.value_range(rows.start, 0)?;
-        let b = r.value_range(rows.end - 1, 0)?;
+        let a = r.value_range(rows.start, largest)?;
+        let b = r.value_range(rows.end - 1, largest)?;
         Some(a.start..b.end)
     });
     let total = (end - start).max(1);
@@ -191,5 +194,31 @@ mod tests {
         let _ = std::fs::read(&ds.files()[0].path).unwrap();
         assert!(cached_fraction(&f, r) > 0.9);
         assert!(probe(&ds, 100..1500, 8192, 4).cached);
+    }
+
+    /// HDF5 and Arrow keep each field in a region of its own: the probe reads the largest
+    /// field's (it once read the 8-byte labels' 2 KiB and measured no storage at all).
+    #[test]
+    fn the_probed_region_is_the_largest_fields() {
+        for format in [Format::Hdf5, Format::Arrow] {
+            let dir = tempfile::tempdir().unwrap();
+            let spec = gen::GenSpec {
+                format,
+                samples: 2048,
+                files: 2,
+                out: dir.path().into(),
+                arrow_batch_rows: 64,
+                fields: vec![Field::tensor("label", DType::I64, vec![]), Field::tensor("x", DType::U8, vec![8192])],
+            };
+            for i in 0..2 {
+                gen::write_file(&spec, i).unwrap();
+            }
+            let ds = Dataset::open_local(&[dir.path().into()], Default::default()).unwrap();
+            let (file, r) = region(&ds, 100..1500).unwrap();
+            assert_eq!(file, 0, "{format:?}");
+            let span = r.end - r.start;
+            // Arrow's span holds the batches' other buffers too.
+            assert!((924 * 8192..924 * 8192 + 924 * 64).contains(&span), "{format:?}: {span}");
+        }
     }
 }
