@@ -61,6 +61,8 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MiB, GiB = 1 << 20, 1 << 30
+# The meshfeed measured (``--binary``): a copy lets the tree be rebuilt during a long run.
+MESHFEED = os.path.join(ROOT, "target", "release", "meshfeed")
 
 # The sizes of the warm suite (bench/run.sh): fields and global batch.
 SIZES = {
@@ -357,6 +359,7 @@ class TorchEpochs:
 # --- the suite -----------------------------------------------------------------------
 
 def main():
+    global MESHFEED
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--smoke", action="store_true", help="seconds: a tiny dataset, meshfeed only, outcomes asserted")
     p.add_argument("--out", help="results directory [bench/results/cold-<UTC time>]")
@@ -373,7 +376,9 @@ def main():
                    help="git revision of meshfeed before storage-aware reading, run with its defaults as 'today' "
                         "(built once into --workdir; '' to skip)")
     p.add_argument("--workdir", default=os.path.join(ROOT, "bench", "cold"), help="disk images and mounts")
+    p.add_argument("--binary", default=MESHFEED, help="the meshfeed to measure [target/release/meshfeed]")
     args = p.parse_args()
+    MESHFEED = os.path.abspath(args.binary)
 
     reason = why_not_here()
     if reason:
@@ -386,7 +391,7 @@ def main():
 
 
 def meshfeed_cmd(ranks, data, batch, epochs, extra, binary=None):
-    mf = binary or os.path.join(ROOT, "target", "release", "meshfeed")
+    mf = binary or MESHFEED
     return ["mpirun", "--allow-run-as-root", "--oversubscribe", "--mca", "mpi_yield_when_idle", "1", "-np", str(ranks),
             mf, "run", "--data", data, "--batch-size", str(batch), "--epochs", str(epochs),
             "--json", "--heartbeat", "0", *extra]
@@ -418,7 +423,7 @@ def gen(data, fmt, fields, samples):
     if os.path.exists(os.path.join(data, ".complete")):
         return
     shutil.rmtree(data, ignore_errors=True)
-    mf = os.path.join(ROOT, "target", "release", "meshfeed")
+    mf = MESHFEED
     cmd = [mf, "gen", "--format", fmt, "--samples", str(samples), "--files", "8", "--out", data]
     for f in fields.split():
         cmd += ["--field", f]
@@ -586,7 +591,7 @@ def suite(args):
     finally:
         disk.close()
         scratch.close()
-    mf = os.path.join(ROOT, "target", "release", "meshfeed")
+    mf = MESHFEED
     rep = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "cold_report.py"), results,
                           os.path.join(out, "report.md")], text=True, capture_output=True)
     print(rep.stdout)

@@ -400,7 +400,8 @@ named_enum!(
         Auto => "auto",
         /// Each rank streams its home range once into memory; later epochs read nothing.
         Resident => "resident",
-        /// Each epoch streams the home range K times, keeping a K-th of it at a time.
+        /// Each epoch streams the home range K times, keeping a K-th of it at a time (with
+        /// a spill directory: streamed there once, and the passes read the spill files).
         Passes => "passes",
         /// What fits the budget stays in memory; the rest is read where a window needs it,
         /// with many reads in flight (or spilled once, with a spill directory).

@@ -71,10 +71,12 @@ impl ReadPlan {
     /// reads once; `passes` K times each epoch; `random` keeps its resident rows (read in
     /// the first epoch) and reads the rest every epoch — from the spill directory after
     /// the first where there is one, counted at the storage's rate, which overstates a
-    /// faster local disk.
+    /// faster local disk. Passes over a spill directory read the data once in the first
+    /// epoch and K times from the spill files after, counted the same way.
     pub fn of(plan: &IoPlan, samples: u64) -> ReadPlan {
         match plan.strategy {
             Strategy::Resident => ReadPlan::RESIDENT,
+            Strategy::Passes { passes } if plan.spill => ReadPlan { first: 1.0, later: passes.max(1) as f64 },
             Strategy::Passes { passes } => ReadPlan { first: passes.max(1) as f64, later: passes.max(1) as f64 },
             Strategy::Random => {
                 let kept = (plan.resident.iter().sum::<u64>() as f64 / samples.max(1) as f64).clamp(0.0, 1.0);

@@ -25,7 +25,7 @@ use super::stream::{Stream, WindowSpec};
 use super::window::{receipt, Packed, Received, Route, Window};
 use super::{broadcast, two_phase};
 use crate::config::ExchangeMode;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::plan::{EpochOrder, FieldPart, HomeIndex, Permutation, Placement, Strategy, WindowPlan};
 use crate::transport::{agree, agree_position, Transport};
 use crate::types::{Rank, SampleId};
@@ -71,6 +71,17 @@ fn ensure_pass(
     if reads.pass.as_ref().is_some_and(|p| p.covers(epoch, steps.start) && p.covers(epoch, steps.end - 1)) {
         return Ok(());
     }
+    // Passes over the spill file start once it holds the whole home range; until then
+    // the windows read their spilled rows where they need them.
+    let spilled = match (&reads.store, stream.io.spill) {
+        (Some(store), true) if !store.is_filled() => {
+            reads.pass = None;
+            return Ok(());
+        }
+        (Some(store), true) => Some(store.view()),
+        (None, true) => return Err(Error::Internal("passes over a spill file, but this rank has no store".into())),
+        _ => None,
+    };
     // The old pass goes first: memory holds one at a time.
     reads.pass = None;
     let (spe, spw) = (stream.steps_per_epoch, stream.steps_per_window.max(1));
@@ -81,8 +92,19 @@ fn ensure_pass(
     let mut ids: Vec<u64> = index.lookup(perm, positions).iter().map(|&(_, id)| id).collect();
     ids.sort_unstable();
     let dataset = &stream.dataset;
-    let (pass, bytes) = passes::fill(dataset, epoch, pass_steps, ids, &mut |f| dataset.open_reader(f))?;
-    metrics.bytes_read += bytes;
+    let pass = match spilled {
+        Some(view) => {
+            let home = stream.home.range(stream.rank);
+            let (pass, bytes) = passes::fill_spilled(&view, home.start, epoch, pass_steps, ids)?;
+            metrics.bytes_read_spill += bytes;
+            pass
+        }
+        None => {
+            let (pass, bytes) = passes::fill(dataset, epoch, pass_steps, ids, &mut |f| dataset.open_reader(f))?;
+            metrics.bytes_read += bytes;
+            pass
+        }
+    };
     metrics.bytes_copied += pass.bytes() as u64;
     reads.pass = Some(Arc::new(pass));
     Ok(())

@@ -8,12 +8,17 @@
 //! (a seek starts a new pass where it lands). A row a window needs that its pass does not
 //! hold — the few a padded last batch takes from the start of the epoch — is read on its
 //! own.
+//!
+//! With a spill directory, the home range is streamed once to the spill file and the
+//! passes stream that file instead of the shared storage ([`fill_spilled`]), once it holds
+//! the whole range; until then the windows read their spilled rows one by one.
 
 use std::ops::Range;
+use std::os::unix::fs::FileExt;
 
 use arrow_buffer::Buffer;
 
-use super::store::RecordLayout;
+use super::store::{RecordLayout, StoreView, Tier};
 use crate::dataset::{Dataset, FileReader, RowChunk};
 use crate::error::{Error, Result};
 use crate::plan::io::STREAM_READ_BYTES;
@@ -189,6 +194,49 @@ pub(crate) fn fill(
     Ok((PassBuffer { epoch, steps, kept: Kept::new(&ids), rows }, bytes_read))
 }
 
+/// A pass over this rank's spill file: keeps the spilled home rows of `ids` (sorted; ids
+/// kept in memory are left out) for `steps` of `epoch`, reading the file in reads of about
+/// [`STREAM_READ_BYTES`] from each next needed row. `home_start` is the first id of the
+/// home range. Returns the pass and the bytes read.
+pub(crate) fn fill_spilled(
+    view: &StoreView,
+    home_start: u64,
+    epoch: u64,
+    steps: Range<u64>,
+    mut ids: Vec<u64>,
+) -> Result<(PassBuffer, u64)> {
+    let (Some(layout), Some(file)) = (view.layout.clone(), view.spill.as_deref()) else {
+        return Err(Error::Internal("a pass over the spill file of a store without one".into()));
+    };
+    ids.dedup();
+    ids.retain(|&id| view.tier(id - home_start) == Tier::Spill);
+    let record = layout.record as u64;
+    let rows_per_read = (STREAM_READ_BYTES / record.max(1)).max(1);
+    let mut records = Vec::with_capacity(ids.len() * layout.record);
+    let mut buf = Vec::new();
+    let mut bytes_read = 0u64;
+    let mut i = 0;
+    while i < ids.len() {
+        // Rows of the spill file, from the next needed one, as long as a streaming read
+        // and no further than the last needed.
+        let first = ids[i] - home_start - view.resident;
+        let last = (first + rows_per_read).min(ids[ids.len() - 1] - home_start - view.resident + 1);
+        let span = first * record..last * record;
+        buf.resize((span.end - span.start) as usize, 0);
+        file.read_exact_at(&mut buf, span.start).map_err(|e| Error::Io { path: "(spill file)".into(), source: e })?;
+        // The pass holds the rows now; the file's pages would only crowd the page cache.
+        crate::dataset::rows::advise_dontneed(file, span.clone());
+        bytes_read += span.end - span.start;
+        while i < ids.len() && ids[i] - home_start - view.resident < last {
+            let at = ((ids[i] - home_start - view.resident - first) * record) as usize;
+            records.extend_from_slice(&buf[at..at + layout.record]);
+            i += 1;
+        }
+    }
+    let rows = Rows::Records { layout, bytes: records };
+    Ok((PassBuffer { epoch, steps, kept: Kept::new(&ids), rows }, bytes_read))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -233,6 +281,47 @@ mod tests {
                     } else {
                         assert_eq!(got, None, "{format:?} id {id} is not kept");
                     }
+                }
+            }
+        }
+    }
+
+    /// A pass over the spill file keeps exactly the spilled rows asked for (not those in
+    /// memory), reading the file from the first needed row to the last.
+    #[test]
+    fn a_pass_over_the_spill_file_keeps_the_spilled_rows_asked_for() {
+        let dir = tempfile::tempdir().unwrap();
+        let fields = vec![Field::tensor("x", DType::U16, vec![3]), Field::tensor("y", DType::I64, vec![])];
+        let spec = gen::GenSpec {
+            format: Format::Npy,
+            samples: 200,
+            files: 3,
+            out: dir.path().into(),
+            arrow_batch_rows: 9,
+            fields,
+        };
+        for i in 0..3 {
+            gen::write_file(&spec, i).unwrap();
+        }
+        let ds = std::sync::Arc::new(Dataset::open_local(&[dir.path().into()], Default::default()).unwrap());
+        let spill = tempfile::tempdir().unwrap();
+        // Home rows 50..190: 30 in memory, 110 spilled (across the files' ends).
+        let store = super::super::store::HomeStore::start(ds.clone(), 50..190, 30, Some(spill.path())).unwrap();
+        store.wait_for(140).unwrap();
+        assert!(store.is_filled());
+        let ids: Vec<u64> = (50..190).filter(|i| i % 4 != 1).collect();
+        let (pass, bytes) = fill_spilled(&store.view(), 50, 2, 0..5, ids.clone()).unwrap();
+        assert!(pass.covers(2, 4) && !pass.covers(2, 5));
+        // 14 bytes a record, from the first spilled id asked for (80) to the last (188).
+        assert_eq!(bytes, (188 - 80 + 1) * 14);
+        for id in 0..200u64 {
+            let spilled_and_asked = (80..190).contains(&id) && ids.contains(&id);
+            assert_eq!(pass.holds(SampleId(id)), spilled_and_asked, "id {id}");
+            if spilled_and_asked {
+                let (file, row) = ds.locate(SampleId(id));
+                let want = ds.open_reader(file).unwrap().read_rows(&[row]).unwrap();
+                for f in 0..2 {
+                    assert_eq!(pass.value(SampleId(id), f), Some(want.value(0, f)), "id {id} field {f}");
                 }
             }
         }

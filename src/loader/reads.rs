@@ -101,7 +101,7 @@ impl Reads {
         let spilled: Vec<u64> = match &own {
             Some(v) if v.spill.is_some() => ids
                 .iter()
-                .filter(|id| home.contains(&id.0) && v.tier(id.0 - home.start) == Tier::Spill)
+                .filter(|&&id| home.contains(&id.0) && v.tier(id.0 - home.start) == Tier::Spill && !in_memory(id))
                 .map(|id| id.0)
                 .collect(),
             _ => Vec::new(),
@@ -243,6 +243,12 @@ impl Reads {
         let mut spill_reads: Vec<(usize, u64, &mut [u8])> = Vec::new();
         let mut file_reads: Vec<(usize, u64, usize, &mut [u8])> = Vec::new();
         for p in places {
+            // A pass (of this rank's own rows) holds them whatever their tier.
+            if let Some(v) = self.pass.as_ref().and_then(|pass| pass.value(p.id, p.field)) {
+                p.dst.copy_from_slice(v);
+                copied += p.dst.len() as u64;
+                continue;
+            }
             let home = stream.home.range(Rank(p.rank));
             let view = self.views.get(p.rank).and_then(Option::as_ref).filter(|_| home.contains(&p.id.0));
             let tier = view.map_or(Tier::Storage, |v| v.tier(p.id.0 - home.start));
@@ -255,11 +261,6 @@ impl Reads {
                     spill_reads.push((p.rank, v.spill_range(p.id.0 - home.start, p.field).start, p.dst));
                 }
                 _ => {
-                    if let Some(v) = self.pass.as_ref().and_then(|pass| pass.value(p.id, p.field)) {
-                        p.dst.copy_from_slice(v);
-                        copied += p.dst.len() as u64;
-                        continue;
-                    }
                     let (file, row) = dataset.locate(p.id);
                     file_reads.push((file, row, p.field, p.dst));
                 }

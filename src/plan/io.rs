@@ -161,22 +161,40 @@ impl IoPlan {
 pub const MEMORY_ROW_S: f64 = 1.5e-7;
 /// See [`MEMORY_ROW_S`].
 pub const MEMORY_BYTES_PER_S: f64 = 8.0e9;
-/// Node-local spill storage, where not measured: an NVMe device's random reads.
+/// Node-local spill storage (not probed): bytes per second one host streams from its spill
+/// files, and random reads of one row each per second, with reads in flight. For small rows
+/// the reads' own cost binds first: 4 ranks on 2 cores read 256-byte rows back at about
+/// 250 000 a second here (HDF5 and Arrow at 3bdd760, `docs/perf/cold/`).
 pub const SPILL_BYTES_PER_S: f64 = 1.5e9;
+/// See [`SPILL_BYTES_PER_S`].
+pub const SPILL_READS_PER_S: f64 = 2.5e5;
 
 /// Predicted time of an epoch under `strategy` on `host`.
 pub fn predict(inputs: &IoInputs, host: &HostShare, strategy: Strategy, resident: &[u64], spill: bool) -> Prediction {
     let s = inputs.sample_bytes.max(1) as f64;
     let rows = host.samples() as f64;
     let memory = rows * MEMORY_ROW_S + rows * s / MEMORY_BYTES_PER_S;
+    let kept: f64 = host.ranks.iter().map(|&(r, n)| n.min(resident.get(r).copied().unwrap_or(0)) as f64).sum();
+    // With a spill tier, later epochs read what memory does not keep from the spill files
+    // (node-local: no storage speed needed): in passes, or one read per row.
+    let spilled = rows - kept;
+    let from_spill = match strategy {
+        _ if !spill => None,
+        Strategy::Passes { passes } => Some(passes as f64 * spilled * s / SPILL_BYTES_PER_S + memory),
+        _ => Some((spilled * (1.0 / SPILL_READS_PER_S).max(s / SPILL_BYTES_PER_S)).max(memory)),
+    };
     let Some(st) = inputs.storage else {
-        return Prediction { first_epoch_s: memory, later_epoch_s: memory, later_storage_bytes: 0.0 };
+        let later_epoch_s = from_spill.unwrap_or(memory);
+        return Prediction { first_epoch_s: memory, later_epoch_s, later_storage_bytes: 0.0 };
     };
     let stream = |bytes: f64| bytes / st.bandwidth.max(1.0);
     // One read per sample, as many in flight as the device takes: the slower of its
     // reads per second and its bandwidth.
     let random = |rows: f64| rows * (1.0 / st.iops.max(1e-9)).max(s / st.bandwidth.max(1.0));
-    let kept: f64 = host.ranks.iter().map(|&(r, n)| n.min(resident.get(r).copied().unwrap_or(0)) as f64).sum();
+    if let Some(later_epoch_s) = from_spill {
+        // The first epoch streams the home ranges once (to memory and the spill files).
+        return Prediction { first_epoch_s: stream(rows * s) + memory, later_epoch_s, later_storage_bytes: 0.0 };
+    }
     match strategy {
         Strategy::Resident => {
             Prediction { first_epoch_s: stream(rows * s) + memory, later_epoch_s: memory, later_storage_bytes: 0.0 }
@@ -184,14 +202,6 @@ pub fn predict(inputs: &IoInputs, host: &HostShare, strategy: Strategy, resident
         Strategy::Passes { passes } => {
             let t = passes as f64 * stream(rows * s) + memory;
             Prediction { first_epoch_s: t, later_epoch_s: t, later_storage_bytes: passes as f64 * rows * s }
-        }
-        Strategy::Random if spill => {
-            let spilled = (rows - kept) * s / SPILL_BYTES_PER_S;
-            Prediction {
-                first_epoch_s: stream(rows * s) + memory,
-                later_epoch_s: spilled.max(memory),
-                later_storage_bytes: 0.0,
-            }
         }
         Strategy::Random => {
             let reads = random(rows - kept);
@@ -286,19 +296,42 @@ pub fn choose(inputs: &IoInputs) -> Result<IoPlan> {
         ReadStrategy::Passes => Ok(plan(
             Strategy::Passes { passes },
             vec![0; world],
-            false,
-            format!("asked for: {held} gives {passes} passes per epoch"),
+            spill,
+            format!(
+                "asked for: {held} gives {passes} passes per epoch{}",
+                if spill { " over the spill files (once they hold the data; the first epoch streams it there)" } else { "" }
+            ),
         )),
         ReadStrategy::Random => {
             let what = if spill { "the rest spilled once" } else { "the rest read where needed" };
             Ok(plan(Strategy::Random, resident_prefix(), spill, format!("asked for: {held}, {what}")))
         }
-        ReadStrategy::Auto if spill => Ok(plan(
-            Strategy::Random,
-            resident_prefix(),
-            true,
-            format!("the data does not fit in memory ({held}): what fits stays in memory, the rest is spilled once"),
-        )),
+        ReadStrategy::Auto if spill => {
+            // Spilled rows are read back in passes over the spill files where one read per
+            // row costs more (small rows), else at random with what fits kept in memory.
+            let random = predict(inputs, busiest, Strategy::Random, &resident_prefix(), true);
+            let passed = predict(inputs, busiest, Strategy::Passes { passes }, &[], true);
+            let why = format!("the data does not fit in memory ({held}): it is spilled once");
+            let costs = format!(
+                "{passes} passes {:.1} s vs random reads {:.1} s per later epoch",
+                passed.later_epoch_s, random.later_epoch_s
+            );
+            Ok(if passes_fit && passed.later_epoch_s < random.later_epoch_s {
+                plan(
+                    Strategy::Passes { passes },
+                    vec![0; world],
+                    true,
+                    format!("{why}, and later epochs stream the spill files in passes ({costs})"),
+                )
+            } else {
+                plan(
+                    Strategy::Random,
+                    resident_prefix(),
+                    true,
+                    format!("{why}; what fits stays in memory, the rest is read from the spill files ({costs})"),
+                )
+            })
+        }
         _ => {
             let Some(st) = inputs.storage else {
                 return Err(Error::Internal("the storage's speed is needed to choose a read strategy".into()));
@@ -422,6 +455,21 @@ mod tests {
         let p = choose(&i).unwrap();
         assert_eq!((p.strategy, p.spill, p.resident[0]), (Strategy::Random, true, 16384));
         assert_eq!(p.prediction.unwrap().later_storage_bytes, 0.0);
+        assert!(p.reason.contains("the rest is read from the spill files"), "{}", p.reason);
+        // Small rows are read back from the spill files in passes: one read per 256-byte
+        // row costs more than streaming the files K times.
+        let mut small = inputs(GIB, 256, GIB / 4, None);
+        small.spill = true;
+        let p = choose(&small).unwrap();
+        assert_eq!((p.strategy, p.spill, p.resident.clone()), (Strategy::Passes { passes: 5 }, true, vec![0; 4]));
+        assert!(p.reason.contains("stream the spill files in passes"), "{}", p.reason);
+        small.requested = ReadStrategy::Passes;
+        assert_eq!(
+            (choose(&small).unwrap().strategy, choose(&small).unwrap().spill),
+            (Strategy::Passes { passes: 5 }, true)
+        );
+        small.requested = ReadStrategy::Random;
+        assert_eq!((choose(&small).unwrap().strategy, choose(&small).unwrap().spill), (Strategy::Random, true));
         // Variable-length values cannot be spilled.
         i.fixed = false;
         assert!(choose(&i).unwrap_err().to_string().contains("--spill-dir needs every field to have a fixed size"));

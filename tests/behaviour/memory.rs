@@ -185,6 +185,7 @@ fn every_read_strategy_stays_within_a_cgroup_memory_limit() {
         ("passes", 12 << 20, vec!["--read-strategy", "passes"]),
         ("random", 12 << 20, vec!["--read-strategy", "random"]),
         ("spill", 12 << 20, vec!["--spill-dir", s(&spill)]),
+        ("spill-passes", 12 << 20, vec!["--read-strategy", "passes", "--spill-dir", s(&spill)]),
     ] {
         let limit = base + pipelines + budget + slack;
         let cg = MemoryCgroup::new(limit);
@@ -198,7 +199,11 @@ fn every_read_strategy_stays_within_a_cgroup_memory_limit() {
         for l in run.stdout.lines() {
             let e: serde_json::Value = serde_json::from_str(l).unwrap();
             assert_eq!(e["verified"], true, "{name}: {e}");
-            let want = if name == "spill" { "random" } else { name };
+            let want = match name {
+                "spill" => "random",
+                "spill-passes" => "passes",
+                _ => name,
+            };
             assert_eq!(e["read_strategy"], want, "{name}: {e}");
         }
     }

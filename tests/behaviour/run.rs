@@ -395,7 +395,7 @@ over_transports! {
     /// Every read strategy delivers the stream byte for byte as reading every row from
     /// the files where a window needs it (no memory budget, local reads off): resident
     /// (the default where the data fits), passes, random with part of each home range in
-    /// memory, and random with the rest spilled; on one host (same-host rows copied from
+    /// memory, random with the rest spilled and passes over the spill files; on one host (same-host rows copied from
     /// each other's memory) and on hosts of two; at 1 to 4 ranks; for rows read in place
     /// (2 KiB .npy), small rows packed from memory (HDF5) and variable-length values kept
     /// as read (Arrow). The files are read as the strategy says: once for resident data,
@@ -475,6 +475,23 @@ over_transports! {
                     assert_eq!((spilled[0]["spill"].as_bool(), n(&spilled[1], "bytes_read")), (Some(true), 0), "{}", spilled[1]);
                     assert!(n(&spilled[2], "bytes_read_spill") > 0, "{}", spilled[2]);
                     // The spill files are gone with the job.
+                    assert_eq!(std::fs::read_dir(&spill).unwrap().count(), 0, "{format}, {np} ranks");
+                    // Passes over the spill files: the first epoch streams the data there
+                    // (and reads spilled rows one by one), later ones stream the spill
+                    // files K times and read nothing from the data files.
+                    let sp = run(
+                        "spill-passes",
+                        &["--read-strategy", "passes", "--memory-budget", &third, "--spill-dir", spill.to_str().unwrap()],
+                        false,
+                    );
+                    assert_eq!(dump_bytes(&dump("spill-passes"), np), reference, "{format}, {np} ranks, spill passes");
+                    assert_eq!((sp[0]["read_strategy"].as_str(), sp[0]["spill"].as_bool()), (Some("passes"), Some(true)));
+                    let k = n(&sp[0], "passes");
+                    assert!(k >= 2, "{}", sp[0]);
+                    for e in &sp[1..] {
+                        assert_eq!(n(e, "bytes_read"), 0, "{format}, {np} ranks: {e}");
+                        assert!(n(e, "bytes_read_spill") > bytes * (k - 1) / 2, "{k} passes read too little: {e}");
+                    }
                     assert_eq!(std::fs::read_dir(&spill).unwrap().count(), 0, "{format}, {np} ranks");
                 } else {
                     let r = t.run(np, &["run", "--data", d, "--batch-size", "48", "--memory-budget", &third, "--spill-dir", spill.to_str().unwrap()]);
