@@ -707,7 +707,8 @@ impl Default for LoaderOptions {
 #[cfg_attr(feature = "clap", derive(clap::Args))]
 #[serde(default, deny_unknown_fields)]
 pub struct JobFile {
-    /// Dataset files or directories (all supported files in a directory, in name order).
+    /// Dataset files or directories (all supported files in a directory and its
+    /// subdirectories, in path order).
     #[cfg_attr(feature = "clap", arg(long, num_args = 1.., value_name = "PATH"))]
     pub data: Vec<PathBuf>,
     /// HDF5 group that holds the datasets [default: the file root].

@@ -8,7 +8,8 @@ use meshfeed::Result;
 
 #[derive(clap::Args, Debug)]
 pub struct InspectArgs {
-    /// Dataset files or directories (all supported files in a directory, in name order).
+    /// Dataset files or directories (all supported files in a directory and its
+    /// subdirectories, in path order).
     #[arg(long, num_args = 1.., required = true, value_name = "PATH")]
     pub data: Vec<PathBuf>,
     /// HDF5 group that holds the datasets (default: the file root).

@@ -68,6 +68,7 @@ struct BatchLayout {
 }
 
 /// What the footer of an Arrow file and its record batch headers say.
+#[derive(Debug)]
 struct Footer {
     fields: Vec<Field>,
     batches: Vec<BatchLayout>,
@@ -376,10 +377,24 @@ pub fn scan(path: &Path) -> Result<(u64, Vec<Field>, Vec<u64>)> {
 pub struct ArrowReader {
     file: File,
     path: PathBuf,
+    layout: Arc<Layout>,
+}
+
+/// Where everything of one file is: its footer and record batch headers, parsed. Reading
+/// them takes one small read per record batch, each at its own offset (with the
+/// readahead each brings in): on cold storage a reader opened once per pass paid that for
+/// every batch every pass, so a dataset parses each file's layout once ([`LayoutCache`]).
+#[derive(Debug)]
+pub struct Layout {
     footer: Footer,
     /// First row of each batch, plus the total at the end.
     starts: Vec<u64>,
 }
+
+/// The layout of one file, parsed by the first reader opened on it. A file changed since
+/// the scan is refused before its layout is used (the dataset's readers check the file's
+/// identity at open and after every read).
+pub type LayoutCache = std::sync::OnceLock<Arc<Layout>>;
 
 /// Groups byte ranges (in the order given) into reads. A range joins the current read
 /// when it starts inside it or at most `max_gap` bytes after its end, and the bytes read
@@ -416,17 +431,30 @@ type ValueLoc = (u32, usize, usize);
 impl ArrowReader {
     /// Opens `path`, checking that its columns are `expected`.
     pub fn open(path: &Path, expected: &[Field]) -> Result<ArrowReader> {
+        ArrowReader::open_cached(path, expected, &LayoutCache::new())
+    }
+
+    /// Opens `path` with the layout in `cache`, parsing it (and filling the cache) if it
+    /// is empty.
+    pub fn open_cached(path: &Path, expected: &[Field], cache: &LayoutCache) -> Result<ArrowReader> {
         let file = File::open(path).map_err(|e| Error::io(path, e))?;
-        let footer = read_footer(&file, path)?;
-        if footer.fields != expected {
+        let layout = match cache.get() {
+            Some(layout) => layout.clone(),
+            None => {
+                let footer = read_footer(&file, path)?;
+                let mut starts = vec![0u64];
+                for b in &footer.batches {
+                    let next = starts.last().expect("non-empty").checked_add(b.rows);
+                    starts.push(next.ok_or_else(|| Error::file(path, "row count overflows"))?);
+                }
+                // Two readers may parse it at once: the first one kept serves both.
+                cache.get_or_init(|| Arc::new(Layout { footer, starts })).clone()
+            }
+        };
+        if layout.footer.fields != expected {
             return Err(Error::file(path, "fields changed since the dataset was scanned"));
         }
-        let mut starts = vec![0u64];
-        for b in &footer.batches {
-            let next = starts.last().expect("non-empty").checked_add(b.rows);
-            starts.push(next.ok_or_else(|| Error::file(path, "row count overflows"))?);
-        }
-        Ok(ArrowReader { file, path: path.to_path_buf(), footer, starts })
+        Ok(ArrowReader { file, path: path.to_path_buf(), layout })
     }
 
     /// The value ranges of `rows` (local to the batch) of a variable-length column, read
@@ -481,12 +509,12 @@ impl super::FileReader for ArrowReader {
     /// fixed offsets of their record batch's buffer, uncompressed and without nulls (both
     /// refused at open): they can be read in place. Variable-length values cannot.
     fn value_range(&self, row: u64, field: usize) -> Option<Range<u64>> {
-        let b = self.starts.partition_point(|&s| s <= row).checked_sub(1)?;
-        let batch = self.footer.batches.get(b)?;
+        let b = self.layout.starts.partition_point(|&s| s <= row).checked_sub(1)?;
+        let batch = self.layout.footer.batches.get(b)?;
         match *batch.columns.get(field)? {
             // Inside the buffer: rows × width ≤ its length (checked at open).
             Column::Fixed { values, width } => {
-                let start = values.start + (row - self.starts[b]) * width;
+                let start = values.start + (row - self.layout.starts[b]) * width;
                 Some(start..start + width)
             }
             Column::Var { .. } => None,
@@ -519,20 +547,20 @@ impl super::FileReader for ArrowReader {
     /// a window) come in one read of their batches' byte span, not one read per column
     /// buffer of each batch.
     fn read_rows(&mut self, rows: &[u64]) -> Result<RowChunk> {
-        let fields = self.footer.fields.len();
+        let fields = self.layout.footer.fields.len();
         let mut chunk = RowChunk::new(fields);
         // Every value wanted: its byte range in the file, its row (index into `rows`) and
         // its column.
         let mut wanted: Vec<(Range<u64>, usize, usize)> = Vec::with_capacity(rows.len() * fields);
         let mut i = 0;
         while i < rows.len() {
-            let b = self.starts.partition_point(|&s| s <= rows[i]) - 1;
-            if b >= self.footer.batches.len() {
+            let b = self.layout.starts.partition_point(|&s| s <= rows[i]) - 1;
+            if b >= self.layout.footer.batches.len() {
                 return Err(Error::file(&self.path, format!("row {} is past the end of the file", rows[i])));
             }
-            let j = i + rows[i..].partition_point(|&r| r < self.starts[b + 1]);
-            let local: Vec<u64> = rows[i..j].iter().map(|r| r - self.starts[b]).collect();
-            let batch = &self.footer.batches[b];
+            let j = i + rows[i..].partition_point(|&r| r < self.layout.starts[b + 1]);
+            let local: Vec<u64> = rows[i..j].iter().map(|r| r - self.layout.starts[b]).collect();
+            let batch = &self.layout.footer.batches[b];
             for (c, column) in batch.columns.iter().enumerate() {
                 match *column {
                     Column::Fixed { values, width } => {
@@ -545,7 +573,7 @@ impl super::FileReader for ArrowReader {
                         );
                     }
                     Column::Var { offsets, values, wide } => {
-                        let context = format!("record batch {b}, column '{}'", self.footer.fields[c].name);
+                        let context = format!("record batch {b}, column '{}'", self.layout.footer.fields[c].name);
                         let ranges = self.value_ranges(&mut chunk, &context, offsets, values, wide, &local)?;
                         wanted.extend(
                             ranges
@@ -568,7 +596,8 @@ impl super::FileReader for ArrowReader {
             let mut columns: Vec<usize> = served.iter().map(|&(_, _, c)| c).collect();
             columns.sort_unstable();
             columns.dedup();
-            let names: Vec<String> = columns.iter().map(|&c| format!("'{}'", self.footer.fields[c].name)).collect();
+            let names: Vec<String> =
+                columns.iter().map(|&c| format!("'{}'", self.layout.footer.fields[c].name)).collect();
             let what = format!("{} {}", if names.len() == 1 { "column" } else { "columns" }, names.join(", "));
             let bytes = read_exact(&self.file, &self.path, g.start, g.end - g.start, &what)?;
             let buffer = chunk.add_buffer(Buffer::from_vec(bytes));

@@ -23,6 +23,7 @@ pub mod schema;
 
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use crate::error::{Error, Result};
 use crate::types::SampleId;
@@ -187,13 +188,17 @@ impl FileInfo {
 
 /// Expands `--data` arguments into the ordered list of files.
 ///
-/// A directory contributes every entry with a supported extension, in lexicographic order
-/// of the names; a file is taken as given. Entries of other extensions are ignored. A
-/// missing path, an empty directory, a file of unknown format, and anything that is not a
-/// regular file (a dangling or looping symbolic link, a directory named `x.npy`, a FIFO, a
-/// socket or a device — given directly or found in a directory) is an error naming the
-/// path: a listed file the job cannot use must not silently shrink the dataset, and a FIFO
-/// would block every rank that opens it.
+/// A directory contributes every file with a supported extension in it and in its
+/// subdirectories, in lexicographic order of their paths below it (each directory's entries
+/// in name order, a subdirectory's files where its name comes); hidden subdirectories (a
+/// name starting with `.`) are not walked. A file is taken as given. Entries of other
+/// extensions are ignored. A missing path, a directory tree without dataset files, a file
+/// of unknown format, a directory reached twice (a symbolic link back into the tree: its
+/// files would be read twice), and anything that is not a regular file (a dangling or
+/// looping symbolic link, a directory named `x.npy`, a FIFO, a socket or a device — given
+/// directly or found in a directory) is an error naming the path: a listed file the job
+/// cannot use must not silently shrink the dataset, and a FIFO would block every rank that
+/// opens it.
 pub fn resolve_paths(paths: &[PathBuf]) -> Result<Vec<(PathBuf, Format)>> {
     if paths.is_empty() {
         return Err(Error::Config("no dataset given (--data PATH...)".into()));
@@ -203,17 +208,13 @@ pub fn resolve_paths(paths: &[PathBuf]) -> Result<Vec<(PathBuf, Format)>> {
         let meta = std::fs::metadata(path).map_err(|e| unusable(path, e))?;
         if meta.is_dir() {
             let mut found: Vec<(PathBuf, Format)> = Vec::new();
-            for entry in std::fs::read_dir(path).map_err(|e| Error::io(path, e))? {
-                let p = entry.map_err(|e| Error::io(path, e))?.path();
-                let Some(format) = Format::from_path(&p) else { continue };
-                let meta = std::fs::metadata(&p).map_err(|e| unusable(&p, e))?;
-                regular_file(&p, &meta)?;
-                found.push((p, format));
-            }
+            walk(path, &mut Vec::new(), &mut found)?;
             if found.is_empty() {
-                return Err(Error::file(path, "directory holds no .npy, .h5, .arrow or .raw files"));
+                return Err(Error::file(
+                    path,
+                    "directory holds no .npy, .h5, .arrow or .raw files (nor do its subdirectories)",
+                ));
             }
-            found.sort_by(|a, b| a.0.file_name().cmp(&b.0.file_name()));
             files.extend(found);
         } else {
             regular_file(path, &meta)?;
@@ -224,6 +225,35 @@ pub fn resolve_paths(paths: &[PathBuf]) -> Result<Vec<(PathBuf, Format)>> {
         }
     }
     Ok(files)
+}
+
+/// Appends the dataset files under directory `dir` to `found`, in the order
+/// [`resolve_paths`] gives. `seen` holds the directories walked (device, inode).
+fn walk(dir: &Path, seen: &mut Vec<(u64, u64)>, found: &mut Vec<(PathBuf, Format)>) -> Result<()> {
+    let meta = std::fs::metadata(dir).map_err(|e| unusable(dir, e))?;
+    if seen.contains(&(meta.dev(), meta.ino())) {
+        return Err(Error::file(
+            dir,
+            "directory reached twice (a symbolic link back into the dataset): its files would be read twice",
+        ));
+    }
+    seen.push((meta.dev(), meta.ino()));
+    let mut entries = std::fs::read_dir(dir)
+        .map_err(|e| Error::io(dir, e))?
+        .map(|e| e.map(|e| e.path()))
+        .collect::<std::io::Result<Vec<PathBuf>>>()
+        .map_err(|e| Error::io(dir, e))?;
+    entries.sort_by(|a, b| a.file_name().cmp(&b.file_name()));
+    for p in entries {
+        if let Some(format) = Format::from_path(&p) {
+            let meta = std::fs::metadata(&p).map_err(|e| unusable(&p, e))?;
+            regular_file(&p, &meta)?;
+            found.push((p, format));
+        } else if p.file_name().is_some_and(|n| !n.as_encoded_bytes().starts_with(b".")) && p.is_dir() {
+            walk(&p, seen, found)?;
+        }
+    }
+    Ok(())
 }
 
 /// Why `path` cannot be used, from the error of `stat` (which follows symbolic links).
@@ -380,6 +410,8 @@ pub trait FileReader: Send {
 #[derive(Clone, Debug)]
 pub struct Dataset {
     files: Vec<FileInfo>,
+    /// Each Arrow file's layout, parsed once by its first reader (shared by clones).
+    arrow_layouts: Arc<[arrow::LayoutCache]>,
     fields: Vec<Field>,
     /// `starts[i]` is the global id of the first sample of file `i`; `starts[len]` is N.
     starts: Vec<u64>,
@@ -407,7 +439,8 @@ impl Dataset {
             total = total.checked_add(f.samples).ok_or_else(|| Error::file(&f.path, "sample count overflows u64"))?;
         }
         starts.push(total);
-        Ok(Dataset { fields: first.fields.clone(), files, starts, options })
+        let arrow_layouts = files.iter().map(|_| arrow::LayoutCache::new()).collect();
+        Ok(Dataset { fields: first.fields.clone(), files, arrow_layouts, starts, options })
     }
 
     /// Resolves and scans every file in this process (no communication).
@@ -488,7 +521,9 @@ impl Dataset {
                 Format::Hdf5 => Box::new(hdf5::Hdf5Reader::open(&info.path, &self.options, &self.fields)?),
                 #[cfg(not(feature = "hdf5"))]
                 Format::Hdf5 => return Err(hdf5_disabled(&info.path)),
-                Format::Arrow => Box::new(arrow::ArrowReader::open(&info.path, &self.fields)?),
+                Format::Arrow => {
+                    Box::new(arrow::ArrowReader::open_cached(&info.path, &self.fields, &self.arrow_layouts[i])?)
+                }
             })
         })();
         let inner = unchanged_then(info, inner)?;
@@ -757,5 +792,61 @@ mod tests {
             .map(|(p, _)| p.file_name().unwrap().to_string_lossy().into_owned())
             .collect();
         assert_eq!(got, vec!["10.npy", "a.npy", "b.npy"]);
+    }
+
+    /// An Arrow file's footer and batch headers are parsed by its first reader and shared
+    /// by the later ones (a pass reopens each file; a header is one small read per batch).
+    #[test]
+    fn arrow_layouts_are_parsed_once_per_dataset() {
+        let dir = tempfile::tempdir().unwrap();
+        let spec = gen::GenSpec {
+            format: Format::Arrow,
+            samples: 100,
+            files: 2,
+            out: dir.path().into(),
+            arrow_batch_rows: 10,
+            fields: vec![Field::tensor("x", DType::U8, vec![4])],
+        };
+        for i in 0..2 {
+            gen::write_file(&spec, i).unwrap();
+        }
+        let ds = Dataset::open_local(&[dir.path().into()], Default::default()).unwrap();
+        assert!(ds.arrow_layouts.iter().all(|c| c.get().is_none()));
+        let mut a = ds.open_reader(1).unwrap();
+        let layout = ds.arrow_layouts[1].get().expect("parsed by the first reader").clone();
+        let mut b = ds.clone().open_reader(1).unwrap();
+        // The cache, the test's handle and the two readers.
+        assert_eq!(Arc::strong_count(&layout), 4);
+        assert!(ds.arrow_layouts[0].get().is_none());
+        assert_eq!(a.read_rows(&[7, 42]).unwrap().value(1, 0), b.read_rows(&[42]).unwrap().value(0, 0));
+    }
+
+    /// Subdirectories are walked where their names come, at any depth, hidden ones not;
+    /// a symbolic link back into the tree is an error, not the same files twice.
+    #[test]
+    fn subdirectories_are_walked_in_path_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        for sub in ["b/deep", "c", ".cache", "empty"] {
+            std::fs::create_dir_all(d.join(sub)).unwrap();
+        }
+        for n in ["a.npy", "b/x.npy", "b/deep/y.npy", "b/z.npy", "c/a.npy", "d.npy", ".cache/hidden.npy", "b/notes.txt"]
+        {
+            std::fs::write(d.join(n), "").unwrap();
+        }
+        let got: Vec<String> = resolve_paths(&[d.into()])
+            .unwrap()
+            .into_iter()
+            .map(|(p, _)| p.strip_prefix(d).unwrap().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(got, vec!["a.npy", "b/deep/y.npy", "b/x.npy", "b/z.npy", "c/a.npy", "d.npy"]);
+        // A tree whose only dataset files are deep inside is a dataset; one with none is not.
+        assert_eq!(resolve_paths(&[d.join("b")]).unwrap().len(), 3);
+        let err = resolve_paths(&[d.join("empty")]).unwrap_err().to_string();
+        assert!(err.contains("holds no") && err.contains("empty"), "{err}");
+        // A link back up: named, never followed round.
+        std::os::unix::fs::symlink(d, d.join("c/loop")).unwrap();
+        let err = resolve_paths(&[d.into()]).unwrap_err().to_string();
+        assert!(err.contains("c/loop") && err.contains("reached twice"), "{err}");
     }
 }
