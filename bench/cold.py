@@ -376,6 +376,8 @@ def main():
                    help="git revision of meshfeed before storage-aware reading, run with its defaults as 'today' "
                         "(built once into --workdir; '' to skip)")
     p.add_argument("--workdir", default=os.path.join(ROOT, "bench", "cold"), help="disk images and mounts")
+    p.add_argument("--loaders", default="",
+                   help="only these meshfeed loaders in the scenarios, e.g. meshfeed,meshfeed:passes [all]")
     p.add_argument("--binary", default=MESHFEED, help="the meshfeed to measure [target/release/meshfeed]")
     args = p.parse_args()
     MESHFEED = os.path.abspath(args.binary)
@@ -567,6 +569,8 @@ def suite(args):
                                         ["--read-strategy", "random", "--memory-budget", "0"]))
                     if today:
                         loaders.append(("meshfeed:today", []))
+                    if args.loaders:
+                        loaders = [(n, e) for n, e in loaders if n in args.loaders.split(",")]
                     for name, extra in loaders:
                         # Later epochs from memory take fractions of a second: several, for a median.
                         epochs = 6 if name == "meshfeed" and scenario == "fits" else 2

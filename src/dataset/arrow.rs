@@ -1,13 +1,14 @@
-//! Arrow IPC files: each column is a field.
+//! Arrow IPC files and streams: each column is a field.
 //!
 //! Column types: primitive → scalar tensor; fixed-size list of primitive (nested lists
 //! give more dimensions) → tensor; fixed-size binary → `u8` tensor; binary / utf8 (and
 //! their large variants) → variable-length bytes. Nulls, dictionaries, booleans
 //! (bit-packed), compressed batches and big-endian files are rejected with a clear error.
 //!
-//! Only the footer and each record batch's message header are read to open a file: the
-//! header gives the row count and, for every column, where its buffers lie in the batch's
-//! body. Reading rows then reads only the bytes of the rows asked for, straight from the
+//! Only the footer and each record batch's message header are read to open a file (a
+//! stream, which has no footer, has its messages walked once: each header, not the
+//! bodies): the header gives the row count and, for every column, where its buffers lie
+//! in the batch's body. Reading rows then reads only the bytes of the rows asked for, straight from the
 //! file: a fixed-width column's row `r` is `width` bytes at `r·width` of its values buffer;
 //! a variable-length column's row `r` is `values[offsets[r]..offsets[r+1]]`, so its two
 //! offsets are read first, then the value. Rows close together are read in one go (gaps
@@ -193,15 +194,15 @@ const CORRUPT: &str = "corrupt Arrow IPC file";
 fn read_footer(file: &File, path: &Path) -> Result<Footer> {
     let corrupt = |r: String| Error::file(path, format!("{CORRUPT}: {r}"));
     let file_len = file.metadata().map_err(|e| Error::io(path, e))?.len();
-    if file_len < 18 {
+    if file_len < 8 {
         return Err(corrupt(format!("only {file_len} bytes")));
     }
     let head = read_at(file, path, file_len, 0, 6, "magic")?;
     if head != b"ARROW1" {
-        return Err(Error::file(
-            path,
-            "not an Arrow IPC file (bad magic; streams are not supported, write the file format)",
-        ));
+        return read_stream(file, path, file_len);
+    }
+    if file_len < 18 {
+        return Err(corrupt(format!("only {file_len} bytes")));
     }
     let tail: [u8; 10] = read_at(file, path, file_len, file_len - 10, 10, "trailer")?.try_into().expect("10 bytes");
     let footer_len = arrow_ipc::reader::read_footer_length(tail).file_context(path, CORRUPT)? as u64;
@@ -212,16 +213,7 @@ fn read_footer(file: &File, path: &Path) -> Result<Footer> {
     // (flatbuffers' error is not a `std::error::Error` without its `std` feature: text only)
     let footer = arrow_ipc::root_as_footer(&fbytes).map_err(|e| corrupt(format!("footer: {e}")))?;
     let fb_schema = footer.schema().ok_or_else(|| corrupt("footer has no schema".into()))?;
-    if fb_schema.endianness() != arrow_ipc::Endianness::Little {
-        return Err(Error::file(path, "big-endian Arrow files are not supported (write little-endian)"));
-    }
-    if footer.version() < MetadataVersion::V4 {
-        return Err(Error::file(
-            path,
-            format!("Arrow IPC metadata version {:?} is not supported (V4 or later)", footer.version()),
-        ));
-    }
-    let schema = arrow_ipc::convert::try_fb_to_schema(fb_schema).file_context(path, CORRUPT)?;
+    let schema = check_schema(path, fb_schema, footer.version())?;
     if footer.dictionaries().is_some_and(|d| !d.is_empty()) {
         return Err(Error::file(path, "dictionary-encoded columns are not supported"));
     }
@@ -241,59 +233,161 @@ fn read_footer(file: &File, path: &Path) -> Result<Footer> {
         .ok_or_else(|| corrupt(format!("batch {i}: header too short")))?;
         let msg = arrow_ipc::root_as_message(msg_bytes).map_err(|e| corrupt(format!("batch {i} header: {e}")))?;
         let rb = msg.header_as_record_batch().ok_or_else(|| corrupt(format!("batch {i} is not a record batch")))?;
-        let rows = u64::try_from(rb.length()).map_err(|_| corrupt(format!("batch {i}: negative length")))?;
         let body_len =
             u64::try_from(block.bodyLength()).map_err(|_| corrupt(format!("batch {i}: negative body length")))?;
-        let body_start =
-            offset.checked_add(meta_len).filter(|s| s.checked_add(body_len).is_some_and(|e| e <= file_len));
-        let body = FileSpan {
-            start: body_start.ok_or_else(|| {
-                corrupt(format!(
-                    "batch {i}: its body ({body_len} bytes) lies past the end of the file ({file_len} bytes)"
-                ))
-            })?,
-            len: body_len,
-        };
-        // Never trust a row count beyond what the body could hold (every column takes at
-        // least one bit per row): it sizes the id space and the verifier's bitmap.
-        if rows > body_len.saturating_mul(8).max(64) {
-            return Err(corrupt(format!("batch {i} claims {rows} rows in a {body_len}-byte body")));
-        }
-        if rb.compression().is_some() {
-            return Err(Error::file(
-                path,
-                format!("record batch {i} is compressed (lz4/zstd); compressed Arrow IPC files are not supported"),
-            ));
-        }
-        // Every buffer must lie inside the body: the reads below trust these ranges.
-        for (k, buf) in rb.buffers().into_iter().flatten().enumerate() {
-            let end = buf.offset().checked_add(buf.length());
-            if buf.offset() < 0 || buf.length() < 0 || end.is_none_or(|e| e as u64 > body_len) {
-                return Err(corrupt(format!(
-                    "batch {i} buffer {k} ({} bytes at {}) lies outside the {body_len}-byte body",
-                    buf.length(),
-                    buf.offset()
-                )));
-            }
-        }
-        let nodes_fb = rb.nodes();
-        let buffers_fb = rb.buffers();
-        let mut nodes = nodes_fb.iter().flat_map(|v| v.iter());
-        let mut buffers = buffers_fb.iter().flat_map(|v| v.iter());
-        let mut columns = Vec::with_capacity(fields.len());
-        for f in schema.fields() {
-            let c = column_layout(f.data_type(), rows, true, &mut nodes, &mut buffers, body).map_err(|e| match e {
-                ColumnError::Nulls => Error::file(
-                    path,
-                    format!("column '{}' has nulls in record batch {i}; nulls are not supported", f.name()),
-                ),
-                ColumnError::Corrupt(r) => corrupt(format!("batch {i}, column '{}': {r}", f.name())),
-            })?;
-            columns.push(c);
-        }
-        batches.push(BatchLayout { rows, columns });
+        let body_start = offset.checked_add(meta_len);
+        batches.push(batch_layout(path, file_len, &schema, i, rb, body_start, body_len)?);
     }
     Ok(Footer { fields, batches })
+}
+
+/// Reads the layout of an Arrow IPC *stream* (what `datasets.save_to_disk` and
+/// `pyarrow.ipc.new_stream` write): no footer, so its messages are walked once from the
+/// start — the schema, then each record batch's header, its body skipped — to the
+/// end-of-stream marker or the end of the file.
+fn read_stream(file: &File, path: &Path, file_len: u64) -> Result<Footer> {
+    let corrupt = |r: String| Error::file(path, format!("{CORRUPT} stream: {r}"));
+    let mut schema: Option<(Schema, Vec<Field>)> = None;
+    let mut batches = Vec::new();
+    let mut at = 0u64;
+    while at < file_len {
+        // A message: [0xFFFFFFFF] <metadata length: i32> <metadata> <body>; the
+        // continuation marker is absent in streams written before Arrow 0.15.
+        let prefix = read_at(file, path, file_len, at, 8.min(file_len - at), "message prefix")?;
+        let (skip, len) = match prefix.as_slice() {
+            [0xff, 0xff, 0xff, 0xff, a, b, c, d] => (8, i32::from_le_bytes([*a, *b, *c, *d])),
+            [0xff, 0xff, 0xff, 0xff] => (4, 0),
+            [a, b, c, d, ..] => (4, i32::from_le_bytes([*a, *b, *c, *d])),
+            _ => return Err(corrupt(format!("{} stray bytes at its end", file_len - at))),
+        };
+        if len == 0 {
+            break; // end of stream
+        }
+        let what = if schema.is_none() { "the schema" } else { "a message" };
+        let len = u64::try_from(len).map_err(|_| match schema {
+            None => Error::file(path, "not an Arrow IPC file or stream (neither the file magic nor a stream's schema)"),
+            Some(_) => corrupt(format!("negative message length at byte {at}")),
+        })?;
+        if len > file_len - at - skip {
+            return Err(match schema {
+                None => {
+                    Error::file(path, "not an Arrow IPC file or stream (neither the file magic nor a stream's schema)")
+                }
+                Some(_) => corrupt(format!(
+                    "{what} at byte {at} ({len} bytes) lies past the end of the file ({file_len} bytes)"
+                )),
+            });
+        }
+        let meta = read_at(file, path, file_len, at + skip, len, "message header")?;
+        let msg = arrow_ipc::root_as_message(&meta).map_err(|e| match schema {
+            None => Error::file(path, format!("not an Arrow IPC file or stream (no schema message at its start: {e})")),
+            Some(_) => corrupt(format!("message at byte {at}: {e}")),
+        })?;
+        let body_len = u64::try_from(msg.bodyLength())
+            .map_err(|_| corrupt(format!("message at byte {at}: negative body length")))?;
+        let body_start = at + skip + len;
+        match (&schema, msg.header_type()) {
+            (None, arrow_ipc::MessageHeader::Schema) => {
+                let fb = msg.header_as_schema().ok_or_else(|| corrupt("schema message without a schema".into()))?;
+                let s = check_schema(path, fb, msg.version())?;
+                let fields = fields_of(path, &s)?;
+                schema = Some((s, fields));
+            }
+            (None, _) => {
+                return Err(Error::file(path, "not an Arrow IPC file or stream (its first message is not a schema)"));
+            }
+            (Some(_), arrow_ipc::MessageHeader::DictionaryBatch) => {
+                return Err(Error::file(path, "dictionary-encoded columns are not supported"));
+            }
+            (Some((s, _)), arrow_ipc::MessageHeader::RecordBatch) => {
+                let rb = msg.header_as_record_batch().ok_or_else(|| corrupt("empty record batch header".into()))?;
+                let i = batches.len();
+                batches.push(batch_layout(path, file_len, s, i, rb, Some(body_start), body_len)?);
+            }
+            (Some(_), other) => return Err(corrupt(format!("unexpected {other:?} message at byte {at}"))),
+        }
+        at = body_start.checked_add(body_len).filter(|&e| e <= file_len).ok_or_else(|| {
+            corrupt(format!(
+                "the body at byte {body_start} ({body_len} bytes) lies past the end of the file ({file_len} bytes)"
+            ))
+        })?;
+    }
+    let (_, fields) = schema.ok_or_else(|| Error::file(path, "not an Arrow IPC file or stream (empty)"))?;
+    Ok(Footer { fields, batches })
+}
+
+/// The schema of a file or stream, once checked to be one meshfeed reads.
+fn check_schema(path: &Path, fb: arrow_ipc::Schema<'_>, version: MetadataVersion) -> Result<Schema> {
+    if fb.endianness() != arrow_ipc::Endianness::Little {
+        return Err(Error::file(path, "big-endian Arrow files are not supported (write little-endian)"));
+    }
+    if version < MetadataVersion::V4 {
+        return Err(Error::file(
+            path,
+            format!("Arrow IPC metadata version {version:?} is not supported (V4 or later)"),
+        ));
+    }
+    arrow_ipc::convert::try_fb_to_schema(fb).file_context(path, CORRUPT)
+}
+
+/// The layout of record batch `i`, from its header `rb` and its body (`body_len` bytes
+/// from `body_start`, `None` where that overflows), every range checked to lie inside it.
+fn batch_layout(
+    path: &Path,
+    file_len: u64,
+    schema: &Schema,
+    i: usize,
+    rb: arrow_ipc::RecordBatch<'_>,
+    body_start: Option<u64>,
+    body_len: u64,
+) -> Result<BatchLayout> {
+    let corrupt = |r: String| Error::file(path, format!("{CORRUPT}: {r}"));
+    let rows = u64::try_from(rb.length()).map_err(|_| corrupt(format!("batch {i}: negative length")))?;
+    let body_start = body_start.filter(|s| s.checked_add(body_len).is_some_and(|e| e <= file_len));
+    let body = FileSpan {
+        start: body_start.ok_or_else(|| {
+            corrupt(format!("batch {i}: its body ({body_len} bytes) lies past the end of the file ({file_len} bytes)"))
+        })?,
+        len: body_len,
+    };
+    // Never trust a row count beyond what the body could hold (every column takes at
+    // least one bit per row): it sizes the id space and the verifier's bitmap.
+    if rows > body_len.saturating_mul(8).max(64) {
+        return Err(corrupt(format!("batch {i} claims {rows} rows in a {body_len}-byte body")));
+    }
+    if rb.compression().is_some() {
+        return Err(Error::file(
+            path,
+            format!("record batch {i} is compressed (lz4/zstd); compressed Arrow IPC files are not supported"),
+        ));
+    }
+    // Every buffer must lie inside the body: the reads below trust these ranges.
+    for (k, buf) in rb.buffers().into_iter().flatten().enumerate() {
+        let end = buf.offset().checked_add(buf.length());
+        if buf.offset() < 0 || buf.length() < 0 || end.is_none_or(|e| e as u64 > body_len) {
+            return Err(corrupt(format!(
+                "batch {i} buffer {k} ({} bytes at {}) lies outside the {body_len}-byte body",
+                buf.length(),
+                buf.offset()
+            )));
+        }
+    }
+    let nodes_fb = rb.nodes();
+    let buffers_fb = rb.buffers();
+    let mut nodes = nodes_fb.iter().flat_map(|v| v.iter());
+    let mut buffers = buffers_fb.iter().flat_map(|v| v.iter());
+    let mut columns = Vec::with_capacity(schema.fields().len());
+    for f in schema.fields() {
+        let c = column_layout(f.data_type(), rows, true, &mut nodes, &mut buffers, body).map_err(|e| match e {
+            ColumnError::Nulls => Error::file(
+                path,
+                format!("column '{}' has nulls in record batch {i}; nulls are not supported", f.name()),
+            ),
+            ColumnError::Corrupt(r) => corrupt(format!("batch {i}, column '{}': {r}", f.name())),
+        })?;
+        columns.push(c);
+    }
+    Ok(BatchLayout { rows, columns })
 }
 
 fn primitive(dt: &DataType) -> Option<DType> {
@@ -805,6 +899,61 @@ mod tests {
                 assert_eq!(chunk.value(i, f), &want[..], "row {id} field {f}");
             }
         }
+    }
+
+    /// An IPC stream (no footer: what `datasets.save_to_disk` writes) reads as the file
+    /// with the same batches does; streams cut short or with a bad first message are
+    /// errors naming what is wrong.
+    #[test]
+    fn streams_read_as_files_do_and_damaged_ones_are_errors() {
+        use arrow_array::{Array, FixedSizeBinaryArray, Int64Array, RecordBatch};
+        let dir = tempfile::tempdir().unwrap();
+        let fields = vec![Field::tensor("x", DType::U8, vec![3]), Field::tensor("y", DType::I64, vec![])];
+        let schema = Arc::new(Schema::new(vec![
+            arrow_schema::Field::new("x", DataType::FixedSizeBinary(3), false),
+            arrow_schema::Field::new("y", DataType::Int64, false),
+        ]));
+        let batch = |start: i64, n: i64| {
+            let x: Vec<[u8; 3]> = (start..start + n).map(|i| [i as u8, 1, 2]).collect();
+            let x = FixedSizeBinaryArray::try_from_iter(x.into_iter()).unwrap();
+            let y = Int64Array::from_iter_values(start..start + n);
+            RecordBatch::try_new(schema.clone(), vec![Arc::new(x) as Arc<dyn Array>, Arc::new(y)]).unwrap()
+        };
+        let path = dir.path().join("s.arrow");
+        let mut w = arrow_ipc::writer::StreamWriter::try_new(File::create(&path).unwrap(), &schema).unwrap();
+        for (start, n) in [(0, 10), (10, 10), (20, 5)] {
+            w.write(&batch(start, n)).unwrap();
+        }
+        w.finish().unwrap();
+        let (samples, scanned, _) = scan(&path).unwrap();
+        assert_eq!((samples, &scanned), (25, &fields));
+        let mut r = ArrowReader::open(&path, &fields).unwrap();
+        let chunk = r.read_rows(&[0, 9, 10, 24]).unwrap();
+        for (k, id) in [0u64, 9, 10, 24].into_iter().enumerate() {
+            assert_eq!(chunk.value(k, 0), &[id as u8, 1, 2]);
+            assert_eq!(chunk.value(k, 1), &(id as i64).to_le_bytes());
+        }
+        let bytes = std::fs::read(&path).unwrap();
+        // Without its end-of-stream marker (8 bytes), a stream still reads whole.
+        std::fs::write(&path, &bytes[..bytes.len() - 8]).unwrap();
+        assert_eq!(scan(&path).unwrap().0, 25);
+        // Cut inside the last batch's body, inside a header, or after a stray byte.
+        for (cut, needle) in [(bytes.len() - 20, "lies past the end of the file"), (bytes.len() - 300, "past the end")]
+        {
+            std::fs::write(&path, &bytes[..cut]).unwrap();
+            let e = scan(&path).unwrap_err().to_string();
+            assert!(e.contains("corrupt Arrow IPC file") && e.contains(needle), "cut at {cut}: {e}");
+        }
+        let mut stray = bytes[..bytes.len() - 8].to_vec();
+        stray.push(7);
+        std::fs::write(&path, &stray).unwrap();
+        assert!(scan(&path).unwrap_err().to_string().contains("1 stray bytes at its end"));
+        // Not a stream either.
+        let mut junk = bytes.clone();
+        junk[7] ^= 0x80;
+        std::fs::write(&path, &junk).unwrap();
+        let e = scan(&path).unwrap_err().to_string();
+        assert!(e.contains("not an Arrow IPC file or stream"), "{e}");
     }
 
     #[test]

@@ -143,9 +143,10 @@ pub(crate) fn fill(
         let last_needed = ids[i..].partition_point(|&id| id < end) + i - 1;
         let cold = super::store::stream_is_cold(&*reader, ids[i] - start..ids[last_needed] - start + 1);
         while i < ids.len() && ids[i] < end {
-            // A read from the next needed row, as long as a streaming read.
+            // A read from the next needed row, as long as a streaming read and no further
+            // than the last row needed of this file (past it lie other ranks' rows).
             let first = ids[i] - start;
-            let last = (first + rows_per_read).min(end - start);
+            let last = (first + rows_per_read).min(ids[last_needed] - start + 1);
             let list: Vec<u64> = (first..last).collect();
             let chunk = reader.read_rows(&list)?;
             if cold {
@@ -270,6 +271,12 @@ mod tests {
             let (pass, bytes) = fill(&ds, 4, 10..20, ids.clone(), &mut |f| ds.open_reader(f)).unwrap();
             assert!(pass.covers(4, 10) && pass.covers(4, 19) && !pass.covers(4, 20) && !pass.covers(3, 10));
             assert!(bytes > 0);
+            if format == Format::Npy {
+                // 14 bytes a row, each file from its first row needed to its last: rows
+                // 20..66 (row 66 is not needed), 67..134 and 134..180 (the file goes on
+                // to row 200).
+                assert_eq!(bytes, (46 + 67 + 46) * 14);
+            }
             for id in 0..200u64 {
                 let (file, row) = ds.locate(SampleId(id));
                 let want = ds.open_reader(file).unwrap().read_rows(&[row]).unwrap();

@@ -72,7 +72,7 @@ over_transports! {
     fn xyz_in_every_format_gives_identical_batches(t: Transport) {
         let fx = fixtures();
         let npy = check_dataset(t, &fx.join("npy_struct"), &[]);
-        for other in ["hdf5", "arrow", "raw"] {
+        for other in ["hdf5", "arrow", "raw", "arrow_stream"] {
             let batches = check_dataset(t, &fx.join(other), &[]);
             assert_eq!(batches, npy, "{other} delivers other batches than npy for the same samples");
         }
@@ -87,7 +87,7 @@ over_transports! {
             dump_bytes(&dump, 2)
         };
         let npy = dump_of("npy_struct");
-        for other in ["hdf5", "arrow", "raw"] {
+        for other in ["hdf5", "arrow", "raw", "arrow_stream"] {
             assert!(dump_of(other) == npy, "{other} dump differs from npy dump");
         }
         let line = String::from_utf8(npy[0].clone()).unwrap();
