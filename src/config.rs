@@ -714,6 +714,10 @@ pub struct JobFile {
     /// HDF5 group that holds the datasets [default: the file root].
     #[cfg_attr(feature = "clap", arg(long, value_name = "GROUP"))]
     pub group: Option<String>,
+    /// Only these fields, in this order (comma-separated); formats that store fields
+    /// apart (HDF5, Arrow) read only these [default: every field].
+    #[cfg_attr(feature = "clap", arg(long, value_delimiter = ',', num_args = 1.., value_name = "NAME"))]
+    pub fields: Option<Vec<String>>,
     /// Global batch size B (must be divisible by the batch dimension's split).
     #[cfg_attr(feature = "clap", arg(long))]
     pub batch_size: Option<usize>,
@@ -844,6 +848,7 @@ impl Job {
         [
             ("data", data.join(", ")),
             ("group", self.dataset.hdf5_group.clone().unwrap_or_default()),
+            ("fields", self.dataset.fields.as_ref().map(|f| f.join(",")).unwrap_or_default()),
             ("epochs", self.epochs.to_string()),
             ("transport", self.transport.to_string()),
         ]
@@ -931,7 +936,7 @@ impl JobFile {
         }
         Ok(Job {
             data: self.data,
-            dataset: DatasetOptions { hdf5_group: self.group },
+            dataset: DatasetOptions { hdf5_group: self.group, fields: self.fields },
             loader: LoaderOptions {
                 batch_size,
                 seed: self.seed.unwrap_or(0),
@@ -1130,7 +1135,7 @@ mod tests {
     #[test]
     fn job_file_keys_are_its_fields() {
         let keys = JobFile::keys();
-        assert_eq!(keys.len(), 24, "{keys:?}");
+        assert_eq!(keys.len(), 25, "{keys:?}");
         for k in ["batch_size", "data", "mesh_order", "read_strategy", "shard", "transport"] {
             assert!(keys.iter().any(|x| x == k), "{k} missing from {keys:?}");
         }

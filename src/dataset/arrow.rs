@@ -641,7 +641,13 @@ impl super::FileReader for ArrowReader {
     /// a window) come in one read of their batches' byte span, not one read per column
     /// buffer of each batch.
     fn read_rows(&mut self, rows: &[u64]) -> Result<RowChunk> {
-        let fields = self.layout.footer.fields.len();
+        let all: Vec<usize> = (0..self.layout.footer.fields.len()).collect();
+        self.read_columns(rows, &all)
+    }
+
+    /// Only the buffers of `columns` are read.
+    fn read_columns(&mut self, rows: &[u64], columns: &[usize]) -> Result<RowChunk> {
+        let fields = columns.len();
         let mut chunk = RowChunk::new(fields);
         // Every value wanted: its byte range in the file, its row (index into `rows`) and
         // its column.
@@ -655,8 +661,14 @@ impl super::FileReader for ArrowReader {
             let j = i + rows[i..].partition_point(|&r| r < self.layout.starts[b + 1]);
             let local: Vec<u64> = rows[i..j].iter().map(|r| r - self.layout.starts[b]).collect();
             let batch = &self.layout.footer.batches[b];
-            for (c, column) in batch.columns.iter().enumerate() {
-                match *column {
+            for (c, &column) in columns.iter().enumerate() {
+                let Some(&column) = batch.columns.get(column) else {
+                    return Err(Error::Internal(format!(
+                        "column {column} of a file of {} columns",
+                        batch.columns.len()
+                    )));
+                };
+                match column {
                     Column::Fixed { values, width } => {
                         // Inside the buffer: rows × width ≤ its length (checked at open).
                         wanted.extend(
@@ -667,7 +679,8 @@ impl super::FileReader for ArrowReader {
                         );
                     }
                     Column::Var { offsets, values, wide } => {
-                        let context = format!("record batch {b}, column '{}'", self.layout.footer.fields[c].name);
+                        let name = &self.layout.footer.fields[columns[c]].name;
+                        let context = format!("record batch {b}, column '{name}'");
                         let ranges = self.value_ranges(&mut chunk, &context, offsets, values, wide, &local)?;
                         wanted.extend(
                             ranges
@@ -687,11 +700,11 @@ impl super::FileReader for ArrowReader {
         let mut at = 0;
         for (g, n) in group_ranges(&ranges, RECORD_GAP_BYTES) {
             let served = &wanted[at..at + n];
-            let mut columns: Vec<usize> = served.iter().map(|&(_, _, c)| c).collect();
-            columns.sort_unstable();
-            columns.dedup();
+            let mut served_columns: Vec<usize> = served.iter().map(|&(_, _, c)| c).collect();
+            served_columns.sort_unstable();
+            served_columns.dedup();
             let names: Vec<String> =
-                columns.iter().map(|&c| format!("'{}'", self.layout.footer.fields[c].name)).collect();
+                served_columns.iter().map(|&c| format!("'{}'", self.layout.footer.fields[columns[c]].name)).collect();
             let what = format!("{} {}", if names.len() == 1 { "column" } else { "columns" }, names.join(", "));
             let bytes = read_exact(&self.file, &self.path, g.start, g.end - g.start, &what)?;
             let buffer = chunk.add_buffer(Buffer::from_vec(bytes));

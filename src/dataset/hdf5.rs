@@ -296,7 +296,13 @@ impl super::FileReader for Hdf5Reader {
     }
 
     fn read_rows(&mut self, rows: &[u64]) -> Result<RowChunk> {
-        let mut chunk = RowChunk::new(self.datasets.len());
+        let all: Vec<usize> = (0..self.datasets.len()).collect();
+        self.read_columns(rows, &all)
+    }
+
+    /// Only the datasets of `columns` are read.
+    fn read_columns(&mut self, rows: &[u64], columns: &[usize]) -> Result<RowChunk> {
+        let mut chunk = RowChunk::new(columns.len());
         if let Some(&last) = rows.last().filter(|&&r| r >= self.samples) {
             return Err(Error::file(
                 &self.path,
@@ -306,7 +312,10 @@ impl super::FileReader for Hdf5Reader {
         let spans = coalesce(rows, self.row_bytes, HDF5_GAP_BYTES);
         // Values are pushed field-major (all rows of one dataset, then the next) because
         // each dataset is read as its own hyperslab; transposed at the end.
-        for (d, (ds, dtype, ndim)) in self.datasets.iter().enumerate() {
+        for &d in columns {
+            let Some((ds, dtype, ndim)) = self.datasets.get(d) else {
+                return Err(Error::Internal(format!("dataset {d} of a file of {}", self.datasets.len())));
+            };
             let value_bytes = ds.size() / ds.shape()[0].max(1) * dtype.size();
             let mut next = rows.iter().peekable();
             for span in &spans {

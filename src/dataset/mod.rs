@@ -79,6 +79,10 @@ impl Format {
 pub struct DatasetOptions {
     /// HDF5 group holding the datasets (default: the file root).
     pub hdf5_group: Option<String>,
+    /// The fields delivered, in this order (default: every field of the files, in their
+    /// order). Readers of formats that store fields apart read only these.
+    #[serde(default)]
+    pub fields: Option<Vec<String>>,
 }
 
 /// What the header of one file says.
@@ -342,6 +346,13 @@ pub trait FileReader: Send {
     /// The returned chunk holds them in the same order.
     fn read_rows(&mut self, rows: &[u64]) -> Result<RowChunk>;
 
+    /// As [`FileReader::read_rows`], for only the fields `columns` (indices into the
+    /// file's fields): the chunk's field `k` is the file's field `columns[k]`. Formats
+    /// that store fields apart (HDF5, Arrow) read only those; the default reads whole rows.
+    fn read_columns(&mut self, rows: &[u64], columns: &[usize]) -> Result<RowChunk> {
+        Ok(self.read_rows(rows)?.project(columns))
+    }
+
     /// Where field `field` of local row `row` lies in the file, for formats that store
     /// values whole and uncompressed at fixed offsets (`.npy`, raw records): such values
     /// can be read straight into their destination with [`FileReader::read_at`]. `None`
@@ -410,6 +421,10 @@ pub trait FileReader: Send {
 #[derive(Clone, Debug)]
 pub struct Dataset {
     files: Vec<FileInfo>,
+    /// Every field of the files (`fields` is what is delivered of them).
+    file_fields: Vec<Field>,
+    /// The file field of each delivered field, where a selection leaves some out.
+    columns: Option<Arc<[usize]>>,
     /// Each Arrow file's layout, parsed once by its first reader (shared by clones).
     arrow_layouts: Arc<[arrow::LayoutCache]>,
     fields: Vec<Field>,
@@ -439,8 +454,14 @@ impl Dataset {
             total = total.checked_add(f.samples).ok_or_else(|| Error::file(&f.path, "sample count overflows u64"))?;
         }
         starts.push(total);
+        let columns = select(&first.fields, options.fields.as_deref())?;
+        let fields = match &columns {
+            Some(c) => c.iter().map(|&i| first.fields[i].clone()).collect(),
+            None => first.fields.clone(),
+        };
         let arrow_layouts = files.iter().map(|_| arrow::LayoutCache::new()).collect();
-        Ok(Dataset { fields: first.fields.clone(), files, arrow_layouts, starts, options })
+        let file_fields = first.fields.clone();
+        Ok(Dataset { fields, file_fields, columns, files, arrow_layouts, starts, options })
     }
 
     /// Resolves and scans every file in this process (no communication).
@@ -469,8 +490,9 @@ impl Dataset {
                 if self.fields[f].fixed_bytes().is_some() || self.is_empty() {
                     return None;
                 }
+                let column = self.columns.as_ref().map_or(f, |c| c[f]);
                 let total = self.files.iter().try_fold(0u64, |sum, file| {
-                    let bytes = *file.value_bytes.get(f)?;
+                    let bytes = *file.value_bytes.get(column)?;
                     sum.checked_add(bytes)
                 })?;
                 Some(total.div_ceil(self.len()))
@@ -515,19 +537,92 @@ impl Dataset {
         let info = &self.files[i];
         let inner: Result<Box<dyn FileReader>> = (|| {
             Ok(match info.format {
-                Format::Npy => Box::new(npy::open(&info.path, &self.fields)?) as Box<dyn FileReader>,
-                Format::Raw => Box::new(raw::open(&info.path, &self.fields)?),
+                Format::Npy => Box::new(npy::open(&info.path, &self.file_fields)?) as Box<dyn FileReader>,
+                Format::Raw => Box::new(raw::open(&info.path, &self.file_fields)?),
                 #[cfg(feature = "hdf5")]
-                Format::Hdf5 => Box::new(hdf5::Hdf5Reader::open(&info.path, &self.options, &self.fields)?),
+                Format::Hdf5 => Box::new(hdf5::Hdf5Reader::open(&info.path, &self.options, &self.file_fields)?),
                 #[cfg(not(feature = "hdf5"))]
                 Format::Hdf5 => return Err(hdf5_disabled(&info.path)),
                 Format::Arrow => {
-                    Box::new(arrow::ArrowReader::open_cached(&info.path, &self.fields, &self.arrow_layouts[i])?)
+                    Box::new(arrow::ArrowReader::open_cached(&info.path, &self.file_fields, &self.arrow_layouts[i])?)
                 }
             })
         })();
-        let inner = unchanged_then(info, inner)?;
+        let inner = match (unchanged_then(info, inner)?, &self.columns) {
+            (inner, Some(columns)) => Box::new(Selected { inner, columns: columns.clone() }),
+            (inner, None) => inner,
+        };
         Ok(Box::new(CheckedReader { inner, info: info.clone() }))
+    }
+}
+
+/// The file field of each field `names` selects, or `None` for every field in file order.
+/// An unknown or repeated name, or an empty list, is an error.
+fn select(fields: &[Field], names: Option<&[String]>) -> Result<Option<Arc<[usize]>>> {
+    let Some(names) = names else { return Ok(None) };
+    if names.is_empty() {
+        return Err(Error::Config("--fields selects no field".into()));
+    }
+    let mut columns = Vec::with_capacity(names.len());
+    for name in names {
+        let i = fields.iter().position(|f| &f.name == name).ok_or_else(|| {
+            let all: Vec<&str> = fields.iter().map(|f| f.name.as_str()).collect();
+            Error::Config(format!("--fields names unknown field '{name}' (fields: {})", all.join(", ")))
+        })?;
+        if columns.contains(&i) {
+            return Err(Error::Config(format!("--fields names '{name}' twice")));
+        }
+        columns.push(i);
+    }
+    Ok(Some(columns.into()))
+}
+
+/// A reader of some fields of a file: field `k` is the file's field `columns[k]`.
+struct Selected {
+    inner: Box<dyn FileReader>,
+    columns: Arc<[usize]>,
+}
+
+impl FileReader for Selected {
+    fn read_rows(&mut self, rows: &[u64]) -> Result<RowChunk> {
+        self.inner.read_columns(rows, &self.columns)
+    }
+
+    fn read_columns(&mut self, rows: &[u64], columns: &[usize]) -> Result<RowChunk> {
+        let mapped: Vec<usize> = columns.iter().map(|&c| self.columns[c]).collect();
+        self.inner.read_columns(rows, &mapped)
+    }
+
+    fn value_range(&self, row: u64, field: usize) -> Option<std::ops::Range<u64>> {
+        self.inner.value_range(row, *self.columns.get(field)?)
+    }
+
+    fn read_at(&mut self, offset: u64, out: &mut [u8]) -> Result<()> {
+        self.inner.read_at(offset, out)
+    }
+
+    fn read_vectored_at(&mut self, offset: u64, bufs: &mut [std::io::IoSliceMut<'_>]) -> Result<()> {
+        self.inner.read_vectored_at(offset, bufs)
+    }
+
+    fn check(&self) -> Result<()> {
+        self.inner.check()
+    }
+
+    fn advise(&self, range: std::ops::Range<u64>) {
+        self.inner.advise(range)
+    }
+
+    fn drop_cache(&self, range: std::ops::Range<u64>) {
+        self.inner.drop_cache(range)
+    }
+
+    fn positional(&self) -> Option<&std::fs::File> {
+        self.inner.positional()
+    }
+
+    fn random_access(&self) {
+        self.inner.random_access()
     }
 }
 
@@ -548,6 +643,11 @@ struct CheckedReader {
 impl FileReader for CheckedReader {
     fn read_rows(&mut self, rows: &[u64]) -> Result<RowChunk> {
         let chunk = self.inner.read_rows(rows);
+        unchanged_then(&self.info, chunk)
+    }
+
+    fn read_columns(&mut self, rows: &[u64], columns: &[usize]) -> Result<RowChunk> {
+        let chunk = self.inner.read_columns(rows, columns);
         unchanged_then(&self.info, chunk)
     }
 
@@ -819,6 +919,64 @@ mod tests {
         assert_eq!(Arc::strong_count(&layout), 4);
         assert!(ds.arrow_layouts[0].get().is_none());
         assert_eq!(a.read_rows(&[7, 42]).unwrap().value(1, 0), b.read_rows(&[42]).unwrap().value(0, 0));
+    }
+
+    /// `fields` delivers those fields in the order given; HDF5 and Arrow read only their
+    /// bytes, npy the whole records; value ranges follow the selection.
+    #[test]
+    fn a_field_selection_reads_and_delivers_only_those_fields() {
+        let fields = vec![
+            Field::tensor("a", DType::U8, vec![1000]),
+            Field::tensor("b", DType::I64, vec![]),
+            Field::tensor("c", DType::U16, vec![3]),
+        ];
+        for format in [Format::Npy, Format::Hdf5, Format::Arrow] {
+            let dir = tempfile::tempdir().unwrap();
+            let spec = gen::GenSpec {
+                format,
+                samples: 50,
+                files: 1,
+                out: dir.path().into(),
+                arrow_batch_rows: 10,
+                fields: fields.clone(),
+            };
+            gen::write_file(&spec, 0).unwrap();
+            let open = |names: Option<Vec<&str>>| {
+                let options = DatasetOptions {
+                    fields: names.map(|n| n.into_iter().map(String::from).collect()),
+                    ..Default::default()
+                };
+                Dataset::open_local(&[dir.path().into()], options)
+            };
+            let all = open(None).unwrap();
+            let ds = open(Some(vec!["c", "b"])).unwrap();
+            assert_eq!(ds.fields(), &[fields[2].clone(), fields[1].clone()], "{format:?}");
+            let rows = [3u64, 4, 30];
+            let whole = all.open_reader(0).unwrap().read_rows(&rows).unwrap();
+            let mut r = ds.open_reader(0).unwrap();
+            let some = r.read_rows(&rows).unwrap();
+            for k in 0..rows.len() {
+                assert_eq!(some.value(k, 0), whole.value(k, 2), "{format:?}");
+                assert_eq!(some.value(k, 1), whole.value(k, 1), "{format:?}");
+            }
+            if format != Format::Npy {
+                // Not the 1000-byte values of `a`.
+                assert!(some.bytes_read() < 1000, "{format:?}: {} bytes", some.bytes_read());
+            }
+            let full = all.open_reader(0).unwrap();
+            if let Some(v) = full.value_range(4, 2) {
+                assert_eq!(r.value_range(4, 0), Some(v), "{format:?}");
+            }
+            assert_eq!(r.value_range(4, 2), None, "{format:?}: no third field");
+            for (names, needle) in [
+                (vec!["d"], "unknown field 'd' (fields: a, b, c)"),
+                (vec!["a", "a"], "names 'a' twice"),
+                (vec![], "selects no field"),
+            ] {
+                let e = open(Some(names)).unwrap_err().to_string();
+                assert!(e.contains(needle), "{e}");
+            }
+        }
     }
 
     /// Subdirectories are walked where their names come, at any depth, hidden ones not;

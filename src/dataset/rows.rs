@@ -69,6 +69,16 @@ impl RowChunk {
         &self.buffers[loc.buffer as usize].as_slice()[loc.offset..loc.offset + loc.len]
     }
 
+    /// The same rows with only fields `fields` (in that order), sharing the buffers.
+    pub fn project(&self, fields: &[usize]) -> RowChunk {
+        let rows = self.rows();
+        let mut locs = Vec::with_capacity(rows * fields.len());
+        for r in 0..rows {
+            locs.extend(fields.iter().map(|&f| self.locs[r * self.fields + f]));
+        }
+        RowChunk { buffers: self.buffers.clone(), locs, fields: fields.len(), bytes_read: self.bytes_read }
+    }
+
     /// Buffers the chunk's values lie in: for readers that read into buffers of their own,
     /// the reads that brought them in.
     pub fn buffers(&self) -> usize {

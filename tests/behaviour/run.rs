@@ -95,6 +95,30 @@ over_transports! {
         assert!(line.contains("\"crc32\":{\"x\":["), "fields sorted by name: {line}");
     }
 
+    /// `--fields z,x` delivers the same stream (ids, placement) with only those fields,
+    /// byte for byte as the full run's, for formats that read only them (HDF5, Arrow
+    /// streams) and those that read whole records (npy, raw).
+    fn a_field_selection_delivers_those_fields_of_the_same_stream(t: Transport) {
+        let fx = fixtures();
+        for (name, np) in [("hdf5", 3), ("arrow_stream", 2), ("npy_struct", 1), ("raw", 4)] {
+            let out = tempdir();
+            let (full, some) = (out.path().join("full"), out.path().join("some"));
+            ok(&Job::new(fx.join(name)).batch(12).epochs(2).seed(3).window("700").dump(&full).over(t, np));
+            let job = Job::new(fx.join(name)).batch(12).epochs(2).seed(3).window("700").dump(&some);
+            ok(&job.args(["--fields", "z,x"]).over(t, np));
+            let (full, some) = (read_dump(&full, np), read_dump(&some, np));
+            for (a, b) in full.iter().flatten().zip(some.iter().flatten()) {
+                assert_eq!((a.epoch, a.step, &a.ids), (b.epoch, b.step, &b.ids), "{name}, {np} ranks");
+                let kept: Vec<&(String, Vec<u32>)> = a.crc32.iter().filter(|(f, _)| f == "x" || f == "z").collect();
+                assert_eq!(kept, b.crc32.iter().collect::<Vec<_>>(), "{name}, {np} ranks: step {}", a.step);
+            }
+            assert_eq!(full.iter().flatten().count(), some.iter().flatten().count());
+            let r = Job::new(fx.join(name)).batch(12).args(["--fields", "x,w"]).over(t, np);
+            assert_ne!(r.code, 0);
+            assert!(r.stderr.contains("--fields names unknown field 'w' (fields: x, y, z)"), "{}", r.stderr);
+        }
+    }
+
     fn plain_f16_bool_npy(t: Transport) {
         let fx = fixtures();
         for d in ["npy_plain", "npy_f16", "npy_bool"] {

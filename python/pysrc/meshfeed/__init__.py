@@ -396,6 +396,8 @@ class Loader:
         local_reads: ``auto`` or ``off``: ranks on one host read the rows they get from
             each other straight from the files instead of exchanging them.
         group: the HDF5 group holding the datasets.
+        fields: only these fields, in this order (HDF5 and Arrow files read only these;
+            default: every field).
         devices_per_process: mesh devices this process drives (default 1). The mesh then
             has ``world × K`` devices; process ``p`` drives devices ``p·K .. (p+1)·K`` and
             receives the union of their shards, as
@@ -437,6 +439,7 @@ class Loader:
         read_queue_depth: Optional[SupportsIndex] = None,
         local_reads: Optional[LocalReads] = None,
         group: Optional[str] = None,
+        fields: Optional[Sequence[str]] = None,
         devices_per_process: Optional[SupportsIndex] = None,
         bootstrap: Bootstrap = "auto",
     ) -> None:
@@ -466,6 +469,7 @@ class Loader:
             "read_queue_depth": read_queue_depth,
             "local_reads": local_reads,
             "group": group,
+            "fields": None if fields is None else _names("fields", fields),
             "devices_per_process": devices_per_process,
         }
         for key in ("prefetch", "storage_iops", "read_queue_depth", "devices_per_process"):

@@ -50,6 +50,7 @@ class JobOptions(TypedDict, total=False):
 
     data: list[str]
     group: str
+    fields: list[str]
     batch_size: int
     epochs: int
     seed: int
