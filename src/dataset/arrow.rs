@@ -496,7 +496,7 @@ pub type LayoutCache = std::sync::OnceLock<Arc<Layout>>;
 /// what it needs, and dense requests still become a few large reads (as
 /// [`super::rows::coalesce`] does for rows). Returns each read's range and how many of the
 /// given ranges it serves (consecutive).
-fn group_ranges(ranges: &[Range<u64>], max_gap: u64) -> Vec<(Range<u64>, usize)> {
+pub(crate) fn group_ranges(ranges: &[Range<u64>], max_gap: u64) -> Vec<(Range<u64>, usize)> {
     let mut groups: Vec<(Range<u64>, usize)> = Vec::new();
     let (mut needed, mut extra) = (0u64, 0u64);
     for r in ranges {

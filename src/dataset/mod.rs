@@ -20,6 +20,7 @@ pub mod npy_header;
 pub mod raw;
 pub mod rows;
 pub mod schema;
+pub mod wds;
 
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
@@ -38,6 +39,9 @@ pub enum Format {
     Hdf5,
     Arrow,
     Raw,
+    /// WebDataset tar shards.
+    #[serde(rename = "tar")]
+    WebDataset,
 }
 
 impl Format {
@@ -48,6 +52,7 @@ impl Format {
             "h5" | "hdf5" => Some(Format::Hdf5),
             "arrow" | "feather" | "ipc" => Some(Format::Arrow),
             "raw" => Some(Format::Raw),
+            "tar" => Some(Format::WebDataset),
             _ => None,
         }
     }
@@ -70,6 +75,7 @@ impl Format {
             Format::Hdf5 => "h5",
             Format::Arrow => "arrow",
             Format::Raw => "raw",
+            Format::WebDataset => "tar",
         }
     }
 }
@@ -216,14 +222,14 @@ pub fn resolve_paths(paths: &[PathBuf]) -> Result<Vec<(PathBuf, Format)>> {
             if found.is_empty() {
                 return Err(Error::file(
                     path,
-                    "directory holds no .npy, .h5, .arrow or .raw files (nor do its subdirectories)",
+                    "directory holds no .npy, .h5, .arrow, .raw or .tar files (nor do its subdirectories)",
                 ));
             }
             files.extend(found);
         } else {
             regular_file(path, &meta)?;
             let format = Format::from_path(path).ok_or_else(|| {
-                Error::file(path, "unknown format (expected .npy, .h5/.hdf5, .arrow/.feather/.ipc or .raw)")
+                Error::file(path, "unknown format (expected .npy, .h5/.hdf5, .arrow/.feather/.ipc, .raw or .tar)")
             })?;
             files.push((path.clone(), format));
         }
@@ -333,6 +339,10 @@ pub fn scan_file(path: &Path, format: Format, options: &DatasetOptions) -> Resul
             let (samples, fields) = raw::scan(path)?;
             (samples, fields, Vec::new(), true)
         }
+        Format::WebDataset => {
+            let (samples, fields, values) = wds::scan(path)?;
+            (samples, fields, values, true)
+        }
     };
     if let Some(reason) = schema::duplicate_name(&fields) {
         return Err(Error::file(path, reason));
@@ -427,6 +437,8 @@ pub struct Dataset {
     columns: Option<Arc<[usize]>>,
     /// Each Arrow file's layout, parsed once by its first reader (shared by clones).
     arrow_layouts: Arc<[arrow::LayoutCache]>,
+    /// Each WebDataset shard's index, likewise.
+    tar_indexes: Arc<[wds::IndexCache]>,
     fields: Vec<Field>,
     /// `starts[i]` is the global id of the first sample of file `i`; `starts[len]` is N.
     starts: Vec<u64>,
@@ -460,8 +472,9 @@ impl Dataset {
             None => first.fields.clone(),
         };
         let arrow_layouts = files.iter().map(|_| arrow::LayoutCache::new()).collect();
+        let tar_indexes = files.iter().map(|_| wds::IndexCache::new()).collect();
         let file_fields = first.fields.clone();
-        Ok(Dataset { fields, file_fields, columns, files, arrow_layouts, starts, options })
+        Ok(Dataset { fields, file_fields, columns, files, arrow_layouts, tar_indexes, starts, options })
     }
 
     /// Resolves and scans every file in this process (no communication).
@@ -545,6 +558,9 @@ impl Dataset {
                 Format::Hdf5 => return Err(hdf5_disabled(&info.path)),
                 Format::Arrow => {
                     Box::new(arrow::ArrowReader::open_cached(&info.path, &self.file_fields, &self.arrow_layouts[i])?)
+                }
+                Format::WebDataset => {
+                    Box::new(wds::WdsReader::open_cached(&info.path, &self.file_fields, &self.tar_indexes[i])?)
                 }
             })
         })();

@@ -40,6 +40,15 @@ over_transports! {
         fails(t, 3, &["run", "--data", data(&d), "--batch-size", "3"], &["rank 0: ", "part-0.npy", "truncated"]);
     }
 
+    fn truncated_webdataset_shard(t: Transport) {
+        let out = tempdir();
+        let src = fixtures().join("wds");
+        std::fs::copy(src.join("shard-000000.tar"), out.path().join("shard-000000.tar")).unwrap();
+        let bytes = std::fs::read(src.join("shard-000001.tar")).unwrap();
+        std::fs::write(out.path().join("shard-000001.tar"), &bytes[..bytes.len() / 2 + 100]).unwrap();
+        fails(t, 2, &["run", "--data", data(out.path()), "--batch-size", "2"], &["shard-000001.tar", "truncated"]);
+    }
+
     fn truncation_seen_by_one_rank_stops_all(t: Transport) {
         // File 2 of 3 is scanned by rank 2 only; every rank must report rank 2's finding.
         let src = fixtures().join("npy_struct");

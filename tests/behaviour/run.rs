@@ -119,6 +119,13 @@ over_transports! {
         }
     }
 
+    /// WebDataset shards written by `webdataset.TarWriter`: every sample exactly once per
+    /// epoch with each member's bytes (CRCs from Python's tarfile), the same global batches
+    /// at every rank count.
+    fn webdataset_shards_from_tarwriter(t: Transport) {
+        check_dataset(t, &fixtures().join("wds"), &[]);
+    }
+
     fn plain_f16_bool_npy(t: Transport) {
         let fx = fixtures();
         for d in ["npy_plain", "npy_f16", "npy_bool"] {

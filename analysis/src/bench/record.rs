@@ -81,6 +81,7 @@ fn format_name(f: Format) -> &'static str {
         Format::Hdf5 => "hdf5",
         Format::Arrow => "arrow",
         Format::Raw => "raw",
+        Format::WebDataset => "tar",
     }
 }
 
