@@ -3,7 +3,9 @@
 //! Column types: primitive → scalar tensor; fixed-size list of primitive (nested lists
 //! give more dimensions) → tensor; fixed-size binary → `u8` tensor; binary / utf8 (and
 //! their large variants) → variable-length bytes. Nulls, dictionaries, booleans
-//! (bit-packed), compressed batches and big-endian files are rejected with a clear error.
+//! (bit-packed) and big-endian files are rejected with a clear error. Compressed batches
+//! (LZ4 frame or ZSTD buffers, what `pandas.DataFrame.to_feather` writes) are read a
+//! column's buffers at a time and decompressed, not in place.
 //!
 //! Only the footer and each record batch's message header are read to open a file (a
 //! stream, which has no footer, has its messages walked once: each header, not the
@@ -66,6 +68,45 @@ enum Column {
 struct BatchLayout {
     rows: u64,
     columns: Vec<Column>,
+    /// How the batch's buffers are compressed (`None`: not at all, values read in place).
+    codec: Option<Codec>,
+}
+
+/// A buffer compression of Arrow IPC: each buffer is its uncompressed length (`i64`, -1:
+/// stored uncompressed) and an LZ4 frame or a Zstandard frame.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Codec {
+    Lz4,
+    Zstd,
+}
+
+/// The bytes of a compressed buffer, at most `cap` of them (more is corrupt: it also stops
+/// a small buffer from claiming gigabytes).
+fn decompress(codec: Codec, buf: &[u8], cap: u64) -> std::result::Result<Vec<u8>, String> {
+    use std::io::Read;
+    let Some((len, data)) = buf.split_first_chunk::<8>() else {
+        return if buf.is_empty() { Ok(Vec::new()) } else { Err(format!("a {}-byte compressed buffer", buf.len())) };
+    };
+    let len = i64::from_le_bytes(*len);
+    if len == -1 {
+        return Ok(data.to_vec());
+    }
+    let len = u64::try_from(len).map_err(|_| format!("uncompressed length {len}"))?;
+    if len > cap {
+        return Err(format!("uncompressed length {len} where at most {cap} bytes are expected"));
+    }
+    let mut out = Vec::with_capacity(len as usize);
+    let read = match codec {
+        Codec::Lz4 => lz4_flex::frame::FrameDecoder::new(data).take(len + 1).read_to_end(&mut out),
+        Codec::Zstd => ruzstd::decoding::StreamingDecoder::new(data)
+            .map_err(|e| std::io::Error::other(e.to_string()))
+            .and_then(|d| d.take(len + 1).read_to_end(&mut out)),
+    };
+    read.map_err(|e| format!("{codec:?} data does not decode: {e}"))?;
+    if out.len() as u64 != len {
+        return Err(format!("{codec:?} data decodes to {} bytes, its header says {len}", out.len()));
+    }
+    Ok(out)
 }
 
 /// What the footer of an Arrow file and its record batch headers say.
@@ -117,12 +158,14 @@ impl From<&str> for ColumnError {
 
 /// Where the values of a column of type `dt` lie, consuming its field nodes and buffers
 /// (depth first, as the IPC format lays them out). `rows` is how many values the column
-/// must hold at this level; `body` is the batch body's file offset and length (every
+/// must hold at this level (`compressed`: the buffers hold compressed bytes, so their
+/// lengths say nothing of the rows); `body` is the batch body's file offset and length (every
 /// buffer was checked to lie inside it).
 fn column_layout<'a>(
     dt: &DataType,
     rows: u64,
     top: bool,
+    compressed: bool,
     nodes: &mut impl Iterator<Item = &'a arrow_ipc::FieldNode>,
     buffers: &mut impl Iterator<Item = &'a arrow_ipc::Buffer>,
     body: FileSpan,
@@ -145,7 +188,7 @@ fn column_layout<'a>(
         DataType::FixedSizeList(child, n) => {
             let n = u64::try_from(*n).map_err(|_| "bad list size")?;
             let inner = rows.checked_mul(n).ok_or("list values overflow")?;
-            match column_layout(child.data_type(), inner, false, nodes, buffers, body)? {
+            match column_layout(child.data_type(), inner, false, compressed, nodes, buffers, body)? {
                 Column::Fixed { values, width } => {
                     Column::Fixed { values, width: width.checked_mul(n).ok_or("list values overflow")? }
                 }
@@ -164,8 +207,9 @@ fn column_layout<'a>(
             Column::Fixed { values: buffer()?, width: size }
         }
     };
-    if top {
-        // The rows addressed must lie inside the buffers.
+    if top && !compressed {
+        // The rows addressed must lie inside the buffers (compressed ones: checked once
+        // decompressed).
         let (buf, need) = match column {
             Column::Fixed { values, width } => (values, rows.checked_mul(width)),
             Column::Var { offsets, wide, .. } => {
@@ -355,12 +399,12 @@ fn batch_layout(
     if rows > body_len.saturating_mul(8).max(64) {
         return Err(corrupt(format!("batch {i} claims {rows} rows in a {body_len}-byte body")));
     }
-    if rb.compression().is_some() {
-        return Err(Error::file(
-            path,
-            format!("record batch {i} is compressed (lz4/zstd); compressed Arrow IPC files are not supported"),
-        ));
-    }
+    let codec = match rb.compression().map(|c| c.codec()) {
+        None => None,
+        Some(arrow_ipc::CompressionType::LZ4_FRAME) => Some(Codec::Lz4),
+        Some(arrow_ipc::CompressionType::ZSTD) => Some(Codec::Zstd),
+        Some(other) => return Err(corrupt(format!("batch {i}: unknown compression {other:?}"))),
+    };
     // Every buffer must lie inside the body: the reads below trust these ranges.
     for (k, buf) in rb.buffers().into_iter().flatten().enumerate() {
         let end = buf.offset().checked_add(buf.length());
@@ -378,16 +422,20 @@ fn batch_layout(
     let mut buffers = buffers_fb.iter().flat_map(|v| v.iter());
     let mut columns = Vec::with_capacity(schema.fields().len());
     for f in schema.fields() {
-        let c = column_layout(f.data_type(), rows, true, &mut nodes, &mut buffers, body).map_err(|e| match e {
-            ColumnError::Nulls => Error::file(
-                path,
-                format!("column '{}' has nulls in record batch {i}; nulls are not supported", f.name()),
-            ),
-            ColumnError::Corrupt(r) => corrupt(format!("batch {i}, column '{}': {r}", f.name())),
-        })?;
+        let compressed = codec.is_some();
+        let c =
+            column_layout(f.data_type(), rows, true, compressed, &mut nodes, &mut buffers, body).map_err(
+                |e| match e {
+                    ColumnError::Nulls => Error::file(
+                        path,
+                        format!("column '{}' has nulls in record batch {i}; nulls are not supported", f.name()),
+                    ),
+                    ColumnError::Corrupt(r) => corrupt(format!("batch {i}, column '{}': {r}", f.name())),
+                },
+            )?;
         columns.push(c);
     }
-    Ok(BatchLayout { rows, columns })
+    Ok(BatchLayout { rows, columns, codec })
 }
 
 fn primitive(dt: &DataType) -> Option<DType> {
@@ -452,7 +500,10 @@ fn fields_of(path: &Path, schema: &Schema) -> Result<Vec<Field>> {
 /// Reads the sample count and fields from the footer, and per field the bytes of its
 /// variable-length values (the value buffers' lengths in the record batch headers; 0 for
 /// fixed-size fields).
-pub fn scan(path: &Path) -> Result<(u64, Vec<Field>, Vec<u64>)> {
+/// Reads an Arrow file's or stream's headers: sample count, fields, the bytes of each
+/// variable-length field's values, and whether values can be read in place (no batch is
+/// compressed).
+pub fn scan(path: &Path) -> Result<(u64, Vec<Field>, Vec<u64>, bool)> {
     let file = File::open(path).map_err(|e| Error::io(path, e))?;
     let footer = read_footer(&file, path)?;
     let samples = footer.batches.iter().try_fold(0u64, |a, b| a.checked_add(b.rows));
@@ -464,7 +515,8 @@ pub fn scan(path: &Path) -> Result<(u64, Vec<Field>, Vec<u64>)> {
             }
         }
     }
-    Ok((samples.ok_or_else(|| Error::file(path, "row count overflows"))?, footer.fields, value_bytes))
+    let in_place = footer.batches.iter().all(|b| b.codec.is_none());
+    Ok((samples.ok_or_else(|| Error::file(path, "row count overflows"))?, footer.fields, value_bytes, in_place))
 }
 
 /// Reads rows of one Arrow IPC file: only the byte ranges of the rows asked for.
@@ -551,6 +603,73 @@ impl ArrowReader {
         Ok(ArrowReader { file, path: path.to_path_buf(), layout })
     }
 
+    /// The values of rows `local` (of batch `b`; window rows `first..`) of `columns`, from a
+    /// compressed batch: each column's buffers are read whole and decompressed (at most
+    /// what the batch's rows can hold), then sliced. Values cannot be read in place here.
+    #[allow(clippy::too_many_arguments)]
+    fn read_compressed(
+        &self,
+        chunk: &mut RowChunk,
+        locs: &mut [ValueLoc],
+        codec: Codec,
+        b: usize,
+        local: &[u64],
+        first: usize,
+        columns: &[usize],
+    ) -> Result<()> {
+        let batch = &self.layout.footer.batches[b];
+        let fields = columns.len();
+        // Buffers are padded to 8 (often 64) bytes.
+        let cap = |need: u64| need.saturating_add(63) / 64 * 64 + 64;
+        for (c, &col) in columns.iter().enumerate() {
+            let name = &self.layout.footer.fields[col].name;
+            let bad =
+                |why: String| Error::file(&self.path, format!("{CORRUPT}: record batch {b}, column '{name}': {why}"));
+            let fetch = |span: FileSpan, need: u64| -> Result<Vec<u8>> {
+                let raw = read_exact(&self.file, &self.path, span.start, span.len, &format!("column '{name}'"))?;
+                let out = decompress(codec, &raw, cap(need)).map_err(bad)?;
+                if (out.len() as u64) < need {
+                    return Err(bad(format!("a buffer of {} bytes where {need} are needed", out.len())));
+                }
+                Ok(out)
+            };
+            match batch.columns.get(col).copied() {
+                Some(Column::Fixed { values, width }) => {
+                    let v = fetch(values, batch.rows.saturating_mul(width))?;
+                    let buffer = chunk.add_buffer(Buffer::from_vec(v));
+                    for (k, &r) in local.iter().enumerate() {
+                        locs[(first + k) * fields + c] = (buffer, (r * width) as usize, width as usize);
+                    }
+                }
+                Some(Column::Var { offsets, values, wide }) => {
+                    let w = width_of(wide);
+                    let o = fetch(offsets, (batch.rows + 1).saturating_mul(w))?;
+                    chunk.add_bytes_read(o.len() as u64);
+                    let offset = |r: u64| -> i64 {
+                        let i = (r * w) as usize;
+                        if wide {
+                            i64::from_le_bytes(o[i..i + 8].try_into().expect("8 bytes"))
+                        } else {
+                            i64::from(i32::from_le_bytes(o[i..i + 4].try_into().expect("4 bytes")))
+                        }
+                    };
+                    let end = u64::try_from(offset(batch.rows)).map_err(|_| bad("negative offsets".into()))?;
+                    let v = fetch(values, end)?;
+                    let buffer = chunk.add_buffer(Buffer::from_vec(v));
+                    for (k, &r) in local.iter().enumerate() {
+                        let (s, e) = (offset(r), offset(r + 1));
+                        if !(0 <= s && s <= e && e as u64 <= end) {
+                            return Err(bad(format!("bad offsets {s}..{e} for row {r}")));
+                        }
+                        locs[(first + k) * fields + c] = (buffer, s as usize, (e - s) as usize);
+                    }
+                }
+                None => return Err(Error::Internal(format!("column {col} of a batch of {}", batch.columns.len()))),
+            }
+        }
+        Ok(())
+    }
+
     /// The value ranges of `rows` (local to the batch) of a variable-length column, read
     /// from its offsets buffer: checked to be ordered and to lie inside `values`.
     fn value_ranges(
@@ -604,7 +723,7 @@ impl super::FileReader for ArrowReader {
     /// refused at open): they can be read in place. Variable-length values cannot.
     fn value_range(&self, row: u64, field: usize) -> Option<Range<u64>> {
         let b = self.layout.starts.partition_point(|&s| s <= row).checked_sub(1)?;
-        let batch = self.layout.footer.batches.get(b)?;
+        let batch = self.layout.footer.batches.get(b).filter(|b| b.codec.is_none())?;
         match *batch.columns.get(field)? {
             // Inside the buffer: rows × width ≤ its length (checked at open).
             Column::Fixed { values, width } => {
@@ -652,6 +771,7 @@ impl super::FileReader for ArrowReader {
         // Every value wanted: its byte range in the file, its row (index into `rows`) and
         // its column.
         let mut wanted: Vec<(Range<u64>, usize, usize)> = Vec::with_capacity(rows.len() * fields);
+        let mut locs: Vec<ValueLoc> = vec![(0, 0, 0); rows.len() * fields];
         let mut i = 0;
         while i < rows.len() {
             let b = self.layout.starts.partition_point(|&s| s <= rows[i]) - 1;
@@ -661,6 +781,11 @@ impl super::FileReader for ArrowReader {
             let j = i + rows[i..].partition_point(|&r| r < self.layout.starts[b + 1]);
             let local: Vec<u64> = rows[i..j].iter().map(|r| r - self.layout.starts[b]).collect();
             let batch = &self.layout.footer.batches[b];
+            if let Some(codec) = batch.codec {
+                self.read_compressed(&mut chunk, &mut locs, codec, b, &local, i, columns)?;
+                i = j;
+                continue;
+            }
             for (c, &column) in columns.iter().enumerate() {
                 let Some(&column) = batch.columns.get(column) else {
                     return Err(Error::Internal(format!(
@@ -696,7 +821,6 @@ impl super::FileReader for ArrowReader {
         // In file order (stable: a batch's buffers mostly are already), then grouped.
         wanted.sort_by_key(|(r, _, _)| r.start);
         let ranges: Vec<Range<u64>> = wanted.iter().map(|(r, _, _)| r.clone()).collect();
-        let mut locs: Vec<ValueLoc> = vec![(0, 0, 0); rows.len() * fields];
         let mut at = 0;
         for (g, n) in group_ranges(&ranges, RECORD_GAP_BYTES) {
             let served = &wanted[at..at + n];
@@ -938,7 +1062,7 @@ mod tests {
             w.write(&batch(start, n)).unwrap();
         }
         w.finish().unwrap();
-        let (samples, scanned, _) = scan(&path).unwrap();
+        let (samples, scanned, _, _) = scan(&path).unwrap();
         assert_eq!((samples, &scanned), (25, &fields));
         let mut r = ArrowReader::open(&path, &fields).unwrap();
         let chunk = r.read_rows(&[0, 9, 10, 24]).unwrap();
@@ -967,6 +1091,28 @@ mod tests {
         std::fs::write(&path, &junk).unwrap();
         let e = scan(&path).unwrap_err().to_string();
         assert!(e.contains("not an Arrow IPC file or stream"), "{e}");
+    }
+
+    /// Compressed IPC buffers (LZ4 frame, ZSTD, or stored) decode; a length past what the
+    /// batch holds, a length the data does not match and data of another codec are errors.
+    #[test]
+    fn compressed_buffers_decode_and_bad_ones_are_errors() {
+        use std::io::Write;
+        let data: Vec<u8> = (0..1000u32).flat_map(|i| (i % 7).to_le_bytes()).collect();
+        let mut lz = Vec::new();
+        let mut e = lz4_flex::frame::FrameEncoder::new(&mut lz);
+        e.write_all(&data).unwrap();
+        e.finish().unwrap();
+        let framed = |len: i64, body: &[u8]| [len.to_le_bytes().as_slice(), body].concat();
+        assert_eq!(decompress(Codec::Lz4, &framed(4000, &lz), 4000).unwrap(), data);
+        assert_eq!(decompress(Codec::Zstd, &framed(-1, b"abc"), 3).unwrap(), b"abc");
+        assert_eq!(decompress(Codec::Lz4, &[], 0).unwrap(), Vec::<u8>::new());
+        let e = decompress(Codec::Lz4, &framed(1 << 40, &lz), 4000).unwrap_err();
+        assert!(e.contains("at most 4000"), "{e}");
+        let e = decompress(Codec::Lz4, &framed(3000, &lz), 4000).unwrap_err();
+        assert!(e.contains("its header says 3000"), "{e}");
+        let e = decompress(Codec::Zstd, &framed(4000, &lz), 4000).unwrap_err();
+        assert!(e.contains("does not decode"), "{e}");
     }
 
     #[test]

@@ -331,10 +331,7 @@ pub fn scan_file(path: &Path, format: Format, options: &DatasetOptions) -> Resul
             let _ = options; // only HDF5 files have options (the group)
             return Err(hdf5_disabled(path));
         }
-        Format::Arrow => {
-            let (samples, fields, values) = arrow::scan(path)?;
-            (samples, fields, values, true)
-        }
+        Format::Arrow => arrow::scan(path)?,
         Format::Raw => {
             let (samples, fields) = raw::scan(path)?;
             (samples, fields, Vec::new(), true)

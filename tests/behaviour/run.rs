@@ -72,7 +72,7 @@ over_transports! {
     fn xyz_in_every_format_gives_identical_batches(t: Transport) {
         let fx = fixtures();
         let npy = check_dataset(t, &fx.join("npy_struct"), &[]);
-        for other in ["hdf5", "arrow", "raw", "arrow_stream"] {
+        for other in ["hdf5", "arrow", "raw", "arrow_stream", "arrow_lz4", "arrow_zstd"] {
             let batches = check_dataset(t, &fx.join(other), &[]);
             assert_eq!(batches, npy, "{other} delivers other batches than npy for the same samples");
         }
@@ -122,6 +122,11 @@ over_transports! {
     /// WebDataset shards written by `webdataset.TarWriter`: every sample exactly once per
     /// epoch with each member's bytes (CRCs from Python's tarfile), the same global batches
     /// at every rank count.
+    /// A DataFrame saved by `pandas.DataFrame.to_feather` (LZ4-compressed IPC) as it is.
+    fn pandas_feather_files(t: Transport) {
+        check_dataset(t, &fixtures().join("pandas_feather"), &[]);
+    }
+
     fn webdataset_shards_from_tarwriter(t: Transport) {
         check_dataset(t, &fixtures().join("wds"), &[]);
     }
