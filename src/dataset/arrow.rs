@@ -508,10 +508,24 @@ pub fn scan(path: &Path) -> Result<(u64, Vec<Field>, Vec<u64>, bool)> {
     let footer = read_footer(&file, path)?;
     let samples = footer.batches.iter().try_fold(0u64, |a, b| a.checked_add(b.rows));
     let mut value_bytes = vec![0u64; footer.fields.len()];
-    for batch in &footer.batches {
+    for (i, batch) in footer.batches.iter().enumerate() {
         for (total, column) in value_bytes.iter_mut().zip(&batch.columns) {
             if let Column::Var { values, .. } = column {
-                *total = total.saturating_add(values.len);
+                // A compressed buffer starts with its uncompressed length (-1: stored): the
+                // window budget needs the values' real size.
+                let len = match batch.codec {
+                    Some(_) if values.len >= 8 => {
+                        let head = read_exact(&file, path, values.start, 8, &format!("batch {i} values"))?;
+                        match i64::from_le_bytes(head.try_into().expect("8 bytes")) {
+                            -1 => values.len - 8,
+                            n => u64::try_from(n).map_err(|_| {
+                                Error::file(path, format!("{CORRUPT}: batch {i}: uncompressed length {n}"))
+                            })?,
+                        }
+                    }
+                    _ => values.len,
+                };
+                *total = total.saturating_add(len);
             }
         }
     }
@@ -605,7 +619,9 @@ impl ArrowReader {
 
     /// The values of rows `local` (of batch `b`; window rows `first..`) of `columns`, from a
     /// compressed batch: each column's buffers are read whole and decompressed (at most
-    /// what the batch's rows can hold), then sliced. Values cannot be read in place here.
+    /// what the batch's rows can hold), and the rows' values copied out, so that a window
+    /// holds its values and one column of one batch at a time, not every batch its rows
+    /// touch. Values cannot be read in place here.
     #[allow(clippy::too_many_arguments)]
     fn read_compressed(
         &self,
@@ -636,9 +652,15 @@ impl ArrowReader {
             match batch.columns.get(col).copied() {
                 Some(Column::Fixed { values, width }) => {
                     let v = fetch(values, batch.rows.saturating_mul(width))?;
-                    let buffer = chunk.add_buffer(Buffer::from_vec(v));
-                    for (k, &r) in local.iter().enumerate() {
-                        locs[(first + k) * fields + c] = (buffer, (r * width) as usize, width as usize);
+                    let w = width as usize;
+                    let mut kept = Vec::with_capacity(local.len() * w);
+                    for &r in local {
+                        kept.extend_from_slice(&v[r as usize * w..(r as usize + 1) * w]);
+                    }
+                    chunk.add_bytes_read((v.len() - kept.len()) as u64);
+                    let buffer = chunk.add_buffer(Buffer::from_vec(kept));
+                    for k in 0..local.len() {
+                        locs[(first + k) * fields + c] = (buffer, k * w, w);
                     }
                 }
                 Some(Column::Var { offsets, values, wide }) => {
@@ -655,13 +677,20 @@ impl ArrowReader {
                     };
                     let end = u64::try_from(offset(batch.rows)).map_err(|_| bad("negative offsets".into()))?;
                     let v = fetch(values, end)?;
-                    let buffer = chunk.add_buffer(Buffer::from_vec(v));
-                    for (k, &r) in local.iter().enumerate() {
+                    let mut kept = Vec::new();
+                    let mut at = Vec::with_capacity(local.len());
+                    for &r in local {
                         let (s, e) = (offset(r), offset(r + 1));
                         if !(0 <= s && s <= e && e as u64 <= end) {
                             return Err(bad(format!("bad offsets {s}..{e} for row {r}")));
                         }
-                        locs[(first + k) * fields + c] = (buffer, s as usize, (e - s) as usize);
+                        at.push((kept.len(), (e - s) as usize));
+                        kept.extend_from_slice(&v[s as usize..e as usize]);
+                    }
+                    chunk.add_bytes_read((v.len() - kept.len()) as u64);
+                    let buffer = chunk.add_buffer(Buffer::from_vec(kept));
+                    for (k, (offset, len)) in at.into_iter().enumerate() {
+                        locs[(first + k) * fields + c] = (buffer, offset, len);
                     }
                 }
                 None => return Err(Error::Internal(format!("column {col} of a batch of {}", batch.columns.len()))),
