@@ -358,6 +358,23 @@ impl Loader {
                     let dtype = *dtype;
                     fields.set_item(name, FieldBuffer::new(Bytes::Field(data), dtype, shape)?)?;
                 }
+                // Lists of numbers: every row's elements in one array, and where each
+                // row's start (rows + 1 offsets, in elements).
+                (FieldKind::Bytes { elem: Some(dtype), .. }, _) => {
+                    let dtype = *dtype;
+                    let mut values = Vec::new();
+                    let mut offsets = Vec::with_capacity((data.rows() + 1) * 8);
+                    offsets.extend(0i64.to_le_bytes());
+                    for i in 0..data.rows() {
+                        values.extend_from_slice(data.row(i));
+                        offsets.extend(((values.len() / dtype.size()) as i64).to_le_bytes());
+                    }
+                    let n = values.len() / dtype.size();
+                    let values = Py::new(py, FieldBuffer::new(Bytes::Owned(values), dtype, vec![n])?)?;
+                    let offsets =
+                        Py::new(py, FieldBuffer::new(Bytes::Owned(offsets), DType::I64, vec![data.rows() + 1])?)?;
+                    fields.set_item(name, PyTuple::new(py, [values, offsets])?)?;
+                }
                 _ => {
                     let rows: Vec<Bound<'_, PyBytes>> =
                         (0..data.rows()).map(|i| PyBytes::new(py, data.row(i))).collect();

@@ -292,3 +292,37 @@ def test_a_rank_that_leaves_with_an_exception_does_not_leave_the_others_waiting(
     assert "RuntimeError: boom on rank 1" in r.stderr, r.stderr
     assert "rank 0: MisuseError: rank 1 closed its loader while this rank still reads from it" \
         in r.stdout, r.stdout + r.stderr
+
+
+def test_lists_of_numbers_arrive_as_values_and_offsets(tmp_path):
+    """Arrow List<int32> (token ids, some rows empty) reach Python as (values, offsets):
+    row i's elements are values[offsets[i]:offsets[i + 1]], in numpy and in torch."""
+    import pyarrow as pa
+
+    d = tmp_path / "lists"
+    d.mkdir()
+    n = 48
+    table = pa.table({"tokens": pa.array([list(range(i, i + i % 5)) for i in range(n)], pa.list_(pa.int32())),
+                      "y": pa.array(range(n), pa.int64())})
+    with pa.OSFile(str(d / "data.arrow"), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as w:
+        for b in table.to_batches(max_chunksize=7):
+            w.write_batch(b)
+    script = (
+        "import meshfeed, numpy as np, torch\n"
+        f"l = meshfeed.Loader([{str(d)!r}], batch_size=6, seed=4)\n"
+        "seen = 0\n"
+        "for b in l:\n"
+        "    values, offsets = b['tokens']\n"
+        "    assert values.dtype == np.int32 and offsets.dtype == np.int64, (values.dtype, offsets.dtype)\n"
+        "    assert len(offsets) == len(b.ids) + 1 and offsets[0] == 0 and offsets[-1] == len(values)\n"
+        "    for i, id in enumerate(b.ids):\n"
+        "        assert values[offsets[i]:offsets[i + 1]].tolist() == list(range(id, id + id % 5)), id\n"
+        "        assert int(b['y'][i]) == id\n"
+        "    tv, to = b.to_torch('cpu')['tokens']\n"
+        "    assert tv.dtype == torch.int32 and tv.tolist() == values.tolist() and to.tolist() == offsets.tolist()\n"
+        "    seen += len(b.ids)\n"
+        "assert seen == 24, seen\n"
+        "print('ok')\n"
+    )
+    r = ok(run(MPIRUN + ["-np", 2, sys.executable, "-c", script]))
+    assert r.stdout.count("ok") == 2, r.stdout

@@ -58,9 +58,10 @@ struct FileSpan {
 enum Column {
     /// `width` bytes per row: row `r` is bytes `r·width..(r+1)·width` of `values`.
     Fixed { values: FileSpan, width: u64 },
-    /// Row `r` is bytes `offsets[r]..offsets[r+1]` of `values`; offsets are little-endian
-    /// `i32` (`i64` when `wide`).
-    Var { offsets: FileSpan, values: FileSpan, wide: bool },
+    /// Row `r` is elements `offsets[r]..offsets[r+1]` of `values`, of `elem` bytes each (1
+    /// for binary and text; a list's element size); offsets are little-endian `i32` (`i64`
+    /// when `wide`).
+    Var { offsets: FileSpan, values: FileSpan, wide: bool, elem: u64 },
 }
 
 /// One record batch: its rows and where each column's buffers are.
@@ -195,12 +196,24 @@ fn column_layout<'a>(
                 Column::Var { .. } => return Err("lists of variable-length values are not supported".into()),
             }
         }
+        DataType::List(child) | DataType::LargeList(child) => {
+            let offsets = buffer()?;
+            // The child holds every row's elements (its length is the offsets' business).
+            match column_layout(child.data_type(), 0, false, compressed, nodes, buffers, body)? {
+                Column::Fixed { values, width } => {
+                    Column::Var { offsets, values, wide: matches!(dt, DataType::LargeList(_)), elem: width }
+                }
+                Column::Var { .. } => return Err("lists of variable-length values are not supported".into()),
+            }
+        }
         DataType::FixedSizeBinary(w) => {
             Column::Fixed { values: buffer()?, width: u64::try_from(*w).map_err(|_| "bad binary width")? }
         }
-        DataType::Binary | DataType::Utf8 => Column::Var { offsets: buffer()?, values: buffer()?, wide: false },
+        DataType::Binary | DataType::Utf8 => {
+            Column::Var { offsets: buffer()?, values: buffer()?, wide: false, elem: 1 }
+        }
         DataType::LargeBinary | DataType::LargeUtf8 => {
-            Column::Var { offsets: buffer()?, values: buffer()?, wide: true }
+            Column::Var { offsets: buffer()?, values: buffer()?, wide: true, elem: 1 }
         }
         dt => {
             let size = primitive(dt).ok_or("unsupported type")?.size() as u64;
@@ -473,8 +486,14 @@ fn field_kind(name: &str, dt: &DataType) -> std::result::Result<FieldKind, Strin
             dtype: DType::U8,
             shape: vec![usize::try_from(*n).map_err(|_| format!("column '{name}': bad width {n}"))?],
         }),
-        DataType::Binary | DataType::LargeBinary => Ok(FieldKind::Bytes { utf8: false }),
-        DataType::Utf8 | DataType::LargeUtf8 => Ok(FieldKind::Bytes { utf8: true }),
+        DataType::Binary | DataType::LargeBinary => Ok(FieldKind::Bytes { utf8: false, elem: None }),
+        DataType::List(child) | DataType::LargeList(child) => match primitive(child.data_type()) {
+            Some(d) if d != DType::Bool => Ok(FieldKind::Bytes { utf8: false, elem: Some(d) }),
+            _ => {
+                Err(format!("column '{name}': lists of {} are not supported (lists of numbers are)", child.data_type()))
+            }
+        },
+        DataType::Utf8 | DataType::LargeUtf8 => Ok(FieldKind::Bytes { utf8: true, elem: None }),
         other => Err(format!("column '{name}' has unsupported type {other}")),
     }
 }
@@ -663,7 +682,7 @@ impl ArrowReader {
                         locs[(first + k) * fields + c] = (buffer, k * w, w);
                     }
                 }
-                Some(Column::Var { offsets, values, wide }) => {
+                Some(Column::Var { offsets, values, wide, elem }) => {
                     let w = width_of(wide);
                     let o = fetch(offsets, (batch.rows + 1).saturating_mul(w))?;
                     chunk.add_bytes_read(o.len() as u64);
@@ -675,12 +694,14 @@ impl ArrowReader {
                             i64::from(i32::from_le_bytes(o[i..i + 4].try_into().expect("4 bytes")))
                         }
                     };
-                    let end = u64::try_from(offset(batch.rows)).map_err(|_| bad("negative offsets".into()))?;
+                    let elem = elem as i64;
+                    let end = offset(batch.rows).checked_mul(elem).and_then(|e| u64::try_from(e).ok());
+                    let end = end.ok_or_else(|| bad("bad offsets".into()))?;
                     let v = fetch(values, end)?;
                     let mut kept = Vec::new();
                     let mut at = Vec::with_capacity(local.len());
                     for &r in local {
-                        let (s, e) = (offset(r), offset(r + 1));
+                        let (s, e) = (offset(r).saturating_mul(elem), offset(r + 1).saturating_mul(elem));
                         if !(0 <= s && s <= e && e as u64 <= end) {
                             return Err(bad(format!("bad offsets {s}..{e} for row {r}")));
                         }
@@ -699,17 +720,12 @@ impl ArrowReader {
         Ok(())
     }
 
-    /// The value ranges of `rows` (local to the batch) of a variable-length column, read
-    /// from its offsets buffer: checked to be ordered and to lie inside `values`.
-    fn value_ranges(
-        &self,
-        chunk: &mut RowChunk,
-        context: &str,
-        offsets: FileSpan,
-        values: FileSpan,
-        wide: bool,
-        rows: &[u64],
-    ) -> Result<Vec<Range<u64>>> {
+    /// The value ranges of `rows` (local to the batch) of variable-length column `var`,
+    /// read from its offsets buffer: checked to be ordered and to lie inside its values.
+    fn value_ranges(&self, chunk: &mut RowChunk, context: &str, var: Column, rows: &[u64]) -> Result<Vec<Range<u64>>> {
+        let Column::Var { offsets, values, wide, elem } = var else {
+            return Err(Error::Internal(format!("{context}: offsets of a fixed-size column")));
+        };
         let w = width_of(wide);
         // Offsets `r` and `r + 1` of every row; inside the buffer (checked at open).
         let wanted: Vec<Range<u64>> = rows.iter().map(|&r| r * w..(r + 2) * w).collect();
@@ -728,6 +744,7 @@ impl ArrowReader {
             };
             for (k, want) in wanted[at..at + n].iter().enumerate() {
                 let (s, e) = (offset(want.start), offset(want.start + w));
+                let (s, e) = (s.saturating_mul(elem as i64), e.saturating_mul(elem as i64));
                 if !(0 <= s && s <= e && e as u64 <= values.len) {
                     return Err(Error::file(
                         &self.path,
@@ -832,10 +849,10 @@ impl super::FileReader for ArrowReader {
                                 .map(|(k, &r)| (values.start + r * width..values.start + (r + 1) * width, i + k, c)),
                         );
                     }
-                    Column::Var { offsets, values, wide } => {
+                    Column::Var { values, .. } => {
                         let name = &self.layout.footer.fields[columns[c]].name;
                         let context = format!("record batch {b}, column '{name}'");
-                        let ranges = self.value_ranges(&mut chunk, &context, offsets, values, wide, &local)?;
+                        let ranges = self.value_ranges(&mut chunk, &context, column, &local)?;
                         wanted.extend(
                             ranges
                                 .into_iter()
@@ -887,8 +904,10 @@ pub fn write(
 
     fn data_type(kind: &FieldKind) -> DataType {
         match kind {
-            FieldKind::Bytes { utf8: false } => DataType::Binary,
-            FieldKind::Bytes { utf8: true } => DataType::Utf8,
+            FieldKind::Bytes { utf8: false, elem: None } => DataType::Binary,
+            FieldKind::Bytes { utf8: true, elem: None } => DataType::Utf8,
+            // Refused below.
+            FieldKind::Bytes { elem: Some(_), .. } => DataType::Binary,
             FieldKind::Tensor { dtype, shape } => {
                 let mut dt = match dtype {
                     DType::Bool | DType::U8 => DataType::UInt8,
@@ -910,6 +929,9 @@ pub fn write(
             }
         }
     }
+    if let Some(f) = fields.iter().find(|f| matches!(f.kind, FieldKind::Bytes { elem: Some(_), .. })) {
+        return Err(Error::Config(format!("Arrow output does not write list field '{}'", f.name)));
+    }
     if let Some(f) = fields.iter().find(|f| matches!(f.kind, FieldKind::Tensor { dtype: DType::Bool, .. })) {
         return Err(Error::Config(format!("Arrow output does not support bool field '{}' (use u8)", f.name)));
     }
@@ -925,7 +947,7 @@ pub fn write(
         let mut columns: Vec<ArrayRef> = Vec::new();
         for (fi, f) in fields.iter().enumerate() {
             let col: ArrayRef = match &f.kind {
-                FieldKind::Bytes { utf8 } => {
+                FieldKind::Bytes { utf8, .. } => {
                     let mut values = Vec::new();
                     for id in start..end {
                         scratch.clear();
@@ -1027,7 +1049,7 @@ mod tests {
             dir.path(),
             vec![
                 Field::tensor("x", DType::F32, vec![4, 8]),
-                Field { name: "t".into(), kind: FieldKind::Bytes { utf8: true } },
+                Field { name: "t".into(), kind: FieldKind::Bytes { utf8: true, elem: None } },
                 Field::tensor("y", DType::I64, vec![]),
             ],
             5000,

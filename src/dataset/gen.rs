@@ -110,7 +110,7 @@ pub fn parse_field(s: &str) -> Result<Field> {
         return Err(bad("too many ':'"));
     }
     let kind = match dtype {
-        "bytes" | "utf8" if shape.is_empty() => FieldKind::Bytes { utf8: dtype == "utf8" },
+        "bytes" | "utf8" if shape.is_empty() => FieldKind::Bytes { utf8: dtype == "utf8", elem: None },
         "bytes" | "utf8" => return Err(bad("variable-length fields have no shape")),
         _ => {
             let dtype = DType::parse(dtype).ok_or_else(|| bad(&format!("unknown dtype '{dtype}'")))?;
@@ -297,7 +297,7 @@ mod tests {
         let fields = vec![
             Field::tensor("a", DType::I32, vec![3]),
             Field::tensor("b", DType::U8, vec![]),
-            Field { name: "t".into(), kind: FieldKind::Bytes { utf8: true } },
+            Field { name: "t".into(), kind: FieldKind::Bytes { utf8: true, elem: None } },
         ];
         let mut out = Vec::new();
         value(&fields, 1000, 0, &mut out);
@@ -315,7 +315,7 @@ mod tests {
     fn field_specs() {
         assert_eq!(parse_field("x:f32:3x4").unwrap(), Field::tensor("x", DType::F32, vec![3, 4]));
         assert_eq!(parse_field("y:i64").unwrap(), Field::tensor("y", DType::I64, vec![]));
-        assert_eq!(parse_field("t:bytes").unwrap().kind, FieldKind::Bytes { utf8: false });
+        assert_eq!(parse_field("t:bytes").unwrap().kind, FieldKind::Bytes { utf8: false, elem: None });
         for bad in ["", "x", "x:q7", "x:f32:3x0", "x:f32:3:4", "t:bytes:3"] {
             assert!(parse_field(bad).is_err(), "{bad}");
         }
@@ -332,7 +332,7 @@ mod tests {
                 Field::tensor("z", DType::U8, vec![5]),
             ];
             if format == Format::Arrow {
-                fields.push(Field { name: "t".into(), kind: FieldKind::Bytes { utf8: false } });
+                fields.push(Field { name: "t".into(), kind: FieldKind::Bytes { utf8: false, elem: None } });
             }
             let spec = GenSpec {
                 format,

@@ -103,8 +103,14 @@ impl fmt::Display for DType {
 pub enum FieldKind {
     /// A fixed-shape tensor; `shape` excludes the sample axis (`[]` is a scalar).
     Tensor { dtype: DType, shape: Vec<usize> },
-    /// Variable-length bytes (Arrow binary); `utf8` marks text (Arrow utf8).
-    Bytes { utf8: bool },
+    /// Variable-length bytes (Arrow binary); `utf8` marks text (Arrow utf8). With `elem`,
+    /// a variable-length list of numbers of that type (Arrow `List`/`LargeList` of a
+    /// primitive, e.g. token ids): the bytes are the elements, little-endian.
+    Bytes {
+        utf8: bool,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        elem: Option<DType>,
+    },
 }
 
 /// A named field of a sample.
@@ -137,8 +143,9 @@ impl fmt::Display for FieldKind {
                 let dims: Vec<String> = shape.iter().map(|d| d.to_string()).collect();
                 write!(f, "{dtype}[{}]", dims.join(","))
             }
-            FieldKind::Bytes { utf8: false } => f.write_str("bytes (variable length)"),
-            FieldKind::Bytes { utf8: true } => f.write_str("utf8 (variable length)"),
+            FieldKind::Bytes { utf8: false, elem: None } => f.write_str("bytes (variable length)"),
+            FieldKind::Bytes { utf8: true, elem: None } => f.write_str("utf8 (variable length)"),
+            FieldKind::Bytes { elem: Some(t), .. } => write!(f, "{} list (variable length)", t.name()),
         }
     }
 }

@@ -216,7 +216,7 @@ fn group(path: &Path, members: Vec<(String, u64, u64)>) -> Result<Index> {
         samples.first().map(|(_, v)| v.iter().map(|(f, _, _)| f.clone()).collect()).unwrap_or_default();
     names.sort();
     let fields: Vec<Field> =
-        names.iter().map(|n| Field { name: n.clone(), kind: FieldKind::Bytes { utf8: false } }).collect();
+        names.iter().map(|n| Field { name: n.clone(), kind: FieldKind::Bytes { utf8: false, elem: None } }).collect();
     let mut spans = Vec::with_capacity(samples.len() * fields.len());
     let mut value_bytes = vec![0u64; fields.len()];
     for (key, values) in &samples {

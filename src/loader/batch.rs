@@ -226,7 +226,7 @@ mod tests {
         assert_eq!(a[[2, 1]], 6.0);
         assert_eq!(f.row(1), &[0, 0, 0x40, 0x40, 0, 0, 0x80, 0x40]);
         assert!(f.array::<i32>().unwrap_err().to_string().contains("is f32, not i32"));
-        let t = Field { name: "t".into(), kind: FieldKind::Bytes { utf8: false } };
+        let t = Field { name: "t".into(), kind: FieldKind::Bytes { utf8: false, elem: None } };
         let v = FieldData::var_len(t, FieldPart::whole(0), 2, &[b"ab", b""]);
         assert_eq!((v.row(0), v.row(1)), (&b"ab"[..], &b""[..]));
         assert!(v.array::<u8>().is_err());

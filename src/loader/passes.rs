@@ -268,7 +268,7 @@ mod tests {
     fn a_pass_keeps_exactly_the_rows_asked_for() {
         for (format, fields) in [
             (Format::Npy, vec![Field::tensor("x", DType::U16, vec![3]), Field::tensor("y", DType::I64, vec![])]),
-            (Format::Arrow, vec![Field { name: "t".into(), kind: FieldKind::Bytes { utf8: false } }]),
+            (Format::Arrow, vec![Field { name: "t".into(), kind: FieldKind::Bytes { utf8: false, elem: None } }]),
         ] {
             let dir = tempfile::tempdir().unwrap();
             let spec =

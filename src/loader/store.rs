@@ -795,7 +795,8 @@ mod tests {
 
     #[test]
     fn variable_length_rows_are_kept_as_read() {
-        let fields = vec![Field { name: "t".into(), kind: crate::dataset::FieldKind::Bytes { utf8: false } }];
+        let fields =
+            vec![Field { name: "t".into(), kind: crate::dataset::FieldKind::Bytes { utf8: false, elem: None } }];
         let (_d, ds) = dataset(Format::Arrow, fields, 50);
         let store = HomeStore::start(ds.clone(), 5..45, 40, None).unwrap();
         check(&ds, &store, 5..45);

@@ -215,7 +215,7 @@ mod tests {
         use crate::dataset::{DType, FieldKind};
         let fields = vec![
             Field::tensor("x", DType::F32, vec![3, 4]),
-            Field { name: "t".into(), kind: FieldKind::Bytes { utf8: false } },
+            Field { name: "t".into(), kind: FieldKind::Bytes { utf8: false, elem: None } },
         ];
         assert_eq!(sample_bytes(&value_sizes(&fields, &[])), 48 + VAR_LEN_ESTIMATE);
         // A measured mean replaces the estimate for variable-length fields only.

@@ -165,7 +165,7 @@ mod tests {
         vec![
             Field::tensor("x", DType::F32, vec![8, 6]),
             Field::tensor("y", DType::I64, vec![]),
-            Field { name: "t".into(), kind: FieldKind::Bytes { utf8: false } },
+            Field { name: "t".into(), kind: FieldKind::Bytes { utf8: false, elem: None } },
         ]
     }
 

@@ -11,7 +11,7 @@ use proptest::prelude::*;
 fn valid_file(dir: &Path, format: Format) -> PathBuf {
     let mut fields = vec![Field::tensor("x", DType::F32, vec![3]), Field::tensor("y", DType::I64, vec![])];
     if format == Format::Arrow {
-        fields.push(Field { name: "t".into(), kind: FieldKind::Bytes { utf8: false } });
+        fields.push(Field { name: "t".into(), kind: FieldKind::Bytes { utf8: false, elem: None } });
     }
     let spec = gen::GenSpec { format, samples: 40, files: 1, fields, out: dir.into(), arrow_batch_rows: 16 };
     gen::write_file(&spec, 0).unwrap();
@@ -246,7 +246,7 @@ fn specs_never_panic(line: &str) {
     use std::collections::BTreeMap;
     let fields = vec![
         Field::tensor("x", DType::F32, vec![4, 6]),
-        Field { name: "t".into(), kind: FieldKind::Bytes { utf8: true } },
+        Field { name: "t".into(), kind: FieldKind::Bytes { utf8: true, elem: None } },
     ];
     let fixed = Mesh::from_spec(&"dp=2,tp=2,pp=2".parse::<MeshSpec>().unwrap());
     let mut meshes = vec![fixed];

@@ -122,6 +122,12 @@ over_transports! {
     /// WebDataset shards written by `webdataset.TarWriter`: every sample exactly once per
     /// epoch with each member's bytes (CRCs from Python's tarfile), the same global batches
     /// at every rank count.
+    /// Token lists (Arrow `List<int32>` and `LargeList<int64>`, some empty): each row's
+    /// elements exactly once per epoch, the same batches at every rank count.
+    fn arrow_lists_of_numbers(t: Transport) {
+        check_dataset(t, &fixtures().join("arrow_lists"), &[]);
+    }
+
     /// A DataFrame saved by `pandas.DataFrame.to_feather` (LZ4-compressed IPC) as it is.
     fn pandas_feather_files(t: Transport) {
         check_dataset(t, &fixtures().join("pandas_feather"), &[]);

@@ -92,11 +92,20 @@ __all__ = [
 
 #: A field of a batch: a tensor field's array (``[rows, *slice]``, read-only), or a
 #: variable-length field's values, one ``bytes`` per row.
-FieldValue = Union["npt.NDArray[Any]", "list[bytes]"]
+FieldValue = Union["npt.NDArray[Any]", "list[bytes]", "tuple[npt.NDArray[Any], npt.NDArray[np.int64]]"]
 #: A path argument: ``str``, ``bytes`` or ``os.PathLike``.
 PathArg = Union[str, bytes, "os.PathLike[str]", "os.PathLike[bytes]"]
 #: A number of bytes: an integer (Python's or numpy's), or a string with a suffix ("64M").
 Size = Union[str, SupportsIndex]
+
+
+def _field(value: Any) -> FieldValue:
+    """A field as the extension gives it, for Python: numpy views of its buffers."""
+    if isinstance(value, list):
+        return value
+    if isinstance(value, tuple):
+        return (np.asarray(value[0]), np.asarray(value[1]))
+    return np.asarray(value)
 
 
 class Batch(Mapping[str, FieldValue]):
@@ -110,7 +119,9 @@ class Batch(Mapping[str, FieldValue]):
 
     Tensor fields are numpy arrays of shape ``[rows, *slice]`` that view the loader's
     buffer (no copy; read-only; valid as long as you hold them). Variable-length fields
-    are lists of ``bytes``, one per row.
+    are lists of ``bytes``, one per row; lists of numbers (Arrow ``List<int32>``, token
+    ids) are a pair ``(values, offsets)``: every row's elements in one array, and row
+    ``i``'s at ``values[offsets[i]:offsets[i + 1]]``.
     """
 
     __slots__ = ("ids", "epoch", "step", "coords", "global_rows", "_fields", "_loader")
@@ -123,9 +134,7 @@ class Batch(Mapping[str, FieldValue]):
         # The extension's buffers carry their dtype and shape: numpy views them as they are.
         self.ids: npt.NDArray[np.int64] = np.asarray(raw.ids)
         self._loader = loader
-        self._fields: dict[str, FieldValue] = {
-            name: value if isinstance(value, list) else np.asarray(value) for name, value in raw.fields.items()
-        }
+        self._fields: dict[str, FieldValue] = {name: _field(value) for name, value in raw.fields.items()}
 
     def __getitem__(self, name: str) -> FieldValue:
         return self._fields[name]
@@ -138,14 +147,18 @@ class Batch(Mapping[str, FieldValue]):
 
     def __repr__(self) -> str:
         fields = ", ".join(
-            f"{k}: {v.dtype}{list(v.shape)}" if isinstance(v, np.ndarray) else f"{k}: {len(v)} values"
+            f"{k}: {v.dtype}{list(v.shape)}"
+            if isinstance(v, np.ndarray)
+            else f"{k}: {len(v[1]) - 1} lists of {v[0].dtype}"
+            if isinstance(v, tuple)
+            else f"{k}: {len(v)} values"
             for k, v in self._fields.items()
         )
         return f"Batch(epoch={self.epoch}, step={self.step}, rows={len(self.ids)}, {fields})"
 
     def to_torch(
         self, device: Union[str, torch.device, None] = None, non_blocking: bool = True
-    ) -> dict[str, Union[torch.Tensor, list[bytes]]]:
+    ) -> dict[str, Union[torch.Tensor, list[bytes], tuple[torch.Tensor, torch.Tensor]]]:
         """The batch as a dict of ``torch.Tensor`` (plus ``"ids"``, int64, unless a field
         has that name).
 
@@ -156,7 +169,8 @@ class Batch(Mapping[str, FieldValue]):
         loader reuses, then to the device with ``non_blocking``; a buffer is only reused
         after its copy has finished. ``device`` defaults to ``cuda:<local rank>`` when
         CUDA is available (the launcher's ``LOCAL_RANK``), else the CPU. Variable-length
-        fields stay lists of ``bytes``.
+        fields stay lists of ``bytes``; lists of numbers become a pair of tensors (values,
+        offsets) on ``device``.
         """
         import torch
         from torch.utils.dlpack import from_dlpack
@@ -168,10 +182,16 @@ class Batch(Mapping[str, FieldValue]):
         # The sample ids as "ids", unless a field has that name (then they stay batch.ids).
         items: list[tuple[str, FieldValue]] = [] if "ids" in self._fields else [("ids", self.ids)]
         items += self._fields.items()
-        out: dict[str, Union[torch.Tensor, list[bytes]]] = {}
+        out: dict[str, Union[torch.Tensor, list[bytes], tuple[torch.Tensor, torch.Tensor]]] = {}
         for name, value in items:
             if isinstance(value, list):
                 out[name] = value
+                continue
+            if isinstance(value, tuple):
+                out[name] = (
+                    torch.from_numpy(value[0].copy()).to(device, non_blocking=non_blocking),
+                    torch.from_numpy(value[1].copy()).to(device, non_blocking=non_blocking),
+                )
                 continue
             # The ids are read-only and shared by every user of the batch: a tensor gets
             # its own copy.

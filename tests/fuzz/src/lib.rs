@@ -113,7 +113,7 @@ pub fn specs(data: &[u8]) {
     let mut fields = vec![
         Field::tensor("x", DType::F32, vec![8, 6]),
         Field::tensor("y", DType::I64, vec![]),
-        Field { name: "t".into(), kind: FieldKind::Bytes { utf8: false } },
+        Field { name: "t".into(), kind: FieldKind::Bytes { utf8: false, elem: None } },
         Field::tensor("z", DType::U8, vec![4, 2, 6]),
     ];
     let (mut shards, mut stages) = (BTreeMap::new(), BTreeMap::new());
