@@ -15,6 +15,7 @@ pub mod arrow;
 pub mod gen;
 #[cfg(feature = "hdf5")]
 pub mod hdf5;
+pub mod megatron;
 pub mod npy;
 pub mod npy_header;
 pub mod raw;
@@ -42,6 +43,9 @@ pub enum Format {
     /// WebDataset tar shards.
     #[serde(rename = "tar")]
     WebDataset,
+    /// Megatron-LM indexed datasets (the `.idx`; the tokens in the `.bin` beside it).
+    #[serde(rename = "idx")]
+    Megatron,
 }
 
 impl Format {
@@ -53,6 +57,7 @@ impl Format {
             "arrow" | "feather" | "ipc" => Some(Format::Arrow),
             "raw" => Some(Format::Raw),
             "tar" => Some(Format::WebDataset),
+            "idx" => Some(Format::Megatron),
             _ => None,
         }
     }
@@ -76,6 +81,7 @@ impl Format {
             Format::Arrow => "arrow",
             Format::Raw => "raw",
             Format::WebDataset => "tar",
+            Format::Megatron => "idx",
         }
     }
 }
@@ -222,14 +228,14 @@ pub fn resolve_paths(paths: &[PathBuf]) -> Result<Vec<(PathBuf, Format)>> {
             if found.is_empty() {
                 return Err(Error::file(
                     path,
-                    "directory holds no .npy, .h5, .arrow, .raw or .tar files (nor do its subdirectories)",
+                    "directory holds no .npy, .h5, .arrow, .raw, .tar or .idx files (nor do its subdirectories)",
                 ));
             }
             files.extend(found);
         } else {
             regular_file(path, &meta)?;
             let format = Format::from_path(path).ok_or_else(|| {
-                Error::file(path, "unknown format (expected .npy, .h5/.hdf5, .arrow/.feather/.ipc, .raw or .tar)")
+                Error::file(path, "unknown format (expected .npy, .h5/.hdf5, .arrow/.feather/.ipc, .raw, .tar or .idx)")
             })?;
             files.push((path.clone(), format));
         }
@@ -340,6 +346,10 @@ pub fn scan_file(path: &Path, format: Format, options: &DatasetOptions) -> Resul
             let (samples, fields, values) = wds::scan(path)?;
             (samples, fields, values, true)
         }
+        Format::Megatron => {
+            let (samples, fields, values) = megatron::scan(path)?;
+            (samples, fields, values, true)
+        }
     };
     if let Some(reason) = schema::duplicate_name(&fields) {
         return Err(Error::file(path, reason));
@@ -436,6 +446,8 @@ pub struct Dataset {
     arrow_layouts: Arc<[arrow::LayoutCache]>,
     /// Each WebDataset shard's index, likewise.
     tar_indexes: Arc<[wds::IndexCache]>,
+    /// Each Megatron dataset's index, likewise.
+    megatron_indexes: Arc<[megatron::IndexCache]>,
     fields: Vec<Field>,
     /// `starts[i]` is the global id of the first sample of file `i`; `starts[len]` is N.
     starts: Vec<u64>,
@@ -470,8 +482,19 @@ impl Dataset {
         };
         let arrow_layouts = files.iter().map(|_| arrow::LayoutCache::new()).collect();
         let tar_indexes = files.iter().map(|_| wds::IndexCache::new()).collect();
+        let megatron_indexes = files.iter().map(|_| megatron::IndexCache::new()).collect();
         let file_fields = first.fields.clone();
-        Ok(Dataset { fields, file_fields, columns, files, arrow_layouts, tar_indexes, starts, options })
+        Ok(Dataset {
+            fields,
+            file_fields,
+            columns,
+            files,
+            arrow_layouts,
+            tar_indexes,
+            megatron_indexes,
+            starts,
+            options,
+        })
     }
 
     /// Resolves and scans every file in this process (no communication).
@@ -559,6 +582,11 @@ impl Dataset {
                 Format::WebDataset => {
                     Box::new(wds::WdsReader::open_cached(&info.path, &self.file_fields, &self.tar_indexes[i])?)
                 }
+                Format::Megatron => Box::new(megatron::MegatronReader::open_cached(
+                    &info.path,
+                    &self.file_fields,
+                    &self.megatron_indexes[i],
+                )?),
             })
         })();
         let inner = match (unchanged_then(info, inner)?, &self.columns) {

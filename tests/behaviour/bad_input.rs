@@ -49,6 +49,17 @@ over_transports! {
         fails(t, 2, &["run", "--data", data(out.path()), "--batch-size", "2"], &["shard-000001.tar", "truncated"]);
     }
 
+    fn truncated_megatron_bin(t: Transport) {
+        let out = tempdir();
+        let src = fixtures().join("megatron");
+        for f in ["corpus-0.idx", "corpus-0.bin", "corpus-1.idx"] {
+            std::fs::copy(src.join(f), out.path().join(f)).unwrap();
+        }
+        let bytes = std::fs::read(src.join("corpus-1.bin")).unwrap();
+        std::fs::write(out.path().join("corpus-1.bin"), &bytes[..bytes.len() - 2]).unwrap();
+        fails(t, 3, &["run", "--data", data(out.path()), "--batch-size", "3"], &["corpus-1.bin", "truncated"]);
+    }
+
     fn truncation_seen_by_one_rank_stops_all(t: Transport) {
         // File 2 of 3 is scanned by rank 2 only; every rank must report rank 2's finding.
         let src = fixtures().join("npy_struct");

@@ -128,6 +128,12 @@ over_transports! {
         check_dataset(t, &fixtures().join("arrow_lists"), &[]);
     }
 
+    /// Megatron indexed datasets written by megatron.core's `IndexedDatasetBuilder`: every
+    /// document's tokens exactly once per epoch, the same batches at every rank count.
+    fn megatron_indexed_datasets(t: Transport) {
+        check_dataset(t, &fixtures().join("megatron"), &[]);
+    }
+
     /// A DataFrame saved by `pandas.DataFrame.to_feather` (LZ4-compressed IPC) as it is.
     fn pandas_feather_files(t: Transport) {
         check_dataset(t, &fixtures().join("pandas_feather"), &[]);

@@ -82,6 +82,7 @@ fn format_name(f: Format) -> &'static str {
         Format::Arrow => "arrow",
         Format::Raw => "raw",
         Format::WebDataset => "tar",
+        Format::Megatron => "idx",
     }
 }
 
