@@ -498,7 +498,7 @@ fn field_kind(name: &str, dt: &DataType) -> std::result::Result<FieldKind, Strin
     }
 }
 
-fn fields_of(path: &Path, schema: &Schema) -> Result<Vec<Field>> {
+pub(crate) fn fields_of(path: &Path, schema: &Schema) -> Result<Vec<Field>> {
     schema
         .fields()
         .iter()

@@ -212,9 +212,9 @@ pub fn write_file(spec: &GenSpec, i: u64) -> Result<u64> {
         #[cfg(not(feature = "hdf5"))]
         Format::Hdf5 => return Err(super::hdf5_disabled(&path)),
         Format::Arrow => super::arrow::write(&path, fields, n, spec.arrow_batch_rows, value)?,
-        Format::WebDataset | Format::Megatron => {
+        Format::WebDataset | Format::Megatron | Format::Parquet => {
             return Err(Error::Config(
-                "meshfeed gen writes npy, hdf5, arrow or raw files, not WebDataset shards or Megatron datasets".into(),
+                "meshfeed gen writes npy, hdf5, arrow or raw files, not WebDataset, Megatron or Parquet files".into(),
             ))
         }
     }

@@ -18,6 +18,7 @@ pub mod hdf5;
 pub mod megatron;
 pub mod npy;
 pub mod npy_header;
+pub mod parquet;
 pub mod raw;
 pub mod rows;
 pub mod schema;
@@ -46,6 +47,7 @@ pub enum Format {
     /// Megatron-LM indexed datasets (the `.idx`; the tokens in the `.bin` beside it).
     #[serde(rename = "idx")]
     Megatron,
+    Parquet,
 }
 
 impl Format {
@@ -58,6 +60,7 @@ impl Format {
             "raw" => Some(Format::Raw),
             "tar" => Some(Format::WebDataset),
             "idx" => Some(Format::Megatron),
+            "parquet" | "pq" => Some(Format::Parquet),
             _ => None,
         }
     }
@@ -82,6 +85,7 @@ impl Format {
             Format::Raw => "raw",
             Format::WebDataset => "tar",
             Format::Megatron => "idx",
+            Format::Parquet => "parquet",
         }
     }
 }
@@ -228,14 +232,17 @@ pub fn resolve_paths(paths: &[PathBuf]) -> Result<Vec<(PathBuf, Format)>> {
             if found.is_empty() {
                 return Err(Error::file(
                     path,
-                    "directory holds no .npy, .h5, .arrow, .raw, .tar or .idx files (nor do its subdirectories)",
+                    "directory holds no .npy, .h5, .arrow, .parquet, .raw, .tar or .idx files (nor do its subdirectories)",
                 ));
             }
             files.extend(found);
         } else {
             regular_file(path, &meta)?;
             let format = Format::from_path(path).ok_or_else(|| {
-                Error::file(path, "unknown format (expected .npy, .h5/.hdf5, .arrow/.feather/.ipc, .raw, .tar or .idx)")
+                Error::file(
+                    path,
+                    "unknown format (expected .npy, .h5/.hdf5, .arrow/.feather/.ipc, .parquet, .raw, .tar or .idx)",
+                )
             })?;
             files.push((path.clone(), format));
         }
@@ -350,6 +357,10 @@ pub fn scan_file(path: &Path, format: Format, options: &DatasetOptions) -> Resul
             let (samples, fields, values) = megatron::scan(path)?;
             (samples, fields, values, true)
         }
+        Format::Parquet => {
+            let (samples, fields, values) = parquet::scan(path)?;
+            (samples, fields, values, false)
+        }
     };
     if let Some(reason) = schema::duplicate_name(&fields) {
         return Err(Error::file(path, reason));
@@ -448,6 +459,8 @@ pub struct Dataset {
     tar_indexes: Arc<[wds::IndexCache]>,
     /// Each Megatron dataset's index, likewise.
     megatron_indexes: Arc<[megatron::IndexCache]>,
+    /// Each Parquet file's footer, likewise.
+    parquet_footers: Arc<[parquet::MetaCache]>,
     fields: Vec<Field>,
     /// `starts[i]` is the global id of the first sample of file `i`; `starts[len]` is N.
     starts: Vec<u64>,
@@ -483,6 +496,7 @@ impl Dataset {
         let arrow_layouts = files.iter().map(|_| arrow::LayoutCache::new()).collect();
         let tar_indexes = files.iter().map(|_| wds::IndexCache::new()).collect();
         let megatron_indexes = files.iter().map(|_| megatron::IndexCache::new()).collect();
+        let parquet_footers = files.iter().map(|_| parquet::MetaCache::new()).collect();
         let file_fields = first.fields.clone();
         Ok(Dataset {
             fields,
@@ -492,6 +506,7 @@ impl Dataset {
             arrow_layouts,
             tar_indexes,
             megatron_indexes,
+            parquet_footers,
             starts,
             options,
         })
@@ -586,6 +601,11 @@ impl Dataset {
                     &info.path,
                     &self.file_fields,
                     &self.megatron_indexes[i],
+                )?),
+                Format::Parquet => Box::new(parquet::ParquetReader::open_cached(
+                    &info.path,
+                    &self.file_fields,
+                    &self.parquet_footers[i],
                 )?),
             })
         })();

@@ -49,6 +49,17 @@ over_transports! {
         fails(t, 2, &["run", "--data", data(out.path()), "--batch-size", "2"], &["shard-000001.tar", "truncated"]);
     }
 
+    fn truncated_parquet(t: Transport) {
+        let out = tempdir();
+        let src = fixtures().join("parquet");
+        for f in ["part-0.parquet", "part-2.parquet"] {
+            std::fs::copy(src.join(f), out.path().join(f)).unwrap();
+        }
+        let bytes = std::fs::read(src.join("part-1.parquet")).unwrap();
+        std::fs::write(out.path().join("part-1.parquet"), &bytes[..bytes.len() / 2]).unwrap();
+        fails(t, 3, &["run", "--data", data(out.path()), "--batch-size", "3"], &["part-1.parquet", "not a readable Parquet file"]);
+    }
+
     fn truncated_megatron_bin(t: Transport) {
         let out = tempdir();
         let src = fixtures().join("megatron");

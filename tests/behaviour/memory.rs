@@ -114,12 +114,13 @@ fn arrow_memory_is_bounded_at_tiny_and_large_samples() {
 }
 
 /// Writes `samples` samples of 64 KiB (4 files) with Python: WebDataset shards (`wds`:
-/// tarfile, as webdataset.TarWriter writes them) or LZ4-compressed Arrow (`lz4`:
-/// pyarrow.feather, pandas' path, 8 rows a record batch, one binary column).
+/// tarfile, as webdataset.TarWriter writes them), LZ4-compressed Arrow (`lz4`:
+/// pyarrow.feather, pandas' path, 8 rows a record batch, one binary column) or Parquet
+/// (`parquet`: snappy, 8 rows a row group).
 fn write_py(kind: &str, dir: &Path, samples: u64) {
     const SCRIPT: &str = r#"
 import io, os, sys, tarfile
-import pyarrow as pa, pyarrow.feather as feather
+import pyarrow as pa, pyarrow.feather as feather, pyarrow.parquet as pq
 kind, d, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
 os.makedirs(d, exist_ok=True)
 per = n // 4
@@ -134,19 +135,23 @@ for f in range(4):
                 t.addfile(info, io.BytesIO(data))
     else:
         col = pa.array([bytes([i % 251]) * 65536 for i in ids], pa.binary())
-        feather.write_feather(pa.table({"blob": col}), f"{d}/part-{f}.feather", chunksize=8)
+        if kind == "lz4":
+            feather.write_feather(pa.table({"blob": col}), f"{d}/part-{f}.feather", chunksize=8)
+        else:
+            pq.write_table(pa.table({"blob": col}), f"{d}/part-{f}.parquet", row_group_size=8)
 "#;
     let out =
         std::process::Command::new(python()).args(["-c", SCRIPT, kind, s(dir), &samples.to_string()]).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
 }
 
-/// WebDataset shards (values read in place from the tar) and compressed Arrow files (a
-/// record batch's column decompressed at a time, only the rows' values kept) stay within
-/// the window bound as the other formats do.
+/// WebDataset shards (values read in place from the tar), compressed Arrow files (a
+/// record batch's column decompressed at a time, only the rows' values kept) and Parquet
+/// (a row group's pages decoded at a time, likewise) stay within the window bound as the
+/// other formats do.
 #[test]
-fn webdataset_and_compressed_arrow_memory_is_bounded() {
-    for kind in ["wds", "lz4"] {
+fn webdataset_compressed_arrow_and_parquet_memory_is_bounded() {
+    for kind in ["wds", "lz4", "parquet"] {
         let out = tempdir();
         let dirs = ["small", "big", "bigger"].map(|d| out.path().join(d));
         for (dir, n) in dirs.iter().zip(LARGE) {

@@ -72,7 +72,7 @@ over_transports! {
     fn xyz_in_every_format_gives_identical_batches(t: Transport) {
         let fx = fixtures();
         let npy = check_dataset(t, &fx.join("npy_struct"), &[]);
-        for other in ["hdf5", "arrow", "raw", "arrow_stream", "arrow_lz4", "arrow_zstd"] {
+        for other in ["hdf5", "arrow", "raw", "arrow_stream", "arrow_lz4", "arrow_zstd", "parquet"] {
             let batches = check_dataset(t, &fx.join(other), &[]);
             assert_eq!(batches, npy, "{other} delivers other batches than npy for the same samples");
         }
@@ -126,6 +126,7 @@ over_transports! {
     /// elements exactly once per epoch, the same batches at every rank count.
     fn arrow_lists_of_numbers(t: Transport) {
         check_dataset(t, &fixtures().join("arrow_lists"), &[]);
+        check_dataset(t, &fixtures().join("parquet_lists"), &[]);
     }
 
     /// Megatron indexed datasets written by megatron.core's `IndexedDatasetBuilder`: every

@@ -83,6 +83,7 @@ fn format_name(f: Format) -> &'static str {
         Format::Raw => "raw",
         Format::WebDataset => "tar",
         Format::Megatron => "idx",
+        Format::Parquet => "parquet",
     }
 }
 

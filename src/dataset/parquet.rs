@@ -1,0 +1,316 @@
+//! Parquet files, through arrow-rs's `parquet` crate: each top-level column is a field, of
+//! the types an Arrow IPC column may have (primitives, fixed-size lists and binaries,
+//! binary and text, lists of numbers).
+//!
+//! The footer is read once per dataset ([`MetaCache`]); reading rows reads only the row
+//! groups they lie in, only the selected columns, and within a row group only the pages
+//! that hold the rows where the file has a page index (a row selection). Pages are
+//! decompressed (snappy, gzip, LZ4, zstd) and decoded by the crate; the rows' values are
+//! copied out, so memory is the rows' values plus the pages being decoded. Nulls are
+//! refused, naming the column and the row group.
+
+use std::fs::File;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+
+use arrow_array::cast::AsArray;
+use arrow_array::{Array, ArrayRef};
+use arrow_buffer::Buffer;
+use arrow_data::ArrayData;
+use arrow_schema::DataType;
+use parquet::arrow::arrow_reader::{
+    ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReaderBuilder, RowSelection, RowSelector,
+};
+use parquet::arrow::ProjectionMask;
+
+use super::rows::{advise_dontneed, advise_willneed, RowChunk};
+use super::schema::Field;
+use crate::error::{Error, Result};
+
+/// A file's parsed footer (schema, row groups, page index where there is one).
+pub type MetaCache = std::sync::OnceLock<ArrowReaderMetadata>;
+
+fn load(file: &File, path: &Path) -> Result<ArrowReaderMetadata> {
+    let options = ArrowReaderOptions::new().with_page_index_policy(parquet::file::metadata::PageIndexPolicy::Optional);
+    ArrowReaderMetadata::load(file, options).map_err(|e| Error::file(path, format!("not a readable Parquet file: {e}")))
+}
+
+/// Reads a Parquet footer: row count, fields, and the (uncompressed) bytes of each
+/// variable-length field's column chunks, for the window budget's mean value size.
+pub fn scan(path: &Path) -> Result<(u64, Vec<Field>, Vec<u64>)> {
+    let file = File::open(path).map_err(|e| Error::io(path, e))?;
+    let meta = load(&file, path)?;
+    let fields = super::arrow::fields_of(path, meta.schema())?;
+    let md = meta.metadata();
+    let rows = md.row_groups().iter().try_fold(0u64, |n, g| n.checked_add(u64::try_from(g.num_rows()).ok()?));
+    let rows = rows.ok_or_else(|| Error::file(path, "corrupt Parquet file: bad row counts"))?;
+    // Leaf columns of each top-level field.
+    let schema = md.file_metadata().schema_descr();
+    let mut value_bytes = vec![0u64; fields.len()];
+    for (i, g) in md.row_groups().iter().enumerate() {
+        for (leaf, column) in g.columns().iter().enumerate() {
+            let root = schema.get_column_root_idx(leaf);
+            // Nulls are refused here where the statistics count them (else when read).
+            if column.statistics().and_then(|s| s.null_count_opt()).is_some_and(|n| n > 0) {
+                return Err(Error::file(
+                    path,
+                    format!("column '{}' has nulls in row group {i}; nulls are not supported", fields[root].name),
+                ));
+            }
+            if let Some(total) = value_bytes.get_mut(root) {
+                *total = total.saturating_add(u64::try_from(column.uncompressed_size()).unwrap_or(0));
+            }
+        }
+    }
+    Ok((rows, fields, value_bytes))
+}
+
+/// Reads rows of one Parquet file.
+pub struct ParquetReader {
+    file: File,
+    path: PathBuf,
+    meta: ArrowReaderMetadata,
+    /// First row of each row group, plus the total at the end.
+    starts: Vec<u64>,
+}
+
+impl ParquetReader {
+    /// Opens `path` with the footer in `cache` (read if it is empty), checking that its
+    /// fields are `expected`.
+    pub fn open_cached(path: &Path, expected: &[Field], cache: &MetaCache) -> Result<ParquetReader> {
+        let file = File::open(path).map_err(|e| Error::io(path, e))?;
+        let meta = match cache.get() {
+            Some(m) => m.clone(),
+            None => {
+                let m = load(&file, path)?;
+                cache.get_or_init(|| m).clone()
+            }
+        };
+        if super::arrow::fields_of(path, meta.schema())? != expected {
+            return Err(Error::file(path, "fields changed since the dataset was scanned"));
+        }
+        let mut starts = vec![0u64];
+        for g in meta.metadata().row_groups() {
+            starts.push(starts.last().expect("non-empty") + u64::try_from(g.num_rows()).unwrap_or(0));
+        }
+        Ok(ParquetReader { file, path: path.to_path_buf(), meta, starts })
+    }
+
+    /// Values of `local` rows (sorted) of row group `g`, columns `columns`, appended to
+    /// `values` with their places in `locs[row][column]` (row indices from `first`).
+    fn read_group(
+        &self,
+        g: usize,
+        local: &[u64],
+        columns: &[usize],
+        values: &mut Vec<u8>,
+        locs: &mut [(usize, usize)],
+        first: usize,
+    ) -> Result<()> {
+        let bad = |why: String| Error::file(&self.path, format!("row group {g}: {why}"));
+        // Runs of selected and skipped rows.
+        let mut selectors = Vec::new();
+        let mut at = 0u64;
+        for &r in local {
+            if r > at {
+                selectors.push(RowSelector::skip((r - at) as usize));
+            }
+            match selectors.last_mut() {
+                Some(s) if !s.skip && r == at => s.row_count += 1,
+                _ => selectors.push(RowSelector::select(1)),
+            }
+            at = r + 1;
+        }
+        let file = self.file.try_clone().map_err(|e| Error::io(&self.path, e))?;
+        let mask = ProjectionMask::roots(self.meta.parquet_schema(), columns.iter().copied());
+        let reader = ParquetRecordBatchReaderBuilder::new_with_metadata(file, self.meta.clone())
+            .with_row_groups(vec![g])
+            .with_row_selection(RowSelection::from(selectors))
+            .with_projection(mask)
+            .with_batch_size(local.len().max(1))
+            .build()
+            .map_err(|e| bad(e.to_string()))?;
+        // The projection keeps the file's column order: where is each asked-for column.
+        let mut order: Vec<usize> = columns.to_vec();
+        order.sort_unstable();
+        let mut row = first;
+        let mut places = Vec::new();
+        for batch in reader {
+            let batch = batch.map_err(|e| bad(format!("cannot be decoded: {e}")))?;
+            for (c, &col) in columns.iter().enumerate() {
+                let array = batch.column(order.binary_search(&col).expect("projected"));
+                let name = self.meta.schema().fields()[col].name();
+                if array.null_count() > 0 {
+                    return Err(bad(format!("column '{name}' has nulls; nulls are not supported")));
+                }
+                places.clear();
+                append(array, values, &mut places).map_err(|why| bad(format!("column '{name}': {why}")))?;
+                for (k, &place) in places.iter().enumerate() {
+                    locs[(row + k) * columns.len() + c] = place;
+                }
+            }
+            row += batch.num_rows();
+        }
+        if row - first != local.len() {
+            return Err(bad(format!("{} rows decoded where {} were asked for", row - first, local.len())));
+        }
+        Ok(())
+    }
+}
+
+/// The bytes of a fixed-width array's values from its row 0, and their width.
+fn fixed(data: &ArrayData) -> std::result::Result<(&[u8], usize), String> {
+    match data.data_type() {
+        DataType::FixedSizeList(_, n) => {
+            let child = data.child_data().first().ok_or("a list without values")?;
+            let (bytes, w) = fixed(child)?;
+            let width = w * usize::try_from(*n).map_err(|_| "bad list size")?;
+            Ok((bytes.get(data.offset() * width..).ok_or("short values")?, width))
+        }
+        DataType::FixedSizeBinary(n) => {
+            let width = usize::try_from(*n).map_err(|_| "bad width")?;
+            let buf = data.buffers().first().ok_or("no values")?;
+            Ok((buf.as_slice().get(data.offset() * width..).ok_or("short values")?, width))
+        }
+        dt => {
+            let width = dt.primitive_width().ok_or_else(|| format!("unsupported type {dt}"))?;
+            let buf = data.buffers().first().ok_or("no values")?;
+            Ok((buf.as_slice().get(data.offset() * width..).ok_or("short values")?, width))
+        }
+    }
+}
+
+/// Appends the bytes of every row of `array`, as meshfeed delivers its field, to `out`,
+/// with each row's place (offset, length) to `places`.
+fn append(array: &ArrayRef, out: &mut Vec<u8>, places: &mut Vec<(usize, usize)>) -> std::result::Result<(), String> {
+    let n = array.len();
+    let mut push = |v: &[u8]| {
+        places.push((out.len(), v.len()));
+        out.extend_from_slice(v);
+    };
+    match array.data_type() {
+        DataType::Binary => (0..n).for_each(|i| push(array.as_binary::<i32>().value(i))),
+        DataType::LargeBinary => (0..n).for_each(|i| push(array.as_binary::<i64>().value(i))),
+        DataType::Utf8 => (0..n).for_each(|i| push(array.as_string::<i32>().value(i).as_bytes())),
+        DataType::LargeUtf8 => (0..n).for_each(|i| push(array.as_string::<i64>().value(i).as_bytes())),
+        DataType::BinaryView => (0..n).for_each(|i| push(array.as_binary_view().value(i))),
+        DataType::Utf8View => (0..n).for_each(|i| push(array.as_string_view().value(i).as_bytes())),
+        DataType::List(_) => {
+            let l = array.as_list::<i32>();
+            let child = l.values().to_data();
+            let (bytes, w) = fixed(&child)?;
+            for i in 0..n {
+                let (s, e) = (l.value_offsets()[i] as usize, l.value_offsets()[i + 1] as usize);
+                push(bytes.get(s * w..e * w).ok_or("short list values")?);
+            }
+        }
+        DataType::LargeList(_) => {
+            let l = array.as_list::<i64>();
+            let child = l.values().to_data();
+            let (bytes, w) = fixed(&child)?;
+            for i in 0..n {
+                let (s, e) = (l.value_offsets()[i] as usize, l.value_offsets()[i + 1] as usize);
+                push(bytes.get(s * w..e * w).ok_or("short list values")?);
+            }
+        }
+        _ => {
+            let data = array.to_data();
+            let (bytes, w) = fixed(&data)?;
+            for i in 0..n {
+                push(bytes.get(i * w..(i + 1) * w).ok_or("short values")?);
+            }
+        }
+    }
+    Ok(())
+}
+
+impl super::FileReader for ParquetReader {
+    fn read_rows(&mut self, rows: &[u64]) -> Result<RowChunk> {
+        let all: Vec<usize> = (0..self.meta.schema().fields().len()).collect();
+        self.read_columns(rows, &all)
+    }
+
+    fn read_columns(&mut self, rows: &[u64], columns: &[usize]) -> Result<RowChunk> {
+        let total = *self.starts.last().expect("non-empty");
+        if let Some(&last) = rows.last().filter(|&&r| r >= total) {
+            return Err(Error::file(&self.path, format!("row {last} is past the end of the file ({total} rows)")));
+        }
+        let mut values = Vec::new();
+        let mut locs = vec![(0usize, 0usize); rows.len() * columns.len()];
+        let mut i = 0;
+        while i < rows.len() {
+            let g = self.starts.partition_point(|&s| s <= rows[i]) - 1;
+            let j = i + rows[i..].partition_point(|&r| r < self.starts[g + 1]);
+            let local: Vec<u64> = rows[i..j].iter().map(|r| r - self.starts[g]).collect();
+            self.read_group(g, &local, columns, &mut values, &mut locs, i)?;
+            i = j;
+        }
+        let mut chunk = RowChunk::new(columns.len());
+        let b = chunk.add_buffer(Buffer::from_vec(values));
+        for (offset, len) in locs {
+            chunk.push_value(b, offset, len);
+        }
+        Ok(chunk)
+    }
+
+    fn advise(&self, range: Range<u64>) {
+        advise_willneed(&self.file, range)
+    }
+
+    fn drop_cache(&self, range: Range<u64>) {
+        advise_dontneed(&self.file, range)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dataset::FileReader;
+    use arrow_array::{Int64Array, RecordBatch, StringArray};
+    use std::sync::Arc;
+
+    fn write(path: &Path, y: Vec<Option<i64>>, s: Vec<&str>, rows_per_group: usize) {
+        let batch = RecordBatch::try_from_iter([
+            ("y", Arc::new(Int64Array::from(y)) as ArrayRef),
+            ("s", Arc::new(StringArray::from(s)) as ArrayRef),
+        ])
+        .unwrap();
+        let props = parquet::file::properties::WriterProperties::builder()
+            .set_max_row_group_row_count(Some(rows_per_group))
+            .build();
+        let mut w =
+            parquet::arrow::ArrowWriter::try_new(File::create(path).unwrap(), batch.schema(), Some(props)).unwrap();
+        w.write(&batch).unwrap();
+        w.close().unwrap();
+    }
+
+    #[test]
+    fn rows_of_row_groups_are_read_and_nulls_and_damage_are_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a.parquet");
+        let texts: Vec<String> = (0..50).map(|i| "w".repeat(i % 7)).collect();
+        write(&path, (0..50).map(Some).collect(), texts.iter().map(String::as_str).collect(), 8);
+        let (n, fields, _) = scan(&path).unwrap();
+        assert_eq!(n, 50);
+        let mut r = ParquetReader::open_cached(&path, &fields, &MetaCache::new()).unwrap();
+        let rows = [0u64, 7, 8, 9, 31, 49];
+        let chunk = r.read_rows(&rows).unwrap();
+        for (k, &id) in rows.iter().enumerate() {
+            assert_eq!(chunk.value(k, 0), &(id as i64).to_le_bytes());
+            assert_eq!(chunk.value(k, 1), texts[id as usize].as_bytes());
+        }
+        // Only the text column, in the order asked.
+        let chunk = r.read_columns(&[3, 40], &[1]).unwrap();
+        assert_eq!((chunk.value(0, 0), chunk.value(1, 0)), (texts[3].as_bytes(), texts[40].as_bytes()));
+        // Nulls name the column and the row group (the statistics count them).
+        let nulls = dir.path().join("n.parquet");
+        write(&nulls, vec![Some(1), None, Some(3)], vec!["a", "b", "c"], 8);
+        let e = scan(&nulls).unwrap_err().to_string();
+        assert!(e.contains("column 'y' has nulls in row group 0"), "{e}");
+        // A cut file is not a Parquet file any more.
+        let bytes = std::fs::read(&path).unwrap();
+        std::fs::write(&path, &bytes[..bytes.len() / 2]).unwrap();
+        let e = scan(&path).unwrap_err().to_string();
+        assert!(e.contains("a.parquet") && e.contains("not a readable Parquet file"), "{e}");
+    }
+}
