@@ -50,8 +50,10 @@ pub fn scan(path: &Path) -> Result<(u64, Vec<Field>, Vec<u64>)> {
     for (i, g) in md.row_groups().iter().enumerate() {
         for (leaf, column) in g.columns().iter().enumerate() {
             let root = schema.get_column_root_idx(leaf);
-            // Nulls are refused here where the statistics count them (else when read).
-            if column.statistics().and_then(|s| s.null_count_opt()).is_some_and(|n| n > 0) {
+            // Nulls are refused here where the statistics count them (else when read). A
+            // list's leaf counts its empty lists as nulls too: those are checked when read.
+            let repeated = schema.column(leaf).max_rep_level() > 0;
+            if !repeated && column.statistics().and_then(|s| s.null_count_opt()).is_some_and(|n| n > 0) {
                 return Err(Error::file(
                     path,
                     format!("column '{}' has nulls in row group {i}; nulls are not supported", fields[root].name),
