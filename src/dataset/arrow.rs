@@ -33,7 +33,10 @@ use arrow_buffer::Buffer;
 use arrow_ipc::{Block, MetadataVersion};
 use arrow_schema::{DataType, Schema};
 
-use super::rows::{advise_dontneed, advise_willneed, read_error, read_vectored_exact_at, RowChunk, RECORD_GAP_BYTES};
+use super::rows::{
+    advise_dontneed, advise_willneed, group_ranges, read_error, read_grouped, read_vectored_exact_at, RowChunk,
+    RECORD_GAP_BYTES,
+};
 use super::schema::{DType, Field, FieldKind};
 use crate::error::{Error, ErrorKind, Result, ResultExt};
 
@@ -575,35 +578,6 @@ pub struct Layout {
 /// identity at open and after every read).
 pub type LayoutCache = std::sync::OnceLock<Arc<Layout>>;
 
-/// Groups byte ranges (in the order given) into reads. A range joins the current read
-/// when it starts inside it or at most `max_gap` bytes after its end, and the bytes read
-/// through stay fewer than the bytes needed so far: a read brings in at most about twice
-/// what it needs, and dense requests still become a few large reads (as
-/// [`super::rows::coalesce`] does for rows). Returns each read's range and how many of the
-/// given ranges it serves (consecutive).
-pub(crate) fn group_ranges(ranges: &[Range<u64>], max_gap: u64) -> Vec<(Range<u64>, usize)> {
-    let mut groups: Vec<(Range<u64>, usize)> = Vec::new();
-    let (mut needed, mut extra) = (0u64, 0u64);
-    for r in ranges {
-        if let Some((g, n)) = groups.last_mut() {
-            if r.start >= g.start && r.start <= g.end.saturating_add(max_gap) {
-                let gap = r.start.saturating_sub(g.end);
-                let new = r.end.saturating_sub(r.start.max(g.end));
-                if gap == 0 || extra + gap < needed + new {
-                    needed += new;
-                    extra += gap;
-                    g.end = g.end.max(r.end);
-                    *n += 1;
-                    continue;
-                }
-            }
-        }
-        needed += r.end - r.start;
-        groups.push((r.clone(), 1));
-    }
-    groups
-}
-
 /// Where one value lies in a [`RowChunk`] being filled: buffer, offset, length.
 type ValueLoc = (u32, usize, usize);
 
@@ -867,21 +841,17 @@ impl super::FileReader for ArrowReader {
         // In file order (stable: a batch's buffers mostly are already), then grouped.
         wanted.sort_by_key(|(r, _, _)| r.start);
         let ranges: Vec<Range<u64>> = wanted.iter().map(|(r, _, _)| r.clone()).collect();
-        let mut at = 0;
-        for (g, n) in group_ranges(&ranges, RECORD_GAP_BYTES) {
-            let served = &wanted[at..at + n];
-            let mut served_columns: Vec<usize> = served.iter().map(|&(_, _, c)| c).collect();
+        let places = read_grouped(&mut chunk, &ranges, |g, served| {
+            let mut served_columns: Vec<usize> = wanted[served].iter().map(|&(_, _, c)| c).collect();
             served_columns.sort_unstable();
             served_columns.dedup();
             let names: Vec<String> =
                 served_columns.iter().map(|&c| format!("'{}'", self.layout.footer.fields[columns[c]].name)).collect();
             let what = format!("{} {}", if names.len() == 1 { "column" } else { "columns" }, names.join(", "));
-            let bytes = read_exact(&self.file, &self.path, g.start, g.end - g.start, &what)?;
-            let buffer = chunk.add_buffer(Buffer::from_vec(bytes));
-            for (r, k, c) in served {
-                locs[k * fields + c] = (buffer, (r.start - g.start) as usize, (r.end - r.start) as usize);
-            }
-            at += n;
+            read_exact(&self.file, &self.path, g.start, g.end - g.start, &what)
+        })?;
+        for (&(_, k, c), place) in wanted.iter().zip(places) {
+            locs[k * fields + c] = place;
         }
         for (buffer, offset, len) in locs {
             chunk.push_value(buffer, offset, len);
@@ -1009,25 +979,6 @@ pub fn write(
 mod tests {
     use super::*;
     use crate::dataset::{gen, FileReader};
-
-    #[test]
-    fn ranges_are_grouped_into_reads_of_at_most_about_twice_the_need() {
-        assert_eq!(group_ranges(&[], 64), vec![]);
-        // Adjacent and overlapping ranges (offsets r and r + 1 of consecutive rows) join.
-        assert_eq!(group_ranges(&[0..8, 4..12, 12..16], 0), vec![(0..16, 3)]);
-        assert_eq!(group_ranges(&[0..8, 10..18], 0), vec![(0..8, 1), (10..18, 1)]);
-        assert_eq!(group_ranges(&[0..8, 10..18], 2), vec![(0..18, 2)]);
-        // A range starting before the current read (corrupt offsets) starts its own.
-        assert_eq!(group_ranges(&[10..20, 0..5], 100), vec![(10..20, 1), (0..5, 1)]);
-        // Sparse: gaps are read through only while the extra bytes stay below the need.
-        let sparse: Vec<Range<u64>> = (0..100).map(|i| i * 40..i * 40 + 10).collect();
-        let groups = group_ranges(&sparse, 1 << 20);
-        let read: u64 = groups.iter().map(|(g, _)| g.end - g.start).sum();
-        assert!(read < 2 * 1000 + 40, "read {read} bytes for 1000 needed");
-        assert_eq!(groups.iter().map(|(_, n)| n).sum::<usize>(), 100);
-        // Empty values take no bytes.
-        assert_eq!(group_ranges(&[5..5, 5..9], 0), vec![(5..9, 2)]);
-    }
 
     fn written(dir: &Path, fields: Vec<Field>, samples: u64, batch_rows: u64) -> (PathBuf, Vec<Field>) {
         let spec = gen::GenSpec {

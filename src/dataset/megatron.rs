@@ -17,9 +17,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use arrow_buffer::Buffer;
-
-use super::rows::{advise_dontneed, advise_willneed, read_error, read_vectored_exact_at, RowChunk, RECORD_GAP_BYTES};
+use super::rows::{advise_dontneed, advise_willneed, read_error, read_grouped, read_span, RowChunk};
 use super::schema::{DType, Field, FieldKind};
 use crate::error::{Error, Result};
 
@@ -34,6 +32,8 @@ pub struct Index {
     dtype: DType,
     /// Byte offset and token count of each sequence.
     sequences: Vec<(u64, u64)>,
+    /// Where the last byte of any sequence ends: the `.bin` holds at least this much.
+    end: u64,
 }
 
 /// The index of one dataset, read by the first reader opened on it.
@@ -91,21 +91,24 @@ fn read_index(idx: &Path, bin_len: u64) -> Result<Index> {
     let (lengths, pointers) = (&bytes[34..34 + 4 * count], &bytes[34 + 4 * count..34 + 12 * count]);
     let size = dtype.size() as u64;
     let mut sequences = Vec::with_capacity(count);
+    let mut end = 0;
     for i in 0..count {
         let len = i32::from_le_bytes(lengths[4 * i..4 * i + 4].try_into().expect("4 bytes"));
         let at = i64::from_le_bytes(pointers[8 * i..8 * i + 8].try_into().expect("8 bytes"));
         let (Ok(len), Ok(at)) = (u64::try_from(len), u64::try_from(at)) else {
             return Err(corrupt(format!("sequence {i}: negative length {len} or offset {at}")));
         };
-        if len.checked_mul(size).and_then(|n| n.checked_add(at)).is_none_or(|end| end > bin_len) {
+        let seq_end = len.checked_mul(size).and_then(|n| n.checked_add(at));
+        if seq_end.is_none_or(|e| e > bin_len) {
             return Err(Error::file(
                 bin_path(idx),
                 format!("truncated: sequence {i} ({len} tokens at byte {at}) lies past its end ({bin_len} bytes)"),
             ));
         }
         sequences.push((at, len));
+        end = end.max(seq_end.unwrap_or(0));
     }
-    Ok(Index { dtype, sequences })
+    Ok(Index { dtype, sequences, end })
 }
 
 fn bin_len(idx: &Path) -> Result<u64> {
@@ -147,10 +150,8 @@ impl MegatronReader {
             return Err(Error::file(idx, "fields changed since the dataset was scanned"));
         }
         // A .bin cut short since the index was checked against it.
-        if let Some(&(at, n)) = index.sequences.iter().max_by_key(|&&(at, n)| at + n * index.dtype.size() as u64) {
-            if at + n * index.dtype.size() as u64 > len {
-                return Err(Error::file(&path, format!("truncated: {len} bytes, the index needs more")));
-            }
+        if index.end > len {
+            return Err(Error::file(&path, format!("truncated: {len} bytes, the index needs {}", index.end)));
         }
         Ok(MegatronReader { bin, path, index })
     }
@@ -166,16 +167,8 @@ impl super::FileReader for MegatronReader {
         let mut chunk = RowChunk::new(1);
         // Rows are sorted and sequences lie in order in the .bin: ranges are in file order
         // (where not, they are read apart).
-        let mut at = 0;
-        for (g, count) in super::arrow::group_ranges(&ranges, RECORD_GAP_BYTES) {
-            let mut buf = vec![0u8; (g.end - g.start) as usize];
-            read_vectored_exact_at(&self.bin, g.start, &mut [std::io::IoSliceMut::new(&mut buf)])
-                .map_err(|e| read_error(&self.path, e, g.start, buf.len()))?;
-            let b = chunk.add_buffer(Buffer::from_vec(buf));
-            for r in &ranges[at..at + count] {
-                chunk.push_value(b, (r.start - g.start) as usize, (r.end - r.start) as usize);
-            }
-            at += count;
+        for (b, offset, len) in read_grouped(&mut chunk, &ranges, |g, _| read_span(&self.bin, &self.path, g))? {
+            chunk.push_value(b, offset, len);
         }
         Ok(chunk)
     }

@@ -445,6 +445,17 @@ pub trait FileReader: Send {
     }
 }
 
+/// What the first reader of a file parsed of it (footer, headers, index), by format: the
+/// readers opened after it (each pass reopens the files) take it from here instead of
+/// reading it again.
+#[derive(Debug, Default)]
+struct Parsed {
+    arrow: arrow::LayoutCache,
+    tar: wds::IndexCache,
+    megatron: megatron::IndexCache,
+    parquet: parquet::MetaCache,
+}
+
 /// An ordered list of files with identical fields.
 #[derive(Clone, Debug)]
 pub struct Dataset {
@@ -453,14 +464,8 @@ pub struct Dataset {
     file_fields: Vec<Field>,
     /// The file field of each delivered field, where a selection leaves some out.
     columns: Option<Arc<[usize]>>,
-    /// Each Arrow file's layout, parsed once by its first reader (shared by clones).
-    arrow_layouts: Arc<[arrow::LayoutCache]>,
-    /// Each WebDataset shard's index, likewise.
-    tar_indexes: Arc<[wds::IndexCache]>,
-    /// Each Megatron dataset's index, likewise.
-    megatron_indexes: Arc<[megatron::IndexCache]>,
-    /// Each Parquet file's footer, likewise.
-    parquet_footers: Arc<[parquet::MetaCache]>,
+    /// What each file's reader parsed of it, kept for the readers after it (shared by clones).
+    parsed: Arc<[Parsed]>,
     fields: Vec<Field>,
     /// `starts[i]` is the global id of the first sample of file `i`; `starts[len]` is N.
     starts: Vec<u64>,
@@ -493,23 +498,9 @@ impl Dataset {
             Some(c) => c.iter().map(|&i| first.fields[i].clone()).collect(),
             None => first.fields.clone(),
         };
-        let arrow_layouts = files.iter().map(|_| arrow::LayoutCache::new()).collect();
-        let tar_indexes = files.iter().map(|_| wds::IndexCache::new()).collect();
-        let megatron_indexes = files.iter().map(|_| megatron::IndexCache::new()).collect();
-        let parquet_footers = files.iter().map(|_| parquet::MetaCache::new()).collect();
+        let parsed = files.iter().map(|_| Parsed::default()).collect();
         let file_fields = first.fields.clone();
-        Ok(Dataset {
-            fields,
-            file_fields,
-            columns,
-            files,
-            arrow_layouts,
-            tar_indexes,
-            megatron_indexes,
-            parquet_footers,
-            starts,
-            options,
-        })
+        Ok(Dataset { fields, file_fields, columns, files, parsed, starts, options })
     }
 
     /// Resolves and scans every file in this process (no communication).
@@ -592,20 +583,20 @@ impl Dataset {
                 #[cfg(not(feature = "hdf5"))]
                 Format::Hdf5 => return Err(hdf5_disabled(&info.path)),
                 Format::Arrow => {
-                    Box::new(arrow::ArrowReader::open_cached(&info.path, &self.file_fields, &self.arrow_layouts[i])?)
+                    Box::new(arrow::ArrowReader::open_cached(&info.path, &self.file_fields, &self.parsed[i].arrow)?)
                 }
                 Format::WebDataset => {
-                    Box::new(wds::WdsReader::open_cached(&info.path, &self.file_fields, &self.tar_indexes[i])?)
+                    Box::new(wds::WdsReader::open_cached(&info.path, &self.file_fields, &self.parsed[i].tar)?)
                 }
                 Format::Megatron => Box::new(megatron::MegatronReader::open_cached(
                     &info.path,
                     &self.file_fields,
-                    &self.megatron_indexes[i],
+                    &self.parsed[i].megatron,
                 )?),
                 Format::Parquet => Box::new(parquet::ParquetReader::open_cached(
                     &info.path,
                     &self.file_fields,
-                    &self.parquet_footers[i],
+                    &self.parsed[i].parquet,
                 )?),
             })
         })();
@@ -972,13 +963,13 @@ mod tests {
             gen::write_file(&spec, i).unwrap();
         }
         let ds = Dataset::open_local(&[dir.path().into()], Default::default()).unwrap();
-        assert!(ds.arrow_layouts.iter().all(|c| c.get().is_none()));
+        assert!(ds.parsed.iter().all(|p| p.arrow.get().is_none()));
         let mut a = ds.open_reader(1).unwrap();
-        let layout = ds.arrow_layouts[1].get().expect("parsed by the first reader").clone();
+        let layout = ds.parsed[1].arrow.get().expect("parsed by the first reader").clone();
         let mut b = ds.clone().open_reader(1).unwrap();
         // The cache, the test's handle and the two readers.
         assert_eq!(Arc::strong_count(&layout), 4);
-        assert!(ds.arrow_layouts[0].get().is_none());
+        assert!(ds.parsed[0].arrow.get().is_none());
         assert_eq!(a.read_rows(&[7, 42]).unwrap().value(1, 0), b.read_rows(&[42]).unwrap().value(0, 0));
     }
 

@@ -246,6 +246,64 @@ pub(crate) fn cached_fraction(file: &File, range: Range<u64>) -> f64 {
 /// Gaps up to this size are read through rather than split into separate reads.
 pub(crate) const RECORD_GAP_BYTES: u64 = 64 << 10;
 
+/// Groups byte ranges (in the order given) into reads. A range joins the current read
+/// when it starts inside it or at most `max_gap` bytes after its end, and the bytes read
+/// through stay fewer than the bytes needed so far: a read brings in at most about twice
+/// what it needs, and dense requests still become a few large reads (as
+/// [`coalesce`] does for rows). Returns each read's range and how many of the
+/// given ranges it serves (consecutive).
+pub(crate) fn group_ranges(ranges: &[Range<u64>], max_gap: u64) -> Vec<(Range<u64>, usize)> {
+    let mut groups: Vec<(Range<u64>, usize)> = Vec::new();
+    let (mut needed, mut extra) = (0u64, 0u64);
+    for r in ranges {
+        if let Some((g, n)) = groups.last_mut() {
+            if r.start >= g.start && r.start <= g.end.saturating_add(max_gap) {
+                let gap = r.start.saturating_sub(g.end);
+                let new = r.end.saturating_sub(r.start.max(g.end));
+                if gap == 0 || extra + gap < needed + new {
+                    needed += new;
+                    extra += gap;
+                    g.end = g.end.max(r.end);
+                    *n += 1;
+                    continue;
+                }
+            }
+        }
+        needed += r.end - r.start;
+        groups.push((r.clone(), 1));
+    }
+    groups
+}
+
+/// Reads `ranges` (in file order; one that starts before the current read starts its own)
+/// in the reads [`group_ranges`] makes (gaps up to [`RECORD_GAP_BYTES`] read through), each
+/// into a buffer of `chunk`. `read(span, served)` reads one span, `served` being the
+/// indices of the ranges it holds (for an error's words). Returns where each range landed:
+/// (buffer, offset, length), in the order given.
+pub(crate) fn read_grouped(
+    chunk: &mut RowChunk,
+    ranges: &[Range<u64>],
+    mut read: impl FnMut(Range<u64>, Range<usize>) -> Result<Vec<u8>>,
+) -> Result<Vec<(u32, usize, usize)>> {
+    let mut places = Vec::with_capacity(ranges.len());
+    let mut at = 0;
+    for (g, n) in group_ranges(ranges, RECORD_GAP_BYTES) {
+        let b = chunk.add_buffer(Buffer::from_vec(read(g.clone(), at..at + n)?));
+        places.extend(ranges[at..at + n].iter().map(|r| (b, (r.start - g.start) as usize, (r.end - r.start) as usize)));
+        at += n;
+    }
+    Ok(places)
+}
+
+/// The bytes `span` of `file` (at `path`), read whole: a short read is an error naming the
+/// file, never zeros.
+pub(crate) fn read_span(file: &File, path: &Path, span: Range<u64>) -> Result<Vec<u8>> {
+    let mut buf = vec![0u8; (span.end - span.start) as usize];
+    read_vectored_exact_at(file, span.start, &mut [IoSliceMut::new(&mut buf)])
+        .map_err(|e| read_error(path, e, span.start, buf.len()))?;
+    Ok(buf)
+}
+
 impl RecordFile {
     /// Opens a record file whose layout was validated by the scan.
     pub fn open(
@@ -340,6 +398,25 @@ impl super::FileReader for RecordFile {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ranges_are_grouped_into_reads_of_at_most_about_twice_the_need() {
+        assert_eq!(group_ranges(&[], 64), vec![]);
+        // Adjacent and overlapping ranges (offsets r and r + 1 of consecutive rows) join.
+        assert_eq!(group_ranges(&[0..8, 4..12, 12..16], 0), vec![(0..16, 3)]);
+        assert_eq!(group_ranges(&[0..8, 10..18], 0), vec![(0..8, 1), (10..18, 1)]);
+        assert_eq!(group_ranges(&[0..8, 10..18], 2), vec![(0..18, 2)]);
+        // A range starting before the current read (corrupt offsets) starts its own.
+        assert_eq!(group_ranges(&[10..20, 0..5], 100), vec![(10..20, 1), (0..5, 1)]);
+        // Sparse: gaps are read through only while the extra bytes stay below the need.
+        let sparse: Vec<Range<u64>> = (0..100).map(|i| i * 40..i * 40 + 10).collect();
+        let groups = group_ranges(&sparse, 1 << 20);
+        let read: u64 = groups.iter().map(|(g, _)| g.end - g.start).sum();
+        assert!(read < 2 * 1000 + 40, "read {read} bytes for 1000 needed");
+        assert_eq!(groups.iter().map(|(_, n)| n).sum::<usize>(), 100);
+        // Empty values take no bytes.
+        assert_eq!(group_ranges(&[5..5, 5..9], 0), vec![(5..9, 2)]);
+    }
 
     #[test]
     fn coalesce_merges_small_gaps_only() {

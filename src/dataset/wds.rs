@@ -19,9 +19,9 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use arrow_buffer::Buffer;
-
-use super::rows::{advise_dontneed, advise_willneed, read_error, read_vectored_exact_at, RowChunk, RECORD_GAP_BYTES};
+use super::rows::{
+    advise_dontneed, advise_willneed, read_error, read_grouped, read_span, read_vectored_exact_at, RowChunk,
+};
 use super::schema::{Field, FieldKind};
 use crate::error::{Error, Result};
 
@@ -289,17 +289,10 @@ impl super::FileReader for WdsReader {
         wanted.sort_by_key(|(r, _)| r.start);
         let ranges: Vec<Range<u64>> = wanted.iter().map(|(r, _)| r.clone()).collect();
         let mut chunk = RowChunk::new(columns.len());
+        let places = read_grouped(&mut chunk, &ranges, |g, _| read_span(&self.file, &self.path, g))?;
         let mut locs = vec![(0u32, 0usize, 0usize); rows.len() * columns.len()];
-        let mut at = 0;
-        for (g, count) in super::arrow::group_ranges(&ranges, RECORD_GAP_BYTES) {
-            let mut buf = vec![0u8; (g.end - g.start) as usize];
-            read_vectored_exact_at(&self.file, g.start, &mut [std::io::IoSliceMut::new(&mut buf)])
-                .map_err(|e| read_error(&self.path, e, g.start, buf.len()))?;
-            let b = chunk.add_buffer(Buffer::from_vec(buf));
-            for (r, slot) in &wanted[at..at + count] {
-                locs[*slot] = (b, (r.start - g.start) as usize, (r.end - r.start) as usize);
-            }
-            at += count;
+        for (&(_, slot), place) in wanted.iter().zip(places) {
+            locs[slot] = place;
         }
         for (b, offset, len) in locs {
             chunk.push_value(b, offset, len);
