@@ -718,6 +718,10 @@ pub struct JobFile {
     /// apart (HDF5, Arrow) read only these [default: every field].
     #[cfg_attr(feature = "clap", arg(long, value_delimiter = ',', num_args = 1.., value_name = "NAME"))]
     pub fields: Option<Vec<String>>,
+    /// Pack the documents of a token field into samples of SEQ_LEN inputs and their labels:
+    /// FIELD:SEQ_LEN[,eos=ID][,position_ids][,cu_seqlens] [default: no packing].
+    #[cfg_attr(feature = "clap", arg(long, value_name = "SPEC"))]
+    pub pack: Option<crate::dataset::pack::PackSpec>,
     /// Global batch size B (must be divisible by the batch dimension's split).
     #[cfg_attr(feature = "clap", arg(long))]
     pub batch_size: Option<usize>,
@@ -849,6 +853,7 @@ impl Job {
             ("data", data.join(", ")),
             ("group", self.dataset.hdf5_group.clone().unwrap_or_default()),
             ("fields", self.dataset.fields.as_ref().map(|f| f.join(",")).unwrap_or_default()),
+            ("pack", self.dataset.pack.as_ref().map(ToString::to_string).unwrap_or_default()),
             ("epochs", self.epochs.to_string()),
             ("transport", self.transport.to_string()),
         ]
@@ -936,7 +941,7 @@ impl JobFile {
         }
         Ok(Job {
             data: self.data,
-            dataset: DatasetOptions { hdf5_group: self.group, fields: self.fields },
+            dataset: DatasetOptions { hdf5_group: self.group, fields: self.fields, pack: self.pack },
             loader: LoaderOptions {
                 batch_size,
                 seed: self.seed.unwrap_or(0),
@@ -1135,7 +1140,7 @@ mod tests {
     #[test]
     fn job_file_keys_are_its_fields() {
         let keys = JobFile::keys();
-        assert_eq!(keys.len(), 25, "{keys:?}");
+        assert_eq!(keys.len(), 26, "{keys:?}");
         for k in ["batch_size", "data", "mesh_order", "read_strategy", "shard", "transport"] {
             assert!(keys.iter().any(|x| x == k), "{k} missing from {keys:?}");
         }

@@ -22,7 +22,7 @@ pub struct InspectArgs {
 }
 
 pub fn run(args: InspectArgs) -> Result<()> {
-    let ds = Dataset::open_local(&args.data, DatasetOptions { hdf5_group: args.group, fields: None })?;
+    let ds = Dataset::open_local(&args.data, DatasetOptions { hdf5_group: args.group, ..Default::default() })?;
     let total_bytes: u64 = ds.files().iter().map(|f| f.bytes).sum();
     if args.json {
         // File names need not be UTF-8 and JSON strings must be: `path` is the name with

@@ -173,6 +173,11 @@ impl super::FileReader for MegatronReader {
         Ok(chunk)
     }
 
+    /// From the index: no token is read.
+    fn list_lengths(&mut self, _rows: u64, _field: usize, _elem: usize) -> Result<Vec<u64>> {
+        Ok(self.index.sequences.iter().map(|&(_, n)| n).collect())
+    }
+
     fn value_range(&self, row: u64, field: usize) -> Option<Range<u64>> {
         let &(at, n) = self.index.sequences.get(usize::try_from(row).ok()?).filter(|_| field == 0)?;
         Some(at..at + n * self.index.dtype.size() as u64)

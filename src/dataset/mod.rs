@@ -18,6 +18,7 @@ pub mod hdf5;
 pub mod megatron;
 pub mod npy;
 pub mod npy_header;
+pub mod pack;
 pub mod parquet;
 pub mod raw;
 pub mod rows;
@@ -99,6 +100,9 @@ pub struct DatasetOptions {
     /// order). Readers of formats that store fields apart read only these.
     #[serde(default)]
     pub fields: Option<Vec<String>>,
+    /// Sequence packing of a token field ([`pack`]): the samples are then the packed ones.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pack: Option<pack::PackSpec>,
 }
 
 /// What the header of one file says.
@@ -126,6 +130,10 @@ pub struct FileInfo {
     /// and little-endian.
     #[serde(default)]
     pub in_place: bool,
+    /// With sequence packing: the tokens of the file's packed stream (its documents' tokens
+    /// and end-of-document tokens), which give its packed sample count.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pack_tokens: Option<u64>,
 }
 
 /// The identity of a file besides its size: its last modification time and inode number.
@@ -365,7 +373,49 @@ pub fn scan_file(path: &Path, format: Format, options: &DatasetOptions) -> Resul
     if let Some(reason) = schema::duplicate_name(&fields) {
         return Err(Error::file(path, reason));
     }
-    Ok(FileInfo { path: path.to_path_buf(), format, samples, fields, bytes, stamp, value_bytes, in_place })
+    let mut info = FileInfo {
+        path: path.to_path_buf(),
+        format,
+        samples,
+        fields,
+        bytes,
+        stamp,
+        value_bytes,
+        in_place,
+        pack_tokens: None,
+    };
+    if let Some(spec) = &options.pack {
+        // The documents' lengths, once, here; each reader's rank plans from them again.
+        let packing = pack::Packing::resolve(spec, &info.fields)?;
+        let mut reader = open_format(&info, options, &info.fields, &Parsed::default())?;
+        let lengths = reader.list_lengths(info.samples, packing.column, packing.dtype.size())?;
+        info.pack_tokens = Some(packing.stream_tokens(&lengths));
+    }
+    Ok(info)
+}
+
+/// Opens a reader of `info`'s file in its format, expecting `fields`.
+fn open_format(
+    info: &FileInfo,
+    options: &DatasetOptions,
+    fields: &[Field],
+    parsed: &Parsed,
+) -> Result<Box<dyn FileReader>> {
+    Ok(match info.format {
+        Format::Npy => Box::new(npy::open(&info.path, fields)?) as Box<dyn FileReader>,
+        Format::Raw => Box::new(raw::open(&info.path, fields)?),
+        #[cfg(feature = "hdf5")]
+        Format::Hdf5 => Box::new(hdf5::Hdf5Reader::open(&info.path, options, fields)?),
+        #[cfg(not(feature = "hdf5"))]
+        Format::Hdf5 => {
+            let _ = options;
+            return Err(hdf5_disabled(&info.path));
+        }
+        Format::Arrow => Box::new(arrow::ArrowReader::open_cached(&info.path, fields, &parsed.arrow)?),
+        Format::WebDataset => Box::new(wds::WdsReader::open_cached(&info.path, fields, &parsed.tar)?),
+        Format::Megatron => Box::new(megatron::MegatronReader::open_cached(&info.path, fields, &parsed.megatron)?),
+        Format::Parquet => Box::new(parquet::ParquetReader::open_cached(&info.path, fields, &parsed.parquet)?),
+    })
 }
 
 /// Reads rows of one file.
@@ -379,6 +429,22 @@ pub trait FileReader: Send {
     /// that store fields apart (HDF5, Arrow) read only those; the default reads whole rows.
     fn read_columns(&mut self, rows: &[u64], columns: &[usize]) -> Result<RowChunk> {
         Ok(self.read_rows(rows)?.project(columns))
+    }
+
+    /// Per row of the file's `rows` rows, the number of elements of list field `field`
+    /// (elements of `elem` bytes): what sequence packing plans with. The default reads the
+    /// field's values, a thousand rows at a time; formats that keep the lengths apart
+    /// (Megatron's index) answer without reading values.
+    fn list_lengths(&mut self, rows: u64, field: usize, elem: usize) -> Result<Vec<u64>> {
+        let mut lengths = Vec::with_capacity(usize::try_from(rows).unwrap_or(0));
+        let mut start = 0;
+        while start < rows {
+            let ids: Vec<u64> = (start..rows.min(start + 1024)).collect();
+            let chunk = self.read_columns(&ids, &[field])?;
+            lengths.extend((0..chunk.rows()).map(|r| (chunk.value(r, 0).len() / elem.max(1)) as u64));
+            start += ids.len() as u64;
+        }
+        Ok(lengths)
     }
 
     /// Where field `field` of local row `row` lies in the file, for formats that store
@@ -454,6 +520,7 @@ struct Parsed {
     tar: wds::IndexCache,
     megatron: megatron::IndexCache,
     parquet: parquet::MetaCache,
+    plan: pack::PlanCache,
 }
 
 /// An ordered list of files with identical fields.
@@ -466,6 +533,9 @@ pub struct Dataset {
     columns: Option<Arc<[usize]>>,
     /// What each file's reader parsed of it, kept for the readers after it (shared by clones).
     parsed: Arc<[Parsed]>,
+    /// With sequence packing, how the files' documents are packed (`fields` are then the
+    /// packed fields and `starts` count packed samples).
+    packing: Option<Arc<pack::Packing>>,
     fields: Vec<Field>,
     /// `starts[i]` is the global id of the first sample of file `i`; `starts[len]` is N.
     starts: Vec<u64>,
@@ -475,7 +545,7 @@ pub struct Dataset {
 impl Dataset {
     /// Builds a dataset from scanned file headers, checking that all files have the
     /// fields of the first one.
-    pub fn from_files(files: Vec<FileInfo>, options: DatasetOptions) -> Result<Dataset> {
+    pub fn from_files(mut files: Vec<FileInfo>, options: DatasetOptions) -> Result<Dataset> {
         let first = files.first().ok_or_else(|| Error::Config("the dataset has no files".into()))?;
         // `scan_file` refuses these already; headers built by hand come through here.
         if let Some(reason) = schema::duplicate_name(&first.fields) {
@@ -486,21 +556,34 @@ impl Dataset {
                 return Err(Error::SchemaMismatch { first: first.path.clone(), second: other.path.clone(), reason });
             }
         }
+        let packing = options.pack.as_ref().map(|spec| pack::Packing::resolve(spec, &first.fields)).transpose()?;
         let mut starts = Vec::with_capacity(files.len() + 1);
         let mut total = 0u64;
         for f in &files {
             starts.push(total);
-            total = total.checked_add(f.samples).ok_or_else(|| Error::file(&f.path, "sample count overflows u64"))?;
+            let samples = match &packing {
+                None => f.samples,
+                Some(p) => p.samples(f.pack_tokens.ok_or_else(|| {
+                    Error::Internal(format!("{} was scanned without the pack spec", f.path.display()))
+                })?),
+            };
+            total = total.checked_add(samples).ok_or_else(|| Error::file(&f.path, "sample count overflows u64"))?;
         }
         starts.push(total);
-        let columns = select(&first.fields, options.fields.as_deref())?;
-        let fields = match &columns {
-            Some(c) => c.iter().map(|&i| first.fields[i].clone()).collect(),
-            None => first.fields.clone(),
-        };
-        let parsed = files.iter().map(|_| Parsed::default()).collect();
         let file_fields = first.fields.clone();
-        Ok(Dataset { fields, file_fields, columns, files, parsed, starts, options })
+        let delivered = packing.as_ref().map_or(&file_fields, |p| &p.fields);
+        let columns = select(delivered, options.fields.as_deref())?;
+        let fields = match &columns {
+            Some(c) => c.iter().map(|&i| delivered[i].clone()).collect(),
+            None => delivered.clone(),
+        };
+        // Packed values are made from documents, never read in place.
+        if packing.is_some() {
+            files.iter_mut().for_each(|f| f.in_place = false);
+        }
+        let parsed = files.iter().map(|_| Parsed::default()).collect();
+        let packing = packing.map(Arc::new);
+        Ok(Dataset { fields, file_fields, columns, files, parsed, packing, starts, options })
     }
 
     /// Resolves and scans every file in this process (no communication).
@@ -528,6 +611,11 @@ impl Dataset {
             .map(|f| {
                 if self.fields[f].fixed_bytes().is_some() || self.is_empty() {
                     return None;
+                }
+                if let Some(p) = &self.packing {
+                    // cu_seqlens, the one variable-length packed field.
+                    let documents = self.files.iter().map(|f| f.samples).sum();
+                    return Some(p.mean_cu_seqlens_bytes(documents, self.len()));
                 }
                 let column = self.columns.as_ref().map_or(f, |c| c[f]);
                 let total = self.files.iter().try_fold(0u64, |sum, file| {
@@ -575,30 +663,19 @@ impl Dataset {
     pub fn open_reader(&self, i: usize) -> Result<Box<dyn FileReader>> {
         let info = &self.files[i];
         let inner: Result<Box<dyn FileReader>> = (|| {
-            Ok(match info.format {
-                Format::Npy => Box::new(npy::open(&info.path, &self.file_fields)?) as Box<dyn FileReader>,
-                Format::Raw => Box::new(raw::open(&info.path, &self.file_fields)?),
-                #[cfg(feature = "hdf5")]
-                Format::Hdf5 => Box::new(hdf5::Hdf5Reader::open(&info.path, &self.options, &self.file_fields)?),
-                #[cfg(not(feature = "hdf5"))]
-                Format::Hdf5 => return Err(hdf5_disabled(&info.path)),
-                Format::Arrow => {
-                    Box::new(arrow::ArrowReader::open_cached(&info.path, &self.file_fields, &self.parsed[i].arrow)?)
-                }
-                Format::WebDataset => {
-                    Box::new(wds::WdsReader::open_cached(&info.path, &self.file_fields, &self.parsed[i].tar)?)
-                }
-                Format::Megatron => Box::new(megatron::MegatronReader::open_cached(
-                    &info.path,
-                    &self.file_fields,
-                    &self.parsed[i].megatron,
-                )?),
-                Format::Parquet => Box::new(parquet::ParquetReader::open_cached(
-                    &info.path,
-                    &self.file_fields,
-                    &self.parsed[i].parquet,
-                )?),
-            })
+            let reader = open_format(info, &self.options, &self.file_fields, &self.parsed[i])?;
+            let Some(packing) = &self.packing else { return Ok(reader) };
+            let tokens =
+                info.pack_tokens.ok_or_else(|| Error::Internal("a packed file without its token count".into()))?;
+            let packed = pack::PackedReader::open(
+                reader,
+                &info.path,
+                info.samples,
+                packing.clone(),
+                tokens,
+                &self.parsed[i].plan,
+            )?;
+            Ok(Box::new(packed) as Box<dyn FileReader>)
         })();
         let inner = match (unchanged_then(info, inner)?, &self.columns) {
             (inner, Some(columns)) => Box::new(Selected { inner, columns: columns.clone() }),
@@ -647,6 +724,10 @@ impl FileReader for Selected {
 
     fn value_range(&self, row: u64, field: usize) -> Option<std::ops::Range<u64>> {
         self.inner.value_range(row, *self.columns.get(field)?)
+    }
+
+    fn list_lengths(&mut self, rows: u64, field: usize, elem: usize) -> Result<Vec<u64>> {
+        self.inner.list_lengths(rows, self.columns[field], elem)
     }
 
     fn read_at(&mut self, offset: u64, out: &mut [u8]) -> Result<()> {
@@ -701,6 +782,11 @@ impl FileReader for CheckedReader {
     fn read_columns(&mut self, rows: &[u64], columns: &[usize]) -> Result<RowChunk> {
         let chunk = self.inner.read_columns(rows, columns);
         unchanged_then(&self.info, chunk)
+    }
+
+    fn list_lengths(&mut self, rows: u64, field: usize, elem: usize) -> Result<Vec<u64>> {
+        let lengths = self.inner.list_lengths(rows, field, elem);
+        unchanged_then(&self.info, lengths)
     }
 
     fn value_range(&self, row: u64, field: usize) -> Option<std::ops::Range<u64>> {
@@ -759,6 +845,7 @@ mod tests {
             stamp: FileStamp::default(),
             value_bytes: vec![],
             in_place: true,
+            pack_tokens: None,
         }
     }
 

@@ -46,6 +46,12 @@ impl RowChunk {
         (self.buffers.len() - 1) as u32
     }
 
+    /// Adds a buffer the reader made in memory rather than read (not counted as read).
+    pub fn add_made_buffer(&mut self, buffer: Buffer) -> u32 {
+        self.buffers.push(buffer);
+        (self.buffers.len() - 1) as u32
+    }
+
     /// Counts bytes a reader brought into memory for this chunk but did not keep (e.g. the
     /// offsets of variable-length values), so that [`RowChunk::bytes_read`] stays true.
     pub fn add_bytes_read(&mut self, bytes: u64) {

@@ -22,6 +22,7 @@ struct WireInfo {
     stamp: FileStamp,
     value_bytes: Vec<u64>,
     in_place: bool,
+    pack_tokens: Option<u64>,
 }
 
 impl From<FileInfo> for WireInfo {
@@ -35,6 +36,7 @@ impl From<FileInfo> for WireInfo {
             stamp: f.stamp,
             value_bytes: f.value_bytes,
             in_place: f.in_place,
+            pack_tokens: f.pack_tokens,
         }
     }
 }
@@ -50,6 +52,7 @@ impl From<WireInfo> for FileInfo {
             stamp: w.stamp,
             value_bytes: w.value_bytes,
             in_place: w.in_place,
+            pack_tokens: w.pack_tokens,
         }
     }
 }

@@ -42,6 +42,9 @@ pub struct Fingerprint {
     pub batch_size: usize,
     pub seed: u64,
     pub tail: crate::config::TailPolicy,
+    /// The sequence packing the samples were made by, if any (`--pack`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pack: Option<String>,
 }
 
 impl Fingerprint {
@@ -64,6 +67,7 @@ impl Fingerprint {
             batch_size,
             seed,
             tail,
+            pack: dataset.options().pack.as_ref().map(ToString::to_string),
         }
     }
 
@@ -78,6 +82,10 @@ impl Fingerprint {
         }
         if self.tail != now.tail {
             what.push(format!("tail policy {:?} → {:?}", self.tail, now.tail).to_lowercase());
+        }
+        if self.pack != now.pack {
+            let show = |p: &Option<String>| p.clone().unwrap_or_else(|| "none".into());
+            what.push(format!("packing {} → {}", show(&self.pack), show(&now.pack)));
         }
         if self.samples != now.samples {
             what.push(format!("dataset samples {} → {}", self.samples, now.samples));

@@ -342,6 +342,7 @@ mod tests {
             stamp: FileStamp::default(),
             value_bytes: vec![],
             in_place: true,
+            pack_tokens: None,
         };
         let dataset = Arc::new(Dataset::from_files(vec![info], Default::default()).unwrap());
         let options = LoaderOptions { batch_size: batch, window_bytes, prefetch: 0, tail, ..Default::default() };
@@ -384,6 +385,7 @@ mod tests {
             stamp: FileStamp::default(),
             value_bytes: vec![],
             in_place: true,
+            pack_tokens: None,
         };
         let ds = Arc::new(Dataset::from_files(vec![info], Default::default()).unwrap());
         let build = |world, batch| {

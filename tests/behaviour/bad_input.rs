@@ -71,6 +71,15 @@ over_transports! {
         fails(t, 3, &["run", "--data", data(out.path()), "--batch-size", "3"], &["corpus-1.bin", "truncated"]);
     }
 
+    /// `--pack` of a field that is not a list of integer tokens, or with a token its type
+    /// cannot hold.
+    fn packing_a_field_that_is_not_tokens(t: Transport) {
+        let (lists, megatron) = (fixtures().join("arrow_lists"), fixtures().join("megatron"));
+        let args = |d, pack| ["run", "--data", d, "--batch-size", "2", "--pack", pack];
+        fails(t, 2, &args(data(&lists), "y:8"), &["--pack y:8", "field 'y' is i64", "not a list of integer tokens"]);
+        fails(t, 3, &args(data(&megatron), "tokens:8,eos=-1"), &["eos token -1 is not a u16 value"]);
+    }
+
     fn truncation_seen_by_one_rank_stops_all(t: Transport) {
         // File 2 of 3 is scanned by rank 2 only; every rank must report rank 2's finding.
         let src = fixtures().join("npy_struct");

@@ -418,6 +418,12 @@ class Loader:
         group: the HDF5 group holding the datasets.
         fields: only these fields, in this order (HDF5 and Arrow files read only these;
             default: every field).
+        pack: sequence packing, ``"FIELD:SEQ_LEN[,eos=ID][,position_ids][,cu_seqlens]"``:
+            the documents of a token field concatenated (each followed by ``eos``, if
+            given) and cut into samples of ``SEQ_LEN`` inputs (field ``FIELD``) and their
+            labels (``labels``, the inputs shifted by one token); optionally each input's
+            position in its document (``position_ids``) and the starts of its documents
+            (``cu_seqlens``, int32, as flash-attention's variable-length kernels take them).
         devices_per_process: mesh devices this process drives (default 1). The mesh then
             has ``world × K`` devices; process ``p`` drives devices ``p·K .. (p+1)·K`` and
             receives the union of their shards, as
@@ -460,6 +466,7 @@ class Loader:
         local_reads: Optional[LocalReads] = None,
         group: Optional[str] = None,
         fields: Optional[Sequence[str]] = None,
+        pack: Optional[str] = None,
         devices_per_process: Optional[SupportsIndex] = None,
         bootstrap: Bootstrap = "auto",
     ) -> None:
@@ -490,6 +497,7 @@ class Loader:
             "local_reads": local_reads,
             "group": group,
             "fields": None if fields is None else _names("fields", fields),
+            "pack": pack,
             "devices_per_process": devices_per_process,
         }
         for key in ("prefetch", "storage_iops", "read_queue_depth", "devices_per_process"):

@@ -51,6 +51,7 @@ class JobOptions(TypedDict, total=False):
     data: list[str]
     group: str
     fields: list[str]
+    pack: str
     batch_size: int
     epochs: int
     seed: int

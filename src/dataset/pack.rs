@@ -1,0 +1,529 @@
+//! Sequence packing (`--pack tokens:SEQ_LEN`): the documents of a token field, concatenated
+//! in id order with an optional end-of-document token after each, cut into fixed-length
+//! samples as GPT-style pretraining does.
+//!
+//! Each file is packed on its own: its documents form one token stream of `L` tokens, and
+//! packed sample `j` of the file is the stream's tokens `[j·S, j·S + S + 1)`, delivered as
+//! the inputs (the first `S`, under the token field's name) and the labels (the last `S`,
+//! field `labels`). Consecutive samples share one token, the last input of one being the
+//! first label of the next, so every token is predicted once; the file's last
+//! `(L − 1) mod S` tokens, fewer than one sample, are left out. A packed sample is a
+//! fixed-size sample with a global id like any other, so the shuffle, placement,
+//! resumption and world-size invariance apply to it unchanged.
+//!
+//! The plan of a file ([`Plan`]) is where each document starts in its stream: one `u64` per
+//! document, computed from the documents' lengths ([`super::FileReader::list_lengths`]:
+//! Megatron's index holds them, other formats read their offsets or values once), never by
+//! reading tokens twice a window. A packed sample reads only the documents it overlaps.
+//!
+//! Optional fields, for attention that must not cross documents: `position_ids` (`i64`,
+//! `[S]`: each input's position in its document, from 0) and `cu_seqlens` (`i32`, variable
+//! length: where each document's run of inputs starts, then `S`, as flash-attention's
+//! variable-length kernels take them).
+
+use std::fmt;
+use std::ops::Range;
+use std::path::Path;
+use std::str::FromStr;
+use std::sync::Arc;
+
+use arrow_buffer::Buffer;
+
+use super::rows::RowChunk;
+use super::schema::{DType, Field, FieldKind};
+use super::FileReader;
+use crate::error::{Error, Result};
+
+/// The field holding the labels (the inputs shifted by one token).
+pub const LABELS: &str = "labels";
+/// The optional field holding each input's position in its document.
+pub const POSITION_IDS: &str = "position_ids";
+/// The optional field holding the document boundaries of a sample's inputs.
+pub const CU_SEQLENS: &str = "cu_seqlens";
+
+/// What `--pack` asks for: `FIELD:SEQ_LEN[,eos=ID][,position_ids][,cu_seqlens]`.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct PackSpec {
+    /// The token field (a variable-length list of integers).
+    pub field: String,
+    /// Inputs per sample `S` (each sample holds `S + 1` tokens of the stream).
+    pub seq_len: u64,
+    /// A token put after every document; none where documents end with one already (as
+    /// Megatron's preprocessing with `--append-eod` writes them).
+    pub eos: Option<i64>,
+    pub position_ids: bool,
+    pub cu_seqlens: bool,
+}
+
+impl FromStr for PackSpec {
+    type Err = Error;
+
+    fn from_str(spec: &str) -> Result<PackSpec> {
+        let bad = |why: &str| {
+            Error::Config(format!(
+                "--pack '{spec}': {why} (expected FIELD:SEQ_LEN[,eos=ID][,position_ids][,cu_seqlens], e.g. tokens:2048,eos=0)"
+            ))
+        };
+        let mut parts = spec.split(',').map(str::trim);
+        let head = parts.next().unwrap_or_default();
+        let (field, len) = head.split_once(':').ok_or_else(|| bad("no sequence length"))?;
+        if field.is_empty() {
+            return Err(bad("no field name"));
+        }
+        let seq_len = len.trim().parse::<u64>().ok().filter(|&n| n > 0).ok_or_else(|| bad("bad sequence length"))?;
+        if seq_len > i32::MAX as u64 {
+            return Err(bad("sequence length over 2^31"));
+        }
+        let mut out =
+            PackSpec { field: field.trim().into(), seq_len, eos: None, position_ids: false, cu_seqlens: false };
+        for p in parts {
+            match p.split_once('=') {
+                Some(("eos", id)) => out.eos = Some(id.trim().parse().map_err(|_| bad("bad eos token id"))?),
+                None if p == POSITION_IDS => out.position_ids = true,
+                None if p == CU_SEQLENS => out.cu_seqlens = true,
+                _ => return Err(bad(&format!("unknown option '{p}'"))),
+            }
+        }
+        Ok(out)
+    }
+}
+
+impl fmt::Display for PackSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}", self.field, self.seq_len)?;
+        if let Some(eos) = self.eos {
+            write!(f, ",eos={eos}")?;
+        }
+        if self.position_ids {
+            write!(f, ",{POSITION_IDS}")?;
+        }
+        if self.cu_seqlens {
+            write!(f, ",{CU_SEQLENS}")?;
+        }
+        Ok(())
+    }
+}
+
+impl TryFrom<String> for PackSpec {
+    type Error = Error;
+    fn try_from(s: String) -> Result<PackSpec> {
+        s.parse()
+    }
+}
+
+impl From<PackSpec> for String {
+    fn from(s: PackSpec) -> String {
+        s.to_string()
+    }
+}
+
+/// A pack spec resolved against a file's fields.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Packing {
+    pub spec: PackSpec,
+    /// The token field's column among the file's fields.
+    pub column: usize,
+    /// The token type.
+    pub dtype: DType,
+    /// The end-of-document token as the token type's little-endian bytes.
+    eos: Option<Vec<u8>>,
+    /// What each packed sample delivers.
+    pub fields: Vec<Field>,
+}
+
+/// The little-endian bytes of `v` as an integer of type `dtype`, if it fits.
+fn int_bytes(dtype: DType, v: i64) -> Option<Vec<u8>> {
+    Some(match dtype {
+        DType::U8 => u8::try_from(v).ok()?.to_le_bytes().to_vec(),
+        DType::I8 => i8::try_from(v).ok()?.to_le_bytes().to_vec(),
+        DType::U16 => u16::try_from(v).ok()?.to_le_bytes().to_vec(),
+        DType::I16 => i16::try_from(v).ok()?.to_le_bytes().to_vec(),
+        DType::U32 => u32::try_from(v).ok()?.to_le_bytes().to_vec(),
+        DType::I32 => i32::try_from(v).ok()?.to_le_bytes().to_vec(),
+        DType::U64 => u64::try_from(v).ok()?.to_le_bytes().to_vec(),
+        DType::I64 => v.to_le_bytes().to_vec(),
+        _ => return None,
+    })
+}
+
+impl Packing {
+    /// Resolves `spec` against `fields`: the token field must be a variable-length list of
+    /// integers and the end-of-document token must be one of its values.
+    pub fn resolve(spec: &PackSpec, fields: &[Field]) -> Result<Packing> {
+        let bad = |why: String| Error::Config(format!("--pack {spec}: {why}"));
+        let names: Vec<&str> = fields.iter().map(|f| f.name.as_str()).collect();
+        let column = names
+            .iter()
+            .position(|&n| n == spec.field)
+            .ok_or_else(|| bad(format!("unknown field '{}' (fields: {})", spec.field, names.join(", "))))?;
+        let dtype = match &fields[column].kind {
+            FieldKind::Bytes { elem: Some(d), .. } if int_bytes(*d, 0).is_some() => *d,
+            other => return Err(bad(format!("field '{}' is {other}, not a list of integer tokens", spec.field))),
+        };
+        let eos = spec
+            .eos
+            .map(|e| int_bytes(dtype, e).ok_or_else(|| bad(format!("eos token {e} is not a {dtype} value"))))
+            .transpose()?;
+        let s = spec.seq_len as usize;
+        let mut out = vec![Field::tensor(spec.field.clone(), dtype, vec![s]), Field::tensor(LABELS, dtype, vec![s])];
+        if spec.position_ids {
+            out.push(Field::tensor(POSITION_IDS, DType::I64, vec![s]));
+        }
+        if spec.cu_seqlens {
+            out.push(Field { name: CU_SEQLENS.into(), kind: FieldKind::Bytes { utf8: false, elem: Some(DType::I32) } });
+        }
+        if let Some(reason) = super::schema::duplicate_name(&out) {
+            return Err(bad(reason));
+        }
+        Ok(Packing { spec: spec.clone(), column, dtype, eos, fields: out })
+    }
+
+    /// Packed samples of a stream of `tokens` tokens.
+    pub fn samples(&self, tokens: u64) -> u64 {
+        tokens.saturating_sub(1) / self.spec.seq_len
+    }
+
+    /// Tokens of the stream of documents of these lengths (end-of-document tokens included).
+    pub fn stream_tokens(&self, lengths: &[u64]) -> u64 {
+        lengths.iter().sum::<u64>() + if self.eos.is_some() { lengths.len() as u64 } else { 0 }
+    }
+
+    /// The plan of a file whose documents have these lengths.
+    pub fn plan(&self, lengths: &[u64]) -> Plan {
+        let step = u64::from(self.eos.is_some());
+        let mut starts = Vec::with_capacity(lengths.len() + 1);
+        let mut at = 0u64;
+        for &n in lengths {
+            starts.push(at);
+            at += n + step;
+        }
+        starts.push(at);
+        Plan { starts, eos: step }
+    }
+
+    /// Mean bytes of a `cu_seqlens` value over files of `documents` documents packed into
+    /// `samples` samples: a run per document overlapping a sample, plus the end.
+    pub fn mean_cu_seqlens_bytes(&self, documents: u64, samples: u64) -> u64 {
+        4 * (documents.div_ceil(samples.max(1)) + 2)
+    }
+}
+
+/// Where each document of one file starts in the file's token stream.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Plan {
+    /// `starts[d]`: the stream offset of document `d`'s first token; `starts[D]` is the
+    /// stream's length.
+    starts: Vec<u64>,
+    /// 1 where an end-of-document token follows each document.
+    eos: u64,
+}
+
+impl Plan {
+    /// Tokens in the stream.
+    pub fn stream_tokens(&self) -> u64 {
+        *self.starts.last().expect("starts has D + 1 entries")
+    }
+
+    /// Tokens of document `d` (without its end-of-document token).
+    fn len(&self, d: usize) -> u64 {
+        self.starts[d + 1] - self.starts[d] - self.eos
+    }
+
+    /// The documents that have a token (or their end-of-document token) in `range`.
+    fn documents(&self, range: &Range<u64>) -> Range<usize> {
+        // The first document ending after range.start, up to the last starting before range.end.
+        let first = self.starts[1..].partition_point(|&end| end <= range.start);
+        let last = self.starts.partition_point(|&s| s < range.end);
+        first..last.max(first)
+    }
+}
+
+/// The plan of one file, computed by its first packed reader and kept for the others.
+pub type PlanCache = std::sync::OnceLock<Arc<Plan>>;
+
+/// Reads packed samples of one file from a reader of its documents.
+pub struct PackedReader {
+    inner: Box<dyn FileReader>,
+    packing: Arc<Packing>,
+    plan: Arc<Plan>,
+    path: std::path::PathBuf,
+}
+
+impl PackedReader {
+    /// Packs the `documents` documents `inner` reads (the file's own fields), with the plan from `cache`
+    /// (computed if it is empty). The plan must give the stream length the scan found
+    /// (`tokens`): else the file changed.
+    pub fn open(
+        mut inner: Box<dyn FileReader>,
+        path: &Path,
+        documents: u64,
+        packing: Arc<Packing>,
+        tokens: u64,
+        cache: &PlanCache,
+    ) -> Result<PackedReader> {
+        let plan = match cache.get() {
+            Some(plan) => plan.clone(),
+            None => {
+                let lengths = inner.list_lengths(documents, packing.column, packing.dtype.size())?;
+                cache.get_or_init(|| Arc::new(packing.plan(&lengths))).clone()
+            }
+        };
+        if plan.stream_tokens() != tokens {
+            return Err(Error::file(
+                path,
+                format!("holds {} tokens to pack, {tokens} when it was scanned: it changed", plan.stream_tokens()),
+            ));
+        }
+        Ok(PackedReader { inner, packing, plan, path: path.to_path_buf() })
+    }
+
+    /// Bytes of one packed sample's values, in field order, appended to `out`; returns each
+    /// value's length.
+    fn pack(&self, j: u64, docs: &RowChunk, first_doc: usize, out: &mut Vec<u8>) -> Result<Vec<usize>> {
+        let s = self.packing.spec.seq_len;
+        let size = self.packing.dtype.size();
+        let window = j * s..j * s + s + 1;
+        let mut tokens = Vec::with_capacity((s as usize + 1) * size);
+        let mut positions: Vec<i64> = Vec::new();
+        let mut cu: Vec<i32> = vec![0];
+        for d in self.plan.documents(&window) {
+            let value = docs.value(d - first_doc, 0);
+            let len = self.plan.len(d);
+            if value.len() as u64 != len * size as u64 {
+                return Err(Error::file(
+                    &self.path,
+                    format!("document {d} holds {} bytes, {len} tokens when it was indexed: it changed", value.len()),
+                ));
+            }
+            let doc = self.plan.starts[d]..self.plan.starts[d + 1];
+            let (from, to) = (doc.start.max(window.start), doc.end.min(window.end));
+            // Tokens of the document inside the window, then its end-of-document token.
+            let (t0, t1) = ((from - doc.start).min(len), (to - doc.start).min(len));
+            tokens.extend_from_slice(&value[t0 as usize * size..t1 as usize * size]);
+            if let Some(eos) = self.packing.eos.as_deref().filter(|_| to == doc.end) {
+                tokens.extend_from_slice(eos);
+            }
+            let inputs_end = to.min(window.start + s);
+            if from < inputs_end {
+                if from > window.start && from == doc.start {
+                    cu.push((from - window.start) as i32);
+                }
+                positions.extend((from - doc.start..inputs_end - doc.start).map(|p| p as i64));
+            }
+        }
+        if tokens.len() != (s as usize + 1) * size {
+            return Err(Error::Internal(format!("packed sample {j} has {} token bytes", tokens.len())));
+        }
+        cu.push(s as i32);
+        let mut lens = vec![s as usize * size; 2];
+        out.extend_from_slice(&tokens[..s as usize * size]);
+        out.extend_from_slice(&tokens[size..]);
+        if self.packing.spec.position_ids {
+            lens.push(positions.len() * 8);
+            out.extend(positions.iter().flat_map(|p| p.to_le_bytes()));
+        }
+        if self.packing.spec.cu_seqlens {
+            lens.push(cu.len() * 4);
+            out.extend(cu.iter().flat_map(|c| c.to_le_bytes()));
+        }
+        Ok(lens)
+    }
+}
+
+impl FileReader for PackedReader {
+    fn read_rows(&mut self, rows: &[u64]) -> Result<RowChunk> {
+        let n = self.packing.samples(self.plan.stream_tokens());
+        if let Some(&bad) = rows.iter().find(|&&r| r >= n) {
+            return Err(Error::file(
+                &self.path,
+                format!("packed sample {bad} is past the end of the file ({n} samples)"),
+            ));
+        }
+        let s = self.packing.spec.seq_len;
+        let fields = self.packing.fields.len();
+        let mut chunk = RowChunk::new(fields);
+        let mut bytes = Vec::new();
+        let mut lens = Vec::with_capacity(rows.len() * fields);
+        // Rows close together share documents: read each run of rows' documents at once.
+        let mut i = 0;
+        while i < rows.len() {
+            let docs_of = |r: u64| self.plan.documents(&(r * s..r * s + s + 1));
+            let mut span = docs_of(rows[i]);
+            let mut k = i + 1;
+            while k < rows.len() {
+                let next = docs_of(rows[k]);
+                if next.start < span.start || next.start > span.end {
+                    break;
+                }
+                span.end = span.end.max(next.end);
+                k += 1;
+            }
+            let ids: Vec<u64> = (span.start as u64..span.end as u64).collect();
+            let docs = self.inner.read_columns(&ids, &[self.packing.column])?;
+            chunk.add_bytes_read(docs.bytes_read());
+            for &r in &rows[i..k] {
+                lens.extend(self.pack(r, &docs, span.start, &mut bytes)?);
+            }
+            i = k;
+        }
+        // The packed bytes were made here, not read: only the documents count as read.
+        let b = chunk.add_made_buffer(Buffer::from_vec(bytes));
+        let mut at = 0;
+        for len in lens {
+            chunk.push_value(b, at, len);
+            at += len;
+        }
+        Ok(chunk)
+    }
+
+    fn check(&self) -> Result<()> {
+        self.inner.check()
+    }
+
+    fn random_access(&self) {
+        self.inner.random_access()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tokens_field() -> Vec<Field> {
+        vec![
+            Field { name: "text".into(), kind: FieldKind::Bytes { utf8: true, elem: None } },
+            Field { name: "tokens".into(), kind: FieldKind::Bytes { utf8: false, elem: Some(DType::I32) } },
+        ]
+    }
+
+    /// Documents as a reader of one list field.
+    struct Docs(Vec<Vec<i32>>);
+
+    impl FileReader for Docs {
+        fn read_rows(&mut self, rows: &[u64]) -> Result<RowChunk> {
+            let mut chunk = RowChunk::new(2);
+            for &r in rows {
+                let bytes: Vec<u8> = self.0[r as usize].iter().flat_map(|t| t.to_le_bytes()).collect();
+                let n = bytes.len();
+                let b = chunk.add_buffer(Buffer::from_vec(bytes));
+                chunk.push_value(b, 0, 0);
+                chunk.push_value(b, 0, n);
+            }
+            Ok(chunk)
+        }
+    }
+
+    fn ints<T: Copy>(bytes: &[u8], size: usize, f: impl Fn(&[u8]) -> T) -> Vec<T> {
+        bytes.chunks(size).map(f).collect()
+    }
+
+    /// The packing written out the plain way: concatenate, cut, shift.
+    fn reference(docs: &[Vec<i32>], s: usize, eos: Option<i32>) -> Vec<(Vec<i32>, Vec<i64>, Vec<i32>)> {
+        let mut stream = Vec::new();
+        let (mut pos, mut starts) = (Vec::new(), Vec::new());
+        for d in docs {
+            if !d.is_empty() || eos.is_some() {
+                starts.push(stream.len());
+            }
+            stream.extend(d);
+            pos.extend(0..d.len() as i64);
+            if let Some(e) = eos {
+                pos.push(d.len() as i64);
+                stream.push(e);
+            }
+        }
+        (0..stream.len().saturating_sub(1) / s)
+            .map(|j| {
+                let w = j * s;
+                let mut cu = vec![0];
+                cu.extend(starts.iter().filter(|&&st| st > w && st < w + s).map(|&st| (st - w) as i32));
+                cu.push(s as i32);
+                (stream[w..w + s + 1].to_vec(), pos[w..w + s].to_vec(), cu)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn packed_samples_equal_a_plain_concatenation_cut_into_windows() {
+        let docs = vec![vec![1, 2, 3], vec![], vec![10; 9], vec![7], vec![20, 21, 22, 23, 24], vec![]];
+        for (s, eos) in [(4, Some(0)), (4, None), (1, Some(-1)), (3, None), (30, Some(5)), (8, Some(9))] {
+            let mut spec: PackSpec = format!("tokens:{s},position_ids,cu_seqlens").parse().unwrap();
+            spec.eos = eos.map(i64::from);
+            let packing = Arc::new(Packing::resolve(&spec, &tokens_field()).unwrap());
+            let lengths: Vec<u64> = docs.iter().map(|d| d.len() as u64).collect();
+            let tokens = packing.stream_tokens(&lengths);
+            let want = reference(&docs, s, eos);
+            assert_eq!(packing.samples(tokens), want.len() as u64, "S {s} eos {eos:?}");
+            let mut r =
+                PackedReader::open(Box::new(Docs(docs.clone())), Path::new("f"), 6, packing, tokens, &PlanCache::new())
+                    .unwrap();
+            // All rows, and rows apart.
+            let all: Vec<u64> = (0..want.len() as u64).collect();
+            let some: Vec<u64> = all.iter().copied().filter(|r| r % 3 != 1).collect();
+            for rows in [all, some] {
+                let chunk = r.read_rows(&rows).unwrap();
+                for (k, &j) in rows.iter().enumerate() {
+                    let (stream, pos, cu) = &want[j as usize];
+                    let i32s = |b: &[u8]| i32::from_le_bytes(b.try_into().unwrap());
+                    assert_eq!(ints(chunk.value(k, 0), 4, i32s), stream[..s], "S {s} sample {j}: inputs");
+                    assert_eq!(ints(chunk.value(k, 1), 4, i32s), stream[1..], "S {s} sample {j}: labels");
+                    let i64s = |b: &[u8]| i64::from_le_bytes(b.try_into().unwrap());
+                    assert_eq!(&ints(chunk.value(k, 2), 8, i64s), pos, "S {s} sample {j}: positions");
+                    assert_eq!(&ints(chunk.value(k, 3), 4, i32s), cu, "S {s} sample {j}: cu_seqlens");
+                }
+            }
+            assert!(r.read_rows(&[want.len() as u64]).unwrap_err().to_string().contains("past the end"));
+        }
+    }
+
+    #[test]
+    fn a_file_whose_documents_changed_is_an_error() {
+        let spec: PackSpec = "tokens:2".parse().unwrap();
+        let packing = Arc::new(Packing::resolve(&spec, &tokens_field()).unwrap());
+        let e = PackedReader::open(
+            Box::new(Docs(vec![vec![1, 2, 3]])),
+            Path::new("f"),
+            1,
+            packing.clone(),
+            4,
+            &PlanCache::new(),
+        )
+        .err()
+        .unwrap();
+        assert!(e.to_string().contains("holds 3 tokens to pack, 4 when it was scanned"), "{e}");
+        // The plan says 5 tokens in document 0; the file now holds 3.
+        let cache = PlanCache::new();
+        cache.get_or_init(|| Arc::new(packing.plan(&[5])));
+        let mut r =
+            PackedReader::open(Box::new(Docs(vec![vec![1, 2, 3]])), Path::new("f"), 1, packing, 5, &cache).unwrap();
+        let e = r.read_rows(&[0]).unwrap_err().to_string();
+        assert!(e.contains("document 0 holds 12 bytes, 5 tokens when it was indexed"), "{e}");
+    }
+
+    #[test]
+    fn specs_parse_print_and_resolve_with_clear_errors() {
+        let spec: PackSpec = "tokens:2048,eos=0,position_ids,cu_seqlens".parse().unwrap();
+        assert_eq!(spec.to_string(), "tokens:2048,eos=0,position_ids,cu_seqlens");
+        assert_eq!((spec.seq_len, spec.eos), (2048, Some(0)));
+        let err = |s: &str| s.parse::<PackSpec>().unwrap_err().to_string();
+        assert!(err("tokens").contains("no sequence length"), "{}", err("tokens"));
+        assert!(err("tokens:0").contains("bad sequence length"));
+        assert!(err("tokens:8,eos=x").contains("bad eos token id"));
+        assert!(err("tokens:8,masks").contains("unknown option 'masks'"));
+        let resolve = |s: &str| Packing::resolve(&s.parse().unwrap(), &tokens_field()).unwrap_err().to_string();
+        assert!(resolve("ids:8").contains("unknown field 'ids' (fields: text, tokens)"));
+        assert!(
+            resolve("text:8").contains("field 'text' is utf8 (variable length), not a list of integer tokens"),
+            "{}",
+            resolve("text:8")
+        );
+        let mut u8_field = tokens_field();
+        u8_field[1].kind = FieldKind::Bytes { utf8: false, elem: Some(DType::U8) };
+        let e = Packing::resolve(&"tokens:8,eos=300".parse().unwrap(), &u8_field).unwrap_err().to_string();
+        assert!(e.contains("eos token 300 is not a u8 value"), "{e}");
+        let mut labels = tokens_field();
+        labels[1].name = LABELS.into();
+        assert!(Packing::resolve(&"labels:8".parse().unwrap(), &labels).is_err());
+    }
+}
