@@ -201,20 +201,34 @@ impl fmt::Display for MeshSpec {
 /// A sharding spec in the spirit of JAX `PartitionSpec`, as written: for each dimension
 /// of a field's batch array `[batch, *shape]`, the mesh axes that split it (`dp+fsdp` is a
 /// tuple of axes) or none (`-`). `dp,-,tp` splits the batch over `dp` and dimension 2
-/// over `tp`. Omitted trailing dimensions are not split.
+/// over `tp`. Omitted trailing dimensions are not split. `zigzag:cp` splits a dimension
+/// over `cp` in the load-balanced layout of context parallelism: `2·size(cp)` chunks, the
+/// rank at coordinate `i` holding chunks `i` and `2·size(cp) − 1 − i`.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(try_from = "String", into = "String")]
 pub struct ShardSpec {
     pub dims: Vec<Vec<String>>,
+    /// Per dimension, whether it is split zigzag (as long as `dims`).
+    pub zigzag: Vec<bool>,
 }
 
 impl FromStr for ShardSpec {
     type Err = Error;
 
     fn from_str(spec: &str) -> Result<ShardSpec> {
-        let mut dims = Vec::new();
+        let (mut dims, mut zigzag) = (Vec::new(), Vec::new());
         for d in spec.split(',').map(str::trim) {
+            let (d, zz) = match d.strip_prefix("zigzag:") {
+                Some(axes) => (axes.trim(), true),
+                None => (d, false),
+            };
+            zigzag.push(zz);
             if d == "-" || d.is_empty() {
+                if zz {
+                    return Err(Error::Config(format!(
+                        "sharding spec '{spec}': zigzag names no axis (e.g. zigzag:cp)"
+                    )));
+                }
                 dims.push(vec![]);
                 continue;
             }
@@ -228,7 +242,7 @@ impl FromStr for ShardSpec {
             }
             dims.push(axes);
         }
-        Ok(ShardSpec { dims })
+        Ok(ShardSpec { dims, zigzag })
     }
 }
 
@@ -247,8 +261,16 @@ impl From<ShardSpec> for String {
 
 impl fmt::Display for ShardSpec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let dims: Vec<String> =
-            self.dims.iter().map(|axes| if axes.is_empty() { "-".to_string() } else { axes.join("+") }).collect();
+        let dims: Vec<String> = self
+            .dims
+            .iter()
+            .zip(&self.zigzag)
+            .map(|(axes, &zz)| match (axes.is_empty(), zz) {
+                (true, _) => "-".to_string(),
+                (false, true) => format!("zigzag:{}", axes.join("+")),
+                (false, false) => axes.join("+"),
+            })
+            .collect();
         f.write_str(&dims.join(","))
     }
 }
@@ -780,7 +802,8 @@ pub struct JobFile {
     /// The pipeline axis [default: pp].
     #[cfg_attr(feature = "clap", arg(long))]
     pub pipeline_axis: Option<String>,
-    /// Sharding of a field, per dimension of [batch, *shape]: mesh axis, axes joined by +, or -.
+    /// Sharding of a field, per dimension of [batch, *shape]: mesh axis, axes joined by +, -, or
+    /// zigzag:AXIS (context parallelism: chunks i and 2·size−1−i of 2·size).
     #[cfg_attr(feature = "clap", arg(long, value_name = "FIELD=SPEC", value_parser = parse_pair::<ShardSpec>))]
     #[serde(with = "field_map")]
     pub shard: Vec<(String, ShardSpec)>,
@@ -1043,6 +1066,10 @@ mod tests {
         assert_eq!(s.to_string(), "dp+fsdp,-,tp");
         assert!("dp,t p".parse::<ShardSpec>().unwrap_err().to_string().contains("bad axis name 't p'"));
         assert!("dp+".parse::<ShardSpec>().is_err());
+        let s: ShardSpec = "dp, zigzag:cp+sp".parse().unwrap();
+        assert_eq!((s.dims[1].len(), s.zigzag.clone()), (2, vec![false, true]));
+        assert_eq!(s.to_string(), "dp,zigzag:cp+sp");
+        assert!("dp,zigzag:".parse::<ShardSpec>().unwrap_err().to_string().contains("zigzag names no axis"));
     }
 
     #[test]

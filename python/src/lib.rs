@@ -135,6 +135,7 @@ struct FieldLayout<'a> {
     dtype: Option<&'static str>,
     shape: Option<Vec<usize>>,
     dims: Vec<Vec<&'a str>>,
+    zigzag: Vec<bool>,
 }
 
 /// How the ranks read their home ranges: the strategy, its passes per epoch, whether
@@ -285,7 +286,7 @@ impl Loader {
                         FieldKind::Bytes { .. } => (None, None),
                     };
                     let dims = s.dims.iter().map(|axes| axes.iter().map(|&a| names[a].as_str()).collect()).collect();
-                    FieldLayout { name: &f.name, dtype, shape, dims }
+                    FieldLayout { name: &f.name, dtype, shape, dims, zigzag: s.zigzag.clone() }
                 })
                 .collect();
             let (local_rank, local_size) = l.local_rank();

@@ -371,3 +371,44 @@ def test_packed_sequences_arrive_as_inputs_labels_positions_and_document_starts(
     # Every rank saw its half of each full batch of the n packed samples.
     counts = re.findall(r"ok (\d+) (\d+)", r.stdout)
     assert len(counts) == 2 and all(int(s) == int(n) // 4 * 2 for s, n in counts), r.stdout
+
+
+def test_a_zigzag_split_reaches_python_as_local_chunks(tmp_path):
+    """`shard={"ids": "-,zigzag:cp"}` on cp=2: each rank's inputs are chunks i and 3 - i of
+    the four chunks of every packed sample; the layout says zigzag, and partition_specs
+    refuses what no PartitionSpec can express."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    d = tmp_path / "corpus"
+    d.mkdir()
+    docs = [list(range(1000 * i, 1000 * i + 5 + i % 7)) for i in range(40)]
+    pq.write_table(pa.table({"ids": pa.array(docs, pa.list_(pa.int32()))}), str(d / "train.parquet"))
+    script = (
+        "import meshfeed, numpy as np\n"
+        f"docs = {docs!r}\n"
+        "stream = np.concatenate([np.array(x, np.int32) for x in docs])\n"
+        f"l = meshfeed.Loader([{str(d)!r}], batch_size=2, seed=1, pack='ids:8', mesh='cp=2',\n"
+        "                     shard={'ids': '-,zigzag:cp', 'labels': '-,zigzag:cp'})\n"
+        "i = l.layout['device_coords'][l.rank][0]\n"
+        "assert [f['zigzag'] for f in l.layout['fields']] == [[False, True]] * 2, l.layout['fields']\n"
+        "try:\n"
+        "    l.partition_specs()\n"
+        "    raise SystemExit('partition_specs accepted a zigzag split')\n"
+        "except meshfeed.ConfigError as e:\n"
+        "    assert 'split zigzag' in str(e), e\n"
+        "n = 0\n"
+        "for b in l:\n"
+        "    assert b['ids'].shape == (2, 4), b['ids'].shape\n"
+        "    for k, j in enumerate(b.ids.tolist()):\n"
+        "        s = stream[8 * j:8 * j + 9]\n"
+        "        want = np.concatenate([s[2 * i:2 * i + 2], s[2 * (3 - i):2 * (4 - i)]])\n"
+        "        assert b['ids'][k].tolist() == want.tolist(), (i, j, b['ids'][k], want)\n"
+        "        t = s[1:]\n"
+        "        want = np.concatenate([t[2 * i:2 * i + 2], t[2 * (3 - i):2 * (4 - i)]])\n"
+        "        assert b['labels'][k].tolist() == want.tolist(), (i, j)\n"
+        "    n += 1\n"
+        "print('ok', n)\n"
+    )
+    r = ok(run(MPIRUN + ["-np", 2, sys.executable, "-c", script]))
+    assert r.stdout.count("ok") == 2, r.stdout

@@ -124,12 +124,13 @@ impl FieldData {
         &self.part
     }
 
-    /// Ranges of the field's dimensions this rank holds (the whole field when unsplit);
-    /// with [`Batch::rows`] this is the slice of the global batch array it covers.
-    pub fn field_slice(&self) -> Vec<Range<usize>> {
+    /// Ranges of each of the field's dimensions this rank holds, ascending (the whole field
+    /// when unsplit; two ranges in a dimension split zigzag); with [`Batch::rows`] this is
+    /// the part of the global batch array it covers.
+    pub fn field_slice(&self) -> Vec<Vec<Range<usize>>> {
         match (&self.part.slice, &self.field.kind) {
             (Some(s), _) => s.clone(),
-            (None, FieldKind::Tensor { shape, .. }) => shape.iter().map(|&n| 0..n).collect(),
+            (None, FieldKind::Tensor { shape, .. }) => shape.iter().map(|&n| vec![0..n]).collect(),
             (None, FieldKind::Bytes { .. }) => vec![],
         }
     }
@@ -231,11 +232,11 @@ mod tests {
         assert_eq!((v.row(0), v.row(1)), (&b"ab"[..], &b""[..]));
         assert!(v.array::<u8>().is_err());
         // A slice of a [4, 6] field: columns 3..6.
-        let part = FieldPart { field: 0, slice: Some(vec![0..4, 3..6]) };
+        let part = FieldPart { field: 0, slice: Some(vec![vec![0..4], vec![3..6]]) };
         let mut s = FieldData::tensor(Field::tensor("x", DType::U8, vec![4, 6]), part, 2);
         s.bytes_mut()[23] = 9;
         assert_eq!(s.shape(), Some(vec![2, 4, 3]));
         assert_eq!(s.array::<u8>().unwrap()[[1, 3, 2]], 9);
-        assert_eq!(s.field_slice(), vec![0..4, 3..6]);
+        assert_eq!(s.field_slice(), vec![vec![0..4], vec![3..6]]);
     }
 }

@@ -20,9 +20,11 @@ use crate::types::Rank;
 pub struct FieldPart {
     /// Index of the field in the dataset's field order.
     pub field: usize,
-    /// For a tensor field split along non-batch dimensions: the range of each field
-    /// dimension this receiver holds. `None`: the whole value.
-    pub slice: Option<Vec<Range<usize>>>,
+    /// For a tensor field split along non-batch dimensions: the ranges of each field
+    /// dimension this receiver holds, ascending and disjoint (one range for a block split,
+    /// two for the zigzag split), their elements held in that order. `None`: the whole
+    /// value.
+    pub slice: Option<Vec<Vec<Range<usize>>>>,
 }
 
 impl FieldPart {
@@ -34,7 +36,7 @@ impl FieldPart {
     /// Shape of this part of one value (the field's shape, or the slice's extents).
     pub fn shape(&self, field: &Field) -> Vec<usize> {
         match (&self.slice, &field.kind) {
-            (Some(s), _) => s.iter().map(|r| r.len()).collect(),
+            (Some(s), _) => s.iter().map(|rs| rs.iter().map(Range::len).sum()).collect(),
             (None, FieldKind::Tensor { shape, .. }) => shape.clone(),
             (None, FieldKind::Bytes { .. }) => vec![],
         }
@@ -55,21 +57,27 @@ impl FieldPart {
             out.extend_from_slice(value);
             return;
         };
-        // Byte strides of each dimension, and the innermost contiguous run.
-        let mut strides = vec![dtype.size(); shape.len()];
-        for d in (0..shape.len().saturating_sub(1)).rev() {
-            strides[d] = strides[d + 1] * shape[d + 1];
-        }
         let Some(last) = slice.len().checked_sub(1) else {
             out.extend_from_slice(value);
             return;
         };
-        let run = slice[last].len() * dtype.size();
-        let mut index: Vec<usize> = slice.iter().map(|r| r.start).collect();
+        // Byte strides of each dimension.
+        let mut strides = vec![dtype.size(); shape.len()];
+        for d in (0..shape.len().saturating_sub(1)).rev() {
+            strides[d] = strides[d + 1] * shape[d + 1];
+        }
+        // The held indices of each outer dimension, visited like an odometer; the innermost
+        // dimension's ranges are contiguous runs.
+        let held: Vec<Vec<usize>> = slice[..last].iter().map(|rs| rs.iter().flat_map(Range::clone).collect()).collect();
+        if held.iter().any(Vec::is_empty) {
+            return;
+        }
+        let mut index = vec![0usize; last];
         loop {
-            let at: usize = index.iter().zip(&strides).map(|(i, s)| i * s).sum();
-            out.extend_from_slice(&value[at..at + run]);
-            // Advance the outer dimensions like an odometer.
+            let at: usize = index.iter().enumerate().map(|(d, &i)| held[d][i] * strides[d]).sum();
+            for r in &slice[last] {
+                out.extend_from_slice(&value[at + r.start * strides[last]..at + r.end * strides[last]]);
+            }
             let mut d = last;
             loop {
                 if d == 0 {
@@ -77,10 +85,10 @@ impl FieldPart {
                 }
                 d -= 1;
                 index[d] += 1;
-                if index[d] < slice[d].end {
+                if index[d] < held[d].len() {
                     break;
                 }
-                index[d] = slice[d].start;
+                index[d] = 0;
             }
         }
     }
@@ -163,10 +171,14 @@ impl Placement {
                         FieldKind::Tensor { shape, .. } if s.dims[1..].iter().any(|a| !a.is_empty()) => Some(
                             shape
                                 .iter()
-                                .zip(&s.dims[1..])
-                                .map(|(&n, axes)| {
+                                .zip(s.dims[1..].iter().zip(&s.zigzag[1..]))
+                                .map(|(&n, (axes, &zigzag))| {
                                     let (k, of) = mesh.block(&c, axes);
-                                    k * n / of..(k + 1) * n / of
+                                    if zigzag {
+                                        zigzag_chunks(n, k, of)
+                                    } else {
+                                        vec![k * n / of..(k + 1) * n / of]
+                                    }
                                 })
                                 .collect(),
                         ),
@@ -225,12 +237,24 @@ impl Placement {
                     held.iter().flat_map(|(_, rc)| rc.parts.iter().filter(|q| q.field == field)).collect();
                 let mut slice = None;
                 if let (Some(first), true) = (of_field[0].slice.as_ref(), of_field.iter().all(|q| q.slice.is_some())) {
+                    // Per dimension, the union of the devices' ranges: one range, or (where the
+                    // devices' own are zigzag chunks) the union's ascending runs.
                     let dims = (0..first.len())
-                        .map(|d| union(of_field.iter().map(|q| q.slice.as_ref().expect("all sliced")[d].clone())))
+                        .map(|d| {
+                            let of_dim =
+                                || of_field.iter().flat_map(|q| q.slice.as_ref().expect("all sliced")[d].clone());
+                            match union(of_dim()) {
+                                Some(r) => Some(vec![r]),
+                                None if of_field.iter().any(|q| q.slice.as_ref().expect("sliced")[d].len() > 1) => {
+                                    Some(runs(of_dim()))
+                                }
+                                None => None,
+                            }
+                        })
                         .collect::<Option<Vec<_>>>()
                         .ok_or_else(|| contiguous(p, &format!("a slice of field '{}'", fields[field].name)))?;
                     let whole = matches!(&fields[field].kind, FieldKind::Tensor { shape, .. }
-                        if dims.iter().zip(shape).all(|(r, &n)| *r == (0..n)));
+                        if dims.iter().zip(shape).all(|(r, &n)| *r == [0..n]));
                     slice = (!whole).then_some(dims);
                 }
                 parts.push(FieldPart { field, slice });
@@ -314,6 +338,28 @@ impl Placement {
     }
 }
 
+/// The zigzag split of a dimension of `n` over `of` ranks, for the rank at `k`: of `2·of`
+/// equal chunks, chunks `k` and `2·of − 1 − k` (so that causal attention's work, which
+/// grows along the sequence, is even over the ranks).
+fn zigzag_chunks(n: usize, k: usize, of: usize) -> Vec<Range<usize>> {
+    let c = n / (2 * of);
+    vec![k * c..(k + 1) * c, (2 * of - 1 - k) * c..(2 * of - k) * c]
+}
+
+/// The union of ranges as ascending disjoint runs (touching ranges merged).
+fn runs(ranges: impl Iterator<Item = Range<usize>>) -> Vec<Range<usize>> {
+    let mut sorted: Vec<Range<usize>> = ranges.filter(|r| !r.is_empty()).collect();
+    sorted.sort_by_key(|r| (r.start, r.end));
+    let mut out: Vec<Range<usize>> = Vec::new();
+    for r in sorted {
+        match out.last_mut() {
+            Some(last) if r.start <= last.end => last.end = last.end.max(r.end),
+            _ => out.push(r),
+        }
+    }
+    out
+}
+
 /// The union of ranges when it is one contiguous range (ranges may repeat or touch).
 fn union(ranges: impl Iterator<Item = Range<usize>>) -> Option<Range<usize>> {
     let mut sorted: Vec<Range<usize>> = ranges.collect();
@@ -349,7 +395,7 @@ mod tests {
         use crate::dataset::DType;
         let f = Field::tensor("x", DType::U8, vec![3, 4]);
         let value: Vec<u8> = (0..12).collect();
-        let part = FieldPart { field: 0, slice: Some(vec![1..3, 2..4]) };
+        let part = FieldPart { field: 0, slice: Some(vec![vec![1..3], vec![2..4]]) };
         let mut out = Vec::new();
         part.copy(&f, &value, &mut out);
         assert_eq!(out, vec![6, 7, 10, 11]);
@@ -357,8 +403,20 @@ mod tests {
         let f16 = Field::tensor("h", DType::U16, vec![2, 2, 2]);
         let value: Vec<u8> = (0..16).collect();
         let mut out = Vec::new();
-        FieldPart { field: 0, slice: Some(vec![0..2, 1..2, 0..2]) }.copy(&f16, &value, &mut out);
+        FieldPart { field: 0, slice: Some(vec![vec![0..2], vec![1..2], vec![0..2]]) }.copy(&f16, &value, &mut out);
         assert_eq!(out, vec![4, 5, 6, 7, 12, 13, 14, 15]);
+        // Several ranges in a dimension (zigzag chunks), inner and outer.
+        let f = Field::tensor("s", DType::U8, vec![2, 8]);
+        let value: Vec<u8> = (0..16).collect();
+        let mut out = Vec::new();
+        let part = FieldPart { field: 0, slice: Some(vec![vec![0..2], vec![0..2, 6..8]]) };
+        part.copy(&f, &value, &mut out);
+        assert_eq!((out, part.shape(&f)), (vec![0, 1, 6, 7, 8, 9, 14, 15], vec![2, 4]));
+        let f = Field::tensor("t", DType::U8, vec![4, 2]);
+        let value: Vec<u8> = (0..8).collect();
+        let mut out = Vec::new();
+        FieldPart { field: 0, slice: Some(vec![vec![0..1, 3..4], vec![1..2]]) }.copy(&f, &value, &mut out);
+        assert_eq!(out, vec![1, 7]);
     }
 
     #[test]
@@ -380,7 +438,7 @@ mod tests {
         assert_eq!(p.blocks().len(), 2);
         let (b, rc) = p.receiver(Rank(3)).unwrap(); // dp 1, tp 1
         assert_eq!(b.rows, 4..8);
-        assert_eq!(rc.parts[0].slice, Some(vec![4..8]));
+        assert_eq!(rc.parts[0].slice, Some(vec![vec![4..8]]));
         assert_eq!(rc.parts[1].slice, None);
         assert_eq!(p.block_of_row(1).receivers.iter().map(|r| r.rank.0).collect::<Vec<_>>(), vec![0, 1]);
         // tp=4: batch not split over tp when the spec says so; every rank gets all rows.
@@ -388,7 +446,7 @@ mod tests {
         let s = resolve(&m, &fields, 8, &pairs(&[("x", "-,tp"), ("y", "-")]), &stages(&[])).unwrap();
         let p = Placement::from_mesh(8, &m, &fields, &s).unwrap();
         assert_eq!(p.receiver(Rank(2)).unwrap().0.rows, 0..8);
-        assert_eq!(p.receiver(Rank(2)).unwrap().1.parts[0].slice, Some(vec![4..6]));
+        assert_eq!(p.receiver(Rank(2)).unwrap().1.parts[0].slice, Some(vec![vec![4..6]]));
         // dp=2,pp=2 with stages: x on the first stage, y on the last.
         let m = mesh("dp=2,pp=2");
         let s = resolve(&m, &fields, 8, &none, &stages(&[("x", Stage::First), ("y", Stage::Last)])).unwrap();
@@ -428,16 +486,54 @@ mod tests {
         // tp=2,dp=2: process 0 drives (tp 0, dp 0..2): all rows, x's first tp half.
         let p = devices("tp=2,dp=2", "dp,tp").for_processes(2, &fields).unwrap();
         assert_eq!(p.blocks().len(), 1);
-        assert_eq!(receiver(&p, 0), (0..8, vec![Some(vec![0..4, 0..4]), None]));
-        assert_eq!(receiver(&p, 1), (0..8, vec![Some(vec![4..8, 0..4]), None]));
+        assert_eq!(receiver(&p, 0), (0..8, vec![Some(vec![vec![0..4], vec![0..4]]), None]));
+        assert_eq!(receiver(&p, 1), (0..8, vec![Some(vec![vec![4..8], vec![0..4]]), None]));
         // dp=8 on 2 processes of 4 devices: rows halves.
         let p = devices("dp=8", "dp").for_processes(4, &fields).unwrap();
         assert_eq!(receiver(&p, 1), (4..8, vec![None, None]));
         // Two processes of two devices with a 2-D split of x: dims unioned.
         let p = devices("dp=2,a=2,b=2", "dp,a,b").for_processes(2, &fields).unwrap();
-        assert_eq!(receiver(&p, 3), (4..8, vec![Some(vec![4..8, 0..4]), None]));
+        assert_eq!(receiver(&p, 3), (4..8, vec![Some(vec![vec![4..8], vec![0..4]]), None]));
         // k = 1 is the device placement itself.
         assert_eq!(devices("dp=4", "dp").for_processes(1, &fields).unwrap(), devices("dp=4", "dp"));
+    }
+
+    /// The zigzag split against a reference written out: a sequence of 32 in 2·cp equal
+    /// chunks, the rank at cp coordinate i holding chunks i and 2·cp − 1 − i, in that order.
+    #[test]
+    fn zigzag_splits_hold_chunks_i_and_2cp_minus_1_minus_i() {
+        use crate::dataset::DType;
+        use crate::plan::mesh::tests::mesh;
+        use crate::plan::sharding::resolve;
+        use std::collections::BTreeMap;
+        let fields = vec![Field::tensor("tokens", DType::I32, vec![32]), Field::tensor("y", DType::I64, vec![])];
+        let value: Vec<u8> = (0..32i32).flat_map(|t| t.to_le_bytes()).collect();
+        for cp in [1, 2, 4, 8] {
+            let m = mesh(&format!("dp=2,cp={cp}"));
+            let spec = [("tokens".to_string(), "dp,zigzag:cp".parse().unwrap())].into();
+            let s = resolve(&m, &fields, 4, &spec, &BTreeMap::new()).unwrap();
+            let p = Placement::from_mesh(4, &m, &fields, &s).unwrap();
+            let chunk = 32 / (2 * cp);
+            for r in 0..2 * cp {
+                let i = m.coords(Rank(r))[1];
+                let mut want: Vec<i32> = (i * chunk..(i + 1) * chunk).map(|t| t as i32).collect();
+                want.extend(((2 * cp - 1 - i) * chunk..(2 * cp - i) * chunk).map(|t| t as i32));
+                let (_, rc) = p.receiver(Rank(r)).unwrap();
+                let mut out = Vec::new();
+                rc.parts[0].copy(&fields[0], &value, &mut out);
+                let got: Vec<i32> = out.chunks(4).map(|b| i32::from_le_bytes(b.try_into().unwrap())).collect();
+                assert_eq!(got, want, "cp {cp}, rank {r}");
+                assert_eq!(rc.parts[0].shape(&fields[0]), vec![2 * chunk]);
+                assert_eq!(rc.parts[1].slice, None);
+            }
+            // Processes of two devices (two cp ranks): the union of their chunks, ascending.
+            if cp >= 2 {
+                let q = p.for_processes(2, &fields).unwrap();
+                let (_, rc) = q.receiver(Rank(0)).unwrap();
+                let want = if cp == 2 { vec![0..32] } else { vec![0..2 * chunk, 32 - 2 * chunk..32] };
+                assert_eq!(rc.parts[0].slice.as_ref().map(|s| s[0].clone()), (cp != 2).then_some(want.clone()));
+            }
+        }
     }
 
     #[test]

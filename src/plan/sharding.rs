@@ -21,6 +21,8 @@ pub struct FieldSharding {
     /// Mesh axes splitting each dimension of `[batch, *shape]` (empty: not split). Always as
     /// long as the batch array has dimensions.
     pub dims: Vec<Vec<usize>>,
+    /// Per dimension, whether its split is the zigzag one (as long as `dims`).
+    pub zigzag: Vec<bool>,
     pub stage: Stage,
 }
 
@@ -79,7 +81,7 @@ pub fn resolve(
             };
             let mut dims = vec![vec![]; ndim];
             dims[0] = default_batch.clone();
-            FieldSharding { dims, stage: Stage::All }
+            FieldSharding { dims, zigzag: vec![false; ndim], stage: Stage::All }
         })
         .collect();
     for (name, spec) in shards {
@@ -107,6 +109,12 @@ pub fn resolve(
         let mut full = vec![vec![]; ndim];
         full[..dims.len()].clone_from_slice(&dims);
         out[i].dims = full;
+        out[i].zigzag = (0..ndim).map(|d| spec.zigzag.get(d).copied().unwrap_or(false)).collect();
+        if out[i].zigzag[0] {
+            return Err(Error::Config(format!(
+                "sharding of '{name}' ({spec}): the batch dimension cannot be split zigzag (a sequence dimension can)"
+            )));
+        }
     }
     for (name, stage) in stages {
         let i = known("stages", name)?;
@@ -134,6 +142,15 @@ pub fn resolve(
         if let FieldKind::Tensor { shape, .. } = &f.kind {
             for (d, axes) in s.dims.iter().enumerate().skip(1) {
                 let p = product(axes);
+                if s.zigzag[d] && shape[d - 1] % (2 * p) != 0 {
+                    return Err(Error::Config(format!(
+                        "field '{}': dimension {d} (size {}) is not divisible by 2·{} ({}), the zigzag split's chunks",
+                        f.name,
+                        shape[d - 1],
+                        axes_name(axes),
+                        2 * p
+                    )));
+                }
                 if shape[d - 1] % p != 0 {
                     return Err(Error::Config(format!(
                         "field '{}': dimension {d} (size {}) is not divisible by {} ({p})",
@@ -210,5 +227,13 @@ mod tests {
         assert!(err(&[("x", "pp")], &[], 8).contains("pipeline axis 'pp' cannot split"));
         assert!(err(&[], &[("q", Stage::Last)], 8).contains("stages names unknown field 'q'"));
         assert!(err(&[], &[], 7).contains("batch size 7 is not divisible by dp = 2"));
+        assert!(err(&[("x", "zigzag:dp")], &[], 8).contains("the batch dimension cannot be split zigzag"));
+        assert!(err(&[("x", "dp,-,zigzag:tp")], &[], 8).contains("dimension 2 (size 6) is not divisible by 2·tp (8)"));
+        let m = mesh("dp=2,cp=2");
+        let s = resolve(&m, &fields(), 8, &shards(&[("x", "dp,zigzag:cp")]), &stages(&[])).unwrap();
+        assert_eq!(
+            (s[0].dims.clone(), s[0].zigzag.clone()),
+            (vec![vec![0], vec![1], vec![]], vec![false, true, false])
+        );
     }
 }

@@ -440,3 +440,63 @@ fn bench_compares_fused_two_phase_and_naive() {
     assert!(get(1, "total_sent") < get(2, "total_sent"));
     assert_eq!(get(2, "max_sent_per_rank"), 3 * get(2, "max_received_per_rank"));
 }
+
+over_transports! {
+    /// The zigzag context-parallel split (`zigzag:cp`) of packed sequences, with the fused
+    /// and two-phase exchanges: each rank's tokens are chunks i and 2·cp − 1 − i of the 2·cp
+    /// chunks of each sample's inputs (i its cp coordinate), cut here from the inputs an
+    /// independent packing wrote (make_fixtures.py); every rank of a dp group gets the
+    /// same samples, and the dp groups share out each batch.
+    fn zigzag_context_parallel_split_of_packed_sequences(t: Transport) {
+        let data = fixtures().join("megatron_packed");
+        let exp: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(data.join("expected.json")).unwrap()).unwrap();
+        let inputs: Vec<Vec<u16>> = exp["inputs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s.as_array().unwrap().iter().map(|t| t.as_u64().unwrap() as u16).collect())
+            .collect();
+        for (mesh, dp, cp, spec, exchange) in [
+            ("dp=2,cp=2", 2, 2, "dp,zigzag:cp", "fused"),
+            ("dp=2,cp=2", 2, 2, "dp,zigzag:cp", "two-phase"),
+            ("cp=4", 1, 4, "-,zigzag:cp", "fused"),
+        ] {
+            let out = tempdir();
+            let dump = out.path().join("d");
+            let job = Job::new(&data).batch(4).seed(2).epochs(2).window("1K").mesh(mesh).dump(&dump);
+            let tokens = format!("tokens={spec}");
+            let labels = format!("labels={spec}");
+            let args = ["--pack", "tokens:16,eos=0", "--shard", &tokens, "--shard", &labels, "--exchange", exchange];
+            ok(&job.args(args).over(t, 4));
+            let lines = read_dump(&dump, 4);
+            let chunk = 16 / (2 * cp);
+            for (r, rank_lines) in lines.iter().enumerate() {
+                let i = r % cp; // cp is the fastest axis
+                for l in rank_lines {
+                    assert_eq!(l.ids.len(), 4 / dp, "{mesh}: rank {r}: rows of its dp block");
+                    let crcs = &l.crc32.iter().find(|(f, _)| f == "tokens").unwrap().1;
+                    for (id, crc) in l.ids.iter().zip(crcs) {
+                        let s = &inputs[*id as usize];
+                        let mut want: Vec<u8> = Vec::new();
+                        for t in s[i * chunk..(i + 1) * chunk].iter().chain(&s[(2 * cp - 1 - i) * chunk..(2 * cp - i) * chunk]) {
+                            want.extend(t.to_le_bytes());
+                        }
+                        assert_eq!(*crc, crc32fast::hash(&want), "{mesh} {exchange}: rank {r} (cp {i}) sample {id}");
+                    }
+                }
+            }
+            for (step, first) in lines[0].iter().enumerate() {
+                assert_eq!(first.step, lines[3][step].step);
+                let ids = |r: usize| &lines[r][step].ids;
+                for r in 0..4 {
+                    assert_eq!(ids(r), ids(r - r % cp), "{mesh}: a dp group's ranks hold the same samples");
+                }
+                let mut all: Vec<u64> = (0..4).step_by(cp).flat_map(|r| ids(r).clone()).collect();
+                all.sort_unstable();
+                all.dedup();
+                assert_eq!(all.len(), 4, "{mesh}: step {step}: the dp groups share out the batch");
+            }
+        }
+    }
+}

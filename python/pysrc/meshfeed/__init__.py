@@ -559,9 +559,15 @@ class Loader:
     def partition_specs(self) -> dict[str, tuple[Union[None, str, tuple[str, ...]], ...]]:
         """Per tensor field, the mesh axes splitting each dimension of ``[batch, *shape]``,
         as ``jax.sharding.PartitionSpec`` arguments: ``None`` (not split), an axis name,
-        or a tuple of names (trailing unsplit dimensions left out)."""
+        or a tuple of names (trailing unsplit dimensions left out). A field split zigzag
+        has no ``PartitionSpec``: asking for it raises :class:`ConfigError`."""
         specs = {}
         for f in self.layout["fields"]:
+            if any(f["zigzag"]):
+                raise ConfigError(
+                    f"field {f['name']!r} is split zigzag (context parallelism), which a PartitionSpec cannot "
+                    "express: use each rank's local arrays, as Megatron-LM and Transformer Engine do"
+                )
             dims: list[Union[None, str, tuple[str, ...]]] = [
                 None if not axes else axes[0] if len(axes) == 1 else tuple(axes) for axes in f["dims"]
             ]

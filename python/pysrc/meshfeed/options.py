@@ -109,6 +109,8 @@ class FieldLayout(TypedDict):
     dtype: Optional[str]
     shape: Optional[list[int]]
     dims: list[list[str]]
+    #: Per dimension, whether its split is the zigzag one (``zigzag:cp``).
+    zigzag: list[bool]
 
 
 class ReadPlan(TypedDict):
