@@ -741,7 +741,7 @@ pub struct JobFile {
     #[cfg_attr(feature = "clap", arg(long, value_delimiter = ',', num_args = 1.., value_name = "NAME"))]
     pub fields: Option<Vec<String>>,
     /// Pack the documents of a token field into samples of SEQ_LEN inputs and their labels:
-    /// FIELD:SEQ_LEN[,eos=ID][,position_ids][,cu_seqlens] [default: no packing].
+    /// `FIELD:SEQ_LEN[,eos=ID][,position_ids][,cu_seqlens]` [default: no packing].
     #[cfg_attr(feature = "clap", arg(long, value_name = "SPEC"))]
     pub pack: Option<crate::dataset::pack::PackSpec>,
     /// Global batch size B (must be divisible by the batch dimension's split).

@@ -738,6 +738,25 @@ impl ArrowReader {
 }
 
 impl super::FileReader for ArrowReader {
+    /// From the offsets buffers (4 or 8 bytes a row): no value is read, except in
+    /// compressed files, whose offsets are compressed with the values.
+    fn list_lengths(&mut self, rows: u64, field: usize, elem: usize) -> Result<Vec<u64>> {
+        let batches = &self.layout.footer.batches;
+        if batches.iter().any(|b| b.codec.is_some()) {
+            return super::lengths_by_reading(self, rows, field, elem);
+        }
+        let mut lengths = Vec::with_capacity(usize::try_from(rows).unwrap_or(0));
+        let mut scratch = RowChunk::new(1);
+        for (b, batch) in batches.iter().enumerate() {
+            let column = *batch.columns.get(field).ok_or_else(|| Error::Internal(format!("no column {field}")))?;
+            let local: Vec<u64> = (0..batch.rows).collect();
+            let context = format!("record batch {b}");
+            let ranges = self.value_ranges(&mut scratch, &context, column, &local)?;
+            lengths.extend(ranges.iter().map(|r| (r.end - r.start) / elem.max(1) as u64));
+        }
+        Ok(lengths)
+    }
+
     /// Values of fixed-size columns (primitives, fixed-size lists and binaries) sit at
     /// fixed offsets of their record batch's buffer, uncompressed and without nulls (both
     /// refused at open): they can be read in place. Variable-length values cannot.

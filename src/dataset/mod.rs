@@ -418,6 +418,24 @@ fn open_format(
     })
 }
 
+/// [`FileReader::list_lengths`] by reading the values, a thousand rows at a time.
+fn lengths_by_reading<R: FileReader + ?Sized>(
+    reader: &mut R,
+    rows: u64,
+    field: usize,
+    elem: usize,
+) -> Result<Vec<u64>> {
+    let mut lengths = Vec::with_capacity(usize::try_from(rows).unwrap_or(0));
+    let mut start = 0;
+    while start < rows {
+        let ids: Vec<u64> = (start..rows.min(start + 1024)).collect();
+        let chunk = reader.read_columns(&ids, &[field])?;
+        lengths.extend((0..chunk.rows()).map(|r| (chunk.value(r, 0).len() / elem.max(1)) as u64));
+        start += ids.len() as u64;
+    }
+    Ok(lengths)
+}
+
 /// Reads rows of one file.
 pub trait FileReader: Send {
     /// Reads the given rows of this file: local row indices, sorted ascending, unique.
@@ -436,15 +454,7 @@ pub trait FileReader: Send {
     /// field's values, a thousand rows at a time; formats that keep the lengths apart
     /// (Megatron's index) answer without reading values.
     fn list_lengths(&mut self, rows: u64, field: usize, elem: usize) -> Result<Vec<u64>> {
-        let mut lengths = Vec::with_capacity(usize::try_from(rows).unwrap_or(0));
-        let mut start = 0;
-        while start < rows {
-            let ids: Vec<u64> = (start..rows.min(start + 1024)).collect();
-            let chunk = self.read_columns(&ids, &[field])?;
-            lengths.extend((0..chunk.rows()).map(|r| (chunk.value(r, 0).len() / elem.max(1)) as u64));
-            start += ids.len() as u64;
-        }
-        Ok(lengths)
+        lengths_by_reading(self, rows, field, elem)
     }
 
     /// Where field `field` of local row `row` lies in the file, for formats that store

@@ -4,8 +4,10 @@
 
 use std::path::{Path, PathBuf};
 
-use meshfeed::dataset::{gen, DType, Dataset, Field, FieldKind, Format};
+use meshfeed::dataset::{gen, DType, Dataset, DatasetOptions, Field, FieldKind, Format};
 use proptest::prelude::*;
+
+use crate::common::fixtures;
 
 /// A small valid dataset of one file in `format`; returns its path.
 fn valid_file(dir: &Path, format: Format) -> PathBuf {
@@ -21,8 +23,13 @@ fn valid_file(dir: &Path, format: Format) -> PathBuf {
 
 /// Opens and reads every row; returns the error text, if any. Must not panic.
 fn open_and_read(dir: &Path) -> Option<String> {
+    open_and_read_with(dir, Default::default())
+}
+
+/// [`open_and_read`] with dataset options (a field selection, packing).
+fn open_and_read_with(dir: &Path, options: DatasetOptions) -> Option<String> {
     let result = (|| -> meshfeed::Result<()> {
-        let ds = Dataset::open_local(&[dir.into()], Default::default())?;
+        let ds = Dataset::open_local(&[dir.into()], options)?;
         for f in 0..ds.files().len() {
             let mut r = ds.open_reader(f)?;
             let n = ds.files()[f].samples;
@@ -84,8 +91,55 @@ fn mutated_reads_never_panic(format: Format, muts: &[Mutation]) {
     }
 }
 
+/// Files the real tools wrote (tests/fixtures), one of them mutated: `files` of fixture
+/// `fixture` are copied to a new directory and the first is mutated. Opening and reading
+/// every row (packed, with `pack`) must not panic, and an error names one of the files.
+fn mutated_fixture_reads_never_panic(fixture: &str, files: &[&str], pack: Option<&str>, muts: &[Mutation]) {
+    let dir = tempfile::tempdir().unwrap();
+    for f in files {
+        std::fs::copy(fixtures().join(fixture).join(f), dir.path().join(f)).unwrap();
+    }
+    let path = dir.path().join(files[0]);
+    let mut bytes = std::fs::read(&path).unwrap();
+    apply(&mut bytes, muts);
+    std::fs::write(&path, &bytes).unwrap();
+    let options = DatasetOptions { pack: pack.map(|p| p.parse().unwrap()), ..Default::default() };
+    if let Some(err) = open_and_read_with(dir.path(), options) {
+        assert!(files.iter().any(|f| err.contains(f)), "{fixture}: error does not name the file: {err}");
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(96))]
+
+    #[test]
+    fn mutated_parquet_files(muts in prop::collection::vec(mutation(), 1..4)) {
+        mutated_fixture_reads_never_panic("parquet", &["part-0.parquet"], None, &muts);
+        mutated_fixture_reads_never_panic("parquet_lists", &["train-00000-of-00002.parquet"], None, &muts);
+    }
+
+    #[test]
+    fn mutated_arrow_streams_and_compressed_files(muts in prop::collection::vec(mutation(), 1..4)) {
+        mutated_fixture_reads_never_panic("arrow_lists", &["data-00000-of-00002.arrow"], None, &muts);
+        mutated_fixture_reads_never_panic("arrow_lz4", &["part-0.feather"], None, &muts);
+        mutated_fixture_reads_never_panic("arrow_zstd", &["part-1.arrow"], None, &muts);
+    }
+
+    #[test]
+    fn mutated_webdataset_shards(muts in prop::collection::vec(mutation(), 1..4)) {
+        mutated_fixture_reads_never_panic("wds", &["shard-000000.tar"], None, &muts);
+    }
+
+    #[test]
+    fn mutated_megatron_indexes_and_tokens(muts in prop::collection::vec(mutation(), 1..4)) {
+        for (first, second) in [("corpus-0.idx", "corpus-0.bin"), ("corpus-0.bin", "corpus-0.idx")] {
+            mutated_fixture_reads_never_panic("megatron", &[first, second], None, &muts);
+            let pack = Some("tokens:8,eos=0,position_ids,cu_seqlens");
+            mutated_fixture_reads_never_panic("megatron", &[first, second], pack, &muts);
+        }
+        let pack = Some("tokens:8,cu_seqlens");
+        mutated_fixture_reads_never_panic("parquet_lists", &["train-00001-of-00002.parquet"], pack, &muts);
+    }
 
     #[test]
     fn mutated_npy_files(muts in prop::collection::vec(mutation(), 1..4)) {

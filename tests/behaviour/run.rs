@@ -136,13 +136,15 @@ over_transports! {
     }
 
     /// Sequence packing (`--pack`) of a Megatron corpus (an end-of-document token after each
-    /// document) and of Parquet token lists (none, some documents empty): every packed
+    /// document) and of Parquet and Arrow token lists (none, some documents empty): every packed
     /// sample exactly once per epoch, its inputs, labels, positions and document starts
     /// equal to an independent packing written in Python (`pack_reference` in
     /// make_fixtures.py), the same batches at every rank count.
     fn packed_sequences_equal_an_independent_packing(t: Transport) {
         check_dataset(t, &fixtures().join("megatron_packed"), &["--pack", "tokens:16,eos=0,position_ids,cu_seqlens"]);
-        check_dataset(t, &fixtures().join("parquet_lists_packed"), &["--pack", "tokens:8,position_ids,cu_seqlens"]);
+        for lists in ["parquet_lists_packed", "arrow_lists_packed"] {
+            check_dataset(t, &fixtures().join(lists), &["--pack", "tokens:8,position_ids,cu_seqlens"]);
+        }
     }
 
     /// A DataFrame saved by `pandas.DataFrame.to_feather` (LZ4-compressed IPC) as it is.
