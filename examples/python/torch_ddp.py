@@ -10,6 +10,12 @@ host across nodes), and meshfeed uses MPI. Under torchrun, meshfeed's UCX transp
 joins through torch.distributed's store. Each epoch the example checks that the ranks
 together received every sample once, and rank 0 prints the mean loss, which falls.
 
+Preemption: with ``--state PATH`` the loop asks ``loader.stop_requested()`` after every
+step; when any rank received SIGTERM or SIGUSR1 (``sbatch --signal=USR1@60``), every rank
+stops after the same step, rank 0 saves the model and the loader's state to PATH, and all
+exit 75 for the scheduler to requeue. Started again with the same PATH, the job resumes
+there, on any number of ranks, with the batches it would have had.
+
 At the end rank 0 prints the share of step time spent waiting for data (fetching the
 next batch and handing it to the device). ``--device cuda`` trains on each rank's GPU
 (``cuda:LOCAL_RANK``; ranks share GPUs round-robin where they outnumber them);
@@ -23,7 +29,9 @@ pinned memory on a GPU), to compare the two:
 
 import argparse
 import glob
+import json
 import os
+import sys
 import time
 
 import numpy as np
@@ -65,6 +73,7 @@ def main() -> None:
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--loader", default="meshfeed", choices=["meshfeed", "dataloader"])
     p.add_argument("--workers", type=int, default=2, help="DataLoader worker processes (baseline)")
+    p.add_argument("--state", help="save here when stopped by SIGTERM/SIGUSR1, and resume from it (meshfeed)")
     a = p.parse_args()
     if "RANK" not in os.environ:  # mpirun: Open MPI's variables
         os.environ["RANK"] = os.environ["OMPI_COMM_WORLD_RANK"]
@@ -84,8 +93,17 @@ def main() -> None:
     model = torch.nn.Linear(16, 4).to(device)
     model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device] if a.device == "cuda" else None)
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    first_epoch, resumed = 0, False
     if a.loader == "meshfeed":
         loader = meshfeed.Loader([a.data], batch_size=a.batch_size, seed=42, transport=a.transport)
+        if a.state and os.path.exists(a.state):
+            with open(a.state) as f:
+                saved = json.load(f)
+            model.module.load_state_dict({k: torch.tensor(v) for k, v in saved["model"].items()})
+            loader.load_state_dict(saved["loader"])
+            first_epoch, resumed = saved["loader"]["epoch"], True
+            if rank == 0:
+                print(f"resumed at epoch {first_epoch} step {saved['loader']['step']}", flush=True)
     else:
         dataset = NpyFiles(a.data)
         sampler = torch.utils.data.distributed.DistributedSampler(dataset, seed=42, drop_last=True)
@@ -93,8 +111,9 @@ def main() -> None:
                                              num_workers=a.workers, pin_memory=a.device == "cuda", drop_last=True,
                                              persistent_workers=a.workers > 0)
     waited = stepped = 0.0
-    for epoch in range(a.epochs):
-        (loader if a.loader == "meshfeed" else sampler).set_epoch(epoch)
+    for epoch in range(first_epoch, a.epochs):
+        if not (resumed and epoch == first_epoch):  # a resumed loader stands where it stopped
+            (loader if a.loader == "meshfeed" else sampler).set_epoch(epoch)
         if a.loader == "meshfeed":
             batches = (b.to_torch(device) for b in loader)
         else:
@@ -115,14 +134,29 @@ def main() -> None:
             steps += 1
             end = time.perf_counter()
             waited, stepped, start = waited + (got - start), stepped + (end - start), end
+            if a.state and a.loader == "meshfeed" and loader.stop_requested():
+                # Every rank stops after this same step; the state resumes after it.
+                state = loader.state_dict()
+                if rank == 0:
+                    model_state = {k: v.tolist() for k, v in model.module.state_dict().items()}
+                    with open(a.state + ".tmp", "w") as f:
+                        json.dump({"model": model_state, "loader": state}, f)
+                    os.replace(a.state + ".tmp", a.state)
+                print(f"rank {rank} stopped before epoch {state['epoch']} step {state['step']}: state saved to "
+                      f"{a.state}", flush=True)
+                loader.close()
+                dist.destroy_process_group()
+                sys.exit(75)
         # Every rank received a disjoint part of each global batch: together, each sample
         # of the epoch's batches exactly once.
         mine = torch.cat(seen)
         parts = [torch.empty_like(mine) for _ in range(world)]
         dist.all_gather(parts, mine)
         ids = torch.cat(parts)
-        assert len(ids) == len(loader) * (a.batch_size if a.loader == "meshfeed" else a.batch_size // world * world) \
-            == len(torch.unique(ids)), "a sample twice or missing"
+        # (A resumed epoch has the steps after the saved one.)
+        whole = len(loader) * (a.batch_size if a.loader == "meshfeed" else a.batch_size // world * world)
+        expected = steps * a.batch_size if resumed and epoch == first_epoch else whole
+        assert len(ids) == expected == len(torch.unique(ids)), "a sample twice or missing"
         mean = torch.tensor([total / steps])
         dist.all_reduce(mean)
         if rank == 0:

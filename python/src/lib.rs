@@ -317,6 +317,18 @@ impl Loader {
         self.with(|l| Ok(l.steps_per_epoch()))
     }
 
+    /// The agreed stop request: the signal number, or `None` (see `Loader::stop_requested`).
+    fn stop_requested(&self) -> PyResult<Option<i32>> {
+        self.with(|l| l.stop_requested().map_err(error))
+    }
+
+    fn request_stop(&self) -> PyResult<()> {
+        self.with(|l| {
+            l.request_stop();
+            Ok(())
+        })
+    }
+
     fn rank(&self) -> PyResult<usize> {
         self.with(|l| Ok(l.rank().0))
     }

@@ -3,13 +3,18 @@
 each row). Options: a JSON object of Loader keyword arguments.
 
     python dump_job.py OPTIONS_JSON OUT_DIR EPOCHS [STOP_AFTER STATE_OUT | RESUME_STATE]
+    python dump_job.py OPTIONS_JSON OUT_DIR EPOCHS signal RANK:AFTER:SIGNAL STATE_OUT
 
 With STOP_AFTER, stops after that many batches and writes the loader's state_dict to
-STATE_OUT; with RESUME_STATE, loads it first and runs to the end of the last epoch.
+STATE_OUT; with RESUME_STATE, loads it first and runs to the end of the last epoch. With
+``signal``, rank RANK sends itself SIGNAL after AFTER batches, and every rank asks
+``loader.stop_requested()`` after each batch, as a training loop under a scheduler does:
+told to stop, it prints where, writes the state (rank 0) and exits 75.
 """
 
 import json
 import os
+import signal
 import sys
 import zlib
 
@@ -18,8 +23,10 @@ import meshfeed
 
 def main() -> None:
     options, out, epochs = json.loads(sys.argv[1]), sys.argv[2], int(sys.argv[3])
-    stop_after = int(sys.argv[4]) if len(sys.argv) > 5 else None
+    signalled = sys.argv[4] == "signal" if len(sys.argv) == 7 else False
+    stop_after = int(sys.argv[4]) if len(sys.argv) == 6 else None
     resume = sys.argv[4] if len(sys.argv) == 5 else None
+    sender, send_after, sig = sys.argv[5].split(":") if signalled else ("-1", "0", "SIGTERM")
     data = options.pop("data")
     loader = meshfeed.Loader(data, **options)
     os.makedirs(out, exist_ok=True)
@@ -45,6 +52,18 @@ def main() -> None:
                 line = {"epoch": batch.epoch, "step": batch.step, "ids": batch.ids.tolist(), "crc32": crc}
                 dump.write(json.dumps(line, separators=(",", ":")) + "\n")
                 delivered += 1
+                if signalled:
+                    if loader.rank == int(sender) and delivered == int(send_after):
+                        os.kill(os.getpid(), getattr(signal, sig))
+                    if loader.stop_requested():
+                        print(f"rank {loader.rank} stopped at epoch {batch.epoch} step {batch.step} "
+                              f"({delivered} batches)", flush=True)
+                        if loader.rank == 0:
+                            with open(sys.argv[6], "w") as f:
+                                json.dump(loader.state_dict(), f)
+                        dump.close()
+                        loader.close()
+                        sys.exit(75)
                 if stop_after is not None and delivered == stop_after:
                     state = loader.state_dict()
                     assert state == json.loads(json.dumps(state)), state

@@ -7,6 +7,7 @@ Needs jax and torch (CPU) in the test venv, as `launch/setup.sh --test` installs
 """
 
 import json
+import os
 import re
 import socket
 import sys
@@ -118,6 +119,53 @@ def test_the_pytorch_example_trains_under_mpirun_and_torchrun(learnable):
                            "--transport", "ucx"],
                env=dict(ENV, UCX_NET_DEVICES="lo")))
     assert losses(r.stdout, 4) == pytest.approx(over_mpi, abs=2e-4)
+
+
+def test_the_pytorch_example_stops_on_sigterm_and_resumes_on_another_rank_count(learnable, tmp_path):
+    """Preemption of a PyTorch job: a SIGTERM to one of its four processes (as a scheduler
+    sends it) stops every rank after the same step; the state resumes on two ranks, which
+    finish the remaining epochs, every sample once per whole epoch and the resumed epoch's
+    remaining steps once."""
+    import signal
+    import subprocess
+    import time
+
+    script = EXAMPLES / "python" / "torch_ddp.py"
+    state = tmp_path / "state.json"
+    env = dict(ENV, MASTER_PORT=str(free_port()))
+    cmd = MPIRUN + ["-x", "MASTER_PORT", "-np", 4, sys.executable, script, learnable, "--epochs", 40,
+                    "--state", state]
+    job = subprocess.Popen([str(c) for c in cmd], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           text=True)
+    out = []
+    assert job.stdout is not None
+    for line in job.stdout:
+        out.append(line)
+        if line.startswith("epoch 1 loss"):
+            break
+    # The ranks are the python processes running the script (not mpirun).
+    ranks = [int(p) for p in subprocess.run(["pgrep", "-f", str(script)], capture_output=True, text=True).stdout.split()
+             if Path(f"/proc/{p}/comm").read_text().startswith("python")]
+    assert len(ranks) == 4, ranks
+    os.kill(sorted(ranks)[2], signal.SIGTERM)
+    start = time.time()
+    rest, _ = job.communicate(timeout=120)
+    out.append(rest)
+    text = "".join(out)
+    assert job.returncode == 75, f"exit {job.returncode}:\n{text}"
+    assert time.time() - start < 60, text
+    stops = re.findall(r"rank (\d) stopped before epoch (\d+) step (\d+): state saved", text)
+    assert sorted(r for r, _, _ in stops) == ["0", "1", "2", "3"], text
+    assert len({(e, s) for _, e, s in stops}) == 1, f"ranks stopped at different steps: {stops}"
+    epoch, step = int(stops[0][1]), int(stops[0][2])
+    assert 1 <= epoch < 40 and epoch * 32 + step < 40 * 32, (epoch, step)
+    env = dict(ENV, MASTER_PORT=str(free_port()))
+    r = ok(run(MPIRUN + ["-x", "MASTER_PORT", "-np", 2, sys.executable, script, learnable, "--epochs", 40,
+                         "--state", state], env=env))
+    assert f"resumed at epoch {epoch} step {step}" in r.stdout, r.stdout
+    done = re.findall(r"epoch (\d+) loss [0-9.]+ \((\d+) samples, each once", r.stdout)
+    assert [int(e) for e, _ in done] == list(range(epoch, 40)), r.stdout
+    assert int(done[0][1]) == (32 - step) * 128 and all(int(n) == 4096 for _, n in done[1:]), done
 
 
 def test_the_jax_example_trains_on_several_processes_and_devices(learnable):

@@ -365,7 +365,7 @@ def test_packed_sequences_arrive_as_inputs_labels_positions_and_document_starts(
         "        assert cu[offsets[i]:offsets[i + 1]].tolist() == want, (j, cu[offsets[i]:offsets[i + 1]], want)\n"
         "    assert b.to_torch('cpu')['labels'].dtype == torch.int32\n"
         "    seen += b.ids.tolist()\n"
-        "print('ok', len(seen), n)\n"
+        "print(f'ok {len(seen)} {n}', flush=True)\n"
     )
     r = ok(run(MPIRUN + ["-np", 2, sys.executable, "-c", script]))
     # Every rank saw its half of each full batch of the n packed samples.
@@ -412,3 +412,71 @@ def test_a_zigzag_split_reaches_python_as_local_chunks(tmp_path):
     )
     r = ok(run(MPIRUN + ["-np", 2, sys.executable, "-c", script]))
     assert r.stdout.count("ok") == 2, r.stdout
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGUSR1"])
+def test_a_signal_to_one_rank_stops_every_rank_after_the_same_step(datasets, tmp_path, sig):
+    """A training loop asking loader.stop_requested() after each step: a SIGTERM (or Slurm's
+    SIGUSR1) to rank 1 alone stops all three ranks after the same step, a few steps later;
+    the saved state resumes on two ranks and the batches continue exactly."""
+    data = datasets["npy"]
+    options = {"data": [str(data)], "batch_size": 12, "seed": 9, "window_bytes": "2K"}
+    whole = tmp_path / "whole"
+    ok(python_job(2, options, whole, 2))
+    first, state = tmp_path / "first", tmp_path / "state.json"
+    r = python_job(3, options, first, 2, "signal", f"1:7:{sig}", state)
+    assert r.returncode == 75, f"exit {r.returncode}\n{r.stdout}\n{r.stderr}"
+    stops = re.findall(r"rank (\d) stopped at epoch (\d+) step (\d+) \((\d+) batches\)", r.stdout)
+    assert sorted(s[0] for s in stops) == ["0", "1", "2"], r.stdout
+    assert len({s[1:] for s in stops}) == 1, f"ranks stopped at different steps: {stops}"
+    epoch, step, delivered = (int(x) for x in stops[0][1:])
+    assert 7 <= delivered <= 7 + 10, f"stopped {delivered - 7} steps after the signal"
+    saved = json.loads(state.read_text())
+    after = (epoch, step + 1) if step + 1 < 50 else (epoch + 1, 0)  # 600 samples, batches of 12
+    assert (saved["epoch"], saved["step"]) == after
+    rest = tmp_path / "rest"
+    ok(python_job(2, options, rest, 2, state))
+    combined = global_batches(read_dump(first, 3))
+    resumed = global_batches(read_dump(rest, 2))
+    assert min(resumed) == after and not set(resumed) & set(combined)
+    combined.update(resumed)
+    assert combined == global_batches(read_dump(whole, 2))
+
+
+def test_stop_requested_chains_to_the_programs_handler_and_request_stop_works_alone(datasets):
+    """A handler the program installed before the loader's still runs; without a signal,
+    request_stop() on one rank stops every rank after the same step; a loader never asked
+    leaves SIGTERM's default alone (the process dies by it)."""
+    data = datasets["npy"]
+    script = (
+        "import meshfeed, os, signal, sys\n"
+        "seen = []\n"
+        "signal.signal(signal.SIGUSR1, lambda s, f: seen.append(s))\n"
+        f"l = meshfeed.Loader([{str(data)!r}], batch_size=8, seed=1, window_bytes='1K')\n"
+        "stopped = None\n"
+        "for i, b in enumerate(l):\n"
+        "    if l.rank == 0 and i == 3:\n"
+        "        os.kill(os.getpid(), signal.SIGUSR1)\n"
+        "    if l.stop_requested():\n"
+        "        stopped = b.step\n"
+        "        break\n"
+        "assert stopped is not None and (l.rank != 0 or seen == [signal.SIGUSR1]), (stopped, seen)\n"
+        "l.close()\n"
+        f"m = meshfeed.Loader([{str(data)!r}], batch_size=8, seed=1, window_bytes='1K')\n"
+        "for i, b in enumerate(m):\n"
+        "    if m.rank == 1 and i == 2:\n"
+        "        m.request_stop()\n"
+        "    if m.stop_requested():\n"
+        "        break\n"
+        "print(f'stopped {l.rank} {stopped} {b.step}', flush=True)\n"
+        "m.close()\n"
+        f"n = meshfeed.Loader([{str(data)!r}], batch_size=8, seed=1)\n"
+        "if n.rank == 0:\n"
+        "    os.kill(os.getpid(), signal.SIGTERM)\n"
+        "print('not reached', n.rank, flush=True)\n"
+    )
+    r = run(MPIRUN + ["-np", 2, sys.executable, "-c", script])
+    lines = re.findall(r"stopped (\d) (\d+) (\d+)", r.stdout)
+    assert len(lines) == 2 and lines[0][1:] == lines[1][1:], r.stdout + r.stderr
+    assert int(lines[0][1]) >= 3 and int(lines[0][2]) >= 2, lines
+    assert r.returncode != 0 and "not reached 0" not in r.stdout, r.stdout

@@ -14,6 +14,7 @@
 //! baseline ([`super::broadcast`]) — is fixed by the stream; a partial last batch is always
 //! fused.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -27,7 +28,7 @@ use super::{broadcast, two_phase};
 use crate::config::ExchangeMode;
 use crate::error::{Error, Result};
 use crate::plan::{EpochOrder, FieldPart, HomeIndex, Permutation, Placement, Strategy, WindowPlan};
-use crate::transport::{agree, agree_position, Transport};
+use crate::transport::{agree, agree_position, agree_with, Transport};
 use crate::types::{Rank, SampleId};
 
 /// Everything a producer owns: the loader's own communicator, open readers and cache, and
@@ -40,6 +41,9 @@ pub(crate) struct Engine {
     pub index: HomeIndex,
     /// The two-phase row-block group (made at the first two-phase window; a collective).
     pub group: Option<Box<dyn Transport>>,
+    /// Stop requests on this rank (a signal number, or [`super::STOP_REQUESTED`]; 0: none),
+    /// agreed with every window.
+    pub stop: Arc<AtomicUsize>,
 }
 
 // The producer thread takes the engine with it: everything in it must be `Send`.
@@ -50,9 +54,9 @@ const _: fn() = || {
 
 impl Engine {
     /// An engine for `stream` over the loader's own communicator, reading with `reads`.
-    pub fn new(stream: Arc<Stream>, transport: Box<dyn Transport>, reads: Reads) -> Engine {
+    pub fn new(stream: Arc<Stream>, transport: Box<dyn Transport>, reads: Reads, stop: Arc<AtomicUsize>) -> Engine {
         let index = HomeIndex::new(stream.home.range(stream.rank), stream.index_entries);
-        Engine { stream, transport, reads, index, group: None }
+        Engine { stream, transport, reads, index, group: None, stop }
     }
 }
 
@@ -301,8 +305,12 @@ pub(crate) fn complete(engine: &mut Engine, received: Received) -> Result<Window
         Route::Broadcast => broadcast::complete(stream, &spec, &ids, &recv, &mut metrics),
     };
     crate::buffers::give_bytes(recv);
-    let batches = metrics.agreed(|| agree(&*engine.transport, batches))?;
+    // The assembly agreement carries this rank's stop request: every rank learns, with the
+    // same window, whether any was asked to stop.
+    let request = engine.stop.load(Ordering::SeqCst) as u64;
+    let (batches, stop) = metrics.agreed(|| agree_with(&*engine.transport, batches, request))?;
     metrics.windows += 1;
     metrics.rows_delivered += batches.iter().map(|b| b.ids.len() as u64).sum::<u64>();
-    Ok(Window { spec, batches, metrics })
+    let stop = (stop != 0).then(|| i32::try_from(stop).unwrap_or(super::STOP_REQUESTED));
+    Ok(Window { spec, batches, metrics, stop })
 }

@@ -75,6 +75,7 @@ mod window;
 
 use std::collections::VecDeque;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -123,7 +124,22 @@ pub struct Loader {
     /// last stop was not everyone's): the next window meets it, or closing says where
     /// this rank went instead ([`pipeline`]).
     expected_by: Option<usize>,
+    /// This rank's stop requests (a signal number, or [`STOP_REQUESTED`]; 0: none), which
+    /// the producer carries into every window's agreement.
+    stop: Arc<AtomicUsize>,
+    /// The stop agreed with the window the last batch came from.
+    stop_agreed: Option<i32>,
+    /// The handlers [`Loader::stop_requested`] installed (removed when the loader is dropped).
+    stop_handlers: Option<crate::runtime::StopHandlers>,
 }
+
+/// What [`Loader::stop_requested`] reports for a stop asked for by [`Loader::request_stop`]
+/// rather than by a signal.
+pub const STOP_REQUESTED: i32 = 255;
+
+/// The signals [`Loader::stop_requested`] catches: SIGTERM (what Slurm, Kubernetes and most
+/// schedulers send before they preempt a job) and SIGUSR1 (what `sbatch --signal` sends).
+pub const STOP_SIGNALS: [i32; 2] = [libc::SIGTERM, libc::SIGUSR1];
 
 // A loader can be moved to another thread, or held by a Python object.
 const _: fn() = || {
@@ -171,7 +187,8 @@ impl Loader {
         // The home stores start streaming now, while the program gets ready.
         let (reads, shared) = read_plan::start_stores(comm, &stream)?;
         let stream = Arc::new(stream.share_stores(shared));
-        let engine = Engine::new(stream.clone(), comm.dup()?, reads);
+        let stop = Arc::new(AtomicUsize::new(0));
+        let engine = Engine::new(stream.clone(), comm.dup()?, reads, stop.clone());
         Ok(Loader {
             stream,
             pipeline: Pipeline::Idle(engine),
@@ -186,7 +203,37 @@ impl Loader {
             interrupt: None,
             pid: std::process::id(),
             expected_by: None,
+            stop,
+            stop_agreed: None,
+            stop_handlers: None,
         })
+    }
+
+    /// Whether the job was asked to stop, as every rank agreed it: after the same step,
+    /// every rank gets the same answer. `Some(signal)` once any rank received SIGTERM or
+    /// SIGUSR1 ([`STOP_SIGNALS`]) or called [`Loader::request_stop`] ([`STOP_REQUESTED`]).
+    /// A training loop asks after each step and, when told to, saves its model and
+    /// [`Loader::state`] and exits (75, [`crate::runtime::EXIT_STOPPED`], where its
+    /// scheduler requeues on it).
+    ///
+    /// The first call installs the signal handlers (so a program that never asks keeps
+    /// the signals' usual effect); they record the signal, chain to any handler the
+    /// program installed before, and are removed when the loader is dropped. The request
+    /// travels to the other ranks in the agreement every window already makes (no
+    /// collective of its own), so the answer turns true at the first step of a window
+    /// assembled after the signal: up to `prefetch + 1` windows later.
+    pub fn stop_requested(&mut self) -> Result<Option<i32>> {
+        if self.stop_handlers.is_none() {
+            self.stop_handlers = Some(crate::runtime::StopHandlers::install(&STOP_SIGNALS, self.stop.clone())?);
+        }
+        Ok(self.stop_agreed)
+    }
+
+    /// Asks every rank to stop, as a stop signal would ([`Loader::stop_requested`] then
+    /// reports [`STOP_REQUESTED`] on every rank, after the same step). For programs that
+    /// handle signals themselves: call it from the handler.
+    pub fn request_stop(&self) {
+        let _ = self.stop.compare_exchange(0, STOP_REQUESTED as usize, Ordering::SeqCst, Ordering::SeqCst);
     }
 
     /// The next batch of the current epoch, or `None` once the epoch has ended; the loader
@@ -242,6 +289,7 @@ impl Loader {
                         w.metrics.window_records = vec![record];
                     }
                     self.metrics.add(&w.metrics);
+                    self.stop_agreed = w.stop;
                     self.window.extend(w.batches);
                 }
                 Err(e) => {
@@ -541,6 +589,7 @@ impl Drop for Loader {
     /// the same point, and none is left waiting. In a forked child nothing is stopped or
     /// freed (the producer and the communicators are the parent's).
     fn drop(&mut self) {
+        drop(self.stop_handlers.take());
         if self.check_process().is_err() {
             self.pipeline.forget();
             return;

@@ -15,6 +15,9 @@ pub(crate) struct Window {
     pub spec: WindowSpec,
     pub batches: Vec<Batch>,
     pub metrics: Metrics,
+    /// A stop the ranks agreed on with this window ([`crate::loader::Loader::stop_requested`]):
+    /// the signal number some rank received, or [`super::STOP_REQUESTED`].
+    pub stop: Option<i32>,
 }
 
 /// How a window is exchanged.

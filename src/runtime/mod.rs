@@ -24,7 +24,7 @@ mod signals;
 use crate::config::TransportKind;
 use crate::error::{Error, Result};
 use crate::transport::Transport;
-pub use signals::{signal_name, StopCheck, StopSignal};
+pub use signals::{signal_name, StopCheck, StopHandlers, StopSignal};
 
 /// Exit code of a job stopped by SIGTERM/SIGINT at a step boundary (EX_TEMPFAIL: resume
 /// it; see `--resume-from`).

@@ -1,8 +1,8 @@
 //! Stop requests: SIGTERM (Slurm sends it before preempting a job) and SIGINT end a run
 //! at a step boundary that every rank agrees on ([`StopCheck`]).
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use crate::error::{ErrorKind, Result, ResultExt};
@@ -32,6 +32,76 @@ impl StopSignal {
         match self.received.load(Ordering::SeqCst) {
             0 => None,
             s => Some(s as i32),
+        }
+    }
+}
+
+/// Handlers that record stop signals into a loader's flag while the value lives
+/// ([`crate::loader::Loader::stop_requested`]). They chain to a handler the program
+/// installed before. Where a signal had its default action (termination) before, it gets
+/// it back when the last such value is dropped: signal-hook keeps its own handler installed
+/// after its actions are removed, and would otherwise leave the signal ignored.
+#[derive(Debug)]
+pub struct StopHandlers {
+    ids: Vec<signal_hook::SigId>,
+}
+
+/// The live [`StopHandlers`], and the condition under which the signals that had their
+/// default action before take it again (none live).
+static HOLDERS: Mutex<usize> = Mutex::new(0);
+static DEFAULT_AGAIN: OnceLock<Arc<AtomicBool>> = OnceLock::new();
+
+/// Whether `sig`'s disposition is the default action (asked without changing it).
+fn has_default_action(sig: i32) -> bool {
+    // SAFETY: sigaction with a null new action only reads the current one into `old`.
+    unsafe {
+        let mut old: libc::sigaction = std::mem::zeroed();
+        libc::sigaction(sig, std::ptr::null(), &mut old) == 0 && old.sa_sigaction == libc::SIG_DFL
+    }
+}
+
+impl StopHandlers {
+    /// Records `signals` into `flag` (the signal's number) from now until the value is dropped.
+    pub fn install(signals: &[i32], flag: Arc<AtomicUsize>) -> Result<StopHandlers> {
+        let mut holders = HOLDERS.lock().unwrap_or_else(|p| p.into_inner());
+        let again = DEFAULT_AGAIN.get_or_init(|| {
+            let again = Arc::new(AtomicBool::new(false));
+            // Before signal-hook first touches them: which ones terminated the process.
+            for &sig in signals.iter().filter(|&&s| has_default_action(s)) {
+                let _ = signal_hook::flag::register_conditional_default(sig, again.clone());
+            }
+            again
+        });
+        let mut ids = Vec::with_capacity(signals.len());
+        for &sig in signals {
+            match signal_hook::flag::register_usize(sig, flag.clone(), sig as usize) {
+                Ok(id) => ids.push(id),
+                Err(e) => {
+                    for id in ids {
+                        signal_hook::low_level::unregister(id);
+                    }
+                    return Err(e)
+                        .context(ErrorKind::Internal, format_args!("cannot install a handler for signal {sig}"));
+                }
+            }
+        }
+        *holders += 1;
+        again.store(false, Ordering::SeqCst);
+        Ok(StopHandlers { ids })
+    }
+}
+
+impl Drop for StopHandlers {
+    fn drop(&mut self) {
+        let mut holders = HOLDERS.lock().unwrap_or_else(|p| p.into_inner());
+        for id in self.ids.drain(..) {
+            signal_hook::low_level::unregister(id);
+        }
+        *holders -= 1;
+        if *holders == 0 {
+            if let Some(again) = DEFAULT_AGAIN.get() {
+                again.store(true, Ordering::SeqCst);
+            }
         }
     }
 }

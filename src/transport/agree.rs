@@ -19,10 +19,17 @@ use crate::error::{Error, ErrorKind, Result, ResultExt};
 /// message, so that no rank goes on into a collective the others will never join
 /// (docs/design.md, "No hangs").
 pub fn agree<T>(transport: &dyn Transport, local: Result<T>) -> Result<T> {
-    let mut failed = [u64::from(local.is_err())];
+    agree_with(transport, local, 0).map(|(value, _)| value)
+}
+
+/// [`agree`], carrying a flag in the same reduction: returns the maximum of every rank's
+/// `flag` with the value (a stop request rides on a window's agreement this way, with no
+/// collective of its own).
+pub fn agree_with<T>(transport: &dyn Transport, local: Result<T>, flag: u64) -> Result<(T, u64)> {
+    let mut failed = [u64::from(local.is_err()), flag];
     transport.all_reduce_u64(&mut failed, ReduceOp::Max)?;
     if failed[0] == 0 {
-        return local;
+        return local.map(|value| (value, failed[1]));
     }
     // Each failed rank sends its error's kind (one byte) and message; the others nothing.
     let message = match &local {
@@ -31,10 +38,10 @@ pub fn agree<T>(transport: &dyn Transport, local: Result<T>) -> Result<T> {
         Ok(_) => vec![],
     };
     let all = transport.all_gather(&message)?;
-    if let Err(Error::Remote { .. }) = local {
+    if let Err(e @ Error::Remote { .. }) = local {
         // Already agreed (an earlier agreement failed on every rank alike): keep its
         // origin and text rather than attributing it again.
-        return local;
+        return Err(e);
     }
     let failures: Vec<(usize, ErrorKind, String)> = all
         .into_iter()

@@ -576,6 +576,31 @@ class Loader:
             specs[f["name"]] = tuple(dims)
         return specs
 
+    def stop_requested(self) -> bool:
+        """Whether the job was asked to stop, as every rank agreed it: after the same step,
+        every rank gets the same answer. True once any rank received SIGTERM (what Slurm
+        and Kubernetes send before preempting) or SIGUSR1 (``sbatch --signal``), or called
+        :meth:`request_stop`. Ask after each step::
+
+            for batch in loader:
+                train_step(batch)
+                if loader.stop_requested():
+                    save(model, loader.state_dict())
+                    sys.exit(75)  # requeue
+
+        The first call installs the signal handlers (a program that never asks keeps the
+        signals' usual effect); they chain to a handler installed before them. The request
+        reaches the other ranks with the agreement every window of the loader makes anyway
+        (no collective per step): the answer turns true at the first step of a window
+        assembled after the signal, up to ``prefetch + 1`` windows later."""
+        return self._inner.stop_requested() is not None
+
+    def request_stop(self) -> None:
+        """Asks every rank to stop, as a stop signal would (:meth:`stop_requested` then
+        turns true on every rank after the same step): for programs that handle signals
+        themselves, from their handler."""
+        self._inner.request_stop()
+
     def __len__(self) -> int:
         """Steps (global batches) per epoch."""
         return self._inner.steps_per_epoch()
