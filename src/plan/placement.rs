@@ -66,15 +66,16 @@ impl FieldPart {
         for d in (0..shape.len().saturating_sub(1)).rev() {
             strides[d] = strides[d + 1] * shape[d + 1];
         }
-        // The held indices of each outer dimension, visited like an odometer; the innermost
-        // dimension's ranges are contiguous runs.
-        let held: Vec<Vec<usize>> = slice[..last].iter().map(|rs| rs.iter().flat_map(Range::clone).collect()).collect();
-        if held.iter().any(Vec::is_empty) {
+        // The outer dimensions' held indices are visited like an odometer (per dimension:
+        // which of its ranges, and the index in it); the innermost dimension's ranges are
+        // contiguous runs.
+        if slice.iter().any(|rs| rs.iter().all(|r| r.is_empty())) {
             return;
         }
-        let mut index = vec![0usize; last];
+        let first = |d: usize| slice[d].iter().position(|r| !r.is_empty()).expect("a non-empty range");
+        let mut index: Vec<(usize, usize)> = (0..last).map(|d| (first(d), slice[d][first(d)].start)).collect();
         loop {
-            let at: usize = index.iter().enumerate().map(|(d, &i)| held[d][i] * strides[d]).sum();
+            let at: usize = index.iter().zip(&strides).map(|(&(_, i), s)| i * s).sum();
             for r in &slice[last] {
                 out.extend_from_slice(&value[at + r.start * strides[last]..at + r.end * strides[last]]);
             }
@@ -84,11 +85,20 @@ impl FieldPart {
                     return;
                 }
                 d -= 1;
-                index[d] += 1;
-                if index[d] < held[d].len() {
+                let (mut k, mut i) = index[d];
+                i += 1;
+                while i >= slice[d][k].end {
+                    k += 1;
+                    if k == slice[d].len() {
+                        break;
+                    }
+                    i = slice[d][k].start;
+                }
+                if k < slice[d].len() {
+                    index[d] = (k, i);
                     break;
                 }
-                index[d] = 0;
+                index[d] = (first(d), slice[d][first(d)].start);
             }
         }
     }
@@ -417,6 +427,35 @@ mod tests {
         let mut out = Vec::new();
         FieldPart { field: 0, slice: Some(vec![vec![0..1, 3..4], vec![1..2]]) }.copy(&f, &value, &mut out);
         assert_eq!(out, vec![1, 7]);
+    }
+
+    /// Copies of slices with several ranges in any dimension against a brute-force
+    /// selection of the elements they hold, in C order.
+    #[test]
+    fn multi_range_slices_copy_the_elements_they_hold() {
+        use crate::dataset::DType;
+        let f = Field::tensor("x", DType::U16, vec![3, 8, 4]);
+        let value: Vec<u8> = (0..96u16).flat_map(|v| v.to_le_bytes()).collect();
+        let slices: Vec<Vec<Vec<Range<usize>>>> = vec![
+            vec![vec![0..3], vec![0..2, 6..8], vec![0..4]],
+            vec![vec![0..1, 2..3], vec![1..2, 3..5], vec![1..2, 3..4]],
+            vec![vec![1..2], vec![0..0, 4..6], vec![0..4]],
+            vec![vec![0..3], vec![0..8], vec![0..1, 1..2, 2..4]],
+        ];
+        for slice in slices {
+            let mut want = Vec::new();
+            for e in 0..96usize {
+                let idx = [e / 32, e / 4 % 8, e % 4];
+                if idx.iter().zip(&slice).all(|(i, rs)| rs.iter().any(|r| r.contains(i))) {
+                    want.extend((e as u16).to_le_bytes());
+                }
+            }
+            let part = FieldPart { field: 0, slice: Some(slice.clone()) };
+            let mut out = Vec::new();
+            part.copy(&f, &value, &mut out);
+            assert_eq!(out, want, "{slice:?}");
+            assert_eq!(part.bytes(&f), Some(want.len()), "{slice:?}");
+        }
     }
 
     #[test]
