@@ -278,13 +278,14 @@ impl PackedReader {
         Ok(PackedReader { inner, packing, plan, path: path.to_path_buf() })
     }
 
-    /// Bytes of one packed sample's values, in field order, appended to `out`; returns each
-    /// value's length.
-    fn pack(&self, j: u64, docs: &RowChunk, first_doc: usize, out: &mut Vec<u8>) -> Result<Vec<usize>> {
+    /// Appends one packed sample's bytes to `out` and returns where each of its values lies
+    /// there (offset, length), in field order. The S + 1 tokens are written once: the inputs
+    /// are their first S, the labels their last S.
+    fn pack(&self, j: u64, docs: &RowChunk, first_doc: usize, out: &mut Vec<u8>) -> Result<Vec<(usize, usize)>> {
         let s = self.packing.spec.seq_len;
         let size = self.packing.dtype.size();
         let window = j * s..j * s + s + 1;
-        let mut tokens = Vec::with_capacity((s as usize + 1) * size);
+        let at = out.len();
         let mut positions: Vec<i64> = Vec::new();
         let mut cu: Vec<i32> = vec![0];
         for d in self.plan.documents(&window) {
@@ -300,9 +301,9 @@ impl PackedReader {
             let (from, to) = (doc.start.max(window.start), doc.end.min(window.end));
             // Tokens of the document inside the window, then its end-of-document token.
             let (t0, t1) = ((from - doc.start).min(len), (to - doc.start).min(len));
-            tokens.extend_from_slice(&value[t0 as usize * size..t1 as usize * size]);
+            out.extend_from_slice(&value[t0 as usize * size..t1 as usize * size]);
             if let Some(eos) = self.packing.eos.as_deref().filter(|_| to == doc.end) {
-                tokens.extend_from_slice(eos);
+                out.extend_from_slice(eos);
             }
             let inputs_end = to.min(window.start + s);
             if from < inputs_end {
@@ -312,22 +313,21 @@ impl PackedReader {
                 positions.extend((from - doc.start..inputs_end - doc.start).map(|p| p as i64));
             }
         }
-        if tokens.len() != (s as usize + 1) * size {
-            return Err(Error::Internal(format!("packed sample {j} has {} token bytes", tokens.len())));
+        let row = s as usize * size;
+        if out.len() - at != row + size {
+            return Err(Error::Internal(format!("packed sample {j} has {} token bytes", out.len() - at)));
         }
         cu.push(s as i32);
-        let mut lens = vec![s as usize * size; 2];
-        out.extend_from_slice(&tokens[..s as usize * size]);
-        out.extend_from_slice(&tokens[size..]);
+        let mut values = vec![(at, row), (at + size, row)];
         if self.packing.spec.position_ids {
-            lens.push(positions.len() * 8);
+            values.push((out.len(), positions.len() * 8));
             out.extend(positions.iter().flat_map(|p| p.to_le_bytes()));
         }
         if self.packing.spec.cu_seqlens {
-            lens.push(cu.len() * 4);
+            values.push((out.len(), cu.len() * 4));
             out.extend(cu.iter().flat_map(|c| c.to_le_bytes()));
         }
-        Ok(lens)
+        Ok(values)
     }
 }
 
@@ -344,7 +344,7 @@ impl FileReader for PackedReader {
         let fields = self.packing.fields.len();
         let mut chunk = RowChunk::new(fields);
         let mut bytes = Vec::new();
-        let mut lens = Vec::with_capacity(rows.len() * fields);
+        let mut values = Vec::with_capacity(rows.len() * fields);
         // Rows close together share documents: read each run of rows' documents at once.
         let mut i = 0;
         while i < rows.len() {
@@ -363,16 +363,14 @@ impl FileReader for PackedReader {
             let docs = self.inner.read_columns(&ids, &[self.packing.column])?;
             chunk.add_bytes_read(docs.bytes_read());
             for &r in &rows[i..k] {
-                lens.extend(self.pack(r, &docs, span.start, &mut bytes)?);
+                values.extend(self.pack(r, &docs, span.start, &mut bytes)?);
             }
             i = k;
         }
         // The packed bytes were made here, not read: only the documents count as read.
         let b = chunk.add_made_buffer(Buffer::from_vec(bytes));
-        let mut at = 0;
-        for len in lens {
+        for (at, len) in values {
             chunk.push_value(b, at, len);
-            at += len;
         }
         Ok(chunk)
     }
