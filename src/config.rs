@@ -831,6 +831,18 @@ pub struct JobFile {
     /// shards [default: 1].
     #[cfg_attr(feature = "clap", arg(long, value_name = "K"))]
     pub devices_per_process: Option<usize>,
+    /// Write per-rank telemetry here: `rank-<r>.jsonl` (a JSON line per window: time per
+    /// phase, waiting for the slowest peer, bytes, and each step's waiting for data and
+    /// training time; and one per epoch: host, time per phase, waiting, bytes, peak
+    /// memory) and `run.json` (the configuration), for `meshfeed report`.
+    #[cfg_attr(feature = "clap", arg(long, value_name = "DIR"))]
+    pub telemetry: Option<PathBuf>,
+    /// Rank 0 writes a JSON heartbeat line this often: epoch, step, elapsed seconds,
+    /// samples per second, the part of the time spent waiting for data (0: never)
+    /// [default: `meshfeed run`: every 30 s on stdout when no progress bar is shown; a
+    /// Python loader: never; its lines go to stderr].
+    #[cfg_attr(feature = "clap", arg(long, value_name = "SECONDS"))]
+    pub heartbeat: Option<f64>,
 }
 
 /// A value parser that lists the names an enum accepts (in `--help` and errors).
@@ -864,6 +876,12 @@ pub struct Job {
     pub loader: LoaderOptions,
     pub epochs: u64,
     pub transport: TransportKind,
+    /// Where the loader writes its telemetry ([`crate::loader::Loader::record_telemetry`]).
+    pub telemetry: Option<PathBuf>,
+    /// Seconds between rank 0's heartbeat lines ([`crate::loader::Loader::heartbeat`]);
+    /// `None`: the program's default (`meshfeed run`: every 30 s where no progress bar is
+    /// shown; a Python job: never); 0: never.
+    pub heartbeat: Option<f64>,
 }
 
 impl Job {
@@ -879,6 +897,8 @@ impl Job {
             ("pack", self.dataset.pack.as_ref().map(ToString::to_string).unwrap_or_default()),
             ("epochs", self.epochs.to_string()),
             ("transport", self.transport.to_string()),
+            ("telemetry", self.telemetry.as_ref().map(|p| p.display().to_string()).unwrap_or_default()),
+            ("heartbeat", self.heartbeat.map(|h| h.to_string()).unwrap_or_default()),
         ]
         .into_iter()
         .map(|(k, v)| (k.to_string(), v))
@@ -906,8 +926,9 @@ impl JobFile {
         use serde_json::Value;
         // Paths go around the serde form (JSON text cannot hold a path that is not UTF-8).
         let data = std::mem::take(&mut self.data);
-        let spill_dir = self.spill_dir.take();
+        let (spill_dir, telemetry) = (self.spill_dir.take(), self.telemetry.take());
         let (flag_data, flag_spill_dir) = (std::mem::take(&mut flags.data), flags.spill_dir.take());
+        let flag_telemetry = flags.telemetry.take();
         let object = |f: &JobFile| match serde_json::to_value(f) {
             Ok(Value::Object(map)) => map,
             _ => unreachable!("a job file without its paths serialises to an object"),
@@ -928,14 +949,17 @@ impl JobFile {
             .context(ErrorKind::Internal, "a job's own values do not parse back")?;
         job.data = if flag_data.is_empty() { data } else { flag_data };
         job.spill_dir = flag_spill_dir.or(spill_dir);
+        job.telemetry = flag_telemetry.or(telemetry);
         Ok(job)
     }
 
-    /// Makes relative dataset and spill paths relative to `base` (the job file's directory).
+    /// Makes relative dataset, spill and telemetry paths relative to `base` (the job file's
+    /// directory).
     pub fn relative_to(mut self, base: &Path) -> JobFile {
         let rebase = |p: PathBuf| if p.is_relative() { base.join(p) } else { p };
         self.data = self.data.into_iter().map(rebase).collect();
         self.spill_dir = self.spill_dir.map(rebase);
+        self.telemetry = self.telemetry.map(rebase);
         self
     }
 
@@ -958,6 +982,9 @@ impl JobFile {
         let queue_depth = self.read_queue_depth.unwrap_or(DEFAULT_READ_QUEUE_DEPTH);
         if !(1..=1024).contains(&queue_depth) {
             return Err(Error::Config(format!("read_queue_depth {queue_depth}: expected 1 to 1024 reads in flight")));
+        }
+        if let Some(h) = self.heartbeat.filter(|h| !(h.is_finite() && *h >= 0.0)) {
+            return Err(Error::Config(format!("heartbeat {h}: expected a non-negative number of seconds")));
         }
         if self.storage_bandwidth.is_some_and(|b| b.0 == 0) || self.storage_iops == Some(0) {
             return Err(Error::Config("storage_bandwidth and storage_iops must be positive".into()));
@@ -993,6 +1020,8 @@ impl JobFile {
             },
             epochs,
             transport: self.transport.unwrap_or_default(),
+            telemetry: self.telemetry,
+            heartbeat: self.heartbeat,
         })
     }
 }
@@ -1167,7 +1196,7 @@ mod tests {
     #[test]
     fn job_file_keys_are_its_fields() {
         let keys = JobFile::keys();
-        assert_eq!(keys.len(), 26, "{keys:?}");
+        assert_eq!(keys.len(), 28, "{keys:?}");
         for k in ["batch_size", "data", "mesh_order", "read_strategy", "shard", "transport"] {
             assert!(keys.iter().any(|x| x == k), "{k} missing from {keys:?}");
         }

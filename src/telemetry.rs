@@ -1,16 +1,22 @@
-//! Telemetry: typed, versioned records of a run (`meshfeed run --telemetry DIR`), written
-//! by the command line and read back by `meshfeed report` (the `meshfeed-analysis` crate).
+//! Telemetry: typed, versioned records of a run, written by the loader itself when asked
+//! (`telemetry = DIR` in a job file or a Python `Loader`, `meshfeed run --telemetry DIR`:
+//! [`crate::loader::Loader::record_telemetry`]) and read back by `meshfeed report` (the
+//! `meshfeed-analysis` crate). A training job's files and `meshfeed run`'s are the same.
 //!
 //! A run's directory holds `run.json` ([`RunInfo`], rank 0's: the run's configuration and
 //! its read plan) and one `rank-<r>.jsonl` per rank ([`RANK_FILE_PREFIX`]): a JSON line
 //! per window ([`Window`]: its steps, time in each phase, waiting for the slowest peer
-//! inside the exchange and for the consumer, bytes read, sent — to other hosts too — and
-//! received), then one per epoch ([`Epoch`]: its host, time in each phase, waiting for the
-//! producer and computing, its bytes, peak memory, and whether it verified).
+//! inside the exchange, bytes read, sent — to other hosts too — and received, and, from
+//! the consumer's side, step by step, the time it waited for data and the time it spent
+//! until it asked for the next batch: its training step), then one per epoch ([`Epoch`]:
+//! its host, time in each phase, waiting for the producer and computing, its bytes, peak
+//! memory, and whether it verified). An epoch left part way (a job stopped) has a record
+//! of the steps it delivered.
 //!
 //! Every record carries the layout's version in its `schema` key ([`SCHEMA`]). Reading
 //! takes every version from [`OLDEST_SCHEMA`] on — schema 1 wrote only epoch records,
-//! without a `kind`, peer waiting or off-host bytes; keys added since are optional — and
+//! without a `kind`, peer waiting or off-host bytes; schema 3 added the windows' steps;
+//! keys added since are optional — and
 //! refuses any other, naming the file (and line). A record needs only the keys the report
 //! reads: its schema, rank, epoch and phase times; a window's first step, rows, peer
 //! waiting and bytes read, sent and sent off the host; an epoch's samples, seconds and
@@ -18,8 +24,9 @@
 //! record's times must be finite and non-negative and its counts non-negative integers;
 //! anything else is an error naming the file, the line and the key, never a quiet zero.
 //!
-//! Records are plain data: nothing here runs a loader. [`RunInfo::of`] and
-//! [`Window::of`] build records from a job, a loader and its metrics.
+//! Records are plain data: nothing here runs a loader. [`RunInfo::of`] builds a run's
+//! record from a job and its loader; the loader builds the others as its consumer takes
+//! its batches.
 
 use std::fs::File;
 use std::io::{BufWriter, Write};
@@ -34,7 +41,7 @@ use crate::loader::{Loader, Phase};
 use crate::plan::IoPlan;
 
 /// The version of the records' layout this build writes.
-pub const SCHEMA: u32 = 2;
+pub const SCHEMA: u32 = 3;
 
 /// The oldest version this build reads.
 pub const OLDEST_SCHEMA: u32 = 1;
@@ -222,33 +229,46 @@ pub struct Window {
     pub bytes_sent_off_host: u64,
     #[serde(default)]
     pub bytes_received: u64,
+    /// Bytes read back from spill files (since schema 3).
+    #[serde(default)]
+    pub bytes_read_spill: u64,
+    /// Time the consumer spent between taking a batch of this window and asking for the
+    /// next: its training steps (since schema 3).
+    #[serde(default)]
+    pub compute_s: f64,
+    /// Per step delivered from the window, in order: the time the consumer waited for its
+    /// batch (only a window's first step waits: the window is made whole), and its
+    /// training step (since schema 3; empty before).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub step_wait_s: Vec<f64>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub step_compute_s: Vec<f64>,
 }
 
 impl Window {
-    /// The record of rank `rank`'s window `w` (the loader's
-    /// [`crate::loader::Loader::keep_window_records`]).
-    pub fn of(rank: usize, w: &crate::loader::WindowRecord) -> Window {
-        Window {
-            schema: SCHEMA,
-            rank,
-            epoch: w.epoch,
-            first_step: w.first_step,
-            steps: w.steps,
-            rows: w.rows,
-            phase_s: Phases::of(&w.phase),
-            peer_wait_s: w.peer_wait.as_secs_f64(),
-            wait_s: w.wait.as_secs_f64(),
-            bytes_read: w.bytes_read,
-            bytes_sent: w.bytes_sent,
-            bytes_sent_off_host: w.bytes_sent_off_host,
-            bytes_received: w.bytes_received,
-        }
+    /// The part of the consumer's time (waiting for data, and its steps) spent waiting.
+    pub fn wait_fraction(&self) -> f64 {
+        crate::loader::wait_fraction(self.wait_s, self.compute_s)
     }
 
     fn check(&self) -> std::result::Result<(), String> {
         self.phase_s.check()?;
         seconds("peer_wait_s", self.peer_wait_s)?;
-        seconds("wait_s", self.wait_s)
+        seconds("wait_s", self.wait_s)?;
+        seconds("compute_s", self.compute_s)?;
+        for (key, steps) in [("step_wait_s", &self.step_wait_s), ("step_compute_s", &self.step_compute_s)] {
+            steps.iter().try_for_each(|&s| seconds(key, s))?;
+        }
+        if self.step_wait_s.len() != self.step_compute_s.len() || self.step_wait_s.len() as u64 > self.steps {
+            return Err(format!(
+                "step_wait_s has {} steps and step_compute_s {}: both list the window's steps delivered (at most \
+                 {})",
+                self.step_wait_s.len(),
+                self.step_compute_s.len(),
+                self.steps
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -306,6 +326,11 @@ fn unknown_host() -> String {
 }
 
 impl Epoch {
+    /// The part of the consumer's time (waiting for data, and its steps) spent waiting.
+    pub fn wait_fraction(&self) -> f64 {
+        crate::loader::wait_fraction(self.wait_s, self.compute_s)
+    }
+
     fn check(&self) -> std::result::Result<(), String> {
         seconds("seconds", self.seconds)?;
         self.phase_s.check()?;
@@ -447,7 +472,8 @@ const COUNTS: [&str; 20] = [
 ];
 
 /// The first key of `v` whose value is not of its kind: a count that is not a
-/// non-negative integer, a time (`seconds`, `*_s`, `phase_s.*`) that is not a number.
+/// non-negative integer, a time (`seconds`, `*_s`, `phase_s.*`, an element of a list of
+/// times) that is not a number.
 fn diagnose(v: &serde_json::Value) -> Option<String> {
     let obj = v.as_object()?;
     for k in COUNTS {
@@ -457,7 +483,11 @@ fn diagnose(v: &serde_json::Value) -> Option<String> {
     }
     let times = obj.iter().filter(|(k, _)| *k == "seconds" || (k.ends_with("_s") && *k != "phase_s"));
     let phases = obj.get("phase_s").and_then(|p| p.as_object()).into_iter().flatten();
-    for (k, x) in times.map(|(k, x)| (k.clone(), x)).chain(phases.map(|(k, x)| (format!("phase_s.{k}"), x))) {
+    let steps = times.flat_map(|(k, x)| match x.as_array() {
+        Some(list) => list.iter().enumerate().map(|(i, x)| (format!("{k}[{i}]"), x)).collect::<Vec<_>>(),
+        None => vec![(k.clone(), x)],
+    });
+    for (k, x) in steps.chain(phases.map(|(k, x)| (format!("phase_s.{k}"), x))) {
         if x.as_f64().is_none() {
             return Some(format!("{k} is {x}: a time is a finite, non-negative number of seconds"));
         }
@@ -479,6 +509,8 @@ mod tests {
     use super::*;
 
     const WINDOW: &str = r#"{"bytes_read":2049000,"bytes_received":1967040,"bytes_sent":2049000,"bytes_sent_off_host":0,"epoch":0,"first_step":0,"kind":"window","peer_wait_s":0.001368556,"phase_s":{"assemble":0.000998794,"exchange":0.001836897,"pack":0.0,"plan":0.001376286,"read":0.001917066},"rank":0,"rows":120,"schema":2,"steps":1,"wait_s":0.009745586}"#;
+    /// A window as schema 3 writes it: the consumer's steps.
+    const WINDOW_V3: &str = r#"{"bytes_read":2049000,"bytes_read_spill":0,"bytes_received":1967040,"bytes_sent":2049000,"bytes_sent_off_host":0,"compute_s":0.05,"epoch":0,"first_step":4,"kind":"window","peer_wait_s":0.001368556,"phase_s":{"assemble":0.000998794,"exchange":0.001836897,"pack":0.0,"plan":0.001376286,"read":0.001917066},"rank":0,"rows":120,"schema":3,"step_compute_s":[0.02,0.03],"step_wait_s":[0.009745586,0.0],"steps":2,"wait_s":0.009745586}"#;
     const EPOCH: &str = r#"{"bytes_read":196704000,"bytes_read_spill":0,"bytes_received":196704000,"bytes_sent":196704000,"bytes_sent_off_host":0,"compute_s":0.0,"epoch":0,"host":"vm","kind":"epoch","peak_rss_bytes":32575488,"peer_wait_s":0.028216835,"phase_s":{"assemble":0.014297137,"exchange":0.03725301,"pack":0.0,"plan":0.003011975,"read":0.098461997},"rank":0,"ranks":2,"samples":24000,"schema":2,"seconds":0.172755173,"steps":100,"verified":null,"wait_s":0.171819776,"windows":100}"#;
     /// An epoch record as schema 1 wrote it: no kind, peer waiting, off-host bytes,
     /// spill or verification.
@@ -491,7 +523,7 @@ mod tests {
         let Record::Epoch(e) = Record::parse(EPOCH).unwrap() else { panic!("an epoch") };
         assert_eq!((e.ranks, e.host.as_str(), e.samples, e.verified), (Some(2), "vm", 24000, None));
         // What is written reads back the same, with the same keys as before.
-        for line in [WINDOW, EPOCH] {
+        for line in [WINDOW_V3, EPOCH] {
             let r = Record::parse(line).unwrap();
             let again: serde_json::Value = serde_json::from_str(&r.to_line()).unwrap();
             assert_eq!(again, serde_json::from_str::<serde_json::Value>(line).unwrap());
@@ -509,8 +541,8 @@ mod tests {
             v[key] = value;
             Record::parse(&v.to_string()).unwrap_err()
         };
-        assert_eq!(with("schema", 3.into()), "telemetry schema 3 (this meshfeed reads 1 to 2)");
-        assert_eq!(with("schema", 0.into()), "telemetry schema 0 (this meshfeed reads 1 to 2)");
+        assert_eq!(with("schema", 4.into()), "telemetry schema 4 (this meshfeed reads 1 to 3)");
+        assert_eq!(with("schema", 0.into()), "telemetry schema 0 (this meshfeed reads 1 to 3)");
         assert!(with("kind", "batch".into()).starts_with("kind is \"batch\""));
         assert_eq!(with("samples", (-600).into()), "samples is -600: a count is a non-negative integer");
         assert_eq!(
@@ -522,8 +554,21 @@ mod tests {
         v["phase_s"]["read"] = (-0.25).into();
         assert!(Record::parse(&v.to_string()).unwrap_err().starts_with("phase_s.read is -0.25"));
         v.as_object_mut().unwrap().remove("schema");
-        assert_eq!(Record::parse(&v.to_string()).unwrap_err(), "telemetry schema null (this meshfeed reads 1 to 2)");
+        assert_eq!(Record::parse(&v.to_string()).unwrap_err(), "telemetry schema null (this meshfeed reads 1 to 3)");
         assert!(Record::parse("1e999").unwrap_err().starts_with("not a JSON record"));
+        // A window's steps: times, one of each per step delivered.
+        let mut v: serde_json::Value = serde_json::from_str(WINDOW_V3).unwrap();
+        v["step_compute_s"][1] = (-1.0).into();
+        assert!(Record::parse(&v.to_string()).unwrap_err().starts_with("step_compute_s is -1"), "{v}");
+        v["step_compute_s"][1] = "x".into();
+        assert!(Record::parse(&v.to_string()).unwrap_err().starts_with("step_compute_s[1] is \"x\": a time"));
+        v["step_compute_s"] = serde_json::json!([0.1]);
+        let err = Record::parse(&v.to_string()).unwrap_err();
+        assert!(err.starts_with("step_wait_s has 2 steps and step_compute_s 1"), "{err}");
+        v["steps"] = 1.into();
+        v["step_wait_s"] = serde_json::json!([0.1]);
+        let Record::Window(w) = Record::parse(&v.to_string()).unwrap() else { panic!("a window") };
+        assert_eq!((w.step_wait_s, w.step_compute_s, w.first_step), (vec![0.1], vec![0.1], 4));
         assert!(Record::parse(r#"{"schema":2,"kind":"window"}"#).unwrap_err().contains("missing field"));
     }
 
@@ -578,7 +623,7 @@ mod tests {
         assert_eq!((old.read_plan, old.sample_bytes), (None, None));
         v["schema"] = 7.into();
         let err = RunInfo::parse(path, &v.to_string()).unwrap_err().to_string();
-        assert!(err.contains("/x/run.json: telemetry schema 7 (this meshfeed reads 1 to 2)"), "{err}");
+        assert!(err.contains("/x/run.json: telemetry schema 7 (this meshfeed reads 1 to 3)"), "{err}");
         v["schema"] = 2.into();
         v["ranks"] = 0.into();
         let err = RunInfo::parse(path, &v.to_string()).unwrap_err().to_string();

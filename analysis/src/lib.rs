@@ -2,7 +2,8 @@
 //!
 //! Measurement and modelling on meshfeed's records, apart from the loader and the command
 //! line: what `meshfeed report` computes from runs' telemetry ([`report`]: per run and
-//! epoch, the skew between ranks, the stragglers, a what-if estimate, the scaling table),
+//! epoch, the skew between ranks, the stragglers, a what-if estimate — step by step where
+//! a training job recorded its steps ([`steps`]) — the scaling table),
 //! the cost model it fits and predicts with ([`model`]), the benchmark's results and the
 //! suite's table ([`bench`](mod@bench)), and the plots of both.
 //!
@@ -15,6 +16,7 @@ pub mod bench;
 pub mod input;
 pub mod model;
 pub mod report;
+pub mod steps;
 
 /// The median of some measurements: the middle one, or the mean of the two middle ones of
 /// an even count (0 for none).

@@ -92,6 +92,10 @@ pub struct EpochReport {
     pub slow_hosts: Vec<String>,
     /// Each rank's own work, in rank order.
     pub rank_own_s: Vec<f64>,
+    /// The epoch replayed step by step, where every rank recorded its steps (telemetry
+    /// schema 3: a training job's loader, or `meshfeed run`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub steps: Option<crate::steps::StepReplay>,
 }
 
 /// A rank is a straggler when its own work exceeds the median's by a quarter, and by at
@@ -159,6 +163,7 @@ pub fn analyse(run: &str, loader: &str, records: &[Epoch]) -> EpochReport {
         stragglers,
         slow_hosts,
         rank_own_s: own,
+        steps: None,
     }
 }
 
@@ -346,6 +351,7 @@ fn read_pytorch(dir: &Path) -> Result<EpochReport> {
         stragglers: vec![],
         slow_hosts: vec![],
         rank_own_s: vec![],
+        steps: None,
     })
 }
 
@@ -356,6 +362,8 @@ struct Telemetry {
     config: Option<RunInfo>,
     epochs: Vec<Vec<Epoch>>,
     windows: Vec<WindowSample>,
+    /// The window records that list their steps (schema 3), of every rank.
+    step_windows: Vec<telemetry::Window>,
 }
 
 /// The rank files (`rank-<r>.jsonl`) in `dir`, by rank; a name of that shape that is no
@@ -427,13 +435,15 @@ fn read_run(dir: &Path) -> Result<Telemetry> {
     let mut by_epoch: BTreeMap<u64, Vec<Epoch>> = BTreeMap::new();
     let mut epochs_of: Vec<BTreeSet<u64>> = Vec::with_capacity(ranks);
     let mut windows = Vec::new();
+    let mut step_windows = Vec::new();
     let mut hosts: Vec<String> = Vec::new();
     // An epoch record naming another number of ranks: reported once every file's own
     // records are checked (a copied file is named as such, not the files it makes too many
     // for).
     let mut disagrees = None;
     for (&rank, path) in &files {
-        let (epochs, mine, disagree) = read_rank(path, rank, ranks, &says)?;
+        let (epochs, mine, stepped, disagree) = read_rank(path, rank, ranks, &says)?;
+        step_windows.extend(stepped);
         disagrees = disagrees.or(disagree);
         // Windows name no host: their rank's epoch records do.
         let host = epochs.last().map(|e| e.host.clone()).unwrap_or_default();
@@ -463,25 +473,27 @@ fn read_run(dir: &Path) -> Result<Telemetry> {
             ));
         }
     }
-    Ok(Telemetry { config, epochs: by_epoch.into_values().collect(), windows })
+    Ok(Telemetry { config, epochs: by_epoch.into_values().collect(), windows, step_windows })
 }
 
 /// One rank's telemetry file, every record checked ([`read_run`]; `says` is where the
 /// run's `ranks` comes from, for errors): its epoch records, in the order written, its
-/// windows, and the error of its first epoch record that names another number of ranks
-/// than `ranks`, if any (the caller decides when to report it).
+/// windows, those of its windows that list their steps, and the error of its first epoch
+/// record that names another number of ranks than `ranks`, if any (the caller decides
+/// when to report it).
 fn read_rank(
     path: &Path,
     rank: usize,
     ranks: usize,
     says: &str,
-) -> Result<(Vec<Epoch>, Vec<WindowSample>, Option<Error>)> {
+) -> Result<(Vec<Epoch>, Vec<WindowSample>, Vec<telemetry::Window>, Option<Error>)> {
     let records = telemetry::read_rank_file(path)?;
     let empty = records.is_empty();
     let mut epochs = Vec::new();
     // Each epoch's record's line, and each window with its line.
     let mut lines: BTreeMap<u64, usize> = BTreeMap::new();
     let mut windows: Vec<(usize, WindowSample)> = Vec::new();
+    let mut stepped = Vec::new();
     let mut disagree = None;
     for (line, record) in records {
         let bad = |why: String| Error::file(path, format!("line {line}: {why}"));
@@ -494,6 +506,9 @@ fn read_rank(
         let e = match record {
             Record::Window(w) => {
                 windows.push((line, WindowSample::of(&w)));
+                if !w.step_compute_s.is_empty() {
+                    stepped.push(w);
+                }
                 continue;
             }
             Record::Epoch(e) => e,
@@ -527,7 +542,22 @@ fn read_rank(
             format!("line {line}: a window of epoch {}, which this file has no epoch record of", w.epoch),
         ));
     }
-    Ok((epochs, windows.into_iter().map(|(_, w)| w).collect(), disagree))
+    Ok((epochs, windows.into_iter().map(|(_, w)| w).collect(), stepped, disagree))
+}
+
+/// The epoch of `records` (one per rank, in rank order) replayed step by step from the
+/// windows that list their steps ([`crate::steps`]), where every rank has some.
+fn replay_steps(windows: &[telemetry::Window], records: &[Epoch]) -> Option<crate::steps::StepReplay> {
+    let epoch = records.first()?.epoch;
+    let ranks: Vec<(String, Vec<(u64, crate::steps::StepWork)>)> = records
+        .iter()
+        .map(|e| {
+            let mine: Vec<&telemetry::Window> =
+                windows.iter().filter(|w| w.rank == e.rank && w.epoch == epoch).collect();
+            (e.host.clone(), crate::steps::rank_steps(&mine))
+        })
+        .collect();
+    crate::steps::replay(&ranks)
 }
 
 /// A meshfeed run as the cost model sees it: `run.json`'s configuration (its read plan
@@ -641,7 +671,9 @@ pub fn report(dirs: &[PathBuf], predict: Option<&PredictOptions>) -> Result<Repo
             let loader = loader_of(&run, telemetry.config.as_ref())?;
             let first = reports.len();
             for records in &telemetry.epochs {
-                reports.push(analyse(&name, &loader, records));
+                let mut r = analyse(&name, &loader, records);
+                r.steps = replay_steps(&telemetry.step_windows, records);
+                reports.push(r);
             }
             if loader == "meshfeed" {
                 measured.extend(model_run(&name, telemetry, &reports[first..]));

@@ -257,6 +257,29 @@ pub fn run(args: ReportArgs) -> Result<()> {
                 s.rank, s.host, s.own_s, s.phase, s.phase_s, s.phase_median_s
             ));
         }
+        if let Some(st) = &e.steps {
+            let v = &st.saving;
+            crate::report::line(&format!(
+                "    step by step ({} steps): replayed {:.3} s, {:.3} s had rank {} on {} worked as the median rank; \
+                 saved in its data loading {:.3} s, exchange {:.3} s, training step {:.3} s",
+                st.steps,
+                st.replayed_s,
+                st.what_if_s,
+                st.slowest_rank,
+                st.slowest_host,
+                v.data_loading_s,
+                v.exchange_s,
+                v.training_step_s
+            ));
+            let slow: Vec<String> = st
+                .slowest_steps
+                .iter()
+                .map(|s| {
+                    format!("{} ({:.3} s, median {:.3} s: rank {}, {})", s.step, s.seconds, s.median_s, s.rank, s.cause)
+                })
+                .collect();
+            crate::report::line(&format!("    slowest steps: {}", slow.join("; ")));
+        }
         if !e.slow_hosts.is_empty() {
             crate::report::line(&format!("    slowest host(s): {}", e.slow_hosts.join(", ")));
         }

@@ -21,7 +21,6 @@ mod job;
 mod launch;
 mod report;
 mod run;
-mod telemetry;
 
 use clap::{Parser, Subcommand};
 

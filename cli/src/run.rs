@@ -20,7 +20,6 @@ use meshfeed::{Error, Result};
 
 use crate::job::{with_runtime, JobArgs};
 use crate::report::{self, print_verify_report, progress_bar, EpochSummary, EpochTimes};
-use crate::telemetry::TelemetryWriter;
 
 #[derive(clap::Args, Debug)]
 pub struct RunArgs {
@@ -33,17 +32,6 @@ pub struct RunArgs {
     /// Write one `rank-<r>.jsonl` per rank: ids and CRC-32 of every delivered row.
     #[arg(long, value_name = "DIR")]
     pub dump: Option<PathBuf>,
-    /// Write per-rank telemetry here: `rank-<r>.jsonl` (one JSON line per window: time per
-    /// phase, waiting for the slowest peer, bytes; and one per epoch: host, time per phase,
-    /// waiting, bytes, peak memory) and `run.json` (the configuration), for `meshfeed
-    /// report`.
-    #[arg(long, value_name = "DIR")]
-    pub telemetry: Option<PathBuf>,
-    /// When the progress bar cannot be shown (stderr is not a terminal: a batch job), rank
-    /// 0 prints a JSON heartbeat line on stdout this often: epoch, step, elapsed seconds,
-    /// samples per second (0: never).
-    #[arg(long, default_value_t = 30.0, value_name = "SECONDS")]
-    pub heartbeat: f64,
     /// Print the per-epoch summary as JSON lines on stdout.
     #[arg(long)]
     pub json: bool,
@@ -203,12 +191,6 @@ fn run(args: &RunArgs, job: Result<Job>, rt: &Runtime, stop: &StopSignal) -> Res
         let e = Error::Config(format!("--epochs {}: epochs run from 0 to {MAX_EPOCH} (2^53 - 1)", job.epochs));
         agree(world, Err::<(), _>(e))?;
     }
-    if !(args.heartbeat >= 0.0 && args.heartbeat.is_finite()) {
-        return Err(Error::Config(format!(
-            "--heartbeat {}: expected a non-negative number of seconds",
-            args.heartbeat
-        )));
-    }
     if !(args.compute_ms >= 0.0 && args.compute_ms.is_finite()) {
         return Err(Error::Config(format!("--compute-ms {}: expected a non-negative number", args.compute_ms)));
     }
@@ -251,13 +233,13 @@ fn run(args: &RunArgs, job: Result<Job>, rt: &Runtime, stop: &StopSignal) -> Res
         Some(dir) => Some(agree(world, DumpWriter::create(dir, rank))?),
         None => None,
     };
-    let mut telemetry = match &args.telemetry {
-        Some(dir) => {
-            loader.keep_window_records(true);
-            Some(agree(world, TelemetryWriter::create(dir, rank, world.size(), &job, &loader))?)
-        }
-        None => None,
-    };
+    loader.record_telemetry(world, &job)?;
+    // Where no progress bar is shown (stderr is not a terminal: a batch job), rank 0 prints
+    // a heartbeat on stdout, every 30 s unless the job says otherwise.
+    let every = job.heartbeat.unwrap_or(30.0);
+    if every > 0.0 && !std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+        loader.heartbeat(Duration::from_secs_f64(every), report::line);
+    }
     if rank == 0 && !args.json {
         out!(
             "meshfeed: {} samples, {} field(s), {} ranks, mesh {}, {} exchange; batch {} → {} steps/epoch ({} dropped), {} steps per window, prefetch {}",
@@ -278,8 +260,6 @@ fn run(args: &RunArgs, job: Result<Job>, rt: &Runtime, stop: &StopSignal) -> Res
     // Stop requests are agreed about every 50 ms of steps (every step when steps are
     // longer), so that all ranks stop after the same step.
     let mut stop_check = StopCheck::new(Duration::from_millis(50));
-    let beats = rank == 0 && args.heartbeat > 0.0 && !std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let mut heartbeat = Heartbeat::new(Duration::from_secs_f64(args.heartbeat));
     let mut all_ok = true;
     for e in start_at.epoch.0..job.epochs {
         let first = loader.position().step.0;
@@ -290,9 +270,6 @@ fn run(args: &RunArgs, job: Result<Job>, rt: &Runtime, stop: &StopSignal) -> Res
         }
         let start = Instant::now();
         let (mut delivered, mut computing) = (0u64, Duration::ZERO);
-        // Steps of this epoch done (the loader's position moves on to the next epoch after
-        // its last step).
-        let mut done = first;
         // A local failure while consuming (e.g. the dump disk is full) must not stop this
         // rank from taking part in the remaining windows: remember it, agree at the end.
         let mut local: Result<()> = Ok(());
@@ -306,10 +283,6 @@ fn run(args: &RunArgs, job: Result<Job>, rt: &Runtime, stop: &StopSignal) -> Res
                 local = d.write(&batch);
             }
             bar.inc(1);
-            done += 1;
-            if beats {
-                heartbeat.beat(e, done, steps, job.loader.batch_size as u64);
-            }
             drop(batch);
             computing += compute(args.compute_ms);
             if let Some(signal) = stop_check.after_step(world, stop)? {
@@ -355,9 +328,7 @@ fn run(args: &RunArgs, job: Result<Job>, rt: &Runtime, stop: &StopSignal) -> Res
             let b = job.loader.batch_size as u64;
             let (report, first_problem) = v.finish_epoch(world, loader.home_ranges(), first * b..end * b)?;
             summary.verified = Some(report.ok());
-            if let Some(t) = telemetry.as_mut() {
-                agree(world, t.epoch(&times, &mine, summary.verified))?;
-            }
+            loader.set_epoch_verified(report.ok());
             all_ok &= report.ok();
             if rank == 0 && !args.json {
                 print_verify_report(e, summary.samples, n, &report, v.checks_contents(), first_problem.as_deref());
@@ -372,9 +343,9 @@ fn run(args: &RunArgs, job: Result<Job>, rt: &Runtime, stop: &StopSignal) -> Res
                 )));
             }
         }
-        if let (Some(t), None) = (telemetry.as_mut(), summary.verified) {
-            agree(world, t.epoch(&times, &mine, None))?;
-        }
+        // The epoch's telemetry is on disk (an error writing it fails the run here).
+        loader.flush_telemetry();
+        agree(world, loader.take_telemetry_error().map_or(Ok(()), Err))?;
         if rank == 0 {
             if args.json {
                 summary.print_json();
@@ -411,39 +382,4 @@ pub fn describe_reads(loader: &Loader) -> String {
     };
     let shared = if loader.shares_stores() { "; same-host ranks copy each other's kept rows" } else { "" };
     format!("{what} — {}{shared}", io.reason)
-}
-
-/// Rank 0's periodic progress line for batch jobs (no progress bar there).
-struct Heartbeat {
-    every: Duration,
-    start: Instant,
-    last: Instant,
-    steps_done: u64,
-}
-
-impl Heartbeat {
-    fn new(every: Duration) -> Heartbeat {
-        let now = Instant::now();
-        Heartbeat { every, start: now, last: now, steps_done: 0 }
-    }
-
-    /// Called after each step (`step`: the epoch's steps done): prints a line when `every`
-    /// has passed since the last.
-    fn beat(&mut self, epoch: u64, step: u64, steps: u64, batch: u64) {
-        self.steps_done += 1;
-        if self.last.elapsed() < self.every {
-            return;
-        }
-        self.last = Instant::now();
-        let elapsed = self.start.elapsed().as_secs_f64();
-        let line = serde_json::json!({
-            "heartbeat": true,
-            "epoch": epoch,
-            "step": step,
-            "steps": steps,
-            "elapsed_s": elapsed,
-            "samples_per_s": (self.steps_done * batch) as f64 / elapsed.max(1e-9),
-        });
-        report::line(&line.to_string());
-    }
 }

@@ -165,6 +165,21 @@ fn json_shaped(value: Bound<'_, PyAny>) -> PyResult<Bound<'_, PyAny>> {
     Ok(value)
 }
 
+/// What `Loader.metrics()` returns: the last window's and the epoch's records.
+#[derive(serde::Serialize)]
+struct LiveMetrics {
+    window: Option<Live<meshfeed::telemetry::Window>>,
+    epoch: Option<Live<meshfeed::telemetry::Epoch>>,
+}
+
+/// A record, with the part of the consumer's time it spent waiting for data.
+#[derive(serde::Serialize)]
+struct Live<T> {
+    #[serde(flatten)]
+    record: T,
+    wait_fraction: f64,
+}
+
 /// A distributed loader (the Rust `meshfeed::loader::Loader`).
 #[pyclass(module = "meshfeed._meshfeed")]
 struct Loader {
@@ -202,7 +217,17 @@ impl Loader {
         let loader = py
             .allow_threads(|| {
                 with_runtime(job.transport, bootstrap, |rt| {
-                    meshfeed::loader::Loader::open(rt.world(), &job.data, job.dataset.clone(), job.loader.clone())
+                    let world = rt.world();
+                    let mut loader =
+                        meshfeed::loader::Loader::open(world, &job.data, job.dataset.clone(), job.loader.clone())?;
+                    loader.record_telemetry(world, &job)?;
+                    // A Python job's heartbeat goes to stderr (the job's log), when asked for.
+                    if let Some(every) = job.heartbeat.filter(|&s| s > 0.0) {
+                        loader.heartbeat(std::time::Duration::from_secs_f64(every), |line| {
+                            let _ = std::io::Write::write_all(&mut std::io::stderr(), format!("{line}\n").as_bytes());
+                        });
+                    }
+                    Ok(loader)
                 })
             })
             .map_err(error)?;
@@ -327,6 +352,17 @@ impl Loader {
             l.request_stop();
             Ok(())
         })
+    }
+
+    /// The last window's and the epoch's figures, as the telemetry records them, each with
+    /// its `wait_fraction`: `{"window": {...} | None, "epoch": {...} | None}`.
+    fn metrics<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let (window, epoch) = self.with(|l| Ok(l.live_metrics()))?;
+        let out = LiveMetrics {
+            window: window.map(|w| Live { wait_fraction: w.wait_fraction(), record: w }),
+            epoch: epoch.map(|e| Live { wait_fraction: e.wait_fraction(), record: e }),
+        };
+        json_shaped(pythonize(py, &out).map_err(|e| InternalError::new_err(format!("metrics: {e}")))?)
     }
 
     fn rank(&self) -> PyResult<usize> {

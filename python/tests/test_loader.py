@@ -480,3 +480,50 @@ def test_stop_requested_chains_to_the_programs_handler_and_request_stop_works_al
     assert len(lines) == 2 and lines[0][1:] == lines[1][1:], r.stdout + r.stderr
     assert int(lines[0][1]) >= 3 and int(lines[0][2]) >= 2, lines
     assert r.returncode != 0 and "not reached 0" not in r.stdout, r.stdout
+
+
+def test_a_training_jobs_telemetry_reads_as_a_runs_and_names_its_slow_rank(datasets, tmp_path):
+    """A Python training loop given telemetry=DIR writes what `meshfeed run --telemetry`
+    writes: `meshfeed report` reads it, and its step-by-step what-if finds the rank whose
+    training step is 5x the others' (rank 1), prices it, and names it in the slowest
+    steps. loader.metrics() tells each rank the part of its time spent waiting for data
+    (the fast ranks wait for the slow one), and rank 0 beats on stderr."""
+    data, tel = datasets["npy"], tmp_path / "tel"
+    script = (
+        "import json, time, meshfeed\n"
+        f"l = meshfeed.Loader([{str(data)!r}], batch_size=12, seed=3, window_bytes='2K', telemetry={str(tel)!r},"
+        " heartbeat=0.05)\n"
+        "for epoch in range(2):\n"
+        "    l.set_epoch(epoch)\n"
+        "    for b in l:\n"
+        "        time.sleep(0.02 if l.rank == 1 else 0.004)\n"
+        "m = l.metrics()\n"
+        "e, w = m['epoch'], m['window']\n"
+        "print(json.dumps({'rank': l.rank, 'epoch': e['epoch'], 'steps': e['steps'], 'samples': e['samples'],"
+        " 'wait_fraction': e['wait_fraction'], 'compute_s': e['compute_s'], 'window_steps': len(w['step_compute_s'])}),"
+        " flush=True)\n"
+        "l.close()\n"
+    )
+    r = ok(run(MPIRUN + ["-np", 3, sys.executable, "-c", script]))
+    metrics = sorted(json_objects(r.stdout), key=lambda m: m["rank"])
+    assert [(m["epoch"], m["steps"], m["samples"]) for m in metrics] == [(1, 50, 600)] * 3, metrics
+    assert metrics[1]["wait_fraction"] < 0.2 and metrics[1]["compute_s"] >= 50 * 0.02, metrics
+    assert all(metrics[i]["wait_fraction"] > 0.5 for i in (0, 2)), metrics
+    assert all(m["window_steps"] >= 1 for m in metrics), metrics
+    beats = [json.loads(line) for line in r.stderr.splitlines() if line.startswith('{"elapsed_s"')]
+    assert len(beats) >= 3 and all(b["heartbeat"] and b["steps"] == 50 for b in beats), r.stderr
+    assert sorted(p.name for p in tel.iterdir()) == ["rank-0.jsonl", "rank-1.jsonl", "rank-2.jsonl", "run.json"]
+    report = ok(run([BIN, "report", "--json", tel]))
+    epochs = [e for e in json_objects(report.stdout) if e.get("kind") == "epoch"]
+    assert [e["epoch"] for e in epochs] == [0, 1], report.stdout
+    for e in epochs:
+        s = e["steps"]
+        assert (s["steps"], s["slowest_rank"], s["cause"]) == (50, 1, "training step"), s
+        # The replay matches the epoch as measured, and had rank 1 stepped as the others
+        # the epoch would have taken about a fifth of it.
+        assert 0.75 * e["seconds"] <= s["replayed_s"] <= 1.1 * e["seconds"], (e["seconds"], s)
+        assert s["what_if_s"] < 0.5 * s["replayed_s"], s
+        assert s["saving"]["training_step_s"] > 0.5 * s["replayed_s"] > s["saving"]["data_loading_s"], s
+        assert all(x["rank"] == 1 and x["cause"] == "training step" for x in s["slowest_steps"]), s
+    text = ok(run([BIN, "report", tel])).stdout
+    assert "step by step (50 steps)" in text and "rank 1, training step" in text, text

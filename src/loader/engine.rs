@@ -147,12 +147,14 @@ pub(crate) fn prepare(
     index: &mut HomeIndex,
     spec: WindowSpec,
 ) -> Result<Packed> {
-    agree_position(transport, spec.epoch.0, spec.steps.start, None)?;
+    let mut metrics = Metrics::default();
+    // Waiting here is waiting for the slowest rank to be done with the window before (a
+    // producer held back by its consumer, when prefetch is full): peer waiting.
+    metrics.agreed(|| agree_position(transport, spec.epoch.0, spec.steps.start, None))?;
     let route = route(stream, &spec);
     if route == Route::Broadcast {
         return broadcast::prepare(stream, transport, reads, spec);
     }
-    let mut metrics = Metrics::default();
     let perm = Permutation::new(stream.dataset.len(), stream.options.seed, spec.epoch.0);
     let placement = exchange_placement(stream, &spec, route);
     // A two-phase member also needs the ids of its own rows under the final placement.

@@ -76,30 +76,6 @@ pub struct Metrics {
     /// epoch's exchange (the benchmark's exchange limit). Kept only where the loader is
     /// asked to ([`super::Loader::keep_window_sends`]).
     pub window_sends: Vec<Vec<usize>>,
-    /// One record per window delivered, kept only where the loader is asked to
-    /// ([`super::Loader::keep_window_records`]).
-    pub window_records: Vec<WindowRecord>,
-}
-
-/// What one window cost this rank (`meshfeed run --telemetry` writes one line each).
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct WindowRecord {
-    pub epoch: u64,
-    /// The window's first step in its epoch.
-    pub first_step: u64,
-    pub steps: u64,
-    /// Rows this rank delivered from it.
-    pub rows: u64,
-    /// Time per phase, indexed like [`Phase::ALL`].
-    pub phase: [Duration; 5],
-    /// Time in agreements (part of the exchange): waiting for the slowest peer.
-    pub peer_wait: Duration,
-    /// Time the consumer waited for this window.
-    pub wait: Duration,
-    pub bytes_read: u64,
-    pub bytes_sent: u64,
-    pub bytes_sent_off_host: u64,
-    pub bytes_received: u64,
 }
 
 impl Metrics {
@@ -144,7 +120,6 @@ impl Metrics {
         self.peer_wait += other.peer_wait;
         self.bytes_sent_off_host += other.bytes_sent_off_host;
         self.window_sends.extend(other.window_sends.iter().cloned());
-        self.window_records.extend(other.window_records.iter().cloned());
     }
 
     /// Reduces every rank's metrics (collective; every rank gets the same summary).

@@ -70,6 +70,7 @@ mod reads;
 pub mod state;
 mod store;
 mod stream;
+mod tracker;
 mod two_phase;
 mod window;
 
@@ -87,7 +88,7 @@ use crate::transport::{agree, agree_settings, Transport};
 use crate::types::{Epoch, Step};
 pub use batch::{Batch, Element, FieldData};
 use engine::Engine;
-pub use metrics::{Metrics, MetricsSummary, Phase, WindowRecord};
+pub use metrics::{Metrics, MetricsSummary, Phase};
 pub use open::open_dataset;
 pub use pipeline::abandoned;
 use pipeline::Pipeline;
@@ -95,6 +96,8 @@ pub use read_plan::{auto_budget, MARGIN_FRACTION, MIN_MARGIN};
 pub use state::{check_epoch, epoch_out_of_range, Fingerprint, LoaderState, MAX_EPOCH};
 use stream::Stream;
 pub use stream::{Position, WindowSpec};
+pub use tracker::fraction as wait_fraction;
+use tracker::Tracker;
 
 /// A distributed loader over one dataset: this rank's batches of every global batch.
 pub struct Loader {
@@ -110,8 +113,8 @@ pub struct Loader {
     metrics: Metrics,
     /// Whether they keep each window's send counts ([`Loader::keep_window_sends`]).
     keep_window_sends: bool,
-    /// Whether they keep a record of each window ([`Loader::keep_window_records`]).
-    keep_window_records: bool,
+    /// The consumer's view of each window and epoch: telemetry, heartbeat.
+    tracker: Tracker,
     /// Why the loader stopped working, once it has.
     failed: Option<String>,
     /// An error for the iterator to yield first ([`Loader::epoch`] with a bad epoch).
@@ -197,7 +200,7 @@ impl Loader {
             window: VecDeque::new(),
             metrics: Metrics::default(),
             keep_window_sends: false,
-            keep_window_records: false,
+            tracker: Tracker::new(comm.rank().0, comm.size()),
             failed: None,
             deferred: None,
             interrupt: None,
@@ -244,17 +247,22 @@ impl Loader {
         if let Some(why) = &self.failed {
             return Err(Error::Misuse(format!("the loader failed earlier and cannot continue: {why}")));
         }
+        let called = Instant::now();
+        self.tracker.called(called, self.position);
         if self.epoch_ended {
             self.epoch_ended = false;
+            let stream = &self.stream;
+            self.tracker.end_epoch(called, |a, b| stream.rows_in_steps(a..b));
             return Ok(None);
         }
+        let mut waited = std::time::Duration::ZERO;
         if self.window.is_empty() {
             let start = Instant::now();
             // The window's position agreement meets whoever expects this rank.
             self.expected_by = None;
             let window =
                 self.pipeline.next_window(self.position, self.stream.options.prefetch, self.interrupt.as_deref_mut());
-            let waited = start.elapsed();
+            waited = start.elapsed();
             self.metrics.wait += waited;
             let window = window.and_then(|w| {
                 let at = Position { epoch: w.spec.epoch, step: Step(w.spec.steps.start) };
@@ -271,23 +279,8 @@ impl Loader {
                     if !self.keep_window_sends {
                         w.metrics.window_sends = Vec::new();
                     }
-                    if self.keep_window_records {
-                        let m = &w.metrics;
-                        let record = WindowRecord {
-                            epoch: w.spec.epoch.0,
-                            first_step: w.spec.steps.start,
-                            steps: w.spec.steps.end - w.spec.steps.start,
-                            rows: m.rows_delivered,
-                            phase: m.phase,
-                            peer_wait: m.peer_wait,
-                            wait: waited,
-                            bytes_read: m.bytes_read,
-                            bytes_sent: m.bytes_sent,
-                            bytes_sent_off_host: m.bytes_sent_off_host,
-                            bytes_received: m.bytes_received,
-                        };
-                        w.metrics.window_records = vec![record];
-                    }
+                    let steps = w.spec.steps.clone();
+                    self.tracker.took_window(w.spec.epoch.0, steps.start, steps.end - steps.start, &w.metrics, waited);
                     self.metrics.add(&w.metrics);
                     self.stop_agreed = w.stop;
                     self.window.extend(w.batches);
@@ -312,6 +305,8 @@ impl Loader {
         let batch = self.window.pop_front().expect("a window holds at least one batch");
         self.position = self.stream.advance(self.position);
         self.epoch_ended = self.position.step == Step(0);
+        let done = if self.epoch_ended { self.stream.steps_per_epoch } else { self.position.step.0 };
+        self.tracker.handed(Instant::now(), waited, done, self.stream.steps_per_epoch);
         Ok(Some(batch))
     }
 
@@ -350,6 +345,8 @@ impl Loader {
             self.epoch_ended = false;
             return Ok(());
         }
+        let stream = &self.stream;
+        self.tracker.interrupted(Instant::now(), |a, b| stream.rows_in_steps(a..b));
         let stopped = self.pipeline.stop(self.interrupt.as_deref_mut(), false);
         self.window.clear();
         self.position = at;
@@ -445,10 +442,53 @@ impl Loader {
         self.keep_window_sends = keep;
     }
 
-    /// Whether [`Metrics::window_records`] holds a record of each window delivered (off by
-    /// default: a list that grows by one entry per window until `take_metrics`).
-    pub fn keep_window_records(&mut self, keep: bool) {
-        self.keep_window_records = keep;
+    /// Writes this rank's telemetry ([`crate::telemetry`]) from now on to `job.telemetry`,
+    /// where the job asks for it: a record of each window and epoch the consumer takes,
+    /// with its waiting and its steps' times, in `DIR/rank-<r>.jsonl`, and rank 0's
+    /// `DIR/run.json` (the job's configuration and read plan), for `meshfeed report`.
+    /// Collective over `comm` (the communicator the loader was made with): a directory a
+    /// rank cannot write fails every rank, naming it. Where writing fails later (a full
+    /// disk) the job goes on: the rank says so once on stderr, stops writing, and
+    /// [`Loader::take_telemetry_error`] tells.
+    pub fn record_telemetry(&mut self, comm: &dyn Transport, job: &crate::config::Job) -> Result<()> {
+        let Some(dir) = &job.telemetry else { return Ok(()) };
+        let rank = comm.rank().0;
+        let run = (rank == 0).then(|| crate::telemetry::RunInfo::of(job, self, comm.size()));
+        let writer = agree(comm, crate::telemetry::Writer::create(dir, rank, run.as_ref()))?;
+        self.tracker.write_to(writer);
+        Ok(())
+    }
+
+    /// On rank 0, passes `sink` a JSON line every `every` of consuming (checked as each
+    /// batch is handed over): the epoch, its steps done and steps, seconds since this
+    /// call, samples per second, and the part of the consumer's time this epoch spent
+    /// waiting for data. Other ranks ignore it.
+    pub fn heartbeat(&mut self, every: std::time::Duration, sink: impl FnMut(&str) + Send + 'static) {
+        self.tracker.beat_every(every, self.stream.options.batch_size as u64, Box::new(sink));
+    }
+
+    /// The figures of the last window the consumer finished and of the epoch under way (or
+    /// the last one, between epochs), as the telemetry records them; their
+    /// `wait_fraction` is the part of the consumer's time spent waiting for data.
+    pub fn live_metrics(&self) -> (Option<crate::telemetry::Window>, Option<crate::telemetry::Epoch>) {
+        let stream = &self.stream;
+        self.tracker.live(|a, b| stream.rows_in_steps(a..b))
+    }
+
+    /// Marks the record of the epoch that just ended (not yet written: it is written with
+    /// the next record, or when the loader is repositioned or dropped) as verified or not.
+    pub fn set_epoch_verified(&mut self, ok: bool) {
+        self.tracker.set_verified(ok);
+    }
+
+    /// Writes the telemetry finished so far (an epoch that ended included) to its file.
+    pub fn flush_telemetry(&mut self) {
+        self.tracker.flush();
+    }
+
+    /// Why this rank stopped writing telemetry, if it did (once).
+    pub fn take_telemetry_error(&mut self) -> Option<Error> {
+        self.tracker.take_write_error()
     }
 
     /// Metrics of the windows delivered since the last call (and the time spent waiting
@@ -533,7 +573,7 @@ impl Loader {
 
     /// Rows of the global batches of steps `steps`.
     pub fn rows_in_steps(&self, steps: std::ops::Range<u64>) -> u64 {
-        steps.map(|k| self.placement_for_step(Step(k)).batch_size() as u64).sum()
+        self.stream.rows_in_steps(steps)
     }
 
     /// Samples per epoch that no batch delivers (tail policy `drop`).
@@ -590,6 +630,8 @@ impl Drop for Loader {
     /// freed (the producer and the communicators are the parent's).
     fn drop(&mut self) {
         drop(self.stop_handlers.take());
+        let stream = &self.stream;
+        self.tracker.interrupted(Instant::now(), |a, b| stream.rows_in_steps(a..b));
         if self.check_process().is_err() {
             self.pipeline.forget();
             return;
@@ -734,25 +776,99 @@ mod tests {
         assert_eq!(m.window_sends.len() as u64, m.windows);
         let sent: usize = m.window_sends.iter().flatten().sum();
         assert_eq!((sent as u64, m.rows_delivered), (m.bytes_sent, 4 * n as u64));
-        assert!(m.window_records.is_empty());
-        // One record per window when asked for, adding up to the epoch's metrics.
-        l.keep_window_records(true);
-        l.set_epoch(Epoch(2)).unwrap();
-        l.by_ref().count();
-        let m = l.take_metrics();
-        let r = &m.window_records;
-        assert_eq!(r.len() as u64, m.windows);
-        assert!(r.iter().all(|w| w.epoch == 2));
-        let firsts: Vec<u64> = r.iter().map(|w| w.first_step).collect();
-        let expected: Vec<u64> = (0..12).step_by(l.steps_per_window() as usize).collect();
-        assert_eq!(firsts, expected);
-        assert_eq!(r.iter().map(|w| w.steps).sum::<u64>(), 12);
-        assert_eq!(r.iter().map(|w| w.rows).sum::<u64>(), m.rows_delivered);
-        assert_eq!(r.iter().map(|w| w.bytes_read).sum::<u64>(), m.bytes_read);
-        assert_eq!(r.iter().map(|w| w.bytes_received).sum::<u64>(), m.bytes_received);
-        assert_eq!(r.iter().map(|w| w.wait).sum::<std::time::Duration>(), m.wait);
-        assert!(r.iter().all(|w| w.peer_wait <= w.phase[Phase::Exchange as usize]));
         // One rank, one host: nothing is sent off the host.
         assert_eq!(m.bytes_sent_off_host, 0);
+        // The figures of the epoch that just ended.
+        let (_, last) = l.live_metrics();
+        assert_eq!(last.map(|e| (e.epoch, e.steps, e.windows)), Some((1, 12, m.windows)));
+    }
+
+    /// With a telemetry directory, each window the consumer took gets a record with its
+    /// steps' waiting and training time, and each epoch one that sums them; the records
+    /// are what `meshfeed report` reads, and an epoch left part way has one of its steps.
+    #[test]
+    fn the_loader_writes_a_record_of_each_window_and_epoch_it_delivered() {
+        use crate::telemetry::{read_rank_file, Record, RunInfo};
+        let (_dir, ds) = dataset(50);
+        let out = tempfile::tempdir().unwrap();
+        let mut l = loader(&ds, 4, 2);
+        let job = crate::config::Job {
+            data: vec![],
+            dataset: Default::default(),
+            loader: l.options().clone(),
+            epochs: 2,
+            transport: Default::default(),
+            telemetry: Some(out.path().into()),
+            heartbeat: None,
+        };
+        l.record_telemetry(&LocalTransport::new(), &job).unwrap();
+        let beats = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let sink = beats.clone();
+        l.heartbeat(std::time::Duration::ZERO, move |line| sink.lock().unwrap().push(line.to_string()));
+        let mut steps = 0;
+        while let Some(b) = l.next_batch().unwrap() {
+            drop(b);
+            std::thread::sleep(std::time::Duration::from_millis(2));
+            steps += 1;
+        }
+        l.set_epoch_verified(true);
+        let (window, epoch) = l.live_metrics();
+        let (window, epoch) = (window.unwrap(), epoch.unwrap());
+        assert_eq!((epoch.epoch, epoch.steps, epoch.samples), (0, 12, 48));
+        assert!(epoch.compute_s >= 0.024 && epoch.wait_fraction() < 1.0, "{epoch:?}");
+        assert_eq!(window.step_compute_s.len() as u64, window.steps);
+        // Part of the next epoch, then the loader is dropped.
+        for _ in 0..3 {
+            l.next_batch().unwrap().unwrap();
+        }
+        let per_window = l.steps_per_window();
+        drop(l);
+        assert_eq!(beats.lock().unwrap().len(), 15);
+        let beat: serde_json::Value = serde_json::from_str(&beats.lock().unwrap()[11]).unwrap();
+        assert_eq!(
+            (beat["epoch"].as_u64(), beat["step"].as_u64(), beat["steps"].as_u64()),
+            (Some(0), Some(12), Some(12))
+        );
+        let run = RunInfo::read(out.path()).unwrap().unwrap();
+        assert_eq!((run.ranks, run.samples, run.batch_size, run.epochs), (1, 50, 4, 2));
+        let records: Vec<Record> =
+            read_rank_file(&out.path().join("rank-0.jsonl")).unwrap().into_iter().map(|(_, r)| r).collect();
+        let windows: Vec<_> = records
+            .iter()
+            .filter_map(|r| match r {
+                Record::Window(w) if w.epoch == 0 => Some(w),
+                _ => None,
+            })
+            .collect();
+        let epochs: Vec<_> = records
+            .iter()
+            .filter_map(|r| match r {
+                Record::Epoch(e) => Some(e),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(steps, 12);
+        let firsts: Vec<u64> = windows.iter().map(|w| w.first_step).collect();
+        assert_eq!(firsts, (0..12).step_by(per_window as usize).collect::<Vec<_>>());
+        assert!(windows
+            .iter()
+            .all(|w| w.step_compute_s.len() as u64 == w.steps && w.step_wait_s.len() as u64 == w.steps));
+        // Only a window's first step waits: the window comes whole.
+        assert!(windows.iter().all(|w| w.step_wait_s[1..].iter().all(|&s| s == 0.0) && w.step_wait_s[0] == w.wait_s));
+        assert!(windows.iter().flat_map(|w| &w.step_compute_s).all(|&s| s >= 0.002), "{windows:?}");
+        let e0 = epochs[0];
+        assert_eq!(
+            (e0.epoch, e0.steps, e0.samples, e0.windows, e0.verified),
+            (0, 12, 48, windows.len() as u64, Some(true))
+        );
+        let sum = |f: fn(&crate::telemetry::Window) -> f64| windows.iter().map(|w| f(w)).sum::<f64>();
+        assert!((sum(|w| w.compute_s) - e0.compute_s).abs() < 1e-9 && (sum(|w| w.wait_s) - e0.wait_s).abs() < 1e-9);
+        assert_eq!(windows.iter().map(|w| w.rows).sum::<u64>(), 48);
+        assert_eq!(windows.iter().map(|w| w.bytes_received).sum::<u64>(), e0.bytes_received);
+        assert!(e0.seconds >= e0.compute_s + e0.wait_s - 1e-9, "{e0:?}");
+        // The epoch left after 3 steps: its record holds them.
+        assert_eq!(epochs.len(), 2);
+        assert_eq!((epochs[1].epoch, epochs[1].steps, epochs[1].samples, epochs[1].verified), (1, 3, 12, None));
+        assert!(matches!(records.last(), Some(Record::Epoch(_))));
     }
 }

@@ -284,7 +284,10 @@ fn produce(mut producer: Producer, windows: SyncSender<Result<Window>>, stop: Ar
             RUNNING if !delivered => CLOSE,
             why => why,
         };
-        match continue_agreement(producer.transport(), why) {
+        let start = std::time::Instant::now();
+        let agreed = continue_agreement(producer.transport(), why);
+        producer.waited_between(start.elapsed());
+        match agreed {
             Ok(None) => {}
             Ok(Some(Stops { repositioned, closed, reading })) => {
                 match (why, closed) {

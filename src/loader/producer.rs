@@ -7,7 +7,10 @@
 //! orders it the same way. Without overlap each window is prepared when it is asked for,
 //! which keeps the peak at one window's buffers (see [`crate::plan::budget`]).
 
+use std::time::Duration;
+
 use super::engine::{complete, exchange, prepare, Engine};
+use super::metrics::Phase;
 use super::stream::{Position, WindowSpec};
 use super::window::{Packed, Window};
 use crate::error::Result;
@@ -20,18 +23,26 @@ pub(crate) struct Producer {
     /// That window, already read and packed (or the error doing so gave).
     ahead: Option<Result<Packed>>,
     overlap: bool,
+    /// Time in agreements between windows (the continue agreement), counted as the next
+    /// window's peer waiting.
+    between: Duration,
 }
 
 impl Producer {
     /// A producer of the stream from `from` on.
     pub fn new(engine: Engine, from: Position, overlap: bool) -> Producer {
         let next = engine.stream.window_at(from);
-        Producer { engine, next, ahead: None, overlap }
+        Producer { engine, next, ahead: None, overlap, between: Duration::ZERO }
     }
 
     /// The loader's communicator.
     pub fn transport(&self) -> &dyn Transport {
         &*self.engine.transport
+    }
+
+    /// Adds time spent in an agreement between windows to the next window's peer waiting.
+    pub fn waited_between(&mut self, d: Duration) {
+        self.between += d;
     }
 
     /// Gives the engine back (a window packed ahead is dropped: it was never exchanged).
@@ -65,6 +76,10 @@ impl Producer {
         } else {
             exchange(&*self.engine.transport, packed, None)?
         };
-        complete(&mut self.engine, received)
+        let mut window = complete(&mut self.engine, received)?;
+        let between = std::mem::take(&mut self.between);
+        window.metrics.phase[Phase::Exchange as usize] += between;
+        window.metrics.peer_wait += between;
+        Ok(window)
     }
 }

@@ -246,6 +246,16 @@ impl Stream {
         }
     }
 
+    /// Rows of the global batches of steps `steps` (of one epoch).
+    pub fn rows_in_steps(&self, steps: std::ops::Range<u64>) -> u64 {
+        let n = steps.end.saturating_sub(steps.start);
+        let full = self.placement.batch_size() as u64;
+        match &self.tail_placement {
+            Some(t) if n > 0 && steps.contains(&(self.steps_per_epoch - 1)) => (n - 1) * full + t.batch_size() as u64,
+            _ => n * full,
+        }
+    }
+
     /// The placement of step `step` (the last step of a `partial` epoch has its own).
     pub fn placement_for_step(&self, step: Step) -> &Placement {
         match &self.tail_placement {

@@ -164,6 +164,9 @@ fn bad_modes_and_reports_fail_with_clear_errors() {
         &["bench", "--data", data.to_str().unwrap(), "--batch-size", "8", "--mesh", "dp=2", "--modes", "random-access"],
     );
     assert!(run.code != 0 && run.stderr.contains("random-access measures the data-parallel pattern"), "{}", run.stderr);
+    // The job options bench does not honour are refused, not ignored.
+    let run = mpirun(1, &["bench", "--data", data.to_str().unwrap(), "--batch-size", "8", "--heartbeat", "1"]);
+    assert!(run.code != 0 && run.stderr.contains("--telemetry and --heartbeat are for"), "{}", run.stderr);
     let bad = dir.path().join("bad.jsonl");
     std::fs::write(&bad, "{\"loader\":\"meshfeed\",\"ranks\":1}\n{oops\n").unwrap();
     let run =

@@ -658,7 +658,7 @@ fn telemetry_records_each_window_and_the_cost_model_fits_them() {
             };
             ok(&run);
             let config = &read(&dir.join("run.json"))[0];
-            assert_eq!((config["schema"].as_u64(), config["sample_bytes"].as_u64()), (Some(2), Some(2056)), "{config}");
+            assert_eq!((config["schema"].as_u64(), config["sample_bytes"].as_u64()), (Some(3), Some(2056)), "{config}");
             let spw = config["steps_per_window"].as_u64().unwrap();
             for rank in 0..np {
                 let lines = read(&dir.join(format!("rank-{rank}.jsonl")));
@@ -685,6 +685,10 @@ fn telemetry_records_each_window_and_the_cost_model_fits_them() {
                     for w in &windows {
                         let exchange = w["phase_s"]["exchange"].as_f64().unwrap();
                         assert!(w["peer_wait_s"].as_f64().unwrap() <= exchange + 1e-9, "{w}");
+                        // Each step the window delivered, with the consumer's wait and step.
+                        let steps = w["steps"].as_u64().unwrap() as usize;
+                        assert_eq!(w["step_compute_s"].as_array().map(Vec::len), Some(steps), "{w}");
+                        assert_eq!(w["step_wait_s"][0].as_f64(), w["wait_s"].as_f64(), "{w}");
                     }
                     let off = e["bytes_sent_off_host"].as_u64().unwrap();
                     if hosts == "one-host" || np == 2 {

@@ -111,7 +111,12 @@ pub fn main(args: BenchArgs) -> i32 {
     if let Some(BenchCommand::Report(r)) = args.command {
         return crate::report::exit_code(None, report::run(r).map(|()| 0));
     }
-    let job = args.job.job();
+    let job = args.job.job().and_then(|job| match (&job.telemetry, job.heartbeat) {
+        (None, None) => Ok(job),
+        _ => Err(Error::Config(
+            "bench writes its own report: --telemetry and --heartbeat are for `meshfeed run` and training jobs".into(),
+        )),
+    });
     with_runtime(TransportKind::Mpi, None, |rt| bench(&args, job, rt).map(|()| 0))
 }
 

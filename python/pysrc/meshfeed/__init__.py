@@ -65,6 +65,7 @@ from .options import (
     Layout,
     LoaderState,
     LocalReads,
+    Metrics,
     ReadPlan,
     ReadStrategy,
     Stage,
@@ -80,6 +81,7 @@ __all__ = [
     "Batch",
     "FieldValue",
     "LoaderState",
+    "Metrics",
     "JobOptions",
     "Error",
     "DataError",
@@ -429,6 +431,14 @@ class Loader:
             receives the union of their shards, as
             ``jax.make_array_from_process_local_data`` expects (see
             :func:`meshfeed.jax.make_global`).
+        telemetry: a directory where each rank writes its telemetry (``rank-<r>.jsonl``:
+            a record per window and epoch, with the time the training loop waited for
+            data and spent between batches, step by step) and rank 0 the job's
+            configuration (``run.json``): ``meshfeed report DIR`` reads it, as it reads
+            ``meshfeed run --telemetry``'s. An epoch's record is written when it ends, or
+            when the loader is closed.
+        heartbeat: rank 0 writes a JSON line to stderr this often (seconds): epoch, step,
+            samples per second, the part of the time spent waiting for data.
         bootstrap: how ``transport="ucx"`` finds the other ranks: ``"auto"`` (default)
             uses torch.distributed's store when a process group is initialised, else
             JAX's key-value store when ``jax.distributed`` is initialised, else the
@@ -468,6 +478,8 @@ class Loader:
         fields: Optional[Sequence[str]] = None,
         pack: Optional[str] = None,
         devices_per_process: Optional[SupportsIndex] = None,
+        telemetry: Optional[PathArg] = None,
+        heartbeat: Optional[float] = None,
         bootstrap: Bootstrap = "auto",
     ) -> None:
         paths: Sequence[Any] = data  # type: ignore[assignment]  # one path is made a list below
@@ -499,6 +511,8 @@ class Loader:
             "fields": None if fields is None else _names("fields", fields),
             "pack": pack,
             "devices_per_process": devices_per_process,
+            "telemetry": None if telemetry is None else _path("telemetry", telemetry),
+            "heartbeat": None if heartbeat is None else float(heartbeat),
         }
         for key in ("prefetch", "storage_iops", "read_queue_depth", "devices_per_process"):
             if options[key] is not None:
@@ -600,6 +614,15 @@ class Loader:
         turns true on every rank after the same step): for programs that handle signals
         themselves, from their handler."""
         self._inner.request_stop()
+
+    def metrics(self) -> Metrics:
+        """This rank's figures, as its telemetry records them (also without a telemetry
+        directory): ``"window"``, the last window the loop finished, and ``"epoch"``, the
+        epoch so far (between epochs, the last one). Each has ``wait_fraction``, the part
+        of the loop's time spent waiting for data (``wait_s``) rather than in its own
+        steps (``compute_s``, the time from a batch's delivery to the next request), the
+        time in each phase of the pipeline, and the bytes read and exchanged."""
+        return self._inner.metrics()
 
     def __len__(self) -> int:
         """Steps (global batches) per epoch."""

@@ -24,6 +24,10 @@ __all__ = [
     "FieldLayout",
     "ReadPlan",
     "Layout",
+    "Phases",
+    "WindowMetrics",
+    "EpochMetrics",
+    "Metrics",
 ]
 
 #: How the ranks communicate: MPI (mpirun, srun) or UCX (torchrun, Ray, ``meshfeed launch``).
@@ -74,6 +78,8 @@ class JobOptions(TypedDict, total=False):
     exchange_costs: str
     local_reads: LocalReads
     devices_per_process: int
+    telemetry: str
+    heartbeat: float
 
 
 class Fingerprint(TypedDict):
@@ -142,3 +148,63 @@ class Layout(TypedDict):
     local_rank: int
     local_size: int
     fields: list[FieldLayout]
+
+
+class Phases(TypedDict):
+    """Seconds in each phase of the loader's pipeline."""
+
+    plan: float
+    read: float
+    pack: float
+    exchange: float
+    assemble: float
+
+
+class _Record(TypedDict):
+    schema: int
+    rank: int
+    epoch: int
+    steps: int
+    phase_s: Phases
+    #: Time in the exchange's agreements: waiting for the slowest peer.
+    peer_wait_s: float
+    #: Time the consumer waited for data, and spent between batches (its steps).
+    wait_s: float
+    compute_s: float
+    #: ``wait_s / (wait_s + compute_s)``: the part of the step time spent waiting for data.
+    wait_fraction: float
+    bytes_read: int
+    bytes_read_spill: int
+    bytes_sent: int
+    bytes_sent_off_host: int
+    bytes_received: int
+
+
+class WindowMetrics(_Record):
+    """The last window the consumer finished (a telemetry window record)."""
+
+    first_step: int
+    rows: int
+    #: Per step delivered from the window: waiting for its batch, and the training step.
+    step_wait_s: list[float]
+    step_compute_s: list[float]
+
+
+class EpochMetrics(_Record):
+    """The epoch so far, or the last one between epochs (a telemetry epoch record)."""
+
+    ranks: int
+    host: str
+    #: Samples its steps delivered, all ranks together.
+    samples: int
+    seconds: float
+    windows: int
+    peak_rss_bytes: int
+    verified: Optional[bool]
+
+
+class Metrics(TypedDict):
+    """What :meth:`meshfeed.Loader.metrics` returns (``None`` before the first batch)."""
+
+    window: Optional[WindowMetrics]
+    epoch: Optional[EpochMetrics]
