@@ -10,7 +10,8 @@ host across nodes), and meshfeed uses MPI. Under torchrun, meshfeed's UCX transp
 joins through torch.distributed's store. Each epoch the example checks that the ranks
 together received every sample once, and rank 0 prints the mean loss, which falls.
 
-Preemption: with ``--state PATH`` the loop asks ``loader.stop_requested()`` after every
+Preemption: with ``--state PATH`` (or ``$MESHFEED_STATE``: under
+``sbatch slurm/preemptible.sbatch -- python torch_ddp.py DATA``) the loop asks ``loader.stop_requested()`` after every
 step; when any rank received SIGTERM or SIGUSR1 (``sbatch --signal=USR1@60``), every rank
 stops after the same step, rank 0 saves the model and the loader's state to PATH, and all
 exit 75 for the scheduler to requeue. Started again with the same PATH, the job resumes
@@ -73,11 +74,13 @@ def main() -> None:
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--loader", default="meshfeed", choices=["meshfeed", "dataloader"])
     p.add_argument("--workers", type=int, default=2, help="DataLoader worker processes (baseline)")
-    p.add_argument("--state", help="save here when stopped by SIGTERM/SIGUSR1, and resume from it (meshfeed)")
+    p.add_argument("--state", default=os.environ.get("MESHFEED_STATE"),
+                   help="save here when stopped by SIGTERM/SIGUSR1, and resume from it (meshfeed; default: "
+                        "$MESHFEED_STATE, which slurm/preemptible.sbatch sets)")
     a = p.parse_args()
-    if "RANK" not in os.environ:  # mpirun: Open MPI's variables
-        os.environ["RANK"] = os.environ["OMPI_COMM_WORLD_RANK"]
-        os.environ["WORLD_SIZE"] = os.environ["OMPI_COMM_WORLD_SIZE"]
+    if "RANK" not in os.environ:  # mpirun: Open MPI's variables; srun: Slurm's
+        os.environ["RANK"] = os.environ.get("OMPI_COMM_WORLD_RANK") or os.environ["SLURM_PROCID"]
+        os.environ["WORLD_SIZE"] = os.environ.get("OMPI_COMM_WORLD_SIZE") or os.environ["SLURM_NTASKS"]
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29500")
     dist.init_process_group("gloo")

@@ -4,18 +4,23 @@ each row). Options: a JSON object of Loader keyword arguments.
 
     python dump_job.py OPTIONS_JSON OUT_DIR EPOCHS [STOP_AFTER STATE_OUT | RESUME_STATE]
     python dump_job.py OPTIONS_JSON OUT_DIR EPOCHS signal RANK:AFTER:SIGNAL STATE_OUT
+    python dump_job.py OPTIONS_JSON OUT_DIR EPOCHS preemptible
 
 With STOP_AFTER, stops after that many batches and writes the loader's state_dict to
 STATE_OUT; with RESUME_STATE, loads it first and runs to the end of the last epoch. With
 ``signal``, rank RANK sends itself SIGNAL after AFTER batches, and every rank asks
 ``loader.stop_requested()`` after each batch, as a training loop under a scheduler does:
-told to stop, it prints where, writes the state (rank 0) and exits 75.
+told to stop, it prints where, writes the state (rank 0) and exits 75. ``preemptible`` is
+a training job under slurm/preemptible.sbatch: it resumes from ``$MESHFEED_STATE`` where
+that exists, dumps to ``OUT_DIR/run-$MESHFEED_RUN``, takes 40 ms a step, and stops as
+with ``signal`` (writing the state to ``$MESHFEED_STATE``) when any rank is signalled.
 """
 
 import json
 import os
 import signal
 import sys
+import time
 import zlib
 
 import meshfeed
@@ -23,12 +28,20 @@ import meshfeed
 
 def main() -> None:
     options, out, epochs = json.loads(sys.argv[1]), sys.argv[2], int(sys.argv[3])
-    signalled = sys.argv[4] == "signal" if len(sys.argv) == 7 else False
+    preemptible = sys.argv[4:] == ["preemptible"]
+    signalled = (sys.argv[4] == "signal" if len(sys.argv) == 7 else False) or preemptible
     stop_after = int(sys.argv[4]) if len(sys.argv) == 6 else None
-    resume = sys.argv[4] if len(sys.argv) == 5 else None
-    sender, send_after, sig = sys.argv[5].split(":") if signalled else ("-1", "0", "SIGTERM")
+    resume = sys.argv[4] if len(sys.argv) == 5 and not preemptible else None
+    sender, send_after, sig = sys.argv[5].split(":") if len(sys.argv) == 7 else ("-1", "0", "SIGTERM")
+    state_out = sys.argv[6] if len(sys.argv) == 7 else None
+    if preemptible:
+        state_out = os.environ["MESHFEED_STATE"]
+        out = os.path.join(out, f"run-{os.environ['MESHFEED_RUN']}")
+        resume = state_out if os.path.exists(state_out) else None
     data = options.pop("data")
     loader = meshfeed.Loader(data, **options)
+    if preemptible:
+        loader.stop_requested()  # catch the stop signals from the start
     os.makedirs(out, exist_ok=True)
     first = 0
     if resume:
@@ -52,6 +65,8 @@ def main() -> None:
                 line = {"epoch": batch.epoch, "step": batch.step, "ids": batch.ids.tolist(), "crc32": crc}
                 dump.write(json.dumps(line, separators=(",", ":")) + "\n")
                 delivered += 1
+                if preemptible:
+                    time.sleep(0.04)  # a training step
                 if signalled:
                     if loader.rank == int(sender) and delivered == int(send_after):
                         os.kill(os.getpid(), getattr(signal, sig))
@@ -59,8 +74,10 @@ def main() -> None:
                         print(f"rank {loader.rank} stopped at epoch {batch.epoch} step {batch.step} "
                               f"({delivered} batches)", flush=True)
                         if loader.rank == 0:
-                            with open(sys.argv[6], "w") as f:
+                            assert state_out is not None
+                            with open(state_out + ".tmp", "w") as f:
                                 json.dump(loader.state_dict(), f)
+                            os.replace(state_out + ".tmp", state_out)
                         dump.close()
                         loader.close()
                         sys.exit(75)

@@ -108,11 +108,15 @@ fn jobs_on_a_two_node_slurm_deliver_what_mpirun_delivers() {
     assert!(last.contains("\"ranks\":4") && last.ends_with("\"verified\":true}"), "{text}");
     // Preempted (Slurm signals every process and requeues the job), and told its time is
     // nearly up (--signal=B:TERM: the batch shell alone; the script requeues itself).
-    preempted_job_resumes_exactly(&out.path().join("preempted"), &storage, d, false, |id| {
+    preempted_job_resumes_exactly(&out.path().join("preempted"), &storage, d, Job::Cli, false, |id| {
         vec!["scontrol", "requeue", id]
     });
-    preempted_job_resumes_exactly(&out.path().join("time-limit"), &storage, d, true, |id| {
+    preempted_job_resumes_exactly(&out.path().join("time-limit"), &storage, d, Job::Cli, true, |id| {
         vec!["scancel", "--batch", "--signal=TERM", id]
+    });
+    // A Python training job, preempted as Slurm does it.
+    preempted_job_resumes_exactly(&out.path().join("python"), &storage, d, Job::Python, false, |id| {
+        vec!["scontrol", "requeue", id]
     });
     straggler_node_is_named(out.path(), &storage);
     // Another size: down, then up with 4 nodes for a sweep over 1, 2 and 4 of them.
@@ -143,6 +147,15 @@ fn wait_for(secs: u64, what: &str, mut f: impl FnMut() -> bool) {
     }
 }
 
+/// What slurm/preemptible.sbatch runs: `meshfeed run`, or a Python training loop
+/// (python/tests/dump_job.py's preemptible mode: `loader.stop_requested()` after each
+/// step, the state in `$MESHFEED_STATE`).
+#[derive(Clone, Copy, PartialEq)]
+enum Job {
+    Cli,
+    Python,
+}
+
 /// slurm/preemptible.sbatch, stopped mid-run by the command `stop(job id)` gives: the
 /// ranks stop at a step boundary (exit 75) and save the state, the job is requeued, the
 /// next run resumes from the state, and the runs' dumps together are an uninterrupted
@@ -154,6 +167,7 @@ fn preempted_job_resumes_exactly(
     dir: &Path,
     local: &str,
     data: &str,
+    kind: Job,
     requeues_itself: bool,
     stop: impl Fn(&str) -> Vec<&str>,
 ) {
@@ -167,7 +181,16 @@ fn preempted_job_resumes_exactly(
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("slurm/preemptible.sbatch");
     let mut cmd = Command::new("sbatch");
     cmd.args(["--parsable", "-N", "2", "-n", "4", "-o"]).arg(dir.join("preemptible-%j.out")).arg(&script);
-    cmd.args([data, "12", "2", "--window-bytes", "2K", "--compute-ms", "40"]);
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let options = serde_json::json!({"data": [data], "batch_size": 12, "seed": 0, "window_bytes": "2K"}).to_string();
+    match kind {
+        Job::Cli => cmd.args([data, "12", "2", "--window-bytes", "2K", "--compute-ms", "40"]),
+        Job::Python => cmd
+            .arg("--")
+            .arg(root.join(".venv/bin/python"))
+            .arg(root.join("python/tests/dump_job.py"))
+            .args([options.as_str(), dumps.to_str().unwrap(), "2", "preemptible"]),
+    };
     cmd.env("SLURM_CONF", format!("{}/etc/slurm.conf", cluster_dir())).env("MESHFEED_BIN", bin());
     cmd.env("MESHFEED_DUMP", &dumps).env("MESHFEED_WORK", &work);
     let run = wait_bounded(cmd, "sbatch preemptible.sbatch");
@@ -204,7 +227,11 @@ fn preempted_job_resumes_exactly(
         std::thread::sleep(std::time::Duration::from_millis(200));
     }
     let log = std::fs::read_to_string(dir.join(format!("preemptible-{id}.out"))).unwrap();
-    assert!(log.contains("meshfeed: stopped by SIGTERM at epoch"), "{log}");
+    let stopped = match kind {
+        Job::Cli => "meshfeed: stopped by SIGTERM at epoch",
+        Job::Python => "rank 0 stopped at epoch",
+    };
+    assert!(log.contains(stopped), "{log}");
     if requeues_itself {
         assert!(log.contains(&format!("job {id} run 0 stopped cleanly; requeueing")), "{log}");
     }
