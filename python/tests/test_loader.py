@@ -414,17 +414,19 @@ def test_a_zigzag_split_reaches_python_as_local_chunks(tmp_path):
     assert r.stdout.count("ok") == 2, r.stdout
 
 
-@pytest.mark.parametrize("sig", ["SIGTERM", "SIGUSR1"])
-def test_a_signal_to_one_rank_stops_every_rank_after_the_same_step(datasets, tmp_path, sig):
+@pytest.mark.parametrize("sig,transport", [("SIGTERM", "mpi"), ("SIGUSR1", "ucx")])
+def test_a_signal_to_one_rank_stops_every_rank_after_the_same_step(datasets, tmp_path, sig, transport):
     """A training loop asking loader.stop_requested() after each step: a SIGTERM (or Slurm's
-    SIGUSR1) to rank 1 alone stops all three ranks after the same step, a few steps later;
-    the saved state resumes on two ranks and the batches continue exactly."""
+    SIGUSR1) to rank 1 alone stops all three ranks after the same step, a few steps later,
+    over MPI and over UCX; the saved state resumes on two ranks and the batches continue
+    exactly."""
     data = datasets["npy"]
     options = {"data": [str(data)], "batch_size": 12, "seed": 9, "window_bytes": "2K"}
     whole = tmp_path / "whole"
     ok(python_job(2, options, whole, 2))
     first, state = tmp_path / "first", tmp_path / "state.json"
-    r = python_job(3, options, first, 2, "signal", f"1:7:{sig}", state)
+    r = python_job(3, dict(options, transport=transport), first, 2, "signal", f"1:7:{sig}", state,
+                   transport=transport)
     assert r.returncode == 75, f"exit {r.returncode}\n{r.stdout}\n{r.stderr}"
     stops = re.findall(r"rank (\d) stopped at epoch (\d+) step (\d+) \((\d+) batches\)", r.stdout)
     assert sorted(s[0] for s in stops) == ["0", "1", "2"], r.stdout
