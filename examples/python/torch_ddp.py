@@ -18,7 +18,9 @@ exit 75 for the scheduler to requeue. Started again with the same PATH, the job 
 there, on any number of ranks, with the batches it would have had.
 
 At the end rank 0 prints the share of step time spent waiting for data (fetching the
-next batch and handing it to the device). ``--device cuda`` trains on each rank's GPU
+next batch and handing it to the device). ``--telemetry DIR`` has every rank's loader
+record its windows, epochs and steps there: ``meshfeed report DIR`` reads them as it
+reads ``meshfeed run``'s. ``--device cuda`` trains on each rank's GPU
 (``cuda:LOCAL_RANK``; ranks share GPUs round-robin where they outnumber them);
 ``--loader dataloader`` runs the baseline instead: PyTorch's ``DataLoader`` +
 ``DistributedSampler`` over the same files (``--workers`` processes,
@@ -77,6 +79,7 @@ def main() -> None:
     p.add_argument("--state", default=os.environ.get("MESHFEED_STATE"),
                    help="save here when stopped by SIGTERM/SIGUSR1, and resume from it (meshfeed; default: "
                         "$MESHFEED_STATE, which slurm/preemptible.sbatch sets)")
+    p.add_argument("--telemetry", help="each rank writes its loader's telemetry here, for `meshfeed report` (meshfeed)")
     a = p.parse_args()
     if "RANK" not in os.environ:  # mpirun: Open MPI's variables; srun: Slurm's
         os.environ["RANK"] = os.environ.get("OMPI_COMM_WORLD_RANK") or os.environ["SLURM_PROCID"]
@@ -98,7 +101,8 @@ def main() -> None:
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
     first_epoch, resumed = 0, False
     if a.loader == "meshfeed":
-        loader = meshfeed.Loader([a.data], batch_size=a.batch_size, seed=42, transport=a.transport)
+        loader = meshfeed.Loader([a.data], batch_size=a.batch_size, seed=42, transport=a.transport,
+                                 telemetry=a.telemetry)
         if a.state and os.path.exists(a.state):
             with open(a.state) as f:
                 saved = json.load(f)

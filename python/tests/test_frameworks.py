@@ -100,13 +100,21 @@ def falls(values: list) -> bool:
     return all(b < a for a, b in zip(values, values[1:])) and values[-1] < 0.5 * values[0]
 
 
-def test_the_pytorch_example_trains_under_mpirun_and_torchrun(learnable):
+def test_the_pytorch_example_trains_under_mpirun_and_torchrun(learnable, tmp_path):
     script = EXAMPLES / "python" / "torch_ddp.py"
     env = dict(ENV, MASTER_PORT=str(free_port()))
-    r = ok(run(MPIRUN + ["-x", "MASTER_PORT", "-np", 4, sys.executable, script, learnable, "--epochs", 4], env=env))
+    tel = tmp_path / "telemetry"
+    r = ok(run(MPIRUN + ["-x", "MASTER_PORT", "-np", 4, sys.executable, script, learnable, "--epochs", 4,
+                         "--telemetry", tel], env=env))
     over_mpi = losses(r.stdout, 4)
     assert falls(over_mpi), over_mpi
     assert re.search(r"data wait: \d+\.\d% of step time \(meshfeed, cpu, 4 ranks\)", r.stdout), r.stdout
+    # The loader's telemetry of a PyTorch job reads as a meshfeed run's: every epoch of
+    # every rank, replayed step by step (32 steps of 128 samples of 4096).
+    report = ok(run([BIN, "report", "--json", tel]))
+    epochs = [json.loads(line) for line in report.stdout.splitlines() if '"kind":"epoch"' in line]
+    assert [(e["epoch"], e["ranks"], e["samples"]) for e in epochs] == [(i, 4, 4096) for i in range(4)], epochs
+    assert all(e["steps"]["steps"] == 32 and e["steps"]["replayed_s"] > 0 for e in epochs), epochs
     # The baseline it compares with: DataLoader + DistributedSampler over the same files.
     r = ok(run(MPIRUN + ["-x", "MASTER_PORT", "-np", 2, sys.executable, script, learnable, "--epochs", 3,
                          "--loader", "dataloader", "--workers", 1], env=env))
