@@ -61,11 +61,15 @@ def said(out, np_):
 def test_a_loader_cannot_cross_a_fork_and_the_parent_is_unaffected(npy, tmp_path, prefetch):
     # The child of os.fork, a multiprocessing child (fork start method) and a PyTorch
     # DataLoader worker iterating the loader each get a MisuseError; the parent then
-    # delivers its whole epoch, exactly once over the ranks.
+    # delivers its whole epoch, exactly once over the ranks. The loader's telemetry is the
+    # parent's alone: a child that exits does not write the parent's records again.
     script = PREAMBLE + (
         "import multiprocessing as mp, torch\n"
+        "loader.close()\n"
+        "loader = meshfeed.Loader(data, 12, seed=4, window_bytes='2K', prefetch=prefetch,\n"
+        "                         telemetry=os.path.join(sys.argv[3], 'telemetry'))\n"
         "it = iter(loader)\n"
-        "ids = list(next(it).ids)\n"
+        "ids = [int(i) for _ in range(3) for i in next(it).ids]  # window records buffered\n"
         "pid = os.fork()\n"
         "if pid == 0:\n"
         "    try:\n"
@@ -101,6 +105,8 @@ def test_a_loader_cannot_cross_a_fork_and_the_parent_is_unaffected(npy, tmp_path
     for np_ in (2, 3):
         r = ok(mpirun(np_, script, npy, prefetch, tmp_path))
         out = r.stdout + r.stderr
+        report = run([BIN, "report", "--json", tmp_path / "telemetry"])
+        assert report.returncode == 0 and '"epoch":0,"ranks":%d' % np_ in report.stdout, report.stdout + report.stderr
         # (Ranks print at once: their lines can run together.)
         for who in ("fork", "multiprocessing"):
             assert r.stdout.count(f"{who}: this loader was made in process ") == np_, f"{who}\n{out}"

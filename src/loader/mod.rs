@@ -630,12 +630,13 @@ impl Drop for Loader {
     /// freed (the producer and the communicators are the parent's).
     fn drop(&mut self) {
         drop(self.stop_handlers.take());
-        let stream = &self.stream;
-        self.tracker.interrupted(Instant::now(), |a, b| stream.rows_in_steps(a..b));
         if self.check_process().is_err() {
             self.pipeline.forget();
+            self.tracker.forget();
             return;
         }
+        let stream = &self.stream;
+        self.tracker.interrupted(Instant::now(), |a, b| stream.rows_in_steps(a..b));
         // Closed where others expect this rank at their next window: they learn it closed.
         if let Ok(expected_by) = self.pipeline.stop(self.interrupt.as_deref_mut(), true) {
             if expected_by.or(self.expected_by).is_some() {
@@ -781,6 +782,50 @@ mod tests {
         // The figures of the epoch that just ended.
         let (_, last) = l.live_metrics();
         assert_eq!(last.map(|e| (e.epoch, e.steps, e.windows)), Some((1, 12, m.windows)));
+    }
+
+    /// A loader dropped in a forked child leaves the parent's telemetry alone: the records
+    /// buffered at the fork are written once, by the parent.
+    #[test]
+    fn a_forked_child_does_not_write_the_parents_telemetry() {
+        use crate::telemetry::{read_rank_file, Record};
+        let (_dir, ds) = dataset(50);
+        let out = tempfile::tempdir().unwrap();
+        let mut l = loader(&ds, 4, 0);
+        let job = crate::config::Job {
+            data: vec![],
+            dataset: Default::default(),
+            loader: l.options().clone(),
+            epochs: 2,
+            transport: Default::default(),
+            telemetry: Some(out.path().into()),
+            heartbeat: None,
+        };
+        l.record_telemetry(&LocalTransport::new(), &job).unwrap();
+        // Epoch 0's records are buffered, not yet written.
+        l.by_ref().count();
+        l.next_batch().unwrap().unwrap();
+        // SAFETY: the child only drops the loader (no producer thread: prefetch 0) and exits.
+        match unsafe { libc::fork() } {
+            0 => {
+                drop(l);
+                unsafe { libc::_exit(0) }
+            }
+            pid => {
+                let mut status = 0;
+                assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+            }
+        }
+        drop(l);
+        let records = read_rank_file(&out.path().join("rank-0.jsonl")).unwrap();
+        let epochs: Vec<u64> = records
+            .iter()
+            .filter_map(|(_, r)| match r {
+                Record::Epoch(e) => Some(e.epoch),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(epochs, [0, 1]);
     }
 
     /// With a telemetry directory, each window the consumer took gets a record with its

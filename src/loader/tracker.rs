@@ -188,29 +188,9 @@ impl Tracker {
         if e.steps == 0 {
             return;
         }
-        let s = &e.sum;
-        self.last_epoch = Some(Epoch {
-            schema: SCHEMA,
-            rank: self.rank,
-            ranks: Some(self.ranks),
-            host: crate::transport::hosts::this_host(),
-            epoch: e.epoch,
-            steps: e.steps,
-            samples: samples(e.first_step, e.first_step + e.steps),
-            seconds: now.saturating_duration_since(e.start).as_secs_f64(),
-            phase_s: s.phase_s,
-            peer_wait_s: s.peer_wait_s,
-            wait_s: s.wait_s,
-            compute_s: s.compute_s,
-            bytes_read: s.bytes_read,
-            bytes_read_spill: s.bytes_read_spill,
-            bytes_sent: s.bytes_sent,
-            bytes_sent_off_host: s.bytes_sent_off_host,
-            bytes_received: s.bytes_received,
-            windows: e.windows,
-            peak_rss_bytes: crate::runtime::peak_rss_bytes(),
-            verified: None,
-        });
+        let samples = samples(e.first_step, e.first_step + e.steps);
+        let seconds = now.saturating_duration_since(e.start).as_secs_f64();
+        self.last_epoch = Some(self.epoch_record(&e, &e.sum, e.windows, samples, seconds));
         self.unwritten = true;
     }
 
@@ -239,6 +219,15 @@ impl Tracker {
         }
     }
 
+    /// In a forked child: the file and its buffer are the parent's, and must be neither
+    /// written nor flushed here.
+    pub fn forget(&mut self) {
+        std::mem::forget(self.writer.take());
+        if let Some(h) = self.heartbeat.take() {
+            std::mem::forget(h);
+        }
+    }
+
     /// The first error writing the records, if any (writing stopped there).
     pub fn take_write_error(&mut self) -> Option<crate::Error> {
         self.write_error.take()
@@ -252,32 +241,39 @@ impl Tracker {
                 if let Some(w) = &self.window {
                     add(&mut sum, w);
                 }
-                Some(Epoch {
-                    schema: SCHEMA,
-                    rank: self.rank,
-                    ranks: Some(self.ranks),
-                    host: crate::transport::hosts::this_host(),
-                    epoch: e.epoch,
-                    steps: e.steps,
-                    samples: samples(e.first_step, e.first_step + e.steps),
-                    seconds: e.start.elapsed().as_secs_f64(),
-                    phase_s: sum.phase_s,
-                    peer_wait_s: sum.peer_wait_s,
-                    wait_s: sum.wait_s,
-                    compute_s: sum.compute_s,
-                    bytes_read: sum.bytes_read,
-                    bytes_read_spill: sum.bytes_read_spill,
-                    bytes_sent: sum.bytes_sent,
-                    bytes_sent_off_host: sum.bytes_sent_off_host,
-                    bytes_received: sum.bytes_received,
-                    windows: e.windows + u64::from(self.window.is_some()),
-                    peak_rss_bytes: crate::runtime::peak_rss_bytes(),
-                    verified: None,
-                })
+                let windows = e.windows + u64::from(self.window.is_some());
+                let samples = samples(e.first_step, e.first_step + e.steps);
+                Some(self.epoch_record(e, &sum, windows, samples, e.start.elapsed().as_secs_f64()))
             }
             _ => self.last_epoch.clone(),
         };
         (self.last_window.clone(), epoch)
+    }
+
+    /// The record of epoch `e`, whose windows sum to `sum`.
+    fn epoch_record(&self, e: &EpochSoFar, sum: &Window, windows: u64, samples: u64, seconds: f64) -> Epoch {
+        Epoch {
+            schema: SCHEMA,
+            rank: self.rank,
+            ranks: Some(self.ranks),
+            host: crate::transport::hosts::this_host(),
+            epoch: e.epoch,
+            steps: e.steps,
+            samples,
+            seconds,
+            phase_s: sum.phase_s,
+            peer_wait_s: sum.peer_wait_s,
+            wait_s: sum.wait_s,
+            compute_s: sum.compute_s,
+            bytes_read: sum.bytes_read,
+            bytes_read_spill: sum.bytes_read_spill,
+            bytes_sent: sum.bytes_sent,
+            bytes_sent_off_host: sum.bytes_sent_off_host,
+            bytes_received: sum.bytes_received,
+            windows,
+            peak_rss_bytes: crate::runtime::peak_rss_bytes(),
+            verified: None,
+        }
     }
 
     /// The window being consumed is done: into its epoch's sum, and written.
