@@ -491,8 +491,14 @@ def test_a_training_jobs_telemetry_reads_as_a_runs_and_names_its_slow_rank(datas
     steps. loader.metrics() tells each rank the part of its time spent waiting for data
     (the fast ranks wait for the slow one), and rank 0 beats on stderr."""
     data, tel = datasets["npy"], tmp_path / "tel"
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
     script = (
         "import json, time, meshfeed\n"
+        "try:\n"
+        f"    meshfeed.Loader([{str(data)!r}], batch_size=12, telemetry={str(blocker / 'tel')!r})\n"
+        "except meshfeed.Error as e:\n"
+        "    print(f'refused: {e}', flush=True)\n"
         f"l = meshfeed.Loader([{str(data)!r}], batch_size=12, seed=3, window_bytes='2K', telemetry={str(tel)!r},"
         " heartbeat=0.05)\n"
         "for epoch in range(2):\n"
@@ -507,6 +513,8 @@ def test_a_training_jobs_telemetry_reads_as_a_runs_and_names_its_slow_rank(datas
         "l.close()\n"
     )
     r = ok(run(MPIRUN + ["-np", 3, sys.executable, "-c", script]))
+    # A directory that cannot be made is an error on every rank, naming it.
+    assert r.stdout.count(f"refused: rank 0: {blocker / 'tel'}: Not a directory") == 3, r.stdout
     metrics = sorted(json_objects(r.stdout), key=lambda m: m["rank"])
     assert [(m["epoch"], m["steps"], m["samples"]) for m in metrics] == [(1, 50, 600)] * 3, metrics
     assert metrics[1]["wait_fraction"] < 0.2 and metrics[1]["compute_s"] >= 50 * 0.02, metrics
