@@ -57,21 +57,48 @@ impl FieldPart {
             out.extend_from_slice(value);
             return;
         };
-        let Some(last) = slice.len().checked_sub(1) else {
+        if slice.is_empty() {
             out.extend_from_slice(value);
             return;
-        };
+        }
+        if slice.iter().any(|rs| rs.iter().all(|r| r.is_empty())) {
+            return;
+        }
         // Byte strides of each dimension.
         let mut strides = vec![dtype.size(); shape.len()];
         for d in (0..shape.len().saturating_sub(1)).rev() {
             strides[d] = strides[d + 1] * shape[d + 1];
         }
-        // The outer dimensions' held indices are visited like an odometer (per dimension:
-        // which of its ranges, and the index in it); the innermost dimension's ranges are
-        // contiguous runs.
-        if slice.iter().any(|rs| rs.iter().all(|r| r.is_empty())) {
-            return;
+        // Trailing dimensions held whole are contiguous with the one before them: its
+        // ranges are the runs (a split of the first dimension of `[S, H]` copies one run).
+        let mut last = slice.len() - 1;
+        while last > 0 && slice[last].len() == 1 && slice[last][0] == (0..shape[last]) {
+            last -= 1;
         }
+        // One range per dimension (a block split, the common case): one run per index of
+        // the outer dimensions, visited like an odometer.
+        if slice[..=last].iter().all(|rs| rs.len() == 1) {
+            let run = slice[last][0].start * strides[last]..slice[last][0].end * strides[last];
+            let mut index: Vec<usize> = slice[..last].iter().map(|rs| rs[0].start).collect();
+            loop {
+                let at: usize = index.iter().zip(&strides).map(|(i, s)| i * s).sum();
+                out.extend_from_slice(&value[at + run.start..at + run.end]);
+                let mut d = last;
+                loop {
+                    if d == 0 {
+                        return;
+                    }
+                    d -= 1;
+                    index[d] += 1;
+                    if index[d] < slice[d][0].end {
+                        break;
+                    }
+                    index[d] = slice[d][0].start;
+                }
+            }
+        }
+        // Several ranges in some dimension (the zigzag split): per dimension, which of its
+        // ranges and the index in it; the ranges of dimension `last` are contiguous runs.
         let first = |d: usize| slice[d].iter().position(|r| !r.is_empty()).expect("a non-empty range");
         let mut index: Vec<(usize, usize)> = (0..last).map(|d| (first(d), slice[d][first(d)].start)).collect();
         loop {
