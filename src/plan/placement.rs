@@ -456,8 +456,9 @@ mod tests {
         assert_eq!(out, vec![1, 7]);
     }
 
-    /// Copies of slices with several ranges in any dimension against a brute-force
-    /// selection of the elements they hold, in C order.
+    /// Copies of slices — one range per dimension (block splits), several in some (zigzag),
+    /// trailing dimensions whole or not — against a brute-force selection of the elements
+    /// they hold, in C order.
     #[test]
     fn multi_range_slices_copy_the_elements_they_hold() {
         use crate::dataset::DType;
@@ -468,6 +469,12 @@ mod tests {
             vec![vec![0..1, 2..3], vec![1..2, 3..5], vec![1..2, 3..4]],
             vec![vec![1..2], vec![0..0, 4..6], vec![0..4]],
             vec![vec![0..3], vec![0..8], vec![0..1, 1..2, 2..4]],
+            vec![vec![0..1, 2..3], vec![0..8], vec![0..4]],
+            vec![vec![1..3], vec![2..6], vec![0..4]],
+            vec![vec![0..3], vec![0..8], vec![1..3]],
+            vec![vec![1..2], vec![0..8], vec![0..4]],
+            vec![vec![0..3], vec![0..8], vec![0..4]],
+            vec![vec![2..3], vec![5..6], vec![3..4]],
         ];
         for slice in slices {
             let mut want = Vec::new();
