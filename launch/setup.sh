@@ -38,16 +38,16 @@ if ! command -v cargo >/dev/null; then
 fi
 
 if [[ "${1:-}" == "--test" ]]; then
-    # numpy/h5py/pyarrow/pandas/webdataset/megatron-core write the test fixtures (Pillow the
+    # numpy/h5py/pyarrow/pandas/webdataset/megatron-core/datasets write the test fixtures (Pillow the
     # WebDataset example's JPEGs); ray and kubernetes-validate test the
     # Ray launcher and the Kubernetes manifests; maturin builds the Python package and
     # pytest tests it (mpi4py: MPI initialised by another library; torch, jax and Ray Train
     # run the framework tests and the examples on the CPU: PyPI's torch brings CUDA
     # libraries, ~5 GB, about a minute and a half to download here).
-    if ! .venv/bin/python -c "import numpy, h5py, pyarrow, pandas, webdataset, megatron.core, PIL, ray.train, kubernetes_validate, maturin, pytest, mpi4py, torch, jax, ruff, mypy" 2>/dev/null; then
-        echo "setup: creating .venv with numpy, h5py, pyarrow, pandas, webdataset, megatron-core, pillow, ray[train], kubernetes-validate, maturin, pytest, mpi4py, torch, jax, ruff, mypy (tests)"
+    if ! .venv/bin/python -c "import numpy, h5py, pyarrow, pandas, webdataset, megatron.core, datasets, PIL, ray.train, kubernetes_validate, maturin, pytest, mpi4py, torch, jax, ruff, mypy" 2>/dev/null; then
+        echo "setup: creating .venv with numpy, h5py, pyarrow, pandas, webdataset, megatron-core, datasets, pillow, ray[train], kubernetes-validate, maturin, pytest, mpi4py, torch, jax, ruff, mypy (tests)"
         python3 -m venv .venv
-        .venv/bin/pip install -q --disable-pip-version-check numpy h5py pyarrow pandas webdataset megatron-core pillow "ray[train]" kubernetes-validate maturin \
+        .venv/bin/pip install -q --disable-pip-version-check numpy h5py pyarrow pandas webdataset megatron-core datasets pillow "ray[train]" kubernetes-validate maturin \
             pytest mpi4py torch jax ruff mypy
     fi
 fi

@@ -123,10 +123,12 @@ over_transports! {
     /// epoch with each member's bytes (CRCs from Python's tarfile), the same global batches
     /// at every rank count.
     /// Token lists (Arrow `List<int32>` and `LargeList<int64>`, some empty): each row's
-    /// elements exactly once per epoch, the same batches at every rank count.
+    /// elements exactly once per epoch, the same batches at every rank count; also as
+    /// Hugging Face `datasets` saved them itself (`save_to_disk`).
     fn arrow_lists_of_numbers(t: Transport) {
         check_dataset(t, &fixtures().join("arrow_lists"), &[]);
         check_dataset(t, &fixtures().join("parquet_lists"), &[]);
+        check_dataset(t, &fixtures().join("hf_datasets"), &[]);
     }
 
     /// Megatron indexed datasets written by megatron.core's `IndexedDatasetBuilder`: every
