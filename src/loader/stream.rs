@@ -384,6 +384,28 @@ mod tests {
         assert_eq!(s.advance(Position::new(2, 5)), Position::new(3, 0));
     }
 
+    /// The rows of a range of steps, counted in one go, are the sum of each step's batch:
+    /// the partial last batch has its own size, a padded one the full size.
+    #[test]
+    fn rows_in_steps_sum_the_steps_batches() {
+        for tail in [TailPolicy::Drop, TailPolicy::Pad, TailPolicy::Partial] {
+            let s = stream(23, 4, 1 << 20, tail);
+            let spe = s.steps_per_epoch;
+            for a in 0..=spe {
+                for b in a..=spe {
+                    let each: u64 = (a..b).map(|k| s.placement_for_step(Step(k)).batch_size() as u64).sum();
+                    assert_eq!(s.rows_in_steps(a..b), each, "{tail:?}: steps {a}..{b}");
+                }
+            }
+            let whole = match tail {
+                TailPolicy::Drop => 20,
+                TailPolicy::Pad => 24,
+                TailPolicy::Partial => 23,
+            };
+            assert_eq!(s.rows_in_steps(0..spe), whole, "{tail:?}");
+        }
+    }
+
     #[test]
     fn invalid_streams() {
         let info = FileInfo {
