@@ -362,8 +362,8 @@ struct Telemetry {
     config: Option<RunInfo>,
     epochs: Vec<Vec<Epoch>>,
     windows: Vec<WindowSample>,
-    /// The window records that list their steps (schema 3), of every rank.
-    step_windows: Vec<telemetry::Window>,
+    /// The window records that list their steps (schema 3), by epoch and rank.
+    step_windows: BTreeMap<(u64, usize), Vec<telemetry::Window>>,
 }
 
 /// The rank files (`rank-<r>.jsonl`) in `dir`, by rank; a name of that shape that is no
@@ -435,7 +435,7 @@ fn read_run(dir: &Path) -> Result<Telemetry> {
     let mut by_epoch: BTreeMap<u64, Vec<Epoch>> = BTreeMap::new();
     let mut epochs_of: Vec<BTreeSet<u64>> = Vec::with_capacity(ranks);
     let mut windows = Vec::new();
-    let mut step_windows = Vec::new();
+    let mut step_windows: BTreeMap<(u64, usize), Vec<telemetry::Window>> = BTreeMap::new();
     let mut hosts: Vec<String> = Vec::new();
     // An epoch record naming another number of ranks: reported once every file's own
     // records are checked (a copied file is named as such, not the files it makes too many
@@ -443,7 +443,9 @@ fn read_run(dir: &Path) -> Result<Telemetry> {
     let mut disagrees = None;
     for (&rank, path) in &files {
         let (epochs, mine, stepped, disagree) = read_rank(path, rank, ranks, &says)?;
-        step_windows.extend(stepped);
+        for w in stepped {
+            step_windows.entry((w.epoch, w.rank)).or_default().push(w);
+        }
         disagrees = disagrees.or(disagree);
         // Windows name no host: their rank's epoch records do.
         let host = epochs.last().map(|e| e.host.clone()).unwrap_or_default();
@@ -546,14 +548,16 @@ fn read_rank(
 }
 
 /// The epoch of `records` (one per rank, in rank order) replayed step by step from the
-/// windows that list their steps ([`crate::steps`]), where every rank has some.
-fn replay_steps(windows: &[telemetry::Window], records: &[Epoch]) -> Option<crate::steps::StepReplay> {
-    let epoch = records.first()?.epoch;
+/// windows that list their steps ([`crate::steps`], by epoch and rank), where every rank
+/// has some.
+fn replay_steps(
+    windows: &BTreeMap<(u64, usize), Vec<telemetry::Window>>,
+    records: &[Epoch],
+) -> Option<crate::steps::StepReplay> {
     let ranks: Vec<(String, Vec<(u64, crate::steps::StepWork)>)> = records
         .iter()
         .map(|e| {
-            let mine: Vec<&telemetry::Window> =
-                windows.iter().filter(|w| w.rank == e.rank && w.epoch == epoch).collect();
+            let mine: Vec<&telemetry::Window> = windows.get(&(e.epoch, e.rank)).into_iter().flatten().collect();
             (e.host.clone(), crate::steps::rank_steps(&mine))
         })
         .collect();

@@ -137,8 +137,8 @@ pub fn replay(ranks: &[(String, Vec<(u64, StepWork)>)]) -> Option<StepReplay> {
     if steps.is_empty() || n == 0 {
         return None;
     }
-    let total = |r: usize| steps.iter().map(|(_, w)| w[r].total()).sum::<f64>();
-    let slowest = (0..n).max_by(|&a, &b| total(a).total_cmp(&total(b))).expect("ranks");
+    let totals: Vec<f64> = (0..n).map(|r| steps.iter().map(|(_, w)| w[r].total()).sum()).collect();
+    let slowest = (0..n).max_by(|&a, &b| totals[a].total_cmp(&totals[b])).expect("ranks");
     let medians: Vec<StepWork> = steps
         .iter()
         .map(|(_, w)| StepWork {
