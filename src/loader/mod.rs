@@ -784,24 +784,44 @@ mod tests {
         assert_eq!(last.map(|e| (e.epoch, e.steps, e.windows)), Some((1, 12, m.windows)));
     }
 
-    /// A loader dropped in a forked child leaves the parent's telemetry alone: the records
-    /// buffered at the fork are written once, by the parent.
-    #[test]
-    fn a_forked_child_does_not_write_the_parents_telemetry() {
-        use crate::telemetry::{read_rank_file, Record};
-        let (_dir, ds) = dataset(50);
-        let out = tempfile::tempdir().unwrap();
-        let mut l = loader(&ds, 4, 0);
+    /// Has `l` write its telemetry to `dir`, as a job asking for it would.
+    fn record_telemetry(l: &mut Loader, dir: &std::path::Path) {
         let job = crate::config::Job {
             data: vec![],
             dataset: Default::default(),
             loader: l.options().clone(),
             epochs: 2,
             transport: Default::default(),
-            telemetry: Some(out.path().into()),
+            telemetry: Some(dir.into()),
             heartbeat: None,
         };
         l.record_telemetry(&LocalTransport::new(), &job).unwrap();
+    }
+
+    /// Rank 0's records in `dir`: its windows and its epochs, in the order written, and
+    /// whether the last record is an epoch's.
+    fn recorded(dir: &std::path::Path) -> (Vec<crate::telemetry::Window>, Vec<crate::telemetry::Epoch>, bool) {
+        use crate::telemetry::{read_rank_file, Record};
+        let records = read_rank_file(&dir.join("rank-0.jsonl")).unwrap();
+        let last_is_epoch = matches!(records.last(), Some((_, Record::Epoch(_))));
+        let (mut windows, mut epochs) = (Vec::new(), Vec::new());
+        for (_, r) in records {
+            match r {
+                Record::Window(w) => windows.push(w),
+                Record::Epoch(e) => epochs.push(e),
+            }
+        }
+        (windows, epochs, last_is_epoch)
+    }
+
+    /// A loader dropped in a forked child leaves the parent's telemetry alone: the records
+    /// buffered at the fork are written once, by the parent.
+    #[test]
+    fn a_forked_child_does_not_write_the_parents_telemetry() {
+        let (_dir, ds) = dataset(50);
+        let out = tempfile::tempdir().unwrap();
+        let mut l = loader(&ds, 4, 0);
+        record_telemetry(&mut l, out.path());
         // Epoch 0's records are buffered, not yet written.
         l.by_ref().count();
         l.next_batch().unwrap().unwrap();
@@ -817,14 +837,7 @@ mod tests {
             }
         }
         drop(l);
-        let records = read_rank_file(&out.path().join("rank-0.jsonl")).unwrap();
-        let epochs: Vec<u64> = records
-            .iter()
-            .filter_map(|(_, r)| match r {
-                Record::Epoch(e) => Some(e.epoch),
-                _ => None,
-            })
-            .collect();
+        let epochs: Vec<u64> = recorded(out.path()).1.iter().map(|e| e.epoch).collect();
         assert_eq!(epochs, [0, 1]);
     }
 
@@ -833,20 +846,11 @@ mod tests {
     /// are what `meshfeed report` reads, and an epoch left part way has one of its steps.
     #[test]
     fn the_loader_writes_a_record_of_each_window_and_epoch_it_delivered() {
-        use crate::telemetry::{read_rank_file, Record, RunInfo};
+        use crate::telemetry::RunInfo;
         let (_dir, ds) = dataset(50);
         let out = tempfile::tempdir().unwrap();
         let mut l = loader(&ds, 4, 2);
-        let job = crate::config::Job {
-            data: vec![],
-            dataset: Default::default(),
-            loader: l.options().clone(),
-            epochs: 2,
-            transport: Default::default(),
-            telemetry: Some(out.path().into()),
-            heartbeat: None,
-        };
-        l.record_telemetry(&LocalTransport::new(), &job).unwrap();
+        record_telemetry(&mut l, out.path());
         let beats = Arc::new(std::sync::Mutex::new(Vec::new()));
         let sink = beats.clone();
         l.heartbeat(std::time::Duration::ZERO, move |line| sink.lock().unwrap().push(line.to_string()));
@@ -876,22 +880,9 @@ mod tests {
         );
         let run = RunInfo::read(out.path()).unwrap().unwrap();
         assert_eq!((run.ranks, run.samples, run.batch_size, run.epochs), (1, 50, 4, 2));
-        let records: Vec<Record> =
-            read_rank_file(&out.path().join("rank-0.jsonl")).unwrap().into_iter().map(|(_, r)| r).collect();
-        let windows: Vec<_> = records
-            .iter()
-            .filter_map(|r| match r {
-                Record::Window(w) if w.epoch == 0 => Some(w),
-                _ => None,
-            })
-            .collect();
-        let epochs: Vec<_> = records
-            .iter()
-            .filter_map(|r| match r {
-                Record::Epoch(e) => Some(e),
-                _ => None,
-            })
-            .collect();
+        let (all_windows, epochs, last_is_epoch) = recorded(out.path());
+        let windows: Vec<_> = all_windows.iter().filter(|w| w.epoch == 0).collect();
+        let epochs: Vec<_> = epochs.iter().collect();
         assert_eq!(steps, 12);
         let firsts: Vec<u64> = windows.iter().map(|w| w.first_step).collect();
         assert_eq!(firsts, (0..12).step_by(per_window as usize).collect::<Vec<_>>());
@@ -914,6 +905,6 @@ mod tests {
         // The epoch left after 3 steps: its record holds them.
         assert_eq!(epochs.len(), 2);
         assert_eq!((epochs[1].epoch, epochs[1].steps, epochs[1].samples, epochs[1].verified), (1, 3, 12, None));
-        assert!(matches!(records.last(), Some(Record::Epoch(_))));
+        assert!(last_is_epoch);
     }
 }

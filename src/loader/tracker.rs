@@ -23,6 +23,8 @@ use crate::telemetry::{Epoch, Phases, Record, Window, Writer, SCHEMA};
 pub(crate) struct Tracker {
     rank: usize,
     ranks: usize,
+    /// This rank's host, as epoch records name it.
+    host: String,
     /// When the last batch was handed to the consumer: its step runs until the next call.
     handed: Option<Instant>,
     /// The window being consumed, and the epoch.
@@ -65,6 +67,7 @@ impl Tracker {
         Tracker {
             rank,
             ranks,
+            host: crate::transport::hosts::this_host(),
             handed: None,
             window: None,
             epoch: None,
@@ -256,7 +259,7 @@ impl Tracker {
             schema: SCHEMA,
             rank: self.rank,
             ranks: Some(self.ranks),
-            host: crate::transport::hosts::this_host(),
+            host: self.host.clone(),
             epoch: e.epoch,
             steps: e.steps,
             samples,
