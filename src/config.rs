@@ -1208,6 +1208,15 @@ mod tests {
         assert_eq!(f.clone().into_job().unwrap().loader.layout.devices_per_process, 1);
         let zero = JobFile { devices_per_process: Some(0), ..f.clone() };
         assert!(zero.into_job().unwrap_err().to_string().contains("devices_per_process must be at least 1"));
+        // A heartbeat is a non-negative number of seconds; the telemetry directory is
+        // relative to the job file, like the data.
+        for bad in [-1.0, f64::NAN, f64::INFINITY] {
+            let e = JobFile { heartbeat: Some(bad), ..f.clone() }.into_job().unwrap_err().to_string();
+            assert!(e.contains(&format!("heartbeat {bad}: expected a non-negative number of seconds")), "{e}");
+        }
+        let t = JobFile { telemetry: Some("tel".into()), heartbeat: Some(0.0), ..f.clone() };
+        let job = t.relative_to(Path::new("/jobs")).into_job().unwrap();
+        assert_eq!((job.telemetry, job.heartbeat), (Some(PathBuf::from("/jobs/tel")), Some(0.0)));
         let job = f.clone().relative_to(Path::new("/jobs")).into_job().unwrap();
         assert_eq!(job.data, vec![PathBuf::from("/jobs/d")]);
         assert_eq!((job.epochs, job.loader.prefetch, job.loader.window_bytes), (1, 2, 64 << 20));
