@@ -841,6 +841,23 @@ mod tests {
         assert_eq!(epochs, [0, 1]);
     }
 
+    /// A rank killed outright (never dropped) leaves the records of the windows it
+    /// finished in its file.
+    #[test]
+    fn each_finished_window_is_on_disk_at_once() {
+        let (_dir, ds) = dataset(50);
+        let out = tempfile::tempdir().unwrap();
+        let mut l = loader(&ds, 4, 0);
+        record_telemetry(&mut l, out.path());
+        let windows = l.steps_per_epoch().div_ceil(l.steps_per_window());
+        assert!(windows > 1, "{windows}");
+        l.by_ref().count();
+        // As if killed: no drop, no flush.
+        std::mem::forget(l);
+        let (written, epochs, _) = recorded(out.path());
+        assert_eq!((written.len() as u64, epochs.len()), (windows, 0));
+    }
+
     /// With a telemetry directory, each window the consumer took gets a record with its
     /// steps' waiting and training time, and each epoch one that sums them; the records
     /// are what `meshfeed report` reads, and an epoch left part way has one of its steps.

@@ -9,9 +9,10 @@
 //! Nothing here is collective. A record is finished when the consumer is done with it: a
 //! window when the next window is taken (or its epoch ends, or the loader is repositioned
 //! or dropped), an epoch when its last step's time is known (the call after its last
-//! batch). An epoch's record is written when the next record is, when the loader is
-//! repositioned or dropped, or on [`Tracker::flush`], so that
-//! [`super::Loader::set_epoch_verified`] can still mark it.
+//! batch). A window's record is written, and flushed, when it is finished. An epoch's
+//! record is written when the next record is, when the loader is repositioned or dropped,
+//! or on [`Tracker::flush`], so that [`super::Loader::set_epoch_verified`] can still mark
+//! it.
 
 use std::time::{Duration, Instant};
 
@@ -288,6 +289,13 @@ impl Tracker {
         }
         self.append(&Record::Window(w.clone()));
         self.last_window = Some(w);
+        // On disk at once: a rank killed outright (SIGKILL after a scheduler's grace period,
+        // the OOM killer) leaves the windows it finished.
+        if let Some(writer) = self.writer.as_mut() {
+            if let Err(e) = writer.flush() {
+                self.stop_writing(e);
+            }
+        }
     }
 
     fn write_epoch(&mut self) {
