@@ -83,11 +83,11 @@ print("verify=" + ("1" if p["verify"] else "0"))' "$point")"
         --transport "$transport" --telemetry "$dir" --json --heartbeat 0)
     [[ $loader == broadcast ]] && args+=(--exchange broadcast)
     ((verify)) && args+=(--verify)
-    launch=(srun --mpi="${MESHFEED_SRUN_MPI:-pmix}" "$bin")
+    launch=(srun --kill-on-bad-exit=1 --mpi="${MESHFEED_SRUN_MPI:-pmix}" "$bin")
     # UCX ranks find each other through the rendezvous: rank 0's node, a port, a token.
-    [[ $transport == ucx ]] && launch=(srun --mpi=none "$here/ucx_task.sh" "$bin")
+    [[ $transport == ucx ]] && launch=(srun --kill-on-bad-exit=1 --mpi=none "$here/ucx_task.sh" "$bin")
     if [[ $loader == pytorch ]]; then
-        launch=(srun --mpi=none "$python" "$here/../bench/torch_loader.py")
+        launch=(srun --kill-on-bad-exit=1 --mpi=none "$python" "$here/../bench/torch_loader.py")
         args=(--data "$data" --format "$format" --batch-size "$batch_size" --epochs "$epochs" --workers "$pytorch_workers"
             --out "$dir/pytorch.jsonl" --tag "$id")
     fi

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
@@ -42,6 +42,7 @@ pub fn wait_bounded(cmd: Command, what: &str) -> Run {
 
 /// [`wait_bounded`] for a command that is many runs in one (a sweep of batch jobs): its
 /// bound is `limit`, each run's share of it no more generous than [`HANG_LIMIT`].
+/// A command that outlives its bound fails the test with the last lines it printed.
 pub fn wait_within(mut cmd: Command, what: &str, limit: Duration) -> Run {
     let start = Instant::now();
     let mut child = cmd
@@ -50,19 +51,10 @@ pub fn wait_within(mut cmd: Command, what: &str, limit: Duration) -> Run {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap_or_else(|e| panic!("cannot start {what}: {e}"));
-    // Drain pipes on threads so a chatty child cannot block.
-    let mut so = child.stdout.take().unwrap();
-    let mut se = child.stderr.take().unwrap();
-    let t_out = std::thread::spawn(move || {
-        let mut s = String::new();
-        std::io::Read::read_to_string(&mut so, &mut s).ok();
-        s
-    });
-    let t_err = std::thread::spawn(move || {
-        let mut s = String::new();
-        std::io::Read::read_to_string(&mut se, &mut s).ok();
-        s
-    });
+    // Drain pipes on threads so a chatty child cannot block; what they have read so far is
+    // at hand when the command hangs (its grandchildren may keep the pipes open).
+    let out = drain(child.stdout.take().unwrap());
+    let err = drain(child.stderr.take().unwrap());
     let status = loop {
         if let Some(status) = child.try_wait().unwrap() {
             break status;
@@ -70,16 +62,51 @@ pub fn wait_within(mut cmd: Command, what: &str, limit: Duration) -> Run {
         if start.elapsed() > limit {
             let _ = child.kill();
             let _ = child.wait();
-            panic!("{what} hung for more than {limit:?}: this is a failure (contract 7: no hangs)");
+            // The pipes' last lines, up to a moment after the kill.
+            std::thread::sleep(Duration::from_millis(200));
+            let tail = |text: &std::sync::Mutex<Vec<u8>>| {
+                let text = String::from_utf8_lossy(&text.lock().unwrap()).into_owned();
+                let lines: Vec<&str> = text.lines().collect();
+                lines[lines.len().saturating_sub(40)..].join("\n")
+            };
+            panic!(
+                "{what} hung for more than {limit:?}: this is a failure (contract 7: no hangs)\n\
+                 --- its stdout so far:\n{}\n--- its stderr so far:\n{}",
+                tail(&out.0),
+                tail(&err.0)
+            );
         }
         std::thread::sleep(Duration::from_millis(20));
     };
-    let out = Output { status, stdout: t_out.join().unwrap().into_bytes(), stderr: t_err.join().unwrap().into_bytes() };
-    Run {
-        code: out.status.code().unwrap_or(-1),
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-        elapsed: start.elapsed(),
+    let (stdout, stderr) = (out.finish(), err.finish());
+    Run { code: status.code().unwrap_or(-1), stdout, stderr, elapsed: start.elapsed() }
+}
+
+/// A pipe read to its end on a thread, into a buffer readable meanwhile.
+struct Drain(std::sync::Arc<std::sync::Mutex<Vec<u8>>>, std::thread::JoinHandle<()>);
+
+fn drain(mut pipe: impl std::io::Read + Send + 'static) -> Drain {
+    let text = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let to = std::sync::Arc::clone(&text);
+    let thread = std::thread::spawn(move || {
+        let mut chunk = [0u8; 8192];
+        loop {
+            match pipe.read(&mut chunk) {
+                Ok(0) => break,
+                Ok(n) => to.lock().unwrap().extend_from_slice(&chunk[..n]),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(_) => break,
+            }
+        }
+    });
+    Drain(text, thread)
+}
+
+impl Drain {
+    fn finish(self) -> String {
+        self.1.join().unwrap();
+        let text = std::mem::take(&mut *self.0.lock().unwrap());
+        String::from_utf8_lossy(&text).into_owned()
     }
 }
 

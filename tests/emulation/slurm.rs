@@ -106,6 +106,23 @@ fn jobs_on_a_two_node_slurm_deliver_what_mpirun_delivers() {
     let text = std::fs::read_to_string(out.path().join(format!("job-{id}.out"))).unwrap();
     let last = text.lines().rfind(|l| l.starts_with('{')).unwrap_or_else(|| panic!("no JSON summary: {text}"));
     assert!(last.contains("\"ranks\":4") && last.ends_with("\"verified\":true}"), "{text}");
+    // A rank that dies before it meets the others (here, rank 1 before it starts) ends the
+    // step: srun kills the rest (--kill-on-bad-exit), which would otherwise wait in MPI for
+    // it until the time limit.
+    let crash = out.path().join("crash.sh");
+    std::fs::write(&crash, format!("#!/bin/sh\n[ \"$SLURM_PROCID\" = 1 ] && kill -SEGV $$\nexec {} \"$@\"\n", bin()))
+        .unwrap();
+    std::fs::set_permissions(&crash, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let log = out.path().join("crash-%j.out");
+    let mut cmd = Command::new("sbatch");
+    cmd.args(["-W", "-N", "2", "-n", "4", "-o", log.to_str().unwrap(), script.to_str().unwrap(), d, "12"]);
+    cmd.env("SLURM_CONF", format!("{}/etc/slurm.conf", cluster_dir())).env("MESHFEED_BIN", &crash);
+    // Under a minute here: srun's SIGTERM, KillWait (10 s), SIGKILL, then sbatch's polling.
+    let run = wait_within(cmd, "a job whose rank 1 dies", std::time::Duration::from_secs(90));
+    assert_ne!(run.code, 0, "{}{}", run.stdout, run.stderr);
+    let id = run.stdout.trim().rsplit(' ').next().unwrap().to_string();
+    let text = std::fs::read_to_string(out.path().join(format!("crash-{id}.out"))).unwrap();
+    assert!(text.contains("task 1: Segmentation fault"), "{text}");
     // Preempted (Slurm signals every process and requeues the job), and told its time is
     // nearly up (--signal=B:TERM: the batch shell alone; the script requeues itself).
     preempted_job_resumes_exactly(&out.path().join("preempted"), &storage, d, Job::Cli, false, |id| {
