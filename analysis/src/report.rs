@@ -400,7 +400,9 @@ fn rank_files(dir: &Path) -> Result<BTreeMap<usize, PathBuf>> {
 /// and non-negative and its counts non-negative integers ([`Record::parse`]), and every
 /// epoch recorded by every rank. Anything else is an error naming the file and what is
 /// wrong: the report of part of a run, or of one rank counted twice, would look like a
-/// real run's.
+/// real run's. An epoch the training loop ran again (it broke out of it, or sought back)
+/// counts once, as its last run; the epoch a killed rank was in, whose finished windows
+/// are on disk but whose record is not, is left out ([`read_rank`]).
 fn read_run(dir: &Path) -> Result<Telemetry> {
     let config = RunInfo::read(dir)?;
     let files = rank_files(dir)?;
@@ -509,7 +511,7 @@ fn read_rank(
             Record::Window(w) => {
                 windows.push((line, WindowSample::of(&w)));
                 if !w.step_compute_s.is_empty() {
-                    stepped.push(w);
+                    stepped.push((line, w));
                 }
                 continue;
             }
@@ -523,10 +525,12 @@ fn read_rank(
             _ => {}
         }
         if let Some(first) = lines.insert(e.epoch, line) {
-            return Err(bad(format!(
-                "a second record of epoch {} (line {first} is the first): records of two runs in one file?",
-                e.epoch
-            )));
+            // The loop went back and ran the epoch again (it broke out of it, or sought
+            // back): the last run of it counts, and the record and windows of the one
+            // before are left out (its windows came before its record).
+            epochs.retain(|x: &Epoch| x.epoch != e.epoch);
+            windows.retain(|(l, w)| w.epoch != e.epoch || *l > first);
+            stepped.retain(|(l, w)| w.epoch != e.epoch || *l > first);
         }
         epochs.push(e);
     }
@@ -537,14 +541,21 @@ fn read_rank(
             format!("{why}, no epoch record: the rank's telemetry of no epoch (did the run stop before one ended?)"),
         ));
     }
-    // Windows are written with their epoch's record, never without.
-    if let Some((line, w)) = windows.iter().find(|(_, w)| !lines.contains_key(&w.epoch)) {
+    // Each window is written when it is finished and its epoch's record once the epoch
+    // ends: windows after the last epoch record without one of their own are of an epoch
+    // the rank never finished (it was killed), and are left out with it. Anywhere else a
+    // window needs its epoch's record.
+    let last = lines.values().copied().max().unwrap_or(0);
+    let cut = |line: usize, epoch: u64| line > last && !lines.contains_key(&epoch);
+    if let Some((line, w)) = windows.iter().find(|(line, w)| !lines.contains_key(&w.epoch) && !cut(*line, w.epoch)) {
         return Err(Error::file(
             path,
             format!("line {line}: a window of epoch {}, which this file has no epoch record of", w.epoch),
         ));
     }
-    Ok((epochs, windows.into_iter().map(|(_, w)| w).collect(), stepped, disagree))
+    let windows = windows.into_iter().filter(|(line, w)| !cut(*line, w.epoch)).map(|(_, w)| w).collect();
+    let stepped = stepped.into_iter().filter(|(_, w)| lines.contains_key(&w.epoch)).map(|(_, w)| w).collect();
+    Ok((epochs, windows, stepped, disagree))
 }
 
 /// The epoch of `records` (one per rank, in rank order) replayed step by step from the

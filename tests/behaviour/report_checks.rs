@@ -209,6 +209,75 @@ fn a_real_run_is_reported_and_damaged_copies_of_it_are_refused() {
         &[&format!("{}: no record of epoch 1, which 1 of the run's 2 ranks recorded", path(&c, "rank-1.jsonl"))],
     );
 
+    // Every rank killed during epoch 1: its windows were written as each was finished,
+    // its epoch record never was. Reported: the epoch the ranks finished, not the one
+    // they were killed in.
+    let c = case("killed");
+    for r in 0..2 {
+        let file = c.join(format!("rank-{r}.jsonl"));
+        let text = std::fs::read_to_string(&file).unwrap();
+        let kept: Vec<&str> =
+            text.lines().filter(|l| !(l.contains("\"kind\":\"epoch\"") && l.contains("\"epoch\":1,"))).collect();
+        assert_eq!(kept.len() + 1, text.lines().count(), "one record of epoch 1: {text}");
+        assert!(kept.last().unwrap().contains("\"kind\":\"window\""), "{text}");
+        std::fs::write(&file, kept.join("\n") + "\n").unwrap();
+    }
+    let run = report(&c, true);
+    ok(&run);
+    let epochs: Vec<serde_json::Value> = run
+        .stdout
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|l| l["kind"] == "epoch")
+        .collect();
+    assert_eq!(epochs.iter().map(|e| e["epoch"].as_u64()).collect::<Vec<_>>(), [Some(0)], "{}", run.stdout);
+    // Epoch 0 run again after epoch 1 (a loop that sought back): its last run counts.
+    let c = case("repeated");
+    for r in 0..2 {
+        let file = c.join(format!("rank-{r}.jsonl"));
+        let text = std::fs::read_to_string(&file).unwrap();
+        let again: Vec<String> = text
+            .lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+            .filter(|v| v["epoch"] == 0)
+            .map(|mut v| {
+                if v["kind"] == "epoch" {
+                    v["seconds"] = 54321.0.into();
+                }
+                v.to_string()
+            })
+            .collect();
+        assert!(again.len() >= 2, "{text}");
+        std::fs::write(&file, format!("{text}{}\n", again.join("\n"))).unwrap();
+    }
+    let run = report(&c, true);
+    ok(&run);
+    let epochs: Vec<serde_json::Value> = run
+        .stdout
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|l| l["kind"] == "epoch")
+        .collect();
+    let seconds: Vec<(Option<u64>, Option<f64>)> =
+        epochs.iter().map(|e| (e["epoch"].as_u64(), e["seconds"].as_f64())).collect();
+    assert_eq!(seconds.len(), 2, "{}", run.stdout);
+    assert_eq!(seconds[0], (Some(0), Some(54321.0)), "{}", run.stdout);
+    // A window with no record of its epoch before the last epoch record is no cut run.
+    let c = case("window-without-epoch");
+    let text = std::fs::read_to_string(c.join("rank-0.jsonl")).unwrap();
+    let window = text.lines().position(|l| l.contains("\"kind\":\"window\"") && l.contains("\"epoch\":0,")).unwrap();
+    let kept: Vec<&str> =
+        text.lines().filter(|l| !(l.contains("\"kind\":\"epoch\"") && l.contains("\"epoch\":0,"))).collect();
+    std::fs::write(c.join("rank-0.jsonl"), kept.join("\n") + "\n").unwrap();
+    refused(
+        &report(&c, false),
+        &[&format!(
+            "{}: line {}: a window of epoch 0, which this file has no epoch record of",
+            path(&c, "rank-0.jsonl"),
+            window + 1
+        )],
+    );
+
     // Negative seconds, samples and phase times; a non-finite time.
     let c = case("negative-seconds");
     let lines = edit(&c, 1, |v| {
