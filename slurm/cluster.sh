@@ -104,15 +104,14 @@ echo "export OMPI_MCA_oob_tcp_if_include=$subnet.0/24"
 # 2 ranks per node). TCP everywhere, as between real nodes.
 echo "export OMPI_MCA_pml=ob1"
 echo "export OMPI_MCA_btl=self,tcp"
-# Open MPI 4.1 under srun (PMIx): a rank still waiting for MPI_Init's data exchange (the
-# modex fence) can get a peer's first message before its PML is set up, and dies of a
-# SIGSEGV in the TCP transport (a null callback for the PML's match tag); about one 4-rank
-# srun step in 40 here, under load. Exchanging that data on demand instead leaves
-# MPI_Init one fence, after the PML is set up (docs/launching.md).
-echo "export OMPI_MCA_pmix_base_async_modex=1"
-echo "export OMPI_MCA_pmix_base_collect_data=0"
 EOF
     chmod 0755 "$base/etc/task_prolog.sh"
+    # Open MPI 4.1 under srun --mpi=pmix with Slurm's default fences (the data exchange as a
+    # ring, the barrier at MPI_Init's end as a tree): now and then a rank still waited for
+    # the exchange while its peers had left MPI_Init, and their first message killed it
+    # (SIGSEGV in mca_btl_tcp: a null callback for the PML's match tag) — 5 in 130 4-node
+    # steps here under load. Both fences as rings: 0 in 130 (docs/launching.md).
+    echo "PMIxCollFence=ring" >"$base/etc/mpi.conf"
     {
         cat <<EOF
 ClusterName=meshfeed
