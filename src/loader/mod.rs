@@ -822,7 +822,7 @@ mod tests {
         let out = tempfile::tempdir().unwrap();
         let mut l = loader(&ds, 4, 0);
         record_telemetry(&mut l, out.path());
-        // Epoch 0's records are buffered, not yet written.
+        // Epoch 0's record is buffered, not yet written (its windows are).
         l.by_ref().count();
         l.next_batch().unwrap().unwrap();
         // SAFETY: the child only drops the loader (no producer thread: prefetch 0) and exits.

@@ -216,6 +216,11 @@ impl Tracker {
     /// Writes what is finished, and flushes the file.
     pub fn flush(&mut self) {
         self.write_epoch();
+        self.flush_file();
+    }
+
+    /// Flushes what is written so far to the file.
+    fn flush_file(&mut self) {
         if let Some(w) = self.writer.as_mut() {
             if let Err(e) = w.flush() {
                 self.stop_writing(e);
@@ -291,11 +296,7 @@ impl Tracker {
         self.last_window = Some(w);
         // On disk at once: a rank killed outright (SIGKILL after a scheduler's grace period,
         // the OOM killer) leaves the windows it finished.
-        if let Some(writer) = self.writer.as_mut() {
-            if let Err(e) = writer.flush() {
-                self.stop_writing(e);
-            }
-        }
+        self.flush_file();
     }
 
     fn write_epoch(&mut self) {

@@ -93,6 +93,20 @@ fn edit(dir: &Path, rank: usize, change: impl Fn(&mut serde_json::Value) -> bool
     changed
 }
 
+/// Rewrites `rank-<rank>.jsonl` in `dir` without the records `drop` picks; returns the
+/// records kept, in order, and how many were left out.
+fn drop_records(dir: &Path, rank: usize, drop: impl Fn(&serde_json::Value) -> bool) -> (Vec<serde_json::Value>, usize) {
+    let path = dir.join(format!("rank-{rank}.jsonl"));
+    let all: Vec<serde_json::Value> =
+        std::fs::read_to_string(&path).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let total = all.len();
+    let kept: Vec<serde_json::Value> = all.into_iter().filter(|v| !drop(v)).collect();
+    let lines: Vec<String> = kept.iter().map(|v| v.to_string()).collect();
+    std::fs::write(&path, lines.join("\n") + "\n").unwrap();
+    let dropped = total - kept.len();
+    (kept, dropped)
+}
+
 /// The epoch record of `epoch`.
 fn is_epoch(v: &serde_json::Value, epoch: u64) -> bool {
     v["kind"] == "epoch" && v["epoch"] == epoch
@@ -214,22 +228,13 @@ fn a_real_run_is_reported_and_damaged_copies_of_it_are_refused() {
     // they were killed in.
     let c = case("killed");
     for r in 0..2 {
-        let file = c.join(format!("rank-{r}.jsonl"));
-        let text = std::fs::read_to_string(&file).unwrap();
-        let kept: Vec<&str> =
-            text.lines().filter(|l| !(l.contains("\"kind\":\"epoch\"") && l.contains("\"epoch\":1,"))).collect();
-        assert_eq!(kept.len() + 1, text.lines().count(), "one record of epoch 1: {text}");
-        assert!(kept.last().unwrap().contains("\"kind\":\"window\""), "{text}");
-        std::fs::write(&file, kept.join("\n") + "\n").unwrap();
+        let (kept, dropped) = drop_records(&c, r, |v| is_epoch(v, 1));
+        assert_eq!(dropped, 1, "one record of epoch 1: {kept:?}");
+        assert_eq!(kept.last().unwrap()["kind"], "window", "{kept:?}");
     }
     let run = report(&c, true);
     ok(&run);
-    let epochs: Vec<serde_json::Value> = run
-        .stdout
-        .lines()
-        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
-        .filter(|l| l["kind"] == "epoch")
-        .collect();
+    let epochs = records(&run.stdout, "epoch");
     assert_eq!(epochs.iter().map(|e| e["epoch"].as_u64()).collect::<Vec<_>>(), [Some(0)], "{}", run.stdout);
     // Epoch 0 run again after epoch 1 (a loop that sought back): its last run counts.
     let c = case("repeated");
@@ -252,23 +257,16 @@ fn a_real_run_is_reported_and_damaged_copies_of_it_are_refused() {
     }
     let run = report(&c, true);
     ok(&run);
-    let epochs: Vec<serde_json::Value> = run
-        .stdout
-        .lines()
-        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
-        .filter(|l| l["kind"] == "epoch")
-        .collect();
+    let epochs = records(&run.stdout, "epoch");
     let seconds: Vec<(Option<u64>, Option<f64>)> =
         epochs.iter().map(|e| (e["epoch"].as_u64(), e["seconds"].as_f64())).collect();
     assert_eq!(seconds.len(), 2, "{}", run.stdout);
     assert_eq!(seconds[0], (Some(0), Some(54321.0)), "{}", run.stdout);
     // A window with no record of its epoch before the last epoch record is no cut run.
     let c = case("window-without-epoch");
-    let text = std::fs::read_to_string(c.join("rank-0.jsonl")).unwrap();
-    let window = text.lines().position(|l| l.contains("\"kind\":\"window\"") && l.contains("\"epoch\":0,")).unwrap();
-    let kept: Vec<&str> =
-        text.lines().filter(|l| !(l.contains("\"kind\":\"epoch\"") && l.contains("\"epoch\":0,"))).collect();
-    std::fs::write(c.join("rank-0.jsonl"), kept.join("\n") + "\n").unwrap();
+    let (kept, dropped) = drop_records(&c, 0, |v| is_epoch(v, 0));
+    assert_eq!(dropped, 1, "{kept:?}");
+    let window = kept.iter().position(|v| v["kind"] == "window" && v["epoch"] == 0).unwrap();
     refused(
         &report(&c, false),
         &[&format!(
