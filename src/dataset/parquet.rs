@@ -32,7 +32,23 @@ pub type MetaCache = std::sync::OnceLock<ArrowReaderMetadata>;
 
 fn load(file: &File, path: &Path) -> Result<ArrowReaderMetadata> {
     let options = ArrowReaderOptions::new().with_page_index_policy(parquet::file::metadata::PageIndexPolicy::Optional);
-    ArrowReaderMetadata::load(file, options).map_err(|e| Error::file(path, format!("not a readable Parquet file: {e}")))
+    let loaded = unpanicked(path, "the footer", || ArrowReaderMetadata::load(file, options))?;
+    loaded.map_err(|e| Error::file(path, format!("not a readable Parquet file: {e}")))
+}
+
+/// Runs `decode`, turning a panic of the `parquet` crate into an error naming the file. The
+/// crate panics on some corrupt input where it should return an error (arrow-rs issue
+/// 11121, open in version 60: a BYTE_STREAM_SPLIT page declaring more values than it
+/// holds indexes past its end); a damaged file must be its reader's error, not a crash.
+fn unpanicked<T>(path: &Path, what: &str, decode: impl FnOnce() -> T) -> Result<T> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(decode)).map_err(|panic| {
+        let why = panic
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| panic.downcast_ref::<&str>().copied())
+            .unwrap_or("no message");
+        Error::file(path, format!("corrupt Parquet file: the decoder failed on {what} ({why})"))
+    })
 }
 
 /// Reads a Parquet footer: row count, fields, and the (uncompressed) bytes of each
@@ -101,6 +117,20 @@ impl ParquetReader {
     /// Values of `local` rows (sorted) of row group `g`, columns `columns`, appended to
     /// `values` with their places in `locs[row][column]` (row indices from `first`).
     fn read_group(
+        &self,
+        g: usize,
+        local: &[u64],
+        columns: &[usize],
+        values: &mut Vec<u8>,
+        locs: &mut [(usize, usize)],
+        first: usize,
+    ) -> Result<()> {
+        let what = format!("row group {g}");
+        unpanicked(&self.path, &what, || self.decode_group(g, local, columns, values, locs, first))?
+    }
+
+    /// [`Self::read_group`], where the crate may panic.
+    fn decode_group(
         &self,
         g: usize,
         local: &[u64],
@@ -314,5 +344,45 @@ mod tests {
         std::fs::write(&path, &bytes[..bytes.len() / 2]).unwrap();
         let e = scan(&path).unwrap_err().to_string();
         assert!(e.contains("a.parquet") && e.contains("not a readable Parquet file"), "{e}");
+    }
+
+    #[test]
+    fn every_bit_flip_of_a_byte_stream_split_file_reads_or_is_its_error() {
+        // At parquet 60.1, seven of these flips make the crate panic: the BYTE_STREAM_SPLIT
+        // decoder indexing past a page that declares more values than it holds (a flipped
+        // bit of the page header's value count), a data page claiming a dictionary, a
+        // negative column start. Each must be an error naming the file.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("b.parquet");
+        let batch =
+            RecordBatch::try_from_iter([("y", Arc::new(Int64Array::from_iter_values(0..20)) as ArrayRef)]).unwrap();
+        let props = parquet::file::properties::WriterProperties::builder()
+            .set_dictionary_enabled(false)
+            .set_encoding(parquet::basic::Encoding::BYTE_STREAM_SPLIT)
+            .build();
+        let mut w =
+            parquet::arrow::ArrowWriter::try_new(File::create(&path).unwrap(), batch.schema(), Some(props)).unwrap();
+        w.write(&batch).unwrap();
+        w.close().unwrap();
+        let good = std::fs::read(&path).unwrap();
+        let read = |bytes: &[u8]| -> Result<Vec<Vec<u8>>> {
+            std::fs::write(&path, bytes).unwrap();
+            let (n, fields, _) = scan(&path)?;
+            let rows: Vec<u64> = (0..n.min(64)).collect();
+            let chunk = ParquetReader::open_cached(&path, &fields, &MetaCache::new())?.read_rows(&rows)?;
+            Ok((0..rows.len()).map(|k| chunk.value(k, 0).to_vec()).collect())
+        };
+        let values = read(&good).unwrap();
+        assert_eq!(values, (0..20i64).map(|v| v.to_le_bytes().to_vec()).collect::<Vec<_>>());
+        let mut bytes = good.clone();
+        for at in 0..good.len() {
+            for bit in 0..8 {
+                bytes[at] ^= 1 << bit;
+                if let Err(e) = read(&bytes) {
+                    assert!(e.to_string().contains("b.parquet"), "bit {bit} of byte {at}: {e}");
+                }
+                bytes[at] ^= 1 << bit;
+            }
+        }
     }
 }
