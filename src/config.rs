@@ -416,6 +416,26 @@ impl Default for LocalReads {
 }
 
 named_enum!(
+    /// Whether home ranges follow the ranks' measured read speeds: at each epoch's first
+    /// window the ranks agree on new lengths from the last epoch's reads, so that a slow
+    /// reader reads less. Who reads a sample never changes the stream.
+    Balance, "balance" {
+        /// Where nothing of a home range is kept across epochs (the `random` read
+        /// strategy with nothing resident, no spill file), the rows cross the exchange
+        /// (fused), and there are several ranks; elsewhere the ranges stay equal.
+        Auto => "auto",
+        /// Equal home ranges, always.
+        Off => "off",
+    }
+);
+
+impl Default for Balance {
+    fn default() -> Self {
+        Balance::Auto
+    }
+}
+
+named_enum!(
     /// How ranks read their home ranges from storage ([`crate::plan::io`]).
     ReadStrategy, "read strategy" {
         /// The cheapest that fits the memory budget, by the storage's measured speed.
@@ -644,6 +664,9 @@ pub struct LoaderOptions {
     /// Whether rows whose owner is on this rank's host are read here rather than received.
     #[serde(default)]
     pub local_reads: LocalReads,
+    /// Whether home ranges follow the ranks' measured read speeds.
+    #[serde(default)]
+    pub balance: Balance,
 }
 
 impl LoaderOptions {
@@ -714,6 +737,7 @@ impl Default for LoaderOptions {
             tail: TailPolicy::Drop,
             read: ReadOptions::default(),
             local_reads: LocalReads::Auto,
+            balance: Balance::Auto,
         }
     }
 }
@@ -826,6 +850,11 @@ pub struct JobFile {
     /// and fixed-size Arrow samples of 1 KiB and more, fused exchange) or off [default: auto].
     #[cfg_attr(feature = "clap", arg(long, value_parser = named::<LocalReads>()))]
     pub local_reads: Option<LocalReads>,
+    /// Home ranges follow each rank's measured read speed, agreed at each epoch's first
+    /// window (a slow reader reads less; the stream is unchanged): auto (where nothing is
+    /// kept across epochs and rows are exchanged fused) or off [default: auto].
+    #[cfg_attr(feature = "clap", arg(long, value_parser = named::<Balance>()))]
+    pub balance: Option<Balance>,
     /// Mesh devices each rank drives (one process per host with several devices, as JAX
     /// runs): the mesh has ranks × K devices and a rank receives the union of their devices'
     /// shards [default: 1].
@@ -1017,6 +1046,7 @@ impl JobFile {
                     queue_depth,
                 },
                 local_reads: self.local_reads.unwrap_or_default(),
+                balance: self.balance.unwrap_or_default(),
             },
             epochs,
             transport: self.transport.unwrap_or_default(),
@@ -1130,14 +1160,14 @@ mod tests {
             (get("batch_size"), get("mesh"), get("shard"), get("tail")),
             ("32", "dp=<ranks>", "x=dp,tp; y=dp", "drop")
         );
-        assert_eq!((get("local_reads"), get("devices_per_process")), ("auto", "1"));
+        assert_eq!((get("local_reads"), get("balance"), get("devices_per_process")), ("auto", "auto", "1"));
         assert_eq!(get("exchange_costs"), ExchangeCosts::default().to_string());
         assert_eq!((get("read_strategy"), get("memory_budget"), get("read_queue_depth")), ("auto", "auto", "16"));
         assert_eq!(
             (get("storage_bandwidth"), get("storage_iops"), get("spill_dir"), get("pipeline_axis")),
             ("probe", "probe", "", "")
         );
-        assert_eq!(s.len(), 20);
+        assert_eq!(s.len(), 21);
         let other = LoaderOptions { seed: 9, ..LoaderOptions::default() };
         assert_ne!(other.settings(), LoaderOptions::default().settings());
     }
@@ -1196,7 +1226,7 @@ mod tests {
     #[test]
     fn job_file_keys_are_its_fields() {
         let keys = JobFile::keys();
-        assert_eq!(keys.len(), 28, "{keys:?}");
+        assert_eq!(keys.len(), 29, "{keys:?}");
         for k in ["batch_size", "data", "mesh_order", "read_strategy", "shard", "transport"] {
             assert!(keys.iter().any(|x| x == k), "{k} missing from {keys:?}");
         }

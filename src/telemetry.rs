@@ -15,8 +15,8 @@
 //!
 //! Every record carries the layout's version in its `schema` key ([`SCHEMA`]). Reading
 //! takes every version from [`OLDEST_SCHEMA`] on — schema 1 wrote only epoch records,
-//! without a `kind`, peer waiting or off-host bytes; schema 3 added the windows' steps;
-//! keys added since are optional — and
+//! without a `kind`, peer waiting or off-host bytes; schema 3 added the windows' steps,
+//! schema 4 each rank's home range length; keys added since are optional — and
 //! refuses any other, naming the file (and line). A record needs only the keys the report
 //! reads: its schema, rank, epoch and phase times; a window's first step, rows, peer
 //! waiting and bytes read, sent and sent off the host; an epoch's samples, seconds and
@@ -41,7 +41,7 @@ use crate::loader::{Loader, Phase};
 use crate::plan::IoPlan;
 
 /// The version of the records' layout this build writes.
-pub const SCHEMA: u32 = 3;
+pub const SCHEMA: u32 = 4;
 
 /// The oldest version this build reads.
 pub const OLDEST_SCHEMA: u32 = 1;
@@ -243,6 +243,10 @@ pub struct Window {
     pub step_wait_s: Vec<f64>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub step_compute_s: Vec<f64>,
+    /// The length of this rank's home range the window was read with: it moves between
+    /// epochs where the loader balances the ranges (`--balance`; since schema 4, 0 before).
+    #[serde(default)]
+    pub home_rows: u64,
 }
 
 impl Window {
@@ -318,6 +322,9 @@ pub struct Epoch {
     /// Whether the epoch verified (`None`: not checked).
     #[serde(default)]
     pub verified: Option<bool>,
+    /// This rank's home range length in the epoch's last window ([`Window::home_rows`]).
+    #[serde(default)]
+    pub home_rows: u64,
 }
 
 /// The host of an epoch record that names none.
@@ -448,8 +455,9 @@ fn typed<T: serde::de::DeserializeOwned>(v: serde_json::Value) -> std::result::R
 }
 
 /// The keys whose values are counts.
-const COUNTS: [&str; 20] = [
+const COUNTS: [&str; 21] = [
     "rank",
+    "home_rows",
     "ranks",
     "epoch",
     "first_step",
@@ -509,9 +517,11 @@ mod tests {
     use super::*;
 
     const WINDOW: &str = r#"{"bytes_read":2049000,"bytes_received":1967040,"bytes_sent":2049000,"bytes_sent_off_host":0,"epoch":0,"first_step":0,"kind":"window","peer_wait_s":0.001368556,"phase_s":{"assemble":0.000998794,"exchange":0.001836897,"pack":0.0,"plan":0.001376286,"read":0.001917066},"rank":0,"rows":120,"schema":2,"steps":1,"wait_s":0.009745586}"#;
-    /// A window as schema 3 writes it: the consumer's steps.
+    /// A window as schema 3 wrote it: the consumer's steps.
     const WINDOW_V3: &str = r#"{"bytes_read":2049000,"bytes_read_spill":0,"bytes_received":1967040,"bytes_sent":2049000,"bytes_sent_off_host":0,"compute_s":0.05,"epoch":0,"first_step":4,"kind":"window","peer_wait_s":0.001368556,"phase_s":{"assemble":0.000998794,"exchange":0.001836897,"pack":0.0,"plan":0.001376286,"read":0.001917066},"rank":0,"rows":120,"schema":3,"step_compute_s":[0.02,0.03],"step_wait_s":[0.009745586,0.0],"steps":2,"wait_s":0.009745586}"#;
-    const EPOCH: &str = r#"{"bytes_read":196704000,"bytes_read_spill":0,"bytes_received":196704000,"bytes_sent":196704000,"bytes_sent_off_host":0,"compute_s":0.0,"epoch":0,"host":"vm","kind":"epoch","peak_rss_bytes":32575488,"peer_wait_s":0.028216835,"phase_s":{"assemble":0.014297137,"exchange":0.03725301,"pack":0.0,"plan":0.003011975,"read":0.098461997},"rank":0,"ranks":2,"samples":24000,"schema":2,"seconds":0.172755173,"steps":100,"verified":null,"wait_s":0.171819776,"windows":100}"#;
+    /// A window as schema 4 writes it: the rank's home range length.
+    const WINDOW_V4: &str = r#"{"bytes_read":2049000,"bytes_read_spill":0,"bytes_received":1967040,"bytes_sent":2049000,"bytes_sent_off_host":0,"compute_s":0.05,"epoch":0,"first_step":4,"home_rows":11997,"kind":"window","peer_wait_s":0.001368556,"phase_s":{"assemble":0.000998794,"exchange":0.001836897,"pack":0.0,"plan":0.001376286,"read":0.001917066},"rank":0,"rows":120,"schema":4,"step_compute_s":[0.02,0.03],"step_wait_s":[0.009745586,0.0],"steps":2,"wait_s":0.009745586}"#;
+    const EPOCH: &str = r#"{"bytes_read":196704000,"bytes_read_spill":0,"bytes_received":196704000,"bytes_sent":196704000,"bytes_sent_off_host":0,"compute_s":0.0,"epoch":0,"home_rows":12000,"host":"vm","kind":"epoch","peak_rss_bytes":32575488,"peer_wait_s":0.028216835,"phase_s":{"assemble":0.014297137,"exchange":0.03725301,"pack":0.0,"plan":0.003011975,"read":0.098461997},"rank":0,"ranks":2,"samples":24000,"schema":4,"seconds":0.172755173,"steps":100,"verified":null,"wait_s":0.171819776,"windows":100}"#;
     /// An epoch record as schema 1 wrote it: no kind, peer waiting, off-host bytes,
     /// spill or verification.
     const EPOCH_V1: &str = r#"{"schema":1,"rank":1,"ranks":2,"host":"a","epoch":3,"steps":10,"samples":100,"seconds":1.5,"phase_s":{"plan":0.1,"read":0.2,"pack":0.0,"exchange":0.3,"assemble":0.4},"wait_s":0.5,"compute_s":0.0,"bytes_read":10,"bytes_sent":20,"bytes_received":20,"windows":2,"peak_rss_bytes":1024}"#;
@@ -523,12 +533,14 @@ mod tests {
         let Record::Epoch(e) = Record::parse(EPOCH).unwrap() else { panic!("an epoch") };
         assert_eq!((e.ranks, e.host.as_str(), e.samples, e.verified), (Some(2), "vm", 24000, None));
         // What is written reads back the same, with the same keys as before.
-        for line in [WINDOW_V3, EPOCH] {
+        for line in [WINDOW_V4, EPOCH] {
             let r = Record::parse(line).unwrap();
             let again: serde_json::Value = serde_json::from_str(&r.to_line()).unwrap();
             assert_eq!(again, serde_json::from_str::<serde_json::Value>(line).unwrap());
             assert_eq!(Record::parse(&r.to_line()).unwrap(), r);
         }
+        let Record::Window(w) = Record::parse(WINDOW_V3).unwrap() else { panic!("schema 3: a window") };
+        assert_eq!((w.schema, w.step_compute_s.len(), w.home_rows), (3, 2, 0));
         let Record::Epoch(e) = Record::parse(EPOCH_V1).unwrap() else { panic!("schema 1: an epoch") };
         assert_eq!((e.schema, e.rank, e.epoch, e.peer_wait_s, e.bytes_sent_off_host), (1, 1, 3, 0.0, 0));
         assert!((e.phase_s.own() - 0.7).abs() < 1e-12);
@@ -541,8 +553,8 @@ mod tests {
             v[key] = value;
             Record::parse(&v.to_string()).unwrap_err()
         };
-        assert_eq!(with("schema", 4.into()), "telemetry schema 4 (this meshfeed reads 1 to 3)");
-        assert_eq!(with("schema", 0.into()), "telemetry schema 0 (this meshfeed reads 1 to 3)");
+        assert_eq!(with("schema", 5.into()), "telemetry schema 5 (this meshfeed reads 1 to 4)");
+        assert_eq!(with("schema", 0.into()), "telemetry schema 0 (this meshfeed reads 1 to 4)");
         assert!(with("kind", "batch".into()).starts_with("kind is \"batch\""));
         assert_eq!(with("samples", (-600).into()), "samples is -600: a count is a non-negative integer");
         assert_eq!(
@@ -554,7 +566,7 @@ mod tests {
         v["phase_s"]["read"] = (-0.25).into();
         assert!(Record::parse(&v.to_string()).unwrap_err().starts_with("phase_s.read is -0.25"));
         v.as_object_mut().unwrap().remove("schema");
-        assert_eq!(Record::parse(&v.to_string()).unwrap_err(), "telemetry schema null (this meshfeed reads 1 to 3)");
+        assert_eq!(Record::parse(&v.to_string()).unwrap_err(), "telemetry schema null (this meshfeed reads 1 to 4)");
         assert!(Record::parse("1e999").unwrap_err().starts_with("not a JSON record"));
         // A window's steps: times, one of each per step delivered.
         let mut v: serde_json::Value = serde_json::from_str(WINDOW_V3).unwrap();
@@ -623,7 +635,7 @@ mod tests {
         assert_eq!((old.read_plan, old.sample_bytes), (None, None));
         v["schema"] = 7.into();
         let err = RunInfo::parse(path, &v.to_string()).unwrap_err().to_string();
-        assert!(err.contains("/x/run.json: telemetry schema 7 (this meshfeed reads 1 to 3)"), "{err}");
+        assert!(err.contains("/x/run.json: telemetry schema 7 (this meshfeed reads 1 to 4)"), "{err}");
         v["schema"] = 2.into();
         v["ranks"] = 0.into();
         let err = RunInfo::parse(path, &v.to_string()).unwrap_err().to_string();

@@ -48,6 +48,7 @@ def test_job_options_type_is_the_job_file():
     ("exchange", options.Exchange),
     ("read_strategy", options.ReadStrategy),
     ("local_reads", options.LocalReads),
+    ("balance", options.Balance),
     ("stages", options.Stage),
 ])
 def test_literals_are_the_values_the_job_file_takes(key, literal):

@@ -51,7 +51,8 @@ pub(crate) fn prepare(
     } else {
         metrics.agreed(|| agree(transport, Ok(())))?;
     }
-    Ok(Packed { spec, route: Route::Broadcast, ids, send, counts: vec![], metrics, deferred: None })
+    let home = std::sync::Arc::new(stream.home.clone());
+    Ok(Packed { spec, route: Route::Broadcast, home, ids, send, counts: vec![], metrics, deferred: None })
 }
 
 /// Broadcasts rank 0's buffer (an all-gather to which only rank 0 contributes).

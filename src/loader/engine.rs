@@ -18,6 +18,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
+use super::balance::Balancer;
 use super::exchange::{assemble_received, pack};
 use super::metrics::{Metrics, Phase};
 use super::passes;
@@ -44,6 +45,8 @@ pub(crate) struct Engine {
     /// Stop requests on this rank (a signal number, or [`super::STOP_REQUESTED`]; 0: none),
     /// agreed with every window.
     pub stop: Arc<AtomicUsize>,
+    /// The home ranges, and the read measures that move them.
+    pub balance: Balancer,
 }
 
 // The producer thread takes the engine with it: everything in it must be `Send`.
@@ -56,7 +59,8 @@ impl Engine {
     /// An engine for `stream` over the loader's own communicator, reading with `reads`.
     pub fn new(stream: Arc<Stream>, transport: Box<dyn Transport>, reads: Reads, stop: Arc<AtomicUsize>) -> Engine {
         let index = HomeIndex::new(stream.home.range(stream.rank), stream.index_entries);
-        Engine { stream, transport, reads, index, group: None, stop }
+        let balance = Balancer::new(&stream);
+        Engine { stream, transport, reads, index, group: None, stop, balance }
     }
 }
 
@@ -145,6 +149,7 @@ pub(crate) fn prepare(
     transport: &dyn Transport,
     reads: &mut Reads,
     index: &mut HomeIndex,
+    balance: &mut Balancer,
     spec: WindowSpec,
 ) -> Result<Packed> {
     let mut metrics = Metrics::default();
@@ -155,6 +160,8 @@ pub(crate) fn prepare(
     if route == Route::Broadcast {
         return broadcast::prepare(stream, transport, reads, spec);
     }
+    // A balanced stream's ranges move at an epoch's first window (a collective there).
+    let home = balance.ranges_for(stream, transport, index, &spec)?;
     let perm = Permutation::new(stream.dataset.len(), stream.options.seed, spec.epoch.0);
     let placement = exchange_placement(stream, &spec, route);
     // A two-phase member also needs the ids of its own rows under the final placement.
@@ -162,7 +169,7 @@ pub(crate) fn prepare(
         Route::TwoPhase => stream.placement.receiver(stream.rank).map(|(block, _)| block.rows.clone()),
         _ => None,
     };
-    let order = EpochOrder { perm: &perm, home: &stream.home, stride: stream.options.batch_size };
+    let order = EpochOrder { perm: &perm, home: &home, stride: stream.options.batch_size };
     // The pass serving this window is streamed first (passes strategy); its rows need the
     // home index, which planning uses next.
     let start = Instant::now();
@@ -226,7 +233,11 @@ pub(crate) fn prepare(
     metrics.bytes_sent_off_host +=
         counts.iter().zip(&stream.hosts).filter(|&(_, &h)| h != me).map(|(&c, _)| c as u64).sum::<u64>();
     metrics.window_sends.push(counts.clone());
-    Ok(Packed { spec, route, ids: plan.ids, send, counts, metrics, deferred })
+    let read_s = metrics.phase[Phase::Read as usize] + metrics.phase[Phase::Pack as usize];
+    balance.measured(sends.iter().map(|rows| rows.len() as u64).sum(), read_s.as_secs_f64());
+    let mine = home.range(stream.rank);
+    metrics.home_rows = mine.end - mine.start;
+    Ok(Packed { spec, route, home, ids: plan.ids, send, counts, metrics, deferred })
 }
 
 /// Step 2: exchanges a packed window. With `during`, the exchange is non-blocking and
@@ -236,7 +247,7 @@ pub(crate) fn exchange(
     packed: Packed,
     during: Option<&mut dyn FnMut()>,
 ) -> Result<Received> {
-    let Packed { spec, route, ids, send, counts, mut metrics, deferred } = packed;
+    let Packed { spec, route, home, ids, send, counts, mut metrics, deferred } = packed;
     let start = Instant::now();
     let mut busy = std::time::Duration::ZERO;
     let (recv, recv_counts) = match (route, during) {
@@ -269,13 +280,13 @@ pub(crate) fn exchange(
     };
     metrics.phase[Phase::Exchange as usize] += start.elapsed().saturating_sub(busy);
     metrics.bytes_received += recv.len() as u64;
-    Ok(Received { spec, route, ids, recv, recv_counts, metrics, deferred })
+    Ok(Received { spec, route, home, ids, recv, recv_counts, metrics, deferred })
 }
 
 /// Step 3: assembles a received window into batches. Collective (the assembly agreement,
 /// and the two-phase scatter).
 pub(crate) fn complete(engine: &mut Engine, received: Received) -> Result<Window> {
-    let Received { spec, route, ids, recv, recv_counts, mut metrics, deferred } = received;
+    let Received { spec, route, home, ids, recv, recv_counts, mut metrics, deferred } = received;
     let stream = &*engine.stream;
     let batches = match route {
         _ if deferred.is_some() => Err(deferred.expect("checked")),
@@ -285,7 +296,7 @@ pub(crate) fn complete(engine: &mut Engine, received: Received) -> Result<Window
             let fields = stream.dataset.fields();
             metrics.bytes_copied += recv.len() as u64;
             let source_of =
-                |id| Some(stream.home.owner(id)).filter(|&o| !stream.reads_locally(stream.rank, o, id)).map(|o| o.0);
+                |id| Some(home.owner(id)).filter(|&o| !stream.reads_locally(stream.rank, o, id)).map(|o| o.0);
             let assembled =
                 metrics.timed(Phase::Assemble, || assemble_received(&r, fields, &recv, &recv_counts, source_of));
             assembled.and_then(|(mut batches, local)| {

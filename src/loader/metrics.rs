@@ -76,6 +76,9 @@ pub struct Metrics {
     /// epoch's exchange (the benchmark's exchange limit). Kept only where the loader is
     /// asked to ([`super::Loader::keep_window_sends`]).
     pub window_sends: Vec<Vec<usize>>,
+    /// The length of this rank's home range the window was read with (the last window's,
+    /// once added up): it moves between epochs where the stream balances the ranges.
+    pub home_rows: u64,
 }
 
 impl Metrics {
@@ -120,6 +123,9 @@ impl Metrics {
         self.peer_wait += other.peer_wait;
         self.bytes_sent_off_host += other.bytes_sent_off_host;
         self.window_sends.extend(other.window_sends.iter().cloned());
+        if other.home_rows > 0 {
+            self.home_rows = other.home_rows;
+        }
     }
 
     /// Reduces every rank's metrics (collective; every rank gets the same summary).

@@ -53,6 +53,7 @@
 //! # Ok(()) }
 //! ```
 
+mod balance;
 pub mod batch;
 mod broadcast;
 mod engine;
@@ -586,12 +587,14 @@ impl Loader {
         self.stream.mode
     }
 
-    /// This rank's home range of sample ids.
+    /// This rank's home range of sample ids, as the loader started (a balanced stream's
+    /// ranges move between epochs: each window's telemetry names its length).
     pub fn home_range(&self) -> std::ops::Range<u64> {
         self.stream.home.range(self.stream.rank)
     }
 
-    /// Every rank's home range.
+    /// Every rank's home range, as the loader started (any split of the ids into ranges
+    /// serves [`crate::verify`]'s exactly-once check).
     pub fn home_ranges(&self) -> &crate::plan::HomeRanges {
         &self.stream.home
     }

@@ -58,18 +58,18 @@ impl Producer {
         let packed = match self.ahead.take() {
             Some(packed) => packed?,
             None => {
-                let Engine { stream, transport, reads, index, .. } = &mut self.engine;
-                prepare(stream, &**transport, reads, index, spec)?
+                let Engine { stream, transport, reads, index, balance, .. } = &mut self.engine;
+                prepare(stream, &**transport, reads, index, balance, spec)?
             }
         };
         let received = if self.overlap {
             let following = self.next.clone();
-            let Engine { stream, transport, reads, index, .. } = &mut self.engine;
+            let Engine { stream, transport, reads, index, balance, .. } = &mut self.engine;
             let mut ahead = None;
             let received = exchange(
                 &**transport,
                 packed,
-                Some(&mut || ahead = Some(prepare(stream, &**transport, reads, index, following.clone()))),
+                Some(&mut || ahead = Some(prepare(stream, &**transport, reads, index, balance, following.clone()))),
             );
             self.ahead = ahead;
             received?

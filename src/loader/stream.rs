@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use super::layout;
 use super::store::{RecordLayout, Tier};
-use crate::config::{ExchangeMode, LoaderOptions, LocalReads, TailPolicy};
+use crate::config::{Balance, ExchangeMode, LoaderOptions, LocalReads, TailPolicy};
 use crate::dataset::Dataset;
 use crate::error::{Error, Result};
 use crate::plan::sharding::FieldSharding;
@@ -84,6 +84,9 @@ pub(crate) struct Stream {
     pub local_reads: bool,
     /// Local reads with every rank on one host: no row crosses the exchange.
     pub all_local: bool,
+    /// Whether the home ranges may be balanced ([`Stream::balances`]); the window budget
+    /// counts a rank's read and send buffers at the most a balanced range holds.
+    pub balanced: bool,
     pub budget: WindowBudget,
     /// How ranks read their home ranges: what each keeps in memory or spills.
     pub io: IoPlan,
@@ -174,12 +177,6 @@ impl Stream {
         // values, small records) hold those buffers besides the exchange's and the
         // batches': the window holds fewer steps.
         let reading = if direct_reads { budget::Reading::Direct } else { budget::Reading::Copied };
-        let budget = WindowBudget { window_bytes: options.window_bytes, prefetch: options.prefetch };
-        let home = HomeRanges::new(n, world);
-        let range = home.range(rank);
-        let index_entries = budget::index_entries(&budget, range.end - range.start);
-        let index_bytes = index_entries * crate::plan::index::ENTRY_BYTES;
-        let steps_per_window = budget.steps_per_window_besides(per_step, steps_per_epoch, index_bytes, reading);
         if io.resident.len() != world {
             return Err(Error::Internal(format!("a read plan for {} ranks, not {world}", io.resident.len())));
         }
@@ -189,6 +186,25 @@ impl Stream {
             && options.local_reads == LocalReads::Auto
             && !matches!(io.strategy, Strategy::Passes { .. })
             && (direct_reads || kept);
+        // Ranges read anew each epoch, by ranks that send what they read (not every rank
+        // reading its rows itself: local reads on one host; with nothing kept, that is
+        // when `share_stores` makes every window local).
+        let one_host = hosts.iter().all(|&h| h == hosts[0]);
+        let balanced = options.balance == Balance::Auto
+            && world > 1
+            && io.resident.iter().all(|&r| r == 0)
+            && !io.spill
+            && !matches!(io.strategy, Strategy::Passes { .. })
+            && two_phase.is_none()
+            && matches!(mode, ExchangeMode::Fused | ExchangeMode::Auto)
+            && !(local_reads && one_host);
+        let budget = WindowBudget { window_bytes: options.window_bytes, prefetch: options.prefetch };
+        let home = HomeRanges::new(n, world);
+        let range = home.range(rank);
+        let index_entries = budget::index_entries(&budget, range.end - range.start);
+        let index_bytes = index_entries * crate::plan::index::ENTRY_BYTES;
+        let steps_per_window =
+            budget.steps_per_window_besides(per_step, steps_per_epoch, index_bytes, reading, balanced);
         let layout = RecordLayout::of(fields);
         Ok(Stream {
             coords: mesh.coords(Rank(rank.0 * k)),
@@ -206,6 +222,7 @@ impl Stream {
             index_entries,
             direct_reads,
             all_local: false,
+            balanced,
             hosts,
             local_reads,
             budget,
@@ -234,8 +251,22 @@ impl Stream {
         self
     }
 
-    /// Where home row `id` of rank `owner` is kept ([`IoPlan`]).
+    /// Whether the producer moves the home ranges with the ranks' read speeds
+    /// ([`super::balance`]): asked for (`--balance auto`), several ranks, nothing of a home
+    /// range kept across epochs (no store, spill file or pass: the ranges are read anew
+    /// each epoch), and every row of a full batch crossing the fused exchange (the
+    /// two-phase and broadcast routes, and ranks that read all their rows themselves, keep
+    /// the ranges the stream started with).
+    pub fn balances(&self) -> bool {
+        self.balanced && !self.all_local
+    }
+
+    /// Where home row `id` of rank `owner` is kept ([`IoPlan`]). Rows of a rank that keeps
+    /// nothing are in storage whatever its range (the ranges of a balanced stream move).
     pub fn tier(&self, owner: Rank, id: SampleId) -> Tier {
+        if self.io.resident[owner.0] == 0 && !self.io.spill {
+            return Tier::Storage;
+        }
         let offset = id.0 - self.home.range(owner).start;
         if offset < self.io.resident[owner.0] {
             Tier::Memory
@@ -343,6 +374,10 @@ mod tests {
     use crate::dataset::{DType, Field, FileInfo, FileStamp, Format};
 
     fn stream(samples: u64, batch: usize, window_bytes: u64, tail: TailPolicy) -> Stream {
+        stream_balanced(samples, batch, window_bytes, tail, Balance::Off)
+    }
+
+    fn stream_balanced(samples: u64, batch: usize, window_bytes: u64, tail: TailPolicy, balance: Balance) -> Stream {
         let info = FileInfo {
             path: "a.npy".into(),
             format: Format::Npy,
@@ -355,7 +390,8 @@ mod tests {
             pack_tokens: None,
         };
         let dataset = Arc::new(Dataset::from_files(vec![info], Default::default()).unwrap());
-        let options = LoaderOptions { batch_size: batch, window_bytes, prefetch: 0, tail, ..Default::default() };
+        let options =
+            LoaderOptions { batch_size: batch, window_bytes, prefetch: 0, tail, balance, ..Default::default() };
         Stream::build(Rank(0), 2, vec![0, 0], dataset, options, IoPlan::direct(2)).unwrap()
     }
 
@@ -370,6 +406,11 @@ mod tests {
         assert!(!s.direct_reads);
         assert_eq!((s.steps_per_epoch, s.steps_per_window), (6, 3));
         assert_eq!(stream(23, 4, 3900 + 12 * 16 - 1, TailPolicy::Partial).steps_per_window, 2);
+        // Balanced home ranges (nothing kept, values exchanged) may grow to 1.5×, with their read
+        // (2) and send (1) buffers: 6.5 × 260 per step held, 2 steps.
+        let balanced = stream_balanced(23, 4, 3900 + 12 * 16, TailPolicy::Partial, Balance::Auto);
+        assert!(balanced.balances());
+        assert_eq!(balanced.steps_per_window, 2);
         let mut w = s.window_at(Position::new(0, 0));
         let mut seen = vec![];
         for _ in 0..4 {

@@ -145,6 +145,7 @@ impl Tracker {
             compute_s: 0.0,
             step_wait_s: Vec::new(),
             step_compute_s: Vec::new(),
+            home_rows: metrics.home_rows,
         });
     }
 
@@ -282,6 +283,7 @@ impl Tracker {
             windows,
             peak_rss_bytes: crate::runtime::peak_rss_bytes(),
             verified: None,
+            home_rows: sum.home_rows,
         }
     }
 
@@ -345,6 +347,7 @@ fn add(to: &mut Window, w: &Window) {
     to.bytes_sent += w.bytes_sent;
     to.bytes_sent_off_host += w.bytes_sent_off_host;
     to.bytes_received += w.bytes_received;
+    to.home_rows = w.home_rows;
 }
 
 /// The part of `wait + compute` spent waiting (0 when both are 0).

@@ -35,6 +35,9 @@ pub(crate) enum Route {
 pub(crate) struct Packed {
     pub spec: WindowSpec,
     pub route: Route,
+    /// The home ranges the window was read with (they move between epochs where the
+    /// stream balances them).
+    pub home: std::sync::Arc<crate::plan::HomeRanges>,
     /// Sample id of every window row.
     pub ids: Vec<SampleId>,
     pub send: Vec<u8>,
@@ -48,6 +51,9 @@ pub(crate) struct Packed {
 pub(crate) struct Received {
     pub spec: WindowSpec,
     pub route: Route,
+    /// The home ranges the window was read with (they move between epochs where the
+    /// stream balances them).
+    pub home: std::sync::Arc<crate::plan::HomeRanges>,
     pub ids: Vec<SampleId>,
     pub recv: Vec<u8>,
     pub recv_counts: Vec<usize>,

@@ -32,7 +32,9 @@
 //! which vary around `wS` with the shuffle (and variable-length values around their
 //! mean); the floor of the window length and the direct path's slack with a producer
 //! mostly absorb that, but a window can go a few percent past its share (measured with
-//! 64 KiB samples at 4–16 MiB windows: up to 4%, at `prefetch = 0`).
+//! 64 KiB samples at 4–16 MiB windows: up to 4%, at `prefetch = 0`). Where the home ranges
+//! are balanced (`--balance`), a range grows to at most [`MAX_SHARE`] of the equal split,
+//! and its read and send buffers with it: each is counted at that share.
 //!
 //! `S` also counts the bookkeeping a step costs besides its values ([`bookkeeping_per_step`]):
 //! for tiny samples the ids, plans and read locations outweigh the data.
@@ -44,6 +46,7 @@
 //! larger than the budget exceeds it.
 
 use crate::dataset::Field;
+pub use crate::plan::home::MAX_SHARE;
 
 /// With a producer thread, an epoch holds at least this many windows per window the
 /// pipeline holds (where it has enough steps).
@@ -89,6 +92,20 @@ impl WindowBudget {
         }
     }
 
+    /// Half-multiples of `wS` held at the peak: [`Self::windows_held`] twice, and where the
+    /// home ranges are balanced, half a window more for each read and send buffer (a range
+    /// grows to at most [`MAX_SHARE`], 1.5×, of the equal split).
+    fn halves_held(&self, reading: Reading, balanced: bool) -> u64 {
+        let grown = match (reading, self.prefetch) {
+            _ if !balanced => 0,
+            (Reading::Direct, 0) => 1,
+            (Reading::Direct, _) => 2,
+            (Reading::Copied, 0) => 3,
+            (Reading::Copied, _) => 4,
+        };
+        2 * self.windows_held(reading) + grown
+    }
+
     /// Steps per window so that the peak stays within [`WindowBudget::peak_bytes`], for a
     /// rank receiving at most `bytes_per_step` per step and reading values straight into
     /// place ([`Reading::Direct`]); at least one step, at most the epoch. With a producer
@@ -97,20 +114,21 @@ impl WindowBudget {
     /// with training, and a queue of a few huge windows hides loading badly (each epoch
     /// would start by waiting for one).
     pub fn steps_per_window(&self, bytes_per_step: u64, steps_in_epoch: u64) -> u64 {
-        self.steps_per_window_besides(bytes_per_step, steps_in_epoch, 0, Reading::Direct)
+        self.steps_per_window_besides(bytes_per_step, steps_in_epoch, 0, Reading::Direct, false)
     }
 
     /// [`WindowBudget::steps_per_window`] for values that reach the send buffer as
     /// `reading` says, with `reserved` bytes of the peak held by something else (the home
-    /// index).
+    /// index), and home ranges that may grow to [`MAX_SHARE`] where `balanced`.
     pub fn steps_per_window_besides(
         &self,
         bytes_per_step: u64,
         steps_in_epoch: u64,
         reserved: u64,
         reading: Reading,
+        balanced: bool,
     ) -> u64 {
-        let per_step = bytes_per_step.saturating_mul(self.windows_held(reading)).max(1);
+        let per_step = bytes_per_step.saturating_mul(self.halves_held(reading, balanced)).div_ceil(2).max(1);
         let by_bytes = self.peak_bytes().saturating_sub(reserved) / per_step;
         let by_depth = match self.prefetch {
             0 => u64::MAX,
@@ -177,10 +195,13 @@ mod tests {
         assert_eq!(piped.steps_per_window(1, 3), 1);
         // The peak the windows give stays within the bound for any prefetch.
         for p in 0..8 {
-            for reading in [Reading::Direct, Reading::Copied] {
+            for (reading, balanced) in
+                [Reading::Direct, Reading::Copied].into_iter().flat_map(|r| [(r, false), (r, true)])
+            {
                 let b = WindowBudget { window_bytes: 1 << 20, prefetch: p };
-                let w = b.steps_per_window_besides(1000, 1 << 30, 0, reading);
-                assert!(w * 1000 * b.windows_held(reading) <= b.peak_bytes(), "prefetch {p}, {reading:?}");
+                let w = b.steps_per_window_besides(1000, 1 << 30, 0, reading, balanced);
+                let held = w * 1000 * b.halves_held(reading, balanced) / 2;
+                assert!(held <= b.peak_bytes(), "prefetch {p}, {reading:?}, balanced {balanced}");
             }
         }
         assert_eq!(WindowBudget { window_bytes: u64::MAX, prefetch: 3 }.peak_bytes(), u64::MAX);
@@ -191,16 +212,26 @@ mod tests {
         // Without a producer: read buffers (2), send and receive (2) and the delivered
         // batches (1), each kept by its own pool: 5 × 100 bytes per step, not 3.
         let sync = WindowBudget { window_bytes: 1500, prefetch: 0 };
-        assert_eq!(sync.steps_per_window_besides(100, 50, 0, Reading::Direct), 5);
-        assert_eq!(sync.steps_per_window_besides(100, 50, 0, Reading::Copied), 3);
+        assert_eq!(sync.steps_per_window_besides(100, 50, 0, Reading::Direct, false), 5);
+        assert_eq!(sync.steps_per_window_besides(100, 50, 0, Reading::Copied, false), 3);
         // Two ahead: reads (2), send, receive and the next send (3), the queue (2), the
         // consumer's window and the one waiting to be queued (2): 9 × 100 per step.
         let piped = WindowBudget { window_bytes: 1500, prefetch: 2 };
-        assert_eq!(piped.steps_per_window_besides(100, 500, 0, Reading::Copied), 5);
-        assert_eq!(piped.steps_per_window_besides(90, 500, 0, Reading::Copied), 5);
-        assert_eq!(piped.steps_per_window_besides(90, 500, 0, Reading::Direct), 6);
+        assert_eq!(piped.steps_per_window_besides(100, 500, 0, Reading::Copied, false), 5);
+        assert_eq!(piped.steps_per_window_besides(90, 500, 0, Reading::Copied, false), 5);
+        assert_eq!(piped.steps_per_window_besides(90, 500, 0, Reading::Direct, false), 6);
         // The home index's share comes off the peak first.
-        assert_eq!(sync.steps_per_window_besides(100, 50, 1000, Reading::Copied), 1);
+        assert_eq!(sync.steps_per_window_besides(100, 50, 1000, Reading::Copied, false), 1);
+        // Balanced home ranges grow to 1.5× the equal split, and their read and send
+        // buffers with them: direct with a producer (two send buffers) holds 6 + 3 + ½·2 =
+        // 10 windows' worth at prefetch 3, copied at prefetch 0 (two read buffers, one send
+        // buffer) 5 + ½·3 = 6.5.
+        let deep = WindowBudget { window_bytes: 2500, prefetch: 3 };
+        assert_eq!(deep.steps_per_window_besides(100, 5000, 0, Reading::Direct, false), 10_000 / 900);
+        assert_eq!(deep.steps_per_window_besides(100, 5000, 0, Reading::Direct, true), 10_000 / 1000);
+        let one = WindowBudget { window_bytes: 6500, prefetch: 0 };
+        assert_eq!(one.steps_per_window_besides(100, 500, 0, Reading::Copied, false), 13);
+        assert_eq!(one.steps_per_window_besides(100, 500, 0, Reading::Copied, true), 10);
     }
 
     #[test]

@@ -73,14 +73,20 @@ impl HomeRanges {
     }
 }
 
+/// The most a balanced home range holds, as a multiple of the equal split's longest range:
+/// the window budget counts a rank's read and send buffers at this share
+/// ([`crate::plan::budget`]), so that balancing keeps the memory bound.
+pub const MAX_SHARE: f64 = 1.5;
+
 /// The next home range lengths, from the current ones and each rank's measured rate (ids
 /// it read and packed per second of its own work, over the last epoch): each rank's share
 /// moves towards its share of the total rate, by at most `max_change` of its current
-/// length per call, never below one id; the lengths still sum to the same total. A rate
+/// length per call, never below one id nor above `cap` (a length already above it may
+/// stay); the lengths still sum to the same total. A rate
 /// that is not a positive number (a rank that measured nothing) counts as the median of
 /// the others; with none, the lengths stay. Pure: every rank computes the same lengths
 /// from the same (agreed) rates.
-pub fn rebalance(lengths: &[u64], rates: &[f64], max_change: f64) -> Vec<u64> {
+pub fn rebalance(lengths: &[u64], rates: &[f64], max_change: f64, cap: u64) -> Vec<u64> {
     let total: u64 = lengths.iter().sum();
     let mut known: Vec<f64> = rates.iter().copied().filter(|r| r.is_finite() && *r > 0.0).collect();
     if known.is_empty() || rates.len() != lengths.len() || total < lengths.len() as u64 {
@@ -93,7 +99,7 @@ pub fn rebalance(lengths: &[u64], rates: &[f64], max_change: f64) -> Vec<u64> {
     let c = max_change.clamp(0.0, 1.0);
     // Bounds per rank, as integers that hold the current lengths: Σ lo ≤ total ≤ Σ hi.
     let lo: Vec<u64> = lengths.iter().map(|&n| ((n as f64 * (1.0 - c)).ceil() as u64).clamp(1, n.max(1))).collect();
-    let hi: Vec<u64> = lengths.iter().map(|&n| ((n as f64 * (1.0 + c)).floor() as u64).max(n)).collect();
+    let hi: Vec<u64> = lengths.iter().map(|&n| ((n as f64 * (1.0 + c)).floor() as u64).min(cap).max(n)).collect();
     // The targets, clamped; then what is missing (or over) shared among the ranks with
     // room, in proportion to their rates, until the total is met.
     let mut want: Vec<f64> = rates
@@ -141,6 +147,26 @@ pub fn rebalance(lengths: &[u64], rates: &[f64], max_change: f64) -> Vec<u64> {
     out
 }
 
+/// The lengths the ranks move to at an epoch's start, from each rank's measure over the
+/// last (`(rows, seconds)`: the rows it read and packed, and its own time doing so):
+/// [`rebalance`] by at most `max_change`, each at most [`MAX_SHARE`] of `equal` (the equal
+/// split's longest range), or `None` where no length would move by more than `dead_band`
+/// of itself (measuring noise: the ranges stay). Pure, like [`rebalance`].
+pub fn next_lengths(
+    lengths: &[u64],
+    measures: &[(u64, f64)],
+    equal: u64,
+    max_change: f64,
+    dead_band: f64,
+) -> Option<Vec<u64>> {
+    let rates: Vec<f64> =
+        measures.iter().map(|&(rows, s)| if rows > 0 && s > 0.0 { rows as f64 / s } else { 0.0 }).collect();
+    let cap = (equal as f64 * MAX_SHARE).floor() as u64;
+    let next = rebalance(lengths, &rates, max_change, cap);
+    let moved = lengths.iter().zip(&next).any(|(&a, &b)| b.abs_diff(a) as f64 > dead_band * a as f64);
+    moved.then_some(next)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -160,11 +186,11 @@ mod tests {
     /// a quarter of its range per call and settles at its share of the total rate, 1/5.
     #[test]
     fn rebalancing_follows_the_rates_by_bounded_steps() {
-        assert_eq!(rebalance(&[100, 100, 100], &[2.0, 2.0, 2.0], 0.25), [100, 100, 100]);
+        assert_eq!(rebalance(&[100, 100, 100], &[2.0, 2.0, 2.0], 0.25, u64::MAX), [100, 100, 100]);
         let mut lengths = vec![100, 100, 100];
         let mut seen = vec![];
         for _ in 0..6 {
-            let next = rebalance(&lengths, &[2.0, 2.0, 1.0], 0.25);
+            let next = rebalance(&lengths, &[2.0, 2.0, 1.0], 0.25, u64::MAX);
             assert_eq!(next.iter().sum::<u64>(), 300);
             for (a, b) in lengths.iter().zip(&next) {
                 assert!(b.abs_diff(*a) as f64 <= 0.25 * *a as f64 + 1.0, "{lengths:?} -> {next:?}");
@@ -176,27 +202,46 @@ mod tests {
         assert_eq!(seen, [75, 60, 60, 60, 60, 60]);
         assert_eq!(lengths, [120, 120, 60]);
         // A rank that measured nothing counts as the median; nobody measured: no change.
-        assert_eq!(rebalance(&[50, 50, 50], &[1.0, f64::NAN, 1.0], 0.5), [50, 50, 50]);
-        assert_eq!(rebalance(&[7, 3], &[0.0, 0.0], 0.5), [7, 3]);
+        assert_eq!(rebalance(&[50, 50, 50], &[1.0, f64::NAN, 1.0], 0.5, u64::MAX), [50, 50, 50]);
+        assert_eq!(rebalance(&[7, 3], &[0.0, 0.0], 0.5, u64::MAX), [7, 3]);
         // Never below one id, even for a rank a thousand times slower.
-        let tiny = rebalance(&[2, 2, 2], &[1000.0, 1000.0, 1.0], 1.0);
+        let tiny = rebalance(&[2, 2, 2], &[1000.0, 1000.0, 1.0], 1.0, u64::MAX);
         assert_eq!((tiny.iter().sum::<u64>(), tiny[2]), (6, 1));
+    }
+
+    #[test]
+    fn next_lengths_follow_rows_per_second_beyond_the_noise() {
+        // Rank 2 read as many rows in twice the time: towards its share (60), by the bound.
+        let slow = [(100, 1.0), (100, 1.0), (100, 2.0)];
+        assert_eq!(next_lengths(&[100, 100, 100], &slow, 100, 0.25, 0.1), Some(vec![113, 112, 75]));
+        // Rates 5 % apart are noise; a rank that measured nothing counts as the median.
+        assert_eq!(next_lengths(&[100, 100, 100], &[(100, 1.0), (100, 1.05), (100, 1.0)], 100, 0.5, 0.1), None);
+        assert_eq!(next_lengths(&[100, 100], &[(0, 0.0), (100, 1.0)], 100, 0.5, 0.1), None);
+        // Settled: per-row rates unchanged, the lengths already proportional to them.
+        assert_eq!(next_lengths(&[120, 120, 60], &[(120, 1.0), (120, 1.0), (60, 1.0)], 100, 0.5, 0.1), None);
+        // A rank a hundred times slower than the other: the fast one holds at most 1.5×
+        // the equal split (the memory budget counts it so), the slow one the rest.
+        let lopsided = [(100, 0.01), (100, 1.0)];
+        assert_eq!(next_lengths(&[100, 100], &lopsided, 100, 0.5, 0.1), Some(vec![150, 50]));
+        assert_eq!(next_lengths(&[150, 50], &lopsided, 100, 0.5, 0.1), None);
     }
 
     proptest::proptest! {
         /// Whatever the lengths and rates: the total is kept, every rank keeps at least one
-        /// id, and no length moves by more than the bound (and one id of rounding).
+        /// id and grows to no more than the cap, and no length moves by more than the bound
+        /// (and one id of rounding).
         #[test]
         fn rebalancing_keeps_the_total_and_the_bounds(
             lengths in proptest::collection::vec(1u64..10_000, 1..12),
             rates in proptest::collection::vec(0.0f64..1e6, 12),
             c in 0.0f64..1.0,
+            cap in 1u64..20_000,
         ) {
             let rates = &rates[..lengths.len()];
-            let next = rebalance(&lengths, rates, c);
+            let next = rebalance(&lengths, rates, c, cap);
             proptest::prop_assert_eq!(next.iter().sum::<u64>(), lengths.iter().sum::<u64>());
             for (a, b) in lengths.iter().zip(&next) {
-                proptest::prop_assert!(*b >= 1);
+                proptest::prop_assert!(*b >= 1 && *b <= cap.max(*a));
                 proptest::prop_assert!(b.abs_diff(*a) as f64 <= c * *a as f64 + 1.0, "{:?} -> {:?}", lengths, next);
             }
             let h = HomeRanges::weighted(&next).unwrap();

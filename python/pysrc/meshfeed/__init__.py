@@ -65,6 +65,7 @@ from .options import (
     Layout,
     LoaderState,
     LocalReads,
+    Balance,
     Metrics,
     ReadPlan,
     ReadStrategy,
@@ -417,6 +418,10 @@ class Loader:
         read_queue_depth: reads in flight per rank when reading at random (default 16).
         local_reads: ``auto`` or ``off``: ranks on one host read the rows they get from
             each other straight from the files instead of exchanging them.
+        balance: ``auto`` or ``off``: at each epoch's start the ranks move their home
+            ranges with their measured read speeds, so that a slow reader reads less
+            (where nothing is kept across epochs and rows cross the fused exchange; the
+            batches are the same either way).
         group: the HDF5 group holding the datasets.
         fields: only these fields, in this order (HDF5 and Arrow files read only these;
             default: every field).
@@ -474,6 +479,7 @@ class Loader:
         spill_dir: Optional[PathArg] = None,
         read_queue_depth: Optional[SupportsIndex] = None,
         local_reads: Optional[LocalReads] = None,
+        balance: Optional[Balance] = None,
         group: Optional[str] = None,
         fields: Optional[Sequence[str]] = None,
         pack: Optional[str] = None,
@@ -507,6 +513,7 @@ class Loader:
             "spill_dir": None if spill_dir is None else _path("spill_dir", spill_dir),
             "read_queue_depth": read_queue_depth,
             "local_reads": local_reads,
+            "balance": balance,
             "group": group,
             "fields": None if fields is None else _names("fields", fields),
             "pack": pack,

@@ -16,6 +16,7 @@ __all__ = [
     "Exchange",
     "ReadStrategy",
     "LocalReads",
+    "Balance",
     "Stage",
     "ByteSize",
     "JobOptions",
@@ -42,6 +43,8 @@ Exchange = Literal["auto", "fused", "two-phase", "broadcast"]
 ReadStrategy = Literal["auto", "resident", "passes", "random"]
 #: Whether ranks on one host read each other's rows straight from the files.
 LocalReads = Literal["auto", "off"]
+#: Whether home ranges follow the ranks' measured read speeds, epoch by epoch.
+Balance = Literal["auto", "off"]
 #: The pipeline stages that receive a field.
 Stage = Literal["first", "last", "all"]
 #: A number of bytes: an integer, or a string with a suffix (``"64M"``, ``"1G"``).
@@ -77,6 +80,7 @@ class JobOptions(TypedDict, total=False):
     exchange: Exchange
     exchange_costs: str
     local_reads: LocalReads
+    balance: Balance
     devices_per_process: int
     telemetry: str
     heartbeat: float
@@ -178,6 +182,9 @@ class _Record(TypedDict):
     bytes_sent: int
     bytes_sent_off_host: int
     bytes_received: int
+    #: This rank's home range length (the last window's): it moves between epochs where
+    #: the loader balances the ranges.
+    home_rows: int
 
 
 class WindowMetrics(_Record):
