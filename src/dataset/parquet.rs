@@ -115,22 +115,9 @@ impl ParquetReader {
     }
 
     /// Values of `local` rows (sorted) of row group `g`, columns `columns`, appended to
-    /// `values` with their places in `locs[row][column]` (row indices from `first`).
+    /// `values` with their places in `locs[row][column]` (row indices from `first`). The
+    /// crate may panic on a corrupt page: called through [`unpanicked`].
     fn read_group(
-        &self,
-        g: usize,
-        local: &[u64],
-        columns: &[usize],
-        values: &mut Vec<u8>,
-        locs: &mut [(usize, usize)],
-        first: usize,
-    ) -> Result<()> {
-        let what = format!("row group {g}");
-        unpanicked(&self.path, &what, || self.decode_group(g, local, columns, values, locs, first))?
-    }
-
-    /// [`Self::read_group`], where the crate may panic.
-    fn decode_group(
         &self,
         g: usize,
         local: &[u64],
@@ -274,7 +261,8 @@ impl super::FileReader for ParquetReader {
             let g = self.starts.partition_point(|&s| s <= rows[i]) - 1;
             let j = i + rows[i..].partition_point(|&r| r < self.starts[g + 1]);
             let local: Vec<u64> = rows[i..j].iter().map(|r| r - self.starts[g]).collect();
-            self.read_group(g, &local, columns, &mut values, &mut locs, i)?;
+            let read = || self.read_group(g, &local, columns, &mut values, &mut locs, i);
+            unpanicked(&self.path, &format!("row group {g}"), read)??;
             i = j;
         }
         let mut chunk = RowChunk::new(columns.len());

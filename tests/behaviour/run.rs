@@ -389,22 +389,28 @@ fn run_on_hosts_of_two(t: Transport, dir: &Path, np: usize, args: &[&str]) -> Ru
     }
 }
 
-/// `meshfeed ARGS` on `np` ranks under mpirun, each rank a host of its own, rank `slow`'s
-/// process in a CPU cgroup of a tenth of a core (cgroup v1, as root): a straggler.
-fn run_with_a_slow_rank(dir: &Path, np: usize, slow: usize, args: &[&str]) -> Run {
-    let cgroup = Path::new("/sys/fs/cgroup/cpu").join(format!("meshfeed-test-slow-{}", std::process::id()));
+/// `meshfeed ARGS` (a `run`) on `np` ranks over `t`, each rank a host of its own, rank
+/// `slow`'s process in a CPU cgroup of a tenth of a core (cgroup v1, as root): a straggler.
+fn run_with_a_slow_rank(t: Transport, dir: &Path, np: usize, slow: usize, args: &[&str]) -> Run {
+    // One cgroup per run directory: the test runs once per transport, in parallel.
+    let name = dir.file_name().unwrap().to_string_lossy();
+    let cgroup = Path::new("/sys/fs/cgroup/cpu").join(format!("meshfeed-test-slow-{}-{name}", std::process::id()));
     std::fs::create_dir_all(&cgroup).expect("a cpu cgroup (cgroup v1, as root)");
     std::fs::write(cgroup.join("cpu.cfs_period_us"), "100000").unwrap();
     std::fs::write(cgroup.join("cpu.cfs_quota_us"), "10000").unwrap();
     let wrapper = dir.join("slow-rank.sh");
     let script = format!(
-        "#!/bin/sh\nr=$OMPI_COMM_WORLD_RANK\n[ \"$r\" = {slow} ] && echo $$ > {}/cgroup.procs\nMESHFEED_HOST=host$r exec {} \"$@\"\n",
+        "#!/bin/sh\nr=${{OMPI_COMM_WORLD_RANK:-$RANK}}\n[ \"$r\" = {slow} ] && echo $$ > {}/cgroup.procs\nMESHFEED_HOST=host$r exec {} \"$@\"\n",
         cgroup.display(),
         bin()
     );
     std::fs::write(&wrapper, script).unwrap();
     std::fs::set_permissions(&wrapper, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-    let run = mpirun_program(np, wrapper.to_str().unwrap(), args);
+    let program = wrapper.to_str().unwrap();
+    let run = match t {
+        Transport::Mpi => mpirun_program(np, program, args),
+        Transport::Ucx => launch_program(np, program, &[args, &["--transport", "ucx"]].concat()),
+    };
     std::fs::remove_dir(&cgroup).unwrap();
     run
 }
@@ -423,77 +429,50 @@ fn home_rows_by_epoch(dir: &Path, np: usize) -> Vec<Vec<u64>> {
         .collect()
 }
 
-/// Home ranges follow the ranks' read speeds (`--balance auto`, the default): with rank 1
-/// slowed to a tenth of a core, reading at random with nothing kept and every row
-/// exchanged, its range shrinks from epoch to epoch while the ranges still tile the ids;
-/// the batches are byte for byte those of equal ranges (`--balance off`, whose ranges
-/// never move), and every epoch verifies exactly once. With 3 and 4 ranks.
-#[test]
-fn balanced_home_ranges_follow_a_slow_rank_and_keep_the_stream() {
-    let out = tempdir();
-    let data = out.path().join("npy");
-    let d = data.to_str().unwrap();
-    ok(&meshfeed(&[
-        "gen",
-        "--format",
-        "npy",
-        "--samples",
-        "6000",
-        "--files",
-        "4",
-        "--field",
-        "x:u8:4096",
-        "--field",
-        "y:i64",
-        "--out",
-        d,
-    ]));
-    for np in [3, 4] {
-        let run = |balance: &str| {
-            let name = format!("{balance}-{np}");
-            let (dump, telemetry) =
-                (out.path().join(format!("dump-{name}")), out.path().join(format!("telemetry-{name}")));
-            let args = [
-                "run",
-                "--data",
-                d,
-                "--batch-size",
-                "48",
-                "--epochs",
-                "4",
-                "--window-bytes",
-                "512K",
-                "--verify",
-                "--memory-budget",
-                "0",
-                "--read-strategy",
-                "random",
-                "--local-reads",
-                "off",
-                "--balance",
-                balance,
-                "--dump",
-                dump.to_str().unwrap(),
-                "--telemetry",
-                telemetry.to_str().unwrap(),
-            ];
-            ok(&run_with_a_slow_rank(out.path(), np, 1, &args));
-            (dump_bytes(&dump, np), home_rows_by_epoch(&telemetry, np))
-        };
-        let equal = 6000 / np as u64;
-        let (dumps_off, rows_off) = run("off");
-        let (dumps_auto, rows_auto) = run("auto");
-        assert_eq!(dumps_auto, dumps_off, "{np} ranks: balancing changed the batches");
-        assert!(rows_off.iter().flatten().all(|&n| n == equal), "{np} ranks, off: {rows_off:?}");
-        for e in 0..4 {
-            let total: u64 = rows_auto.iter().map(|r| r[e]).sum();
-            assert_eq!(total, 6000, "{np} ranks, epoch {e}: the ranges tile the ids: {rows_auto:?}");
+over_transports! {
+    /// Home ranges follow the ranks' read speeds (`--balance auto`, the default): with rank 1
+    /// slowed to a tenth of a core, reading at random with nothing kept and every row
+    /// exchanged, its range shrinks over the epochs while the ranges still tile the ids;
+    /// the batches are byte for byte those of equal ranges (`--balance off`, whose ranges
+    /// never move), and every epoch verifies exactly once. With 3 and 4 ranks.
+    fn balanced_home_ranges_follow_a_slow_rank_and_keep_the_stream(t: Transport) {
+        let out = tempdir();
+        let data = out.path().join("npy");
+        let d = data.to_str().unwrap();
+        let gen = format!("gen --format npy --samples 6000 --files 4 --field x:u8:4096 --field y:i64 --out {d}");
+        ok(&meshfeed(&gen.split(' ').collect::<Vec<_>>()));
+        // Nothing kept, every row exchanged: the ranges are read anew each epoch.
+        let fixed = "--batch-size 48 --epochs 4 --window-bytes 512K --verify --memory-budget 0 \
+                     --read-strategy random --local-reads off";
+        for np in [3, 4] {
+            let run = |balance: &str| {
+                let name = format!("{balance}-{np}");
+                let (dump, telemetry) =
+                    (out.path().join(format!("dump-{name}")), out.path().join(format!("telemetry-{name}")));
+                let mut args = vec!["run", "--data", d];
+                args.extend(fixed.split_whitespace());
+                args.extend(["--balance", balance, "--dump", dump.to_str().unwrap()]);
+                args.extend(["--telemetry", telemetry.to_str().unwrap()]);
+                ok(&run_with_a_slow_rank(t, out.path(), np, 1, &args));
+                (dump_bytes(&dump, np), home_rows_by_epoch(&telemetry, np))
+            };
+            let equal = 6000 / np as u64;
+            let (dumps_off, rows_off) = run("off");
+            let (dumps_auto, rows_auto) = run("auto");
+            assert_eq!(dumps_auto, dumps_off, "{np} ranks: balancing changed the batches");
+            assert!(rows_off.iter().flatten().all(|&n| n == equal), "{np} ranks, off: {rows_off:?}");
+            for e in 0..4 {
+                let total: u64 = rows_auto.iter().map(|r| r[e]).sum();
+                assert_eq!(total, 6000, "{np} ranks, epoch {e}: the ranges tile the ids: {rows_auto:?}");
+            }
+            // Epoch 0 measures; from epoch 1 on the slow rank reads less: a quarter less at
+            // least by epoch 3 (an epoch measured on a loaded machine may leave it where it
+            // was), never by more than half its range in one epoch. The others' ranges follow
+            // their own, noisier, speeds.
+            assert!(rows_auto.iter().all(|r| r[0] == equal), "{np} ranks: {rows_auto:?}");
+            assert!(rows_auto[1].windows(2).all(|e| e[1] >= e[0] / 2), "{np} ranks: {rows_auto:?}");
+            assert!(rows_auto[1][3] < equal * 3 / 4, "{np} ranks: {rows_auto:?}");
         }
-        // Epoch 0 measures; from epoch 1 on the slow rank reads less, by at most half its
-        // range per epoch (the others' ranges follow their own, noisier, speeds).
-        assert!(rows_auto.iter().all(|r| r[0] == equal), "{np} ranks: {rows_auto:?}");
-        assert!(rows_auto[1][1] < equal && rows_auto[1][1] >= equal / 2, "{np} ranks: {rows_auto:?}");
-        assert!(rows_auto[1][3] < equal * 3 / 4, "{np} ranks: {rows_auto:?}");
     }
 }
 
