@@ -377,11 +377,17 @@ fn strs(v: &[String]) -> Vec<&str> {
 }
 
 fn run_on_hosts_of_two(t: Transport, dir: &Path, np: usize, args: &[&str]) -> Run {
-    let wrapper = dir.join("two-ranks-per-host.sh");
-    let script =
-        format!("#!/bin/sh\nr=${{OMPI_COMM_WORLD_RANK:-$RANK}}\nMESHFEED_HOST=host$((r / 2)) exec {} \"$@\"\n", bin());
-    std::fs::write(&wrapper, script).unwrap();
-    std::fs::set_permissions(&wrapper, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let body = "MESHFEED_HOST=host$((r / 2))";
+    run_wrapped(t, &dir.join("two-ranks-per-host.sh"), body, np, args)
+}
+
+/// `meshfeed ARGS` (a `run`) on `np` ranks over `t`, each rank through a shell script at
+/// `wrapper` that sets `$r` to the rank and runs `body`, whose last line (variable
+/// assignments) prefixes the `exec` of meshfeed.
+fn run_wrapped(t: Transport, wrapper: &Path, body: &str, np: usize, args: &[&str]) -> Run {
+    let script = format!("#!/bin/sh\nr=${{OMPI_COMM_WORLD_RANK:-$RANK}}\n{body} exec {} \"$@\"\n", bin());
+    std::fs::write(wrapper, script).unwrap();
+    std::fs::set_permissions(wrapper, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
     let program = wrapper.to_str().unwrap();
     match t {
         Transport::Mpi => mpirun_program(np, program, args),
@@ -398,19 +404,8 @@ fn run_with_a_slow_rank(t: Transport, dir: &Path, np: usize, slow: usize, args: 
     std::fs::create_dir_all(&cgroup).expect("a cpu cgroup (cgroup v1, as root)");
     std::fs::write(cgroup.join("cpu.cfs_period_us"), "100000").unwrap();
     std::fs::write(cgroup.join("cpu.cfs_quota_us"), "10000").unwrap();
-    let wrapper = dir.join("slow-rank.sh");
-    let script = format!(
-        "#!/bin/sh\nr=${{OMPI_COMM_WORLD_RANK:-$RANK}}\n[ \"$r\" = {slow} ] && echo $$ > {}/cgroup.procs\nMESHFEED_HOST=host$r exec {} \"$@\"\n",
-        cgroup.display(),
-        bin()
-    );
-    std::fs::write(&wrapper, script).unwrap();
-    std::fs::set_permissions(&wrapper, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-    let program = wrapper.to_str().unwrap();
-    let run = match t {
-        Transport::Mpi => mpirun_program(np, program, args),
-        Transport::Ucx => launch_program(np, program, &[args, &["--transport", "ucx"]].concat()),
-    };
+    let body = format!("[ \"$r\" = {slow} ] && echo $$ > {}/cgroup.procs\nMESHFEED_HOST=host$r", cgroup.display());
+    let run = run_wrapped(t, &dir.join("slow-rank.sh"), &body, np, args);
     std::fs::remove_dir(&cgroup).unwrap();
     run
 }
