@@ -23,9 +23,15 @@ pub struct JobArgs {
 impl JobArgs {
     /// Merges the config file (if any) and the flags into a job; flags win.
     pub fn job(&self) -> Result<Job> {
+        self.job_over(JobFile::default())
+    }
+
+    /// As [`JobArgs::job`], over a command's own defaults: the job file, then the flags,
+    /// override `defaults`.
+    pub fn job_over(&self, defaults: JobFile) -> Result<Job> {
         let file = match &self.config {
-            Some(path) => read_job_file(path)?,
-            None => JobFile::default(),
+            Some(path) => defaults.overlay(read_job_file(path)?)?,
+            None => defaults,
         };
         file.overlay(self.flags.clone())?.into_job()
     }
@@ -75,7 +81,7 @@ pub fn with_runtime(
 #[cfg(test)]
 mod tests {
     use clap::{CommandFactory, Parser};
-    use meshfeed::config::ReadStrategy;
+    use meshfeed::config::{Balance, ReadStrategy};
 
     use super::*;
 
@@ -141,5 +147,24 @@ mod tests {
         assert_eq!((job.loader.read.strategy, job.loader.read.memory_budget), (ReadStrategy::Passes, Some(2 << 30)));
         let bad = Cli::try_parse_from(["meshfeed", "--read-strategy", "often"]).err().unwrap().to_string();
         assert!(bad.contains("[possible values: auto, resident, passes, random]"), "{bad}");
+    }
+
+    /// A command's own defaults (bench keeps the ranges equal) give way to the job file,
+    /// which gives way to the flags.
+    #[test]
+    fn a_commands_defaults_give_way_to_the_job_file_and_the_flags() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("job.toml");
+        std::fs::write(&file, "data = [\"d\"]\nbatch_size = 8\nbalance = \"auto\"\n").unwrap();
+        let off = || JobFile { balance: Some(Balance::Off), epochs: Some(3), ..JobFile::default() };
+        let parse = |args: &[&str]| Cli::try_parse_from([&["meshfeed"], args].concat()).unwrap().job;
+        let plain = parse(&["--data", "d", "--batch-size", "8"]);
+        assert_eq!(plain.job().unwrap().loader.balance, Balance::Auto);
+        let job = plain.job_over(off()).unwrap();
+        assert_eq!((job.loader.balance, job.epochs), (Balance::Off, 3));
+        let job = parse(&["--config", file.to_str().unwrap()]).job_over(off()).unwrap();
+        assert_eq!((job.loader.balance, job.epochs, job.data), (Balance::Auto, 3, vec![dir.path().join("d")]));
+        let job = parse(&["--data", "d", "--batch-size", "8", "--balance", "auto"]).job_over(off()).unwrap();
+        assert_eq!(job.loader.balance, Balance::Auto);
     }
 }

@@ -13,16 +13,19 @@ use std::sync::Arc;
 
 use super::stream::{Stream, WindowSpec};
 use crate::error::{Error, Result};
-use crate::plan::home::next_lengths;
+use crate::plan::home::{next_lengths, Damping};
 use crate::plan::{HomeIndex, HomeRanges};
 use crate::transport::Transport;
 
-/// The most a rank's range changes at one epoch's start, as a part of its length: a rank
-/// read at half the others' speed reaches its share within two epochs.
-pub const MAX_CHANGE: f64 = 0.5;
-
-/// Changes of no rank's range by more than this part of it are not made: measuring noise.
-pub const DEAD_BAND: f64 = 0.1;
+/// How the ranges move ([`Damping`]):
+///
+/// * at most half a range at one epoch's start: a rank read at half the others' speed
+///   reaches its share within two epochs;
+/// * not at all where no range would move by more than a tenth of itself;
+/// * nor where the slowest rank would gain less than 50 ms an epoch: the measures of
+///   shorter reads are a loaded machine's scheduling noise, and balancing them would only
+///   move the ranges about.
+pub const DAMPING: Damping = Damping { max_change: 0.5, dead_band: 0.1, min_gain_s: 0.05 };
 
 /// The current home ranges of a producer, and its measure since they were agreed.
 pub(crate) struct Balancer {
@@ -83,7 +86,7 @@ impl Balancer {
                 n => Err(Error::Internal(format!("a rank's read measure of {n} bytes, not 16"))),
             })
             .collect::<Result<Vec<_>>>()?;
-        if let Some(lengths) = next_lengths(&self.home.lengths(), &measures, self.equal, MAX_CHANGE, DEAD_BAND) {
+        if let Some(lengths) = next_lengths(&self.home.lengths(), &measures, self.equal, DAMPING) {
             self.home = Arc::new(HomeRanges::weighted(&lengths)?);
             *index = HomeIndex::new(self.home.range(stream.rank), stream.index_entries);
         }

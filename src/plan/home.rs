@@ -147,20 +147,38 @@ pub fn rebalance(lengths: &[u64], rates: &[f64], max_change: f64, cap: u64) -> V
     out
 }
 
+/// How far [`next_lengths`] moves the ranges, and when it leaves them be.
+#[derive(Clone, Copy, Debug)]
+pub struct Damping {
+    /// The most a length changes in one call, as a part of itself.
+    pub max_change: f64,
+    /// No change unless some length would move by more than this part of itself
+    /// (measuring noise).
+    pub dead_band: f64,
+    /// No change unless the slowest rank's time would fall by at least this many seconds
+    /// per epoch, were the rows read at the measured rates in the best split: a gain
+    /// smaller than a loaded machine's scheduling noise is not worth a move.
+    pub min_gain_s: f64,
+}
+
 /// The lengths the ranks move to at an epoch's start, from each rank's measure over the
 /// last (`(rows, seconds)`: the rows it read and packed, and its own time doing so):
-/// [`rebalance`] by at most `max_change`, each at most [`MAX_SHARE`] of `equal` (the equal
-/// split's longest range), or `None` where no length would move by more than `dead_band`
-/// of itself (measuring noise: the ranges stay). Pure, like [`rebalance`].
-pub fn next_lengths(
-    lengths: &[u64],
-    measures: &[(u64, f64)],
-    equal: u64,
-    max_change: f64,
-    dead_band: f64,
-) -> Option<Vec<u64>> {
+/// [`rebalance`] by at most `damping.max_change`, each at most [`MAX_SHARE`] of `equal`
+/// (the equal split's longest range), or `None` where the gain or the move is below
+/// `damping`'s thresholds (the ranges stay). Pure, like [`rebalance`].
+pub fn next_lengths(lengths: &[u64], measures: &[(u64, f64)], equal: u64, damping: Damping) -> Option<Vec<u64>> {
     let rates: Vec<f64> =
         measures.iter().map(|&(rows, s)| if rows > 0 && s > 0.0 { rows as f64 / s } else { 0.0 }).collect();
+    // The slowest rank's time against the time at which all the rows are read at the
+    // summed rates (ranks that measured nothing left out of both).
+    let slowest = measures.iter().map(|&(_, s)| s).fold(0.0, f64::max);
+    let measured = || measures.iter().zip(&rates).filter(|(_, &rate)| rate > 0.0);
+    let rows: u64 = measured().map(|(&(rows, _), _)| rows).sum();
+    let rate: f64 = measured().map(|(_, &rate)| rate).sum();
+    if rate <= 0.0 || slowest - rows as f64 / rate < damping.min_gain_s {
+        return None;
+    }
+    let (max_change, dead_band) = (damping.max_change, damping.dead_band);
     let cap = (equal as f64 * MAX_SHARE).floor() as u64;
     let next = rebalance(lengths, &rates, max_change, cap);
     let moved = lengths.iter().zip(&next).any(|(&a, &b)| b.abs_diff(a) as f64 > dead_band * a as f64);
@@ -211,19 +229,30 @@ mod tests {
 
     #[test]
     fn next_lengths_follow_rows_per_second_beyond_the_noise() {
+        let damping = |max_change, min_gain_s| Damping { max_change, dead_band: 0.1, min_gain_s };
         // Rank 2 read as many rows in twice the time: towards its share (60), by the bound.
         let slow = [(100, 1.0), (100, 1.0), (100, 2.0)];
-        assert_eq!(next_lengths(&[100, 100, 100], &slow, 100, 0.25, 0.1), Some(vec![113, 112, 75]));
+        assert_eq!(next_lengths(&[100, 100, 100], &slow, 100, damping(0.25, 0.0)), Some(vec![113, 112, 75]));
         // Rates 5 % apart are noise; a rank that measured nothing counts as the median.
-        assert_eq!(next_lengths(&[100, 100, 100], &[(100, 1.0), (100, 1.05), (100, 1.0)], 100, 0.5, 0.1), None);
-        assert_eq!(next_lengths(&[100, 100], &[(0, 0.0), (100, 1.0)], 100, 0.5, 0.1), None);
+        let near = [(100, 1.0), (100, 1.05), (100, 1.0)];
+        assert_eq!(next_lengths(&[100, 100, 100], &near, 100, damping(0.5, 0.0)), None);
+        assert_eq!(next_lengths(&[100, 100], &[(0, 0.0), (100, 1.0)], 100, damping(0.5, 0.0)), None);
         // Settled: per-row rates unchanged, the lengths already proportional to them.
-        assert_eq!(next_lengths(&[120, 120, 60], &[(120, 1.0), (120, 1.0), (60, 1.0)], 100, 0.5, 0.1), None);
+        let settled = [(120, 1.0), (120, 1.0), (60, 1.0)];
+        assert_eq!(next_lengths(&[120, 120, 60], &settled, 100, damping(0.5, 0.0)), None);
         // A rank a hundred times slower than the other: the fast one holds at most 1.5×
         // the equal split (the memory budget counts it so), the slow one the rest.
         let lopsided = [(100, 0.01), (100, 1.0)];
-        assert_eq!(next_lengths(&[100, 100], &lopsided, 100, 0.5, 0.1), Some(vec![150, 50]));
-        assert_eq!(next_lengths(&[150, 50], &lopsided, 100, 0.5, 0.1), None);
+        assert_eq!(next_lengths(&[100, 100], &lopsided, 100, damping(0.5, 0.0)), Some(vec![150, 50]));
+        assert_eq!(next_lengths(&[150, 50], &lopsided, 100, damping(0.5, 0.0)), None);
+        // The gain: the slow rank's 2 s against 300 rows at 250 rows/s, 1.2 s. A gain under
+        // the threshold moves nothing, whatever the rates: a millisecond epoch's rates are
+        // scheduling noise.
+        assert_eq!(next_lengths(&[100, 100, 100], &slow, 100, damping(0.25, 0.79)), Some(vec![113, 112, 75]));
+        assert_eq!(next_lengths(&[100, 100, 100], &slow, 100, damping(0.25, 0.81)), None);
+        let tiny = [(100, 0.0001), (100, 0.0001), (100, 0.0002)];
+        assert_eq!(next_lengths(&[100, 100, 100], &tiny, 100, damping(0.25, 0.05)), None);
+        assert_eq!(next_lengths(&[100, 100, 100], &tiny, 100, damping(0.25, 0.0)), Some(vec![113, 112, 75]));
     }
 
     proptest::proptest! {

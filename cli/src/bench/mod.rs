@@ -33,7 +33,7 @@ use std::path::PathBuf;
 use std::str::FromStr;
 use std::time::Instant;
 
-use meshfeed::config::{Job, TransportKind};
+use meshfeed::config::{Balance, Job, JobFile, TransportKind};
 use meshfeed::loader::open_dataset;
 use meshfeed::runtime::Runtime;
 use meshfeed::transport::{agree, ReduceOp, Transport};
@@ -111,7 +111,11 @@ pub fn main(args: BenchArgs) -> i32 {
     if let Some(BenchCommand::Report(r)) = args.command {
         return crate::report::exit_code(None, report::run(r).map(|()| 0));
     }
-    let job = args.job.job().and_then(|job| match (&job.telemetry, job.heartbeat) {
+    // Ranges stay equal unless asked otherwise: every mode and limit then measures the
+    // same epoch, which the exchange and memcpy limits replay (balancing is measured by
+    // bench/balance.py, with a slowed rank).
+    let defaults = JobFile { balance: Some(Balance::Off), ..JobFile::default() };
+    let job = args.job.job_over(defaults).and_then(|job| match (&job.telemetry, job.heartbeat) {
         (None, None) => Ok(job),
         _ => Err(Error::Config(
             "bench writes its own report: --telemetry and --heartbeat are for `meshfeed run` and training jobs".into(),
