@@ -436,6 +436,26 @@ impl Default for Balance {
 }
 
 named_enum!(
+    /// Whether the loader tunes its window length, prefetch depth and reads in flight as
+    /// it runs ([`crate::plan::tune`]): from the consumer's measured waiting and each
+    /// window's cost, agreed with each window, so every rank changes at the same window.
+    /// The given `window_bytes`, `prefetch` and `read_queue_depth` are where it starts.
+    Tune, "tune" {
+        /// Tuned as the loader runs, within the memory ceiling of the larger of the given
+        /// and the default window settings.
+        Auto => "auto",
+        /// The settings as given, always.
+        Off => "off",
+    }
+);
+
+impl Default for Tune {
+    fn default() -> Self {
+        Tune::Off
+    }
+}
+
+named_enum!(
     /// How ranks read their home ranges from storage ([`crate::plan::io`]).
     ReadStrategy, "read strategy" {
         /// The cheapest that fits the memory budget, by the storage's measured speed.
@@ -667,6 +687,10 @@ pub struct LoaderOptions {
     /// Whether home ranges follow the ranks' measured read speeds.
     #[serde(default)]
     pub balance: Balance,
+    /// Whether the window length, prefetch depth and reads in flight are tuned as the
+    /// loader runs.
+    #[serde(default)]
+    pub tune: Tune,
 }
 
 impl LoaderOptions {
@@ -738,6 +762,7 @@ impl Default for LoaderOptions {
             read: ReadOptions::default(),
             local_reads: LocalReads::Auto,
             balance: Balance::Auto,
+            tune: Tune::Off,
         }
     }
 }
@@ -855,6 +880,12 @@ pub struct JobFile {
     /// kept across epochs and rows are exchanged fused) or off [default: auto].
     #[cfg_attr(feature = "clap", arg(long, value_parser = named::<Balance>()))]
     pub balance: Option<Balance>,
+    /// Tune the window length, prefetch depth and reads in flight as the job runs, from
+    /// the waiting measured (every rank changes at the same window; the given settings are
+    /// the start, the larger of them and the defaults the memory ceiling): auto or off
+    /// [default: off].
+    #[cfg_attr(feature = "clap", arg(long, value_parser = named::<Tune>()))]
+    pub tune: Option<Tune>,
     /// Mesh devices each rank drives (one process per host with several devices, as JAX
     /// runs): the mesh has ranks × K devices and a rank receives the union of their devices'
     /// shards [default: 1].
@@ -1047,6 +1078,7 @@ impl JobFile {
                 },
                 local_reads: self.local_reads.unwrap_or_default(),
                 balance: self.balance.unwrap_or_default(),
+                tune: self.tune.unwrap_or_default(),
             },
             epochs,
             transport: self.transport.unwrap_or_default(),
@@ -1161,13 +1193,14 @@ mod tests {
             ("32", "dp=<ranks>", "x=dp,tp; y=dp", "drop")
         );
         assert_eq!((get("local_reads"), get("balance"), get("devices_per_process")), ("auto", "auto", "1"));
+        assert_eq!(get("tune"), "off");
         assert_eq!(get("exchange_costs"), ExchangeCosts::default().to_string());
         assert_eq!((get("read_strategy"), get("memory_budget"), get("read_queue_depth")), ("auto", "auto", "16"));
         assert_eq!(
             (get("storage_bandwidth"), get("storage_iops"), get("spill_dir"), get("pipeline_axis")),
             ("probe", "probe", "", "")
         );
-        assert_eq!(s.len(), 21);
+        assert_eq!(s.len(), 22);
         let other = LoaderOptions { seed: 9, ..LoaderOptions::default() };
         assert_ne!(other.settings(), LoaderOptions::default().settings());
     }
@@ -1226,7 +1259,7 @@ mod tests {
     #[test]
     fn job_file_keys_are_its_fields() {
         let keys = JobFile::keys();
-        assert_eq!(keys.len(), 29, "{keys:?}");
+        assert_eq!(keys.len(), 30, "{keys:?}");
         for k in ["batch_size", "data", "mesh_order", "read_strategy", "shard", "transport"] {
             assert!(keys.iter().any(|x| x == k), "{k} missing from {keys:?}");
         }

@@ -16,7 +16,8 @@
 //! Every record carries the layout's version in its `schema` key ([`SCHEMA`]). Reading
 //! takes every version from [`OLDEST_SCHEMA`] on — schema 1 wrote only epoch records,
 //! without a `kind`, peer waiting or off-host bytes; schema 3 added the windows' steps,
-//! schema 4 each rank's home range length; keys added since are optional — and
+//! schema 4 each rank's home range length, schema 5 a tuned loader's prefetch and reads
+//! in flight; keys added since are optional — and
 //! refuses any other, naming the file (and line). A record needs only the keys the report
 //! reads: its schema, rank, epoch and phase times; a window's first step, rows, peer
 //! waiting and bytes read, sent and sent off the host; an epoch's samples, seconds and
@@ -41,7 +42,7 @@ use crate::loader::{Loader, Phase};
 use crate::plan::IoPlan;
 
 /// The version of the records' layout this build writes.
-pub const SCHEMA: u32 = 4;
+pub const SCHEMA: u32 = 5;
 
 /// The oldest version this build reads.
 pub const OLDEST_SCHEMA: u32 = 1;
@@ -247,6 +248,13 @@ pub struct Window {
     /// epochs where the loader balances the ranges (`--balance`; since schema 4, 0 before).
     #[serde(default)]
     pub home_rows: u64,
+    /// Where the loader tunes itself (`--tune auto`; since schema 5): the windows its
+    /// producer ran ahead and the reads it kept in flight when this window was assembled
+    /// (its length is `steps`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefetch: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub read_depth: Option<u64>,
 }
 
 impl Window {
@@ -455,9 +463,11 @@ fn typed<T: serde::de::DeserializeOwned>(v: serde_json::Value) -> std::result::R
 }
 
 /// The keys whose values are counts.
-const COUNTS: [&str; 21] = [
+const COUNTS: [&str; 23] = [
     "rank",
     "home_rows",
+    "prefetch",
+    "read_depth",
     "ranks",
     "epoch",
     "first_step",
@@ -521,6 +531,8 @@ mod tests {
     const WINDOW_V3: &str = r#"{"bytes_read":2049000,"bytes_read_spill":0,"bytes_received":1967040,"bytes_sent":2049000,"bytes_sent_off_host":0,"compute_s":0.05,"epoch":0,"first_step":4,"kind":"window","peer_wait_s":0.001368556,"phase_s":{"assemble":0.000998794,"exchange":0.001836897,"pack":0.0,"plan":0.001376286,"read":0.001917066},"rank":0,"rows":120,"schema":3,"step_compute_s":[0.02,0.03],"step_wait_s":[0.009745586,0.0],"steps":2,"wait_s":0.009745586}"#;
     /// A window as schema 4 writes it: the rank's home range length.
     const WINDOW_V4: &str = r#"{"bytes_read":2049000,"bytes_read_spill":0,"bytes_received":1967040,"bytes_sent":2049000,"bytes_sent_off_host":0,"compute_s":0.05,"epoch":0,"first_step":4,"home_rows":11997,"kind":"window","peer_wait_s":0.001368556,"phase_s":{"assemble":0.000998794,"exchange":0.001836897,"pack":0.0,"plan":0.001376286,"read":0.001917066},"rank":0,"rows":120,"schema":4,"step_compute_s":[0.02,0.03],"step_wait_s":[0.009745586,0.0],"steps":2,"wait_s":0.009745586}"#;
+    /// A tuned loader's window as schema 5 writes it: its prefetch and reads in flight.
+    const WINDOW_V5: &str = r#"{"bytes_read":2049000,"bytes_read_spill":0,"bytes_received":1967040,"bytes_sent":2049000,"bytes_sent_off_host":0,"compute_s":0.05,"epoch":0,"first_step":4,"home_rows":11997,"kind":"window","peer_wait_s":0.001368556,"phase_s":{"assemble":0.000998794,"exchange":0.001836897,"pack":0.0,"plan":0.001376286,"read":0.001917066},"prefetch":2,"rank":0,"read_depth":32,"rows":120,"schema":5,"step_compute_s":[0.02,0.03],"step_wait_s":[0.009745586,0.0],"steps":2,"wait_s":0.009745586}"#;
     const EPOCH: &str = r#"{"bytes_read":196704000,"bytes_read_spill":0,"bytes_received":196704000,"bytes_sent":196704000,"bytes_sent_off_host":0,"compute_s":0.0,"epoch":0,"home_rows":12000,"host":"vm","kind":"epoch","peak_rss_bytes":32575488,"peer_wait_s":0.028216835,"phase_s":{"assemble":0.014297137,"exchange":0.03725301,"pack":0.0,"plan":0.003011975,"read":0.098461997},"rank":0,"ranks":2,"samples":24000,"schema":4,"seconds":0.172755173,"steps":100,"verified":null,"wait_s":0.171819776,"windows":100}"#;
     /// An epoch record as schema 1 wrote it: no kind, peer waiting, off-host bytes,
     /// spill or verification.
@@ -533,12 +545,19 @@ mod tests {
         let Record::Epoch(e) = Record::parse(EPOCH).unwrap() else { panic!("an epoch") };
         assert_eq!((e.ranks, e.host.as_str(), e.samples, e.verified), (Some(2), "vm", 24000, None));
         // What is written reads back the same, with the same keys as before.
-        for line in [WINDOW_V4, EPOCH] {
+        for line in [WINDOW_V4, WINDOW_V5, EPOCH] {
             let r = Record::parse(line).unwrap();
             let again: serde_json::Value = serde_json::from_str(&r.to_line()).unwrap();
             assert_eq!(again, serde_json::from_str::<serde_json::Value>(line).unwrap());
             assert_eq!(Record::parse(&r.to_line()).unwrap(), r);
         }
+        let Record::Window(w) = Record::parse(WINDOW_V5).unwrap() else { panic!("schema 5: a window") };
+        assert_eq!((w.prefetch, w.read_depth), (Some(2), Some(32)));
+        let Record::Window(w) = Record::parse(WINDOW_V4).unwrap() else { panic!("schema 4: a window") };
+        assert_eq!((w.prefetch, w.read_depth), (None, None));
+        let mut bad: serde_json::Value = serde_json::from_str(WINDOW_V5).unwrap();
+        bad["read_depth"] = (-1).into();
+        assert_eq!(Record::parse(&bad.to_string()).unwrap_err(), "read_depth is -1: a count is a non-negative integer");
         let Record::Window(w) = Record::parse(WINDOW_V3).unwrap() else { panic!("schema 3: a window") };
         assert_eq!((w.schema, w.step_compute_s.len(), w.home_rows), (3, 2, 0));
         let Record::Epoch(e) = Record::parse(EPOCH_V1).unwrap() else { panic!("schema 1: an epoch") };
@@ -553,8 +572,8 @@ mod tests {
             v[key] = value;
             Record::parse(&v.to_string()).unwrap_err()
         };
-        assert_eq!(with("schema", 5.into()), "telemetry schema 5 (this meshfeed reads 1 to 4)");
-        assert_eq!(with("schema", 0.into()), "telemetry schema 0 (this meshfeed reads 1 to 4)");
+        assert_eq!(with("schema", 6.into()), "telemetry schema 6 (this meshfeed reads 1 to 5)");
+        assert_eq!(with("schema", 0.into()), "telemetry schema 0 (this meshfeed reads 1 to 5)");
         assert!(with("kind", "batch".into()).starts_with("kind is \"batch\""));
         assert_eq!(with("samples", (-600).into()), "samples is -600: a count is a non-negative integer");
         assert_eq!(
@@ -566,7 +585,7 @@ mod tests {
         v["phase_s"]["read"] = (-0.25).into();
         assert!(Record::parse(&v.to_string()).unwrap_err().starts_with("phase_s.read is -0.25"));
         v.as_object_mut().unwrap().remove("schema");
-        assert_eq!(Record::parse(&v.to_string()).unwrap_err(), "telemetry schema null (this meshfeed reads 1 to 4)");
+        assert_eq!(Record::parse(&v.to_string()).unwrap_err(), "telemetry schema null (this meshfeed reads 1 to 5)");
         assert!(Record::parse("1e999").unwrap_err().starts_with("not a JSON record"));
         // A window's steps: times, one of each per step delivered.
         let mut v: serde_json::Value = serde_json::from_str(WINDOW_V3).unwrap();
@@ -635,7 +654,7 @@ mod tests {
         assert_eq!((old.read_plan, old.sample_bytes), (None, None));
         v["schema"] = 7.into();
         let err = RunInfo::parse(path, &v.to_string()).unwrap_err().to_string();
-        assert!(err.contains("/x/run.json: telemetry schema 7 (this meshfeed reads 1 to 4)"), "{err}");
+        assert!(err.contains("/x/run.json: telemetry schema 7 (this meshfeed reads 1 to 5)"), "{err}");
         v["schema"] = 2.into();
         v["ranks"] = 0.into();
         let err = RunInfo::parse(path, &v.to_string()).unwrap_err().to_string();

@@ -49,6 +49,7 @@ def test_job_options_type_is_the_job_file():
     ("read_strategy", options.ReadStrategy),
     ("local_reads", options.LocalReads),
     ("balance", options.Balance),
+    ("tune", options.Tune),
     ("stages", options.Stage),
 ])
 def test_literals_are_the_values_the_job_file_takes(key, literal):

@@ -78,6 +78,8 @@ JOBS = [
      ["--read-strategy", "passes", "--memory-budget", "400K"]),
     ("random", "large", 2, {"read_strategy": "random", "memory_budget": 400 * 1024, "read_queue_depth": 4},
      ["--read-strategy", "random", "--memory-budget", "400K", "--read-queue-depth", "4"]),
+    # Tuned from windows of one step and no producer thread, against the untuned command.
+    ("tuned", "npy", 3, {"tune": "auto", "window_bytes": "1K", "prefetch": 0}, []),
 ]
 
 
@@ -482,6 +484,54 @@ def test_stop_requested_chains_to_the_programs_handler_and_request_stop_works_al
     assert len(lines) == 2 and lines[0][1:] == lines[1][1:], r.stdout + r.stderr
     assert int(lines[0][1]) >= 3 and int(lines[0][2]) >= 2, lines
     assert r.returncode != 0 and "not reached 0" not in r.stdout, r.stdout
+
+
+def test_a_tuned_training_loop_gets_a_producer_and_longer_windows_and_the_same_batches(tmp_path):
+    """tune="auto" from windows of one step and prefetch=0, in a loop that does nothing but
+    take batches (every window is waited for): a producer thread comes to run ahead
+    (prefetch 2) of windows of several steps, every rank's windows are the same, they tile
+    each epoch, and the batches are those of the untuned loader."""
+    data = tmp_path / "data"
+    ok(run([BIN, "gen", "--format", "npy", "--samples", "16000", "--files", "2", "--field", "x:u8:4088",
+            "--field", "y:i64", "--out", data]))
+    script = (
+        "import json, zlib, meshfeed\n"
+        "out = {}\n"
+        "for tune in ('off', 'auto'):\n"
+        f"    l = meshfeed.Loader([{str(data)!r}], batch_size=48, seed=3, window_bytes='1K', prefetch=0, tune=tune,\n"
+        "                        read_strategy='random', memory_budget=0)\n"
+        "    ids, windows = [], set()\n"
+        "    def seen():\n"
+        "        w = l.metrics()['window']\n"
+        "        if w:\n"
+        "            windows.add((w['epoch'], w['first_step'], w['steps'], w.get('prefetch'), w.get('read_depth')))\n"
+        "    for epoch in range(5):\n"
+        "        l.set_epoch(epoch)\n"
+        "        for b in l:\n"
+        "            ids += b.ids.tolist()\n"
+        "            seen()\n"
+        "        seen()\n"
+        "    windows = sorted(windows)\n"
+        "    changes = [w for i, w in enumerate(windows) if i == 0 or w[2:] != windows[i - 1][2:]]\n"
+        "    out[tune] = {'ids': zlib.crc32(json.dumps(ids).encode()), 'n': len(ids),\n"
+        "                 'windows': zlib.crc32(json.dumps(windows).encode()), 'changes': changes,\n"
+        "                 'steps': [sum(w[2] for w in windows if w[0] == e) for e in range(5)]}\n"
+        "    rank = l.rank\n"
+        "    l.close()\n"
+        "print(json.dumps({'rank': rank, **out}), flush=True)\n"
+    )
+    r = ok(run(MPIRUN + ["-np", 2, sys.executable, "-c", script]))
+    ranks = sorted(json_objects(r.stdout), key=lambda m: m["rank"])
+    assert len(ranks) == 2, r.stdout
+    for m in ranks:
+        off, auto = m["off"], m["auto"]
+        assert auto["ids"] == off["ids"] and auto["n"] == off["n"] == 5 * 333 * 24, m
+        assert off["changes"] == [[0, 0, 1, None, None]] and off["steps"] == [333] * 5, off
+        assert auto["steps"] == [333] * 5, auto
+        assert auto["changes"][0] == [0, 0, 1, 0, 16], auto
+        # A producer thread comes to run ahead of longer windows.
+        assert any(steps >= 2 and prefetch == 2 for _, _, steps, prefetch, _ in auto["changes"]), auto
+    assert ranks[0]["auto"]["windows"] == ranks[1]["auto"]["windows"], ranks
 
 
 def test_a_training_jobs_telemetry_reads_as_a_runs_and_names_its_slow_rank(datasets, tmp_path):

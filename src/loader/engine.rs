@@ -24,12 +24,13 @@ use super::metrics::{Metrics, Phase};
 use super::passes;
 use super::reads::{FromReads, Reads};
 use super::stream::{Stream, WindowSpec};
+use super::tuning::{ConsumerClock, Tuning};
 use super::window::{receipt, Packed, Received, Route, Window};
 use super::{broadcast, two_phase};
 use crate::config::ExchangeMode;
 use crate::error::{Error, Result};
 use crate::plan::{EpochOrder, FieldPart, HomeIndex, Permutation, Placement, Strategy, WindowPlan};
-use crate::transport::{agree, agree_position, agree_with, Transport};
+use crate::transport::{agree, agree_carrying, agree_position, Transport};
 use crate::types::{Rank, SampleId};
 
 /// Everything a producer owns: the loader's own communicator, open readers and cache, and
@@ -47,6 +48,8 @@ pub(crate) struct Engine {
     pub stop: Arc<AtomicUsize>,
     /// The home ranges, and the read measures that move them.
     pub balance: Balancer,
+    /// The tuner of the window length, prefetch and reads in flight, and its measures.
+    pub tuning: Tuning,
 }
 
 // The producer thread takes the engine with it: everything in it must be `Send`.
@@ -57,10 +60,18 @@ const _: fn() = || {
 
 impl Engine {
     /// An engine for `stream` over the loader's own communicator, reading with `reads`.
-    pub fn new(stream: Arc<Stream>, transport: Box<dyn Transport>, reads: Reads, stop: Arc<AtomicUsize>) -> Engine {
+    /// `clock` is the consumer's, which the tuner reads.
+    pub fn new(
+        stream: Arc<Stream>,
+        transport: Box<dyn Transport>,
+        reads: Reads,
+        stop: Arc<AtomicUsize>,
+        clock: Arc<ConsumerClock>,
+    ) -> Engine {
         let index = HomeIndex::new(stream.home.range(stream.rank), stream.index_entries);
         let balance = Balancer::new(&stream);
-        Engine { stream, transport, reads, index, group: None, stop, balance }
+        let tuning = Tuning::new(&stream, transport.concurrent(), clock);
+        Engine { stream, transport, reads, index, group: None, stop, balance, tuning }
     }
 }
 
@@ -318,12 +329,18 @@ pub(crate) fn complete(engine: &mut Engine, received: Received) -> Result<Window
         Route::Broadcast => broadcast::complete(stream, &spec, &ids, &recv, &mut metrics),
     };
     crate::buffers::give_bytes(recv);
-    // The assembly agreement carries this rank's stop request: every rank learns, with the
-    // same window, whether any was asked to stop.
-    let request = engine.stop.load(Ordering::SeqCst) as u64;
-    let (batches, stop) = metrics.agreed(|| agree_with(&*engine.transport, batches, request))?;
+    // The assembly agreement carries this rank's stop request, and the tuner's measures:
+    // every rank learns, with the same window, whether any was asked to stop, and feeds
+    // its tuner the same maxima.
+    metrics.tuned = engine.tuning.settings();
+    let mut carried = vec![engine.stop.load(Ordering::SeqCst) as u64];
+    carried.extend(engine.tuning.local(&metrics));
+    let batches = metrics.agreed(|| agree_carrying(&*engine.transport, batches, &mut carried))?;
+    if let Some(tuned) = engine.tuning.agreed(spec.steps.end - spec.steps.start, &carried[1..]) {
+        engine.reads.queue_depth = tuned.read_depth;
+    }
     metrics.windows += 1;
     metrics.rows_delivered += batches.iter().map(|b| b.ids.len() as u64).sum::<u64>();
-    let stop = (stop != 0).then(|| i32::try_from(stop).unwrap_or(super::STOP_REQUESTED));
-    Ok(Window { spec, batches, metrics, stop })
+    let stop = (carried[0] != 0).then(|| i32::try_from(carried[0]).unwrap_or(super::STOP_REQUESTED));
+    Ok(Window { spec, batches, metrics, stop, tuned: engine.tuning.settings() })
 }

@@ -79,6 +79,9 @@ pub struct Metrics {
     /// The length of this rank's home range the window was read with (the last window's,
     /// once added up): it moves between epochs where the stream balances the ranges.
     pub home_rows: u64,
+    /// The tuned settings the window was made with (the last window's, once added up);
+    /// `None` where the loader is not tuned ([`crate::plan::tune`]).
+    pub tuned: Option<crate::plan::tune::Settings>,
 }
 
 impl Metrics {
@@ -125,6 +128,9 @@ impl Metrics {
         self.window_sends.extend(other.window_sends.iter().cloned());
         if other.home_rows > 0 {
             self.home_rows = other.home_rows;
+        }
+        if other.tuned.is_some() {
+            self.tuned = other.tuned;
         }
     }
 

@@ -72,6 +72,7 @@ pub mod state;
 mod store;
 mod stream;
 mod tracker;
+mod tuning;
 mod two_phase;
 mod window;
 
@@ -135,6 +136,13 @@ pub struct Loader {
     stop_agreed: Option<i32>,
     /// The handlers [`Loader::stop_requested`] installed (removed when the loader is dropped).
     stop_handlers: Option<crate::runtime::StopHandlers>,
+    /// The consumer's waiting and computing, which the tuner reads ([`tuning`]).
+    clock: Arc<tuning::ConsumerClock>,
+    /// When the last batch of the epoch so far was handed out (the consumer computes from
+    /// then until its next call).
+    handed: Option<Instant>,
+    /// Windows the producer runs ahead: as given, or as tuned.
+    prefetch: usize,
 }
 
 /// What [`Loader::stop_requested`] reports for a stop asked for by [`Loader::request_stop`]
@@ -192,7 +200,9 @@ impl Loader {
         let (reads, shared) = read_plan::start_stores(comm, &stream)?;
         let stream = Arc::new(stream.share_stores(shared));
         let stop = Arc::new(AtomicUsize::new(0));
-        let engine = Engine::new(stream.clone(), comm.dup()?, reads, stop.clone());
+        let clock = Arc::new(tuning::ConsumerClock::default());
+        let engine = Engine::new(stream.clone(), comm.dup()?, reads, stop.clone(), clock.clone());
+        let prefetch = stream.options.prefetch;
         Ok(Loader {
             stream,
             pipeline: Pipeline::Idle(engine),
@@ -210,6 +220,9 @@ impl Loader {
             stop,
             stop_agreed: None,
             stop_handlers: None,
+            clock,
+            handed: None,
+            prefetch,
         })
     }
 
@@ -250,6 +263,9 @@ impl Loader {
         }
         let called = Instant::now();
         self.tracker.called(called, self.position);
+        if let Some(handed) = self.handed.take() {
+            self.clock.computed(called - handed);
+        }
         if self.epoch_ended {
             self.epoch_ended = false;
             let stream = &self.stream;
@@ -261,10 +277,10 @@ impl Loader {
             let start = Instant::now();
             // The window's position agreement meets whoever expects this rank.
             self.expected_by = None;
-            let window =
-                self.pipeline.next_window(self.position, self.stream.options.prefetch, self.interrupt.as_deref_mut());
+            let window = self.pipeline.next_window(self.position, self.prefetch, self.interrupt.as_deref_mut());
             waited = start.elapsed();
             self.metrics.wait += waited;
+            self.clock.waited(waited);
             let window = window.and_then(|w| {
                 let at = Position { epoch: w.spec.epoch, step: Step(w.spec.steps.start) };
                 if at != self.position || w.batches.is_empty() {
@@ -285,6 +301,12 @@ impl Loader {
                     self.metrics.add(&w.metrics);
                     self.stop_agreed = w.stop;
                     self.window.extend(w.batches);
+                    // Every rank's tuner asked for a producer thread at this window: windows
+                    // made on this thread stop here, and one runs ahead from the next.
+                    if let Some(tuned) = w.tuned.filter(|t| t.prefetch != self.prefetch) {
+                        self.prefetch = tuned.prefetch;
+                        self.pipeline.stop(None, false)?;
+                    }
                 }
                 Err(e) => {
                     // An error is agreed: the producer (if any) has ended. Interrupted, it
@@ -306,6 +328,7 @@ impl Loader {
         let batch = self.window.pop_front().expect("a window holds at least one batch");
         self.position = self.stream.advance(self.position);
         self.epoch_ended = self.position.step == Step(0);
+        self.handed = (!self.epoch_ended).then(Instant::now);
         let done = if self.epoch_ended { self.stream.steps_per_epoch } else { self.position.step.0 };
         self.tracker.handed(Instant::now(), waited, done, self.stream.steps_per_epoch);
         Ok(Some(batch))
@@ -350,6 +373,7 @@ impl Loader {
         self.tracker.interrupted(Instant::now(), |a, b| stream.rows_in_steps(a..b));
         let stopped = self.pipeline.stop(self.interrupt.as_deref_mut(), false);
         self.window.clear();
+        self.handed = None;
         self.position = at;
         self.epoch_ended = false;
         match stopped {

@@ -31,7 +31,7 @@ pub(crate) struct Producer {
 impl Producer {
     /// A producer of the stream from `from` on.
     pub fn new(engine: Engine, from: Position, overlap: bool) -> Producer {
-        let next = engine.stream.window_at(from);
+        let next = engine.stream.window_of(from, engine.tuning.steps_per_window(&engine.stream));
         Producer { engine, next, ahead: None, overlap, between: Duration::ZERO }
     }
 
@@ -53,7 +53,10 @@ impl Producer {
     /// Produces the next window. Collective: every rank calls it in lockstep. After an
     /// error the producer must not be called again.
     pub fn next_window(&mut self) -> Result<Window> {
-        let following = self.engine.stream.window_after(&self.next);
+        // The length in force: a tuner's decision at the last window's assembly applies
+        // from the window after the one already planned.
+        let steps = self.engine.tuning.steps_per_window(&self.engine.stream);
+        let following = self.engine.stream.window_after(&self.next, steps);
         let spec = std::mem::replace(&mut self.next, following);
         let packed = match self.ahead.take() {
             Some(packed) => packed?,

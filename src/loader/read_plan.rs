@@ -14,7 +14,7 @@ use crate::config::{ExchangeMode, LoaderOptions};
 use crate::dataset::Dataset;
 use crate::error::Result;
 use crate::plan::io::{choose, show_bytes, HostShare, IoInputs, StorageRates, STREAM_READ_BYTES};
-use crate::plan::{budget, HomeRanges, IoPlan, WindowBudget};
+use crate::plan::{budget, HomeRanges, IoPlan};
 use crate::runtime::memory::MemoryLimits;
 use crate::transport::{agree, ReduceOp, Transport};
 use crate::types::Rank;
@@ -58,9 +58,7 @@ pub(crate) fn plan(
         .map(|b| b.get(..8).map_or(0, |b| u64::from_le_bytes(b.try_into().expect("8 bytes"))))
         .collect();
     // What each rank holds besides its data: its pipeline's bound and one streaming read.
-    let pipeline = WindowBudget { window_bytes: options.window_bytes, prefetch: options.prefetch }
-        .peak_bytes()
-        .saturating_add(STREAM_READ_BYTES);
+    let pipeline = budget::pipeline_bound(options).saturating_add(STREAM_READ_BYTES);
     let home = HomeRanges::new(n, world);
     let groups = host_members(hosts);
     let mut shares = Vec::with_capacity(groups.len());

@@ -12,10 +12,11 @@ use std::sync::Arc;
 
 use super::layout;
 use super::store::{RecordLayout, Tier};
-use crate::config::{Balance, ExchangeMode, LoaderOptions, LocalReads, TailPolicy};
+use crate::config::{Balance, ExchangeMode, LoaderOptions, LocalReads, TailPolicy, Tune, DEFAULT_PREFETCH};
 use crate::dataset::Dataset;
 use crate::error::{Error, Result};
 use crate::plan::sharding::FieldSharding;
+use crate::plan::tune;
 use crate::plan::{budget, HomeRanges, IoPlan, Mesh, Placement, Strategy, WindowBudget};
 use crate::types::{Epoch, Rank, SampleId, Step};
 
@@ -88,6 +89,8 @@ pub(crate) struct Stream {
     /// counts a rank's read and send buffers at the most a balanced range holds.
     pub balanced: bool,
     pub budget: WindowBudget,
+    /// What the tuner may choose (`--tune auto`; `None`: the settings stay as given).
+    pub tune_limits: Option<tune::Limits>,
     /// How ranks read their home ranges: what each keeps in memory or spills.
     pub io: IoPlan,
     /// Whether this rank reads the stores of the ranks on its host (agreed once the stores
@@ -201,12 +204,36 @@ impl Stream {
         let budget = WindowBudget { window_bytes: options.window_bytes, prefetch: options.prefetch };
         let home = HomeRanges::new(n, world);
         let range = home.range(rank);
-        let index_entries = budget::index_entries(&budget, range.end - range.start);
+        // A tuned loader's index is sized by its ceiling, which its windows may grow to (a
+        // small index would be planned in many passes an epoch, whatever the window).
+        let index_budget = match options.tune {
+            Tune::Auto => WindowBudget { window_bytes: budget::pipeline_bound(&options), prefetch: 0 },
+            Tune::Off => budget,
+        };
+        let index_entries = budget::index_entries(&index_budget, range.end - range.start);
         let index_bytes = index_entries * crate::plan::index::ENTRY_BYTES;
         let steps_per_window =
             budget.steps_per_window_besides(per_step, steps_per_epoch, index_bytes, reading, balanced);
+        // The tuner's memory ceiling: the larger of the given and the default pipeline
+        // bounds, counted the same way (the home index reserved alike).
+        let tune_limits = (options.tune == Tune::Auto).then(|| {
+            let ceiling = budget::pipeline_bound(&options);
+            let most_steps = |prefetch: usize| {
+                let at = WindowBudget { window_bytes: ceiling / (prefetch as u64 + 1), prefetch };
+                at.most_steps_besides(per_step, steps_per_epoch, index_bytes, reading, balanced)
+            };
+            let prefetch = if options.prefetch == 0 { DEFAULT_PREFETCH } else { 0 };
+            tune::Limits {
+                prefetch,
+                max_steps: most_steps(options.prefetch),
+                max_steps_prefetched: most_steps(prefetch.max(options.prefetch)),
+                window: !matches!(io.strategy, Strategy::Passes { .. }),
+                max_read_depth: options.read.queue_depth.max(tune::MAX_READ_DEPTH),
+            }
+        });
         let layout = RecordLayout::of(fields);
         Ok(Stream {
+            tune_limits,
             coords: mesh.coords(Rank(rank.0 * k)),
             sharding,
             rank,
@@ -313,25 +340,26 @@ impl Stream {
         self.tail_placement.is_some() && w.steps.end == self.steps_per_epoch
     }
 
-    /// The window that starts at `at` (which must be a step of the epoch): up to
-    /// `steps_per_window` steps, never past the epoch's end; a partial last batch gets a
-    /// window of its own.
-    pub fn window_at(&self, at: Position) -> WindowSpec {
+    /// The window that starts at `at` (which must be a step of the epoch): up to `steps`
+    /// steps (`steps_per_window`, or the tuner's length), never past the epoch's end; a
+    /// partial last batch gets a window of its own.
+    pub fn window_of(&self, at: Position, steps: u64) -> WindowSpec {
         let total = self.steps_per_epoch;
         let first = at.step.0;
-        let mut end = (first + self.steps_per_window).min(total);
+        let mut end = (first + steps.max(1)).min(total);
         if self.tail_placement.is_some() && end == total && first + 1 < total {
             end = total - 1;
         }
         WindowSpec { epoch: at.epoch, steps: first..end }
     }
 
-    /// The window after `w`: the rest of its epoch, then the next epoch from step 0.
-    pub fn window_after(&self, w: &WindowSpec) -> WindowSpec {
+    /// The window after `w`, of up to `steps` steps: the rest of its epoch, then the next
+    /// epoch from step 0.
+    pub fn window_after(&self, w: &WindowSpec, steps: u64) -> WindowSpec {
         if w.steps.end < self.steps_per_epoch {
-            self.window_at(Position { epoch: w.epoch, step: Step(w.steps.end) })
+            self.window_of(Position { epoch: w.epoch, step: Step(w.steps.end) }, steps)
         } else {
-            self.window_at(Position { epoch: Epoch(w.epoch.0 + 1), step: Step(0) })
+            self.window_of(Position { epoch: Epoch(w.epoch.0 + 1), step: Step(0) }, steps)
         }
     }
 
@@ -395,6 +423,25 @@ mod tests {
         Stream::build(Rank(0), 2, vec![0, 0], dataset, options, IoPlan::direct(2)).unwrap()
     }
 
+    /// A tuned stream's limits: a producer thread (2) from `prefetch = 0`, and windows within
+    /// the defaults' bound (3 × 64 MiB) however small the given window: the whole epoch,
+    /// without a producer and with one (64 MiB less the home index, over 9 × 260 bytes a
+    /// step, is more than the epoch's 25 000 steps).
+    #[test]
+    fn a_tuned_stream_may_grow_to_the_defaults_bound() {
+        let mut s = stream(100_000, 4, 4096, TailPolicy::Drop);
+        assert_eq!((s.steps_per_epoch, s.steps_per_window, s.tune_limits, s.index_entries), (25_000, 1, None, 4096));
+        let options = LoaderOptions { tune: Tune::Auto, ..s.options.clone() };
+        s = Stream::build(Rank(0), 2, vec![0, 0], s.dataset.clone(), options, IoPlan::direct(2)).unwrap();
+        let limits = s.tune_limits.unwrap();
+        assert_eq!(s.steps_per_window, 1, "the given settings are the start");
+        assert_eq!((limits.prefetch, limits.max_steps, limits.max_steps_prefetched), (2, 25_000, 25_000));
+        assert_eq!((limits.window, limits.max_read_depth), (true, 64));
+        // Its home index is sized by the ceiling too: the whole home range (untuned, the
+        // least, 4096 entries), planned in one pass an epoch.
+        assert_eq!(s.index_entries, 50_000);
+    }
+
     #[test]
     fn windows_tile_epochs_and_cross_into_the_next() {
         // 2 rows × 10 bytes = 20 bytes of values per step per rank, plus bookkeeping (4 × 24
@@ -411,17 +458,24 @@ mod tests {
         let balanced = stream_balanced(23, 4, 3900 + 12 * 16, TailPolicy::Partial, Balance::Auto);
         assert!(balanced.balances());
         assert_eq!(balanced.steps_per_window, 2);
-        let mut w = s.window_at(Position::new(0, 0));
+        let mut w = s.window_of(Position::new(0, 0), s.steps_per_window);
         let mut seen = vec![];
         for _ in 0..4 {
             seen.push((w.epoch.0, w.steps.clone()));
-            w = s.window_after(&w);
+            w = s.window_after(&w, s.steps_per_window);
         }
         // The partial last batch is a window of its own.
         assert_eq!(seen, vec![(0, 0..3), (0, 3..5), (0, 5..6), (1, 0..3)]);
+        // A tuned length: windows of one step, then of eight (cut at the epoch's end and
+        // before the partial last batch).
+        let one = s.window_of(Position::new(0, 0), 1);
+        assert_eq!(
+            (one.steps.clone(), s.window_after(&one, 8).steps, s.window_of(Position::new(0, 0), 0).steps),
+            (0..1, 1..5, 0..1)
+        );
         assert!(s.is_tail_window(&WindowSpec { epoch: Epoch(0), steps: 5..6 }));
         // A window starting mid-epoch (after a seek) still ends at the epoch's end.
-        assert_eq!(s.window_at(Position::new(3, 4)).steps, 4..5);
+        assert_eq!(s.window_of(Position::new(3, 4), s.steps_per_window).steps, 4..5);
         assert_eq!(s.advance(Position::new(2, 5)), Position::new(3, 0));
     }
 

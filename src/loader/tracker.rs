@@ -146,6 +146,8 @@ impl Tracker {
             step_wait_s: Vec::new(),
             step_compute_s: Vec::new(),
             home_rows: metrics.home_rows,
+            prefetch: metrics.tuned.map(|t| t.prefetch as u64),
+            read_depth: metrics.tuned.map(|t| t.read_depth as u64),
         });
     }
 

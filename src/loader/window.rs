@@ -18,6 +18,9 @@ pub(crate) struct Window {
     /// A stop the ranks agreed on with this window ([`crate::loader::Loader::stop_requested`]):
     /// the signal number some rank received, or [`super::STOP_REQUESTED`].
     pub stop: Option<i32>,
+    /// The tuned settings in force after this window's agreement (`None`: not tuned); the
+    /// consumer starts a producer thread where their prefetch asks for one.
+    pub tuned: Option<crate::plan::tune::Settings>,
 }
 
 /// How a window is exchanged.

@@ -40,13 +40,26 @@
 //! for tiny samples the ids, plans and read locations outweigh the data.
 //!
 //! Windows are sized so that this peak stays within `(p + 1) × window_bytes` (with
-//! `p = 0`: `1 ×`), which is the bound the documentation promises; the rows a rank keeps
+//! `p = 0`: `1 ×`), which is the bound the documentation promises (a tuned loader, by the
+//! same rule, within the larger of that and the defaults' bound: [`super::tune`]); the rows a rank keeps
 //! in memory or in a pass come on top, within the memory budget ([`super::io`]). A window
 //! holds at least one step, so a single step
 //! larger than the budget exceeds it.
 
+use crate::config::{LoaderOptions, Tune, DEFAULT_PREFETCH, DEFAULT_WINDOW_BYTES};
 use crate::dataset::Field;
 pub use crate::plan::home::MAX_SHARE;
+
+/// The most a loader's pipeline holds ([`WindowBudget::peak_bytes`] of its options); a
+/// tuned loader's ([`crate::config::Tune::Auto`]) may grow to the larger of that and the
+/// default options' bound ([`super::tune`]).
+pub fn pipeline_bound(options: &LoaderOptions) -> u64 {
+    let given = WindowBudget { window_bytes: options.window_bytes, prefetch: options.prefetch }.peak_bytes();
+    match options.tune {
+        Tune::Auto => given.max(DEFAULT_WINDOW_BYTES.saturating_mul(DEFAULT_PREFETCH as u64 + 1)),
+        Tune::Off => given,
+    }
+}
 
 /// With a producer thread, an epoch holds at least this many windows per window the
 /// pipeline holds (where it has enough steps).
@@ -128,13 +141,27 @@ impl WindowBudget {
         reading: Reading,
         balanced: bool,
     ) -> u64 {
-        let per_step = bytes_per_step.saturating_mul(self.halves_held(reading, balanced)).div_ceil(2).max(1);
-        let by_bytes = self.peak_bytes().saturating_sub(reserved) / per_step;
         let by_depth = match self.prefetch {
             0 => u64::MAX,
             p => steps_in_epoch.div_ceil(WINDOWS_PER_QUEUE * (p as u64 + 1)),
         };
-        by_bytes.min(by_depth).clamp(1, steps_in_epoch.max(1))
+        self.most_steps_besides(bytes_per_step, steps_in_epoch, reserved, reading, balanced).min(by_depth).max(1)
+    }
+
+    /// The most steps a window may hold within [`WindowBudget::peak_bytes`] (as
+    /// [`WindowBudget::steps_per_window_besides`], without the rule on windows per epoch:
+    /// the tuner measures whether longer windows pay).
+    pub fn most_steps_besides(
+        &self,
+        bytes_per_step: u64,
+        steps_in_epoch: u64,
+        reserved: u64,
+        reading: Reading,
+        balanced: bool,
+    ) -> u64 {
+        let per_step = bytes_per_step.saturating_mul(self.halves_held(reading, balanced)).div_ceil(2).max(1);
+        let by_bytes = self.peak_bytes().saturating_sub(reserved) / per_step;
+        by_bytes.clamp(1, steps_in_epoch.max(1))
     }
 }
 
@@ -178,6 +205,17 @@ pub fn sample_bytes(sizes: &[u64]) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What the memory budget sets aside for a pipeline: its bound as given, or, tuned, at
+    /// least the defaults' (3 × 64 MiB).
+    #[test]
+    fn a_tuned_pipeline_is_bounded_by_the_larger_of_its_settings_and_the_defaults() {
+        let tiny = LoaderOptions { window_bytes: 16 << 10, prefetch: 0, ..LoaderOptions::default() };
+        assert_eq!(pipeline_bound(&tiny), 16 << 10);
+        assert_eq!(pipeline_bound(&LoaderOptions { tune: Tune::Auto, ..tiny.clone() }), 192 << 20);
+        let big = LoaderOptions { window_bytes: 256 << 20, prefetch: 3, tune: Tune::Auto, ..tiny };
+        assert_eq!(pipeline_bound(&big), 1 << 30);
+    }
 
     #[test]
     fn window_length_respects_the_budget() {

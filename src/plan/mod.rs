@@ -16,6 +16,7 @@ pub mod mesh;
 pub mod permutation;
 pub mod placement;
 pub mod sharding;
+pub mod tune;
 pub mod window;
 
 pub use budget::WindowBudget;

@@ -26,10 +26,21 @@ pub fn agree<T>(transport: &dyn Transport, local: Result<T>) -> Result<T> {
 /// `flag` with the value (a stop request rides on a window's agreement this way, with no
 /// collective of its own).
 pub fn agree_with<T>(transport: &dyn Transport, local: Result<T>, flag: u64) -> Result<(T, u64)> {
-    let mut failed = [u64::from(local.is_err()), flag];
+    let mut carried = [flag];
+    agree_carrying(transport, local, &mut carried).map(|value| (value, carried[0]))
+}
+
+/// [`agree`], carrying numbers in the same reduction: on success each of `carried` is the
+/// maximum over the ranks (a window's stop request and the tuner's measures ride on its
+/// assembly agreement this way).
+pub fn agree_carrying<T>(transport: &dyn Transport, local: Result<T>, carried: &mut [u64]) -> Result<T> {
+    let mut failed = Vec::with_capacity(carried.len() + 1);
+    failed.push(u64::from(local.is_err()));
+    failed.extend_from_slice(carried);
     transport.all_reduce_u64(&mut failed, ReduceOp::Max)?;
     if failed[0] == 0 {
-        return local.map(|value| (value, failed[1]));
+        carried.copy_from_slice(&failed[1..]);
+        return local;
     }
     // Each failed rank sends its error's kind (one byte) and message; the others nothing.
     let message = match &local {

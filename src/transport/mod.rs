@@ -20,7 +20,7 @@ pub mod ucx;
 
 use crate::error::Result;
 use crate::types::Rank;
-pub use agree::{agree, agree_position, agree_settings, agree_with};
+pub use agree::{agree, agree_carrying, agree_position, agree_settings, agree_with};
 
 #[cfg(feature = "mpi")]
 pub use self::mpi::MpiTransport;

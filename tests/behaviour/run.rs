@@ -412,13 +412,20 @@ fn run_with_a_slow_rank(t: Transport, dir: &Path, np: usize, slow: usize, args: 
 
 /// Each epoch's `home_rows` of every rank in a telemetry directory: `[rank][epoch]`.
 fn home_rows_by_epoch(dir: &Path, np: usize) -> Vec<Vec<u64>> {
+    telemetry_records(dir, np, "epoch")
+        .iter()
+        .map(|rank| rank.iter().map(|v| v["home_rows"].as_u64().unwrap()).collect())
+        .collect()
+}
+
+/// Every record of `kind` of every rank in a telemetry directory: `[rank][record]`.
+fn telemetry_records(dir: &Path, np: usize, kind: &str) -> Vec<Vec<serde_json::Value>> {
     (0..np)
         .map(|r| {
             let text = std::fs::read_to_string(dir.join(format!("rank-{r}.jsonl"))).unwrap();
             text.lines()
                 .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
-                .filter(|v| v["kind"] == "epoch")
-                .map(|v| v["home_rows"].as_u64().unwrap())
+                .filter(|v| v["kind"] == kind)
                 .collect()
         })
         .collect()
@@ -467,6 +474,67 @@ over_transports! {
             assert!(rows_auto.iter().all(|r| r[0] == equal), "{np} ranks: {rows_auto:?}");
             assert!(rows_auto[1].windows(2).all(|e| e[1] >= e[0] / 2), "{np} ranks: {rows_auto:?}");
             assert!(rows_auto[1][3] < equal * 3 / 4, "{np} ranks: {rows_auto:?}");
+        }
+    }
+}
+
+over_transports! {
+    /// The loader tunes itself (`--tune auto`) from deliberately bad settings — windows of
+    /// one step, no producer thread — with nothing between batches but the dump, so that
+    /// every window is waited for: a producer thread starts (prefetch 2) and the window
+    /// grows. Every rank changes at the same window (their windows are the same,
+    /// setting for setting), the windows still tile each epoch, the batches are byte for
+    /// byte those of the untuned run, and every epoch verifies. With 2 and 3 ranks.
+    fn a_tuned_loader_starts_a_producer_and_grows_its_window_at_the_same_window_on_every_rank(t: Transport) {
+        let out = tempdir();
+        let data = out.path().join("npy");
+        let d = data.to_str().unwrap();
+        // Windows of one step take about a millisecond to make here: the tuner's rounds (at
+        // least 0.2 s) fit five epochs of 333 steps several times over, on a machine twice
+        // as fast too.
+        let gen = format!("gen --format npy --samples 16000 --files 3 --field x:u8:4088 --field y:i64 --out {d}");
+        ok(&meshfeed(&gen.split(' ').collect::<Vec<_>>()));
+        let fixed = "--batch-size 48 --epochs 5 --window-bytes 1K --prefetch 0 --verify --memory-budget 0 \
+                     --read-strategy random";
+        for np in [2, 3] {
+            let run = |tune: &str| {
+                let name = format!("{tune}-{np}");
+                let (dump, telemetry) =
+                    (out.path().join(format!("dump-{name}")), out.path().join(format!("telemetry-{name}")));
+                let mut args = vec!["run", "--data", d];
+                args.extend(fixed.split_whitespace());
+                args.extend(["--tune", tune, "--dump", dump.to_str().unwrap()]);
+                args.extend(["--telemetry", telemetry.to_str().unwrap()]);
+                ok(&t.run(np, &args));
+                (dump_bytes(&dump, np), telemetry_records(&telemetry, np, "window"))
+            };
+            let (dumps_off, windows_off) = run("off");
+            let (dumps_auto, windows_auto) = run("auto");
+            assert_eq!(dumps_auto, dumps_off, "{np} ranks: tuning changed the batches");
+            assert!(
+                windows_off.iter().flatten().all(|w| w["steps"] == 1 && w.get("prefetch").is_none()),
+                "{np} ranks, untuned: a window of several steps, or tuned"
+            );
+            let settings = |r: usize| -> Vec<[u64; 5]> {
+                let n = |w: &serde_json::Value, k: &str| w[k].as_u64().unwrap_or_else(|| panic!("{k} of {w}"));
+                let keys = ["epoch", "first_step", "steps", "prefetch", "read_depth"];
+                windows_auto[r].iter().map(|w| keys.map(|k| n(w, k))).collect()
+            };
+            let first = settings(0);
+            // Where the settings change (a window per run of equal settings), for messages.
+            let mut changes = first.clone();
+            changes.dedup_by_key(|w| [w[2], w[3], w[4]]);
+            for r in 1..np {
+                assert!(settings(r) == first, "{np} ranks: rank {r} tuned differently from rank 0 ({changes:?})");
+            }
+            for e in 0..5 {
+                let steps: u64 = first.iter().filter(|w| w[0] == e).map(|w| w[2]).sum();
+                assert_eq!(steps, 16000 / 48, "{np} ranks, epoch {e}: the windows tile the epoch: {changes:?}");
+            }
+            // The run starts as given, then a producer thread runs ahead of windows of
+            // several steps.
+            assert_eq!(first[0][2..4], [1, 0], "{np} ranks: {changes:?}");
+            assert!(first.iter().any(|w| w[2] >= 2 && w[3] == 2), "{np} ranks: {changes:?}");
         }
     }
 }
@@ -743,7 +811,7 @@ fn telemetry_records_each_window_and_the_cost_model_fits_them() {
             };
             ok(&run);
             let config = &read(&dir.join("run.json"))[0];
-            assert_eq!((config["schema"].as_u64(), config["sample_bytes"].as_u64()), (Some(4), Some(2056)), "{config}");
+            assert_eq!((config["schema"].as_u64(), config["sample_bytes"].as_u64()), (Some(5), Some(2056)), "{config}");
             let spw = config["steps_per_window"].as_u64().unwrap();
             for rank in 0..np {
                 let lines = read(&dir.join(format!("rank-{rank}.jsonl")));

@@ -66,6 +66,7 @@ from .options import (
     LoaderState,
     LocalReads,
     Balance,
+    Tune,
     Metrics,
     ReadPlan,
     ReadStrategy,
@@ -422,6 +423,10 @@ class Loader:
             ranges with their measured read speeds, so that a slow reader reads less
             (where nothing is kept across epochs and rows cross the fused exchange; the
             batches are the same either way).
+        tune: ``auto`` or ``off`` (the default): the loader tunes its window length,
+            prefetch depth and reads in flight as it runs, from the waiting it measures
+            (every rank changes at the same window; the batches are the same either way).
+            ``window_bytes``, ``prefetch`` and ``read_queue_depth`` are where it starts.
         group: the HDF5 group holding the datasets.
         fields: only these fields, in this order (HDF5 and Arrow files read only these;
             default: every field).
@@ -480,6 +485,7 @@ class Loader:
         read_queue_depth: Optional[SupportsIndex] = None,
         local_reads: Optional[LocalReads] = None,
         balance: Optional[Balance] = None,
+        tune: Optional[Tune] = None,
         group: Optional[str] = None,
         fields: Optional[Sequence[str]] = None,
         pack: Optional[str] = None,
@@ -514,6 +520,7 @@ class Loader:
             "read_queue_depth": read_queue_depth,
             "local_reads": local_reads,
             "balance": balance,
+            "tune": tune,
             "group": group,
             "fields": None if fields is None else _names("fields", fields),
             "pack": pack,

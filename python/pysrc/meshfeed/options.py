@@ -17,6 +17,7 @@ __all__ = [
     "ReadStrategy",
     "LocalReads",
     "Balance",
+    "Tune",
     "Stage",
     "ByteSize",
     "JobOptions",
@@ -45,6 +46,8 @@ ReadStrategy = Literal["auto", "resident", "passes", "random"]
 LocalReads = Literal["auto", "off"]
 #: Whether home ranges follow the ranks' measured read speeds, epoch by epoch.
 Balance = Literal["auto", "off"]
+#: Whether the loader tunes its window length, prefetch depth and reads in flight as it runs.
+Tune = Literal["auto", "off"]
 #: The pipeline stages that receive a field.
 Stage = Literal["first", "last", "all"]
 #: A number of bytes: an integer, or a string with a suffix (``"64M"``, ``"1G"``).
@@ -81,6 +84,7 @@ class JobOptions(TypedDict, total=False):
     exchange_costs: str
     local_reads: LocalReads
     balance: Balance
+    tune: Tune
     devices_per_process: int
     telemetry: str
     heartbeat: float
@@ -187,7 +191,14 @@ class _Record(TypedDict):
     home_rows: int
 
 
-class WindowMetrics(_Record):
+class _Tuned(TypedDict, total=False):
+    #: Where the loader tunes itself (``tune="auto"``): the windows its producer ran
+    #: ahead and the reads it kept in flight when the window was assembled.
+    prefetch: int
+    read_depth: int
+
+
+class WindowMetrics(_Record, _Tuned):
     """The last window the consumer finished (a telemetry window record)."""
 
     first_step: int
