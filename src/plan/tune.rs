@@ -20,14 +20,15 @@
 //! consumer waits for every window, less whatever a producer thread overlaps with its
 //! steps.
 //!
-//! Each stage measures [`ROUND`] windows made at the settings under test, and at least
-//! [`ROUND_S`] of them (a window planned before a change, and an epoch's shorter last
-//! window, are not counted). Whenever a round
-//! shows the consumer waiting less than [`KEEPS_UP`] of its time, the loader keeps up
-//! with training and the tuner stops: more memory would buy nothing. It also stops at
-//! its limits ([`Limits`]: the memory ceiling and the epoch's length) and after the last
+//! Each stage measures [`ROUND`] windows of the length under test, and at least
+//! [`ROUND_S`] of them (windows of another length — planned before a change, or an
+//! epoch's shorter last window — are not counted; the one or two windows already in the
+//! pipeline when the prefetch or the reads in flight change are). Whenever a round shows
+//! the consumer waiting less than [`KEEPS_UP`] of its time, the loader keeps up with
+//! training and the tuner stops: more memory would buy nothing. It also stops at its
+//! limits ([`Limits`]: the memory ceiling and the epoch's length) and after the last
 //! stage. Settings never shrink below where they started, except a window undone to the
-//! length before it.
+//! length before it, or cut to the ceiling a producer thread allows.
 
 /// Windows measured at each setting under test: at least this many, and at least
 /// [`ROUND_S`] of production or of the consumer's time.
