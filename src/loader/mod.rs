@@ -136,11 +136,6 @@ pub struct Loader {
     stop_agreed: Option<i32>,
     /// The handlers [`Loader::stop_requested`] installed (removed when the loader is dropped).
     stop_handlers: Option<crate::runtime::StopHandlers>,
-    /// The consumer's waiting and computing, which the tuner reads ([`tuning`]).
-    clock: Arc<tuning::ConsumerClock>,
-    /// When the last batch of the epoch so far was handed out (the consumer computes from
-    /// then until its next call).
-    handed: Option<Instant>,
     /// Windows the producer runs ahead: as given, or as tuned.
     prefetch: usize,
 }
@@ -211,7 +206,7 @@ impl Loader {
             window: VecDeque::new(),
             metrics: Metrics::default(),
             keep_window_sends: false,
-            tracker: Tracker::new(comm.rank().0, comm.size()),
+            tracker: Tracker::new(comm.rank().0, comm.size(), clock),
             failed: None,
             deferred: None,
             interrupt: None,
@@ -220,8 +215,6 @@ impl Loader {
             stop,
             stop_agreed: None,
             stop_handlers: None,
-            clock,
-            handed: None,
             prefetch,
         })
     }
@@ -263,9 +256,6 @@ impl Loader {
         }
         let called = Instant::now();
         self.tracker.called(called, self.position);
-        if let Some(handed) = self.handed.take() {
-            self.clock.computed(called - handed);
-        }
         if self.epoch_ended {
             self.epoch_ended = false;
             let stream = &self.stream;
@@ -280,7 +270,6 @@ impl Loader {
             let window = self.pipeline.next_window(self.position, self.prefetch, self.interrupt.as_deref_mut());
             waited = start.elapsed();
             self.metrics.wait += waited;
-            self.clock.waited(waited);
             let window = window.and_then(|w| {
                 let at = Position { epoch: w.spec.epoch, step: Step(w.spec.steps.start) };
                 if at != self.position || w.batches.is_empty() {
@@ -328,7 +317,6 @@ impl Loader {
         let batch = self.window.pop_front().expect("a window holds at least one batch");
         self.position = self.stream.advance(self.position);
         self.epoch_ended = self.position.step == Step(0);
-        self.handed = (!self.epoch_ended).then(Instant::now);
         let done = if self.epoch_ended { self.stream.steps_per_epoch } else { self.position.step.0 };
         self.tracker.handed(Instant::now(), waited, done, self.stream.steps_per_epoch);
         Ok(Some(batch))
@@ -373,7 +361,6 @@ impl Loader {
         self.tracker.interrupted(Instant::now(), |a, b| stream.rows_in_steps(a..b));
         let stopped = self.pipeline.stop(self.interrupt.as_deref_mut(), false);
         self.window.clear();
-        self.handed = None;
         self.position = at;
         self.epoch_ended = false;
         match stopped {

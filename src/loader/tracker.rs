@@ -14,14 +14,18 @@
 //! or on [`Tracker::flush`], so that [`super::Loader::set_epoch_verified`] can still mark
 //! it.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::metrics::Metrics;
 use super::stream::Position;
+use super::tuning::ConsumerClock;
 use crate::telemetry::{Epoch, Phases, Record, Window, Writer, SCHEMA};
 
 /// Where a rank's records go, and its heartbeat.
 pub(crate) struct Tracker {
+    /// The consumer's waiting and steps, which the tuner reads.
+    clock: Arc<ConsumerClock>,
     rank: usize,
     ranks: usize,
     /// This rank's host, as epoch records name it.
@@ -64,8 +68,11 @@ pub(crate) struct Heartbeat {
 }
 
 impl Tracker {
-    pub fn new(rank: usize, ranks: usize) -> Tracker {
+    /// The tracker of rank `rank` of `ranks`; it adds the consumer's waiting and steps to
+    /// `clock` too, for the tuner ([`super::tuning`]).
+    pub fn new(rank: usize, ranks: usize, clock: Arc<ConsumerClock>) -> Tracker {
         Tracker {
+            clock,
             rank,
             ranks,
             host: crate::transport::hosts::this_host(),
@@ -113,7 +120,9 @@ impl Tracker {
     /// The step of the batch handed last (if any) ended `now`: its time is the consumer's.
     fn step_ended(&mut self, now: Instant) {
         if let Some(handed) = self.handed.take() {
-            let step = now.saturating_duration_since(handed).as_secs_f64();
+            let step = now.saturating_duration_since(handed);
+            self.clock.computed(step);
+            let step = step.as_secs_f64();
             if let Some(w) = self.window.as_mut() {
                 if let Some(last) = w.step_compute_s.last_mut() {
                     *last += step;
@@ -126,6 +135,7 @@ impl Tracker {
     /// The consumer takes a new window (its first step `first_step`, of `steps`), which
     /// cost `metrics` to make and which it waited `waited` for; the window before is done.
     pub fn took_window(&mut self, epoch: u64, first_step: u64, steps: u64, metrics: &Metrics, waited: Duration) {
+        self.clock.waited(waited);
         self.finish_window();
         self.window = Some(Window {
             schema: SCHEMA,

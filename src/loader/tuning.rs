@@ -1,8 +1,9 @@
 //! The tuner at runtime (`--tune auto`): the side of [`crate::plan::tune`] that measures
 //! and applies.
 //!
-//! The consumer adds up its waiting for windows and its time between batches (its
-//! training step) in a [`ConsumerClock`] it shares with the producer. Each window's
+//! The consumer's tracker ([`super::tracker`], which times each step for telemetry) adds
+//! up its waiting for windows and its time between batches (its training step) in a
+//! [`ConsumerClock`] it shares with the producer. Each window's
 //! assembly agreement — the collective every rank already makes with every window —
 //! carries, besides the stop request, this rank's measures since the window before: the
 //! window's production and reading time, and the consumer's waiting and computing. The
@@ -20,7 +21,7 @@ use super::stream::Stream;
 use crate::plan::tune::{Measure, Settings, Tuner};
 
 /// The consumer's time, shared with the producer: nanoseconds waited for windows and
-/// spent between batches within an epoch.
+/// spent in steps (from a batch handed out to the next call, or to a reposition).
 #[derive(Debug, Default)]
 pub(crate) struct ConsumerClock {
     pub waited_ns: AtomicU64,
