@@ -81,11 +81,11 @@ impl Tuning {
         self.tuner.as_ref().map(Tuner::settings)
     }
 
-    /// This rank's measures of a window about to be agreed (nothing where the tuner is off
-    /// or done): its production and reading time, and the consumer's waiting and computing
-    /// since the last window, in nanoseconds.
+    /// This rank's measures of a window about to be agreed (nothing where the loader is
+    /// not tuned; a settled tuner still watches them): its production and reading time,
+    /// and the consumer's waiting and computing since the last window, in nanoseconds.
     pub fn local(&mut self, metrics: &Metrics) -> Vec<u64> {
-        if self.tuner.as_ref().is_none_or(Tuner::done) {
+        if self.tuner.is_none() {
             return Vec::new();
         }
         let produce: std::time::Duration = metrics.phase.iter().sum();

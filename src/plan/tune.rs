@@ -25,10 +25,17 @@
 //! epoch's shorter last window — are not counted; the one or two windows already in the
 //! pipeline when the prefetch or the reads in flight change are). Whenever a round shows
 //! the consumer waiting less than [`KEEPS_UP`] of its time, the loader keeps up with
-//! training and the tuner stops: more memory would buy nothing. It also stops at its
+//! training and the tuner settles: more memory would buy nothing. It also settles at its
 //! limits ([`Limits`]: the memory ceiling and the epoch's length) and after the last
 //! stage. Settings never shrink below where they started, except a window undone to the
 //! length before it, or cut to the ceiling a producer thread allows.
+//!
+//! Settled, the tuner keeps measuring rounds against the cost per step it settled at.
+//! Where [`RETUNE_ROUNDS`] rounds in a row cost the consumer [`RETUNE`] more than that
+//! while it waits (storage turned slower, a page cache evicted, a node's reads
+//! throttled), the loader has become the bottleneck again and the stages run once more
+//! from the settings in force. A rise in the training step's own time does not count:
+//! the consumer then does not wait.
 
 /// Windows measured at each setting under test: at least this many, and at least
 /// [`ROUND_S`] of production or of the consumer's time.
@@ -53,6 +60,14 @@ pub const MAX_READ_DEPTH: usize = 64;
 /// Reading must be at least this part of a window's cost for more reads in flight to be
 /// tried.
 pub const READ_BOUND: f64 = 0.3;
+
+/// A settled tuner tunes again where a step costs the consumer this part more than when it
+/// settled, while the consumer waits ([`KEEPS_UP`]) ...
+pub const RETUNE: f64 = 0.25;
+
+/// ... in this many rounds in a row (one slow round is noise: a descheduled rank, a burst
+/// of storage latency).
+pub const RETUNE_ROUNDS: u32 = 2;
 
 /// The settings the tuner moves.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -103,7 +118,12 @@ enum Stage {
     Depth {
         best: Option<(usize, f64)>,
     },
-    Done,
+    /// Settled at a cost per step of `reference`; `above`: rounds in a row that cost more
+    /// by [`RETUNE`] while the consumer waited.
+    Settled {
+        reference: f64,
+        above: u32,
+    },
 }
 
 /// The tuner's state: the settings in force, and the round being measured.
@@ -129,15 +149,15 @@ impl Tuner {
         self.settings
     }
 
-    /// Whether the tuner has stopped for good.
-    pub fn done(&self) -> bool {
-        self.stage == Stage::Done
+    /// Whether the tuner has settled (and only watches for the loader to fall behind).
+    pub fn settled(&self) -> bool {
+        matches!(self.stage, Stage::Settled { .. })
     }
 
     /// Takes one window's measures; returns the new settings where they change (from the
     /// next window planned on).
     pub fn observe(&mut self, m: Measure) -> Option<Settings> {
-        if self.done() || m.steps != self.settings.steps_per_window {
+        if m.steps != self.settings.steps_per_window {
             return None;
         }
         self.round.steps += m.steps;
@@ -157,11 +177,25 @@ impl Tuner {
     }
 
     fn decide(&mut self, round: &Measure) {
-        if round.wall_s > 0.0 && round.wait_s < KEEPS_UP * round.wall_s {
-            self.stage = Stage::Done;
-            return;
-        }
         let cost = round.wall_s / round.steps.max(1) as f64;
+        let waits = round.wall_s <= 0.0 || round.wait_s >= KEEPS_UP * round.wall_s;
+        let settle = |reference: f64| Stage::Settled { reference, above: 0 };
+        match self.stage {
+            Stage::Settled { reference, above } => {
+                let above = if waits && cost > reference * (1.0 + RETUNE) { above + 1 } else { 0 };
+                if above < RETUNE_ROUNDS {
+                    self.stage = Stage::Settled { reference, above };
+                    return;
+                }
+                // Fallen behind: the stages again, from the settings in force.
+                self.stage = Stage::Prefetch;
+            }
+            _ if !waits => {
+                self.stage = settle(cost);
+                return;
+            }
+            _ => {}
+        }
         let s = &mut self.settings;
         loop {
             match self.stage {
@@ -217,27 +251,27 @@ impl Tuner {
                     let best = match best {
                         Some((depth, c)) if cost > c * (1.0 - GAIN) => {
                             s.read_depth = depth;
-                            self.stage = Stage::Done;
+                            self.stage = settle(c);
                             return;
                         }
                         Some(_) => here,
                         // Reading too small a part of the cost for more of it in flight to matter.
                         None if round.read_s < READ_BOUND * round.produce_s => {
-                            self.stage = Stage::Done;
+                            self.stage = settle(cost);
                             return;
                         }
                         None => here,
                     };
                     let next = (best.0 * 2).min(self.limits.max_read_depth);
                     if next <= best.0 {
-                        self.stage = Stage::Done;
+                        self.stage = settle(best.1);
                         return;
                     }
                     s.read_depth = next;
                     self.stage = Stage::Depth { best: Some(best) };
                     return;
                 }
-                Stage::Done => return,
+                Stage::Settled { .. } => return,
             }
         }
     }
@@ -280,13 +314,19 @@ mod tests {
         /// windows it took to get there.
         fn tune(&self, start: Settings, limits: Limits, windows: usize) -> (Settings, usize, Tuner) {
             let mut tuner = Tuner::new(start, limits);
+            let last = self.feed(&mut tuner, windows);
+            (tuner.settings(), last, tuner)
+        }
+
+        /// Feeds `tuner` `windows` windows; after how many its settings last changed.
+        fn feed(&self, tuner: &mut Tuner, windows: usize) -> usize {
             let mut last = 0;
             for w in 0..windows {
                 if tuner.observe(self.window(tuner.settings())).is_some() {
                     last = w + 1;
                 }
             }
-            (tuner.settings(), last, tuner)
+            last
         }
     }
 
@@ -301,7 +341,7 @@ mod tests {
             Model { fixed: 0.2, per_step: 0.01, read: 0.2, useful_depth: 16, compute: 0.0, squared: 0.0 };
         let (s, took, tuner) = loader_bound.tune(BAD, LIMITS, 200);
         assert_eq!(s, Settings { steps_per_window: 64, prefetch: 2, read_depth: 16 });
-        assert!(tuner.done());
+        assert!(tuner.settled());
         // Prefetch, then 1 → 4 → 16 → 64, each measured over a round; then a round at the
         // read depth, which reading (a fifth) is too small a part of to try.
         assert_eq!(took, (ROUND * 4) as usize);
@@ -323,7 +363,7 @@ mod tests {
         let halfway = Model { fixed: 0.2, per_step: 0.1, read: 0.0, useful_depth: 1, compute: 0.0, squared: 0.003 };
         let (s, _, _) = halfway.tune(BAD, LIMITS, 100);
         assert_eq!(s.steps_per_window, 8);
-        assert!(tuner.done());
+        assert!(tuner.settled());
     }
 
     #[test]
@@ -336,7 +376,7 @@ mod tests {
         let start = Settings { steps_per_window: 4, prefetch: 0, read_depth: 16 };
         let (s, took, tuner) = compute_bound.tune(start, LIMITS, 100);
         assert_eq!((s, took), (Settings { prefetch: 2, ..start }, ROUND as usize));
-        assert!(tuner.done());
+        assert!(tuner.settled());
         // Started with a producer thread, it changes nothing at all.
         let (s, took, _) = compute_bound.tune(Settings { prefetch: 2, ..start }, LIMITS, 100);
         assert_eq!((s, took), (Settings { prefetch: 2, ..start }, 0));
@@ -355,6 +395,38 @@ mod tests {
     }
 
     #[test]
+    fn a_settled_tuner_tunes_again_once_the_loader_falls_behind_and_not_for_noise_or_training() {
+        // Settled at 4 steps (as above: per-window costs of 20 ms against 100 ms a step).
+        let fast = Model { fixed: 0.02, per_step: 0.1, read: 0.0, useful_depth: 1, compute: 0.0, squared: 0.0 };
+        let (settled, _, mut tuner) = fast.tune(BAD, LIMITS, 100);
+        assert_eq!((settled.steps_per_window, tuner.settled()), (4, true));
+        // One slow round (a window of 100× the cost, then two normal ones) is noise.
+        let spike = Measure { produce_s: 2.0, wait_s: 2.0, wall_s: 2.0, ..fast.window(settled) };
+        assert_eq!(tuner.observe(spike), None);
+        assert_eq!(fast.feed(&mut tuner, 30), 0);
+        assert_eq!(tuner.settings(), settled);
+        // Storage turns slow: each window now pays 2 s before its first byte. Two rounds
+        // later the stages run again from 4 steps, and the window grows to the ceiling.
+        let slow = Model { fixed: 2.0, ..fast };
+        let took = slow.feed(&mut tuner, 100);
+        assert_eq!(tuner.settings(), Settings { steps_per_window: 64, ..settled });
+        assert!(tuner.settled());
+        // (Two rounds above the settled cost, the second of which moves to 16 steps, and a
+        // round at 16 that moves to 64.)
+        assert!(took <= (ROUND * (RETUNE_ROUNDS as u64 + 1)) as usize, "{took}");
+        // A training step that turns slower is not the loader falling behind: a consumer
+        // with a producer thread ahead of it does not wait, and nothing is retuned.
+        let compute_bound =
+            Model { fixed: 0.01, per_step: 0.02, read: 0.5, useful_depth: 64, compute: 0.1, squared: 0.0 };
+        let start = Settings { steps_per_window: 4, prefetch: 2, read_depth: 16 };
+        let (_, _, mut tuner) = compute_bound.tune(start, LIMITS, 10);
+        assert!(tuner.settled());
+        let slower_training = Model { compute: 0.5, ..compute_bound };
+        assert_eq!(slower_training.feed(&mut tuner, 100), 0);
+        assert_eq!(tuner.settings(), start);
+    }
+
+    #[test]
     fn limits_bound_every_setting() {
         let loader_bound =
             Model { fixed: 0.2, per_step: 0.01, read: 0.95, useful_depth: 1024, compute: 0.0, squared: 0.0 };
@@ -362,7 +434,7 @@ mod tests {
         let limits = Limits { prefetch: 0, max_steps: 16, max_steps_prefetched: 16, window: true, max_read_depth: 32 };
         let (s, _, tuner) = loader_bound.tune(BAD, limits, 200);
         assert_eq!(s, Settings { steps_per_window: 16, prefetch: 0, read_depth: 32 });
-        assert!(tuner.done());
+        assert!(tuner.settled());
         // The window may not move (passes): prefetch and depth still do.
         let fixed_window = Limits { window: false, ..LIMITS };
         let (s, _, _) = loader_bound.tune(BAD, fixed_window, 200);
