@@ -67,6 +67,16 @@ def baseline_batches(loader: torch.utils.data.DataLoader, device: torch.device):
         yield {k: v.to(device, non_blocking=True) for k, v in batch.items()}
 
 
+def loader_option(text: str) -> tuple:
+    key, sep, value = text.partition("=")
+    if not sep:
+        sys.exit(f"torch_ddp: --loader-option {text!r}: expected KEY=VALUE")
+    try:
+        return key, json.loads(value)
+    except json.JSONDecodeError:
+        return key, value
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("data")
@@ -80,7 +90,11 @@ def main() -> None:
                    help="save here when stopped by SIGTERM/SIGUSR1, and resume from it (meshfeed; default: "
                         "$MESHFEED_STATE, which slurm/preemptible.sbatch sets)")
     p.add_argument("--telemetry", help="each rank writes its loader's telemetry here, for `meshfeed report` (meshfeed)")
+    p.add_argument("--loader-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="any other meshfeed.Loader keyword, e.g. read_strategy=random or memory_budget=0 "
+                        "(VALUE as JSON where it parses, else a string; repeatable)")
     a = p.parse_args()
+    options = dict(loader_option(o) for o in a.loader_option)
     if "RANK" not in os.environ:  # mpirun: Open MPI's variables; srun: Slurm's
         os.environ["RANK"] = os.environ.get("OMPI_COMM_WORLD_RANK") or os.environ["SLURM_PROCID"]
         os.environ["WORLD_SIZE"] = os.environ.get("OMPI_COMM_WORLD_SIZE") or os.environ["SLURM_NTASKS"]
@@ -102,7 +116,7 @@ def main() -> None:
     first_epoch, resumed = 0, False
     if a.loader == "meshfeed":
         loader = meshfeed.Loader([a.data], batch_size=a.batch_size, seed=42, transport=a.transport,
-                                 telemetry=a.telemetry)
+                                 telemetry=a.telemetry, **options)
         if a.state and os.path.exists(a.state):
             with open(a.state) as f:
                 saved = json.load(f)

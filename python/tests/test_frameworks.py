@@ -104,8 +104,10 @@ def test_the_pytorch_example_trains_under_mpirun_and_torchrun(learnable, tmp_pat
     script = EXAMPLES / "python" / "torch_ddp.py"
     env = dict(ENV, MASTER_PORT=str(free_port()))
     tel = tmp_path / "telemetry"
+    # Self-tuned (a loader keyword through --loader-option): tuning moves no sample, so the
+    # losses below equal the untuned torchrun run's.
     r = ok(run(MPIRUN + ["-x", "MASTER_PORT", "-np", 4, sys.executable, script, learnable, "--epochs", 4,
-                         "--telemetry", tel], env=env))
+                         "--telemetry", tel, "--loader-option", "tune=auto"], env=env))
     over_mpi = losses(r.stdout, 4)
     assert falls(over_mpi), over_mpi
     assert re.search(r"data wait: \d+\.\d% of step time \(meshfeed, cpu, 4 ranks\)", r.stdout), r.stdout
@@ -115,6 +117,10 @@ def test_the_pytorch_example_trains_under_mpirun_and_torchrun(learnable, tmp_pat
     epochs = [json.loads(line) for line in report.stdout.splitlines() if '"kind":"epoch"' in line]
     assert [(e["epoch"], e["ranks"], e["samples"]) for e in epochs] == [(i, 4, 4096) for i in range(4)], epochs
     assert all(e["steps"]["steps"] == 32 and e["steps"]["replayed_s"] > 0 for e in epochs), epochs
+    # A tuned loader's windows record the settings in force (an untuned one's do not).
+    lines = (tel / "rank-0.jsonl").read_text().splitlines()
+    windows = [json.loads(line) for line in lines if '"kind":"window"' in line]
+    assert windows and all(w["prefetch"] is not None and w["read_depth"] >= 1 for w in windows), windows[:3]
     # The baseline it compares with: DataLoader + DistributedSampler over the same files.
     r = ok(run(MPIRUN + ["-x", "MASTER_PORT", "-np", 2, sys.executable, script, learnable, "--epochs", 3,
                          "--loader", "dataloader", "--workers", 1], env=env))
