@@ -15,6 +15,7 @@
 //!   ─► verify (exactly-once checks, the dump format)
 //!   ─► telemetry (typed, versioned records of a run: written by `meshfeed run`, read by
 //!      `meshfeed report`)
+//! feed: a shared feeder (`meshfeed serve`): one read of a dataset serves many jobs
 //! runtime: how a process joins its job (MPI initialised or adopted, UCX rendezvous),
 //!          stop signals, panics
 //! ```
@@ -33,6 +34,7 @@ pub(crate) mod buffers;
 pub mod config;
 pub mod dataset;
 pub mod error;
+pub mod feed;
 pub mod loader;
 pub mod plan;
 pub mod runtime;

@@ -1,4 +1,4 @@
-//! The `meshfeed` command line: `gen`, `inspect`, `run`, `bench` and `launch`.
+//! The `meshfeed` command line: `gen`, `inspect`, `run`, `bench`, `launch`, `report` and `serve`.
 //!
 //! `main` is thin: parse (clap), run the command, print the error chain in one place and
 //! pick the exit code. Parsing the command line and validating it into a job (the
@@ -21,6 +21,7 @@ mod job;
 mod launch;
 mod report;
 mod run;
+mod serve;
 
 use clap::{Parser, Subcommand};
 
@@ -51,6 +52,9 @@ enum Command {
     /// phase, skew between ranks, the slowest ranks and hosts and why, and what the epoch
     /// would have taken had every rank been as fast as the median.
     Report(analysis::ReportArgs),
+    /// Hold a dataset in memory, read once, and serve its rows to any number of jobs: a
+    /// job gives the rendezvous file (or meshfeed://HOST:PORT/NAME) as its data path.
+    Serve(serve::ServeArgs),
 }
 
 fn main() {
@@ -68,6 +72,7 @@ fn main() {
         Command::Bench(a) => bench::main(a),
         Command::Launch(a) => report::exit_code(None, launch::run(a)),
         Command::Report(a) => report::exit_code(None, analysis::run(a).map(|()| 0)),
+        Command::Serve(a) => report::exit_code(None, serve::run(a).map(|()| 0)),
     };
     std::process::exit(code);
 }

@@ -10,6 +10,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -94,6 +95,32 @@ def test_batches_from_python_equal_the_command_lines(datasets, tmp_path, name, f
     expected = read_dump(cli, np_)
     assert sum(len(r) for r in expected) == 2 * 50 * np_
     assert read_dump(py, np_) == expected
+
+
+def test_a_training_job_reads_from_a_shared_feeder_exactly_as_from_the_files(datasets, tmp_path):
+    """`meshfeed serve` holds the Arrow dataset (variable-length strings among its fields);
+    a Python job given its rendezvous file as data gets the batches of the command line on
+    the files, value for value."""
+    rendezvous = tmp_path / "arrow.feeder.json"
+    serve = subprocess.Popen([str(c) for c in [BIN, "serve", "--data", datasets["arrow"], "--rendezvous", rendezvous]],
+                             env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + TIMEOUT
+        while not rendezvous.exists():
+            assert serve.poll() is None, serve.communicate()[1]
+            assert time.monotonic() < deadline, "meshfeed serve did not start"
+            time.sleep(0.02)
+        cli = tmp_path / "cli"
+        ok(run(MPIRUN + ["-np", 2, BIN, "run", "--data", datasets["arrow"], "--batch-size", "12", "--epochs", "2",
+                         "--seed", "5", "--dump", cli]))
+        py = tmp_path / "py"
+        ok(python_job(2, {"data": [str(rendezvous)], "batch_size": 12, "seed": 5}, py, 2))
+        expected = read_dump(cli, 2)
+        assert sum(len(r) for r in expected) == 2 * 50 * 2
+        assert read_dump(py, 2) == expected
+    finally:
+        serve.kill()
+        serve.wait()
 
 
 def json_objects(text: str) -> list:

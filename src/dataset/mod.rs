@@ -550,6 +550,8 @@ pub struct Dataset {
     /// `starts[i]` is the global id of the first sample of file `i`; `starts[len]` is N.
     starts: Vec<u64>,
     options: DatasetOptions,
+    /// The feeder the rows come from, where they are not read from the files here.
+    feeder: Option<Arc<crate::feed::Source>>,
 }
 
 impl Dataset {
@@ -593,7 +595,26 @@ impl Dataset {
         }
         let parsed = files.iter().map(|_| Parsed::default()).collect();
         let packing = packing.map(Arc::new);
-        Ok(Dataset { fields, file_fields, columns, files, parsed, packing, starts, options })
+        Ok(Dataset { fields, file_fields, columns, files, parsed, packing, starts, options, feeder: None })
+    }
+
+    /// The same dataset, its rows read from the feeder `source` ([`crate::feed`]) rather
+    /// than from its files (which need not exist here): nothing is read in place.
+    pub fn served_by(mut self, source: crate::feed::Source) -> Result<Dataset> {
+        if self.packing.is_some() {
+            return Err(Error::Config(format!(
+                "{}: sequence packing of a feeder's rows is not supported",
+                source.url()
+            )));
+        }
+        self.files.iter_mut().for_each(|f| f.in_place = false);
+        self.feeder = Some(Arc::new(source));
+        Ok(self)
+    }
+
+    /// The feeder the rows come from, if any.
+    pub fn feeder(&self) -> Option<&crate::feed::Source> {
+        self.feeder.as_deref()
     }
 
     /// Resolves and scans every file in this process (no communication).
@@ -672,6 +693,13 @@ impl Dataset {
     /// zero-filled rows.
     pub fn open_reader(&self, i: usize) -> Result<Box<dyn FileReader>> {
         let info = &self.files[i];
+        if let Some(feeder) = &self.feeder {
+            let inner: Box<dyn FileReader> = Box::new(crate::feed::client::Reader::open(feeder, i, info)?);
+            return Ok(match &self.columns {
+                Some(columns) => Box::new(Selected { inner, columns: columns.clone() }),
+                None => inner,
+            });
+        }
         let inner: Result<Box<dyn FileReader>> = (|| {
             let reader = open_format(info, &self.options, &self.file_fields, &self.parsed[i])?;
             let Some(packing) = &self.packing else { return Ok(reader) };

@@ -64,6 +64,11 @@ impl RowChunk {
         self.locs.push(Loc { buffer, offset, len });
     }
 
+    /// Number of fields of each row.
+    pub fn fields(&self) -> usize {
+        self.fields
+    }
+
     /// Number of rows in the chunk.
     pub fn rows(&self) -> usize {
         self.locs.len().checked_div(self.fields).unwrap_or(0)

@@ -57,8 +57,32 @@ impl From<WireInfo> for FileInfo {
     }
 }
 
-/// Opens the dataset at `paths` on every rank of `transport` (collective).
+/// The files' headers as they travel (JSON): between ranks, and from a feeder to its clients.
+pub(crate) fn wire_headers(files: &[FileInfo]) -> Result<Vec<u8>> {
+    let wire: Vec<WireInfo> = files.iter().cloned().map(WireInfo::from).collect();
+    serde_json::to_vec(&wire).context(ErrorKind::Internal, "file headers do not serialise")
+}
+
+/// Reads [`wire_headers`].
+pub(crate) fn headers_from_wire(bytes: &[u8]) -> std::result::Result<Vec<FileInfo>, String> {
+    let wire: Vec<WireInfo> = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
+    Ok(wire.into_iter().map(FileInfo::from).collect())
+}
+
+/// Opens the dataset at `paths` on every rank of `transport` (collective). Where `paths`
+/// name a feeder ([`crate::feed`]), every rank attaches to it instead, and reads its rows
+/// from there.
 pub fn open_dataset(transport: &dyn Transport, paths: &[PathBuf], options: DatasetOptions) -> Result<Dataset> {
+    if let Some(source) = agree(transport, crate::feed::Source::from_paths(paths))? {
+        let served = if options.pack.is_some() {
+            Err(Error::Config(format!("{}: sequence packing of a feeder's rows is not supported", source.url())))
+        } else {
+            crate::feed::client::attach(&source)
+                .and_then(|files| Dataset::from_files(files, options))
+                .and_then(|d| d.served_by(source))
+        };
+        return agree(transport, served);
+    }
     let files = agree(transport, dataset::resolve_paths(paths))?;
     // Ranks must see the same files (a rank on another filesystem would disagree).
     let mut listing = Vec::new();

@@ -14,6 +14,7 @@ mod bad_input;
 mod bench_suite;
 mod data_faults;
 mod examples;
+mod feeder;
 mod hostile;
 mod io_model;
 mod job_checks;

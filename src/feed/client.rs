@@ -1,0 +1,125 @@
+//! A client's side: attaching to a feeder, and a [`FileReader`] that reads a file's rows
+//! from it.
+
+use std::io::{BufReader, BufWriter};
+use std::net::{TcpStream, ToSocketAddrs};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use arrow_buffer::Buffer;
+
+use super::wire::{self, Hello, Request, Rows};
+use super::Source;
+use crate::dataset::{FileInfo, FileReader, RowChunk};
+use crate::error::{Error, Result};
+
+/// How long connecting to a feeder may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long a feeder may take to answer (a feeder that stops answering fails the read,
+/// never hangs it): `$MESHFEED_FEEDER_TIMEOUT_S`, default 120 s.
+fn answer_timeout() -> Duration {
+    let s = std::env::var("MESHFEED_FEEDER_TIMEOUT_S").ok().and_then(|s| s.parse::<f64>().ok());
+    Duration::from_secs_f64(s.filter(|s| *s > 0.0).unwrap_or(120.0))
+}
+
+/// One connection to a feeder, past the hello.
+struct Connection {
+    r: BufReader<TcpStream>,
+    w: BufWriter<TcpStream>,
+}
+
+impl Connection {
+    /// Connects, presents the token and the name; returns the connection and the feeder's
+    /// file headers (JSON). A refusal or an unreachable feeder is an error naming it.
+    fn open(source: &Source) -> Result<(Connection, Vec<u8>)> {
+        let url = source.url();
+        let fail = |what: String| Error::Transport(format!("feeder {url}: {what}"));
+        let addrs: Vec<_> = source
+            .address
+            .to_socket_addrs()
+            .map_err(|e| fail(format!("cannot resolve {}: {e}", source.address)))?
+            .collect();
+        let mut last = None;
+        let stream = addrs.iter().find_map(|a| match TcpStream::connect_timeout(a, CONNECT_TIMEOUT) {
+            Ok(s) => Some(s),
+            Err(e) => {
+                last = Some(e);
+                None
+            }
+        });
+        let stream = stream.ok_or_else(|| {
+            let why = last.map_or_else(|| "no address".to_string(), |e| e.to_string());
+            fail(format!("cannot connect ({why}): is `meshfeed serve` running there?"))
+        })?;
+        let io = |e: std::io::Error| fail(e.to_string());
+        stream.set_nodelay(true).map_err(io)?;
+        stream.set_read_timeout(Some(answer_timeout())).map_err(io)?;
+        let mut conn = Connection { r: BufReader::new(stream.try_clone().map_err(io)?), w: BufWriter::new(stream) };
+        let hello = Hello { token: source.token.clone(), name: source.name.clone() };
+        let headers = conn.call(&hello.encode()).map_err(|e| fail(format!("refused: {e}")))?;
+        Ok((conn, headers))
+    }
+
+    /// Sends one frame and reads the answer: its payload, or the feeder's message.
+    fn call(&mut self, frame: &[u8]) -> std::result::Result<Vec<u8>, String> {
+        wire::write_frame(&mut self.w, frame).map_err(|e| format!("sending: {e}"))?;
+        let answer = match wire::read_frame(&mut self.r, wire::MAX_FRAME) {
+            Ok(Some(answer)) => answer,
+            Ok(None) => return Err("the feeder closed the connection (was it stopped?)".into()),
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
+                return Err(format!("no answer within {:?} (MESHFEED_FEEDER_TIMEOUT_S)", answer_timeout()))
+            }
+            Err(e) => return Err(format!("the connection failed: {e}")),
+        };
+        wire::parse_answer(&answer).map(<[u8]>::to_vec)
+    }
+}
+
+/// Attaches to a feeder: checks that it is there and takes this token, and returns the
+/// headers of the files it serves.
+pub fn attach(source: &Source) -> Result<Vec<FileInfo>> {
+    let (_, headers) = Connection::open(source)?;
+    crate::loader::headers_from_wire(&headers)
+        .map_err(|e| Error::Transport(format!("feeder {}: bad file headers: {e}", source.url())))
+}
+
+/// Reads the rows of one file from the feeder.
+pub struct Reader {
+    conn: Connection,
+    file: u32,
+    fields: usize,
+    /// `meshfeed://HOST:PORT/NAME/FILE`, for messages.
+    path: PathBuf,
+}
+
+impl Reader {
+    /// A connection to the feeder for file `file` (`info`: its header).
+    pub fn open(source: &Source, file: usize, info: &FileInfo) -> Result<Reader> {
+        let name =
+            info.path.file_name().map_or_else(|| info.path.display().to_string(), |n| n.to_string_lossy().into());
+        let path = PathBuf::from(format!("{}/{name}", source.url()));
+        let (conn, _) = Connection::open(source)?;
+        Ok(Reader { conn, file: file as u32, fields: info.fields.len(), path })
+    }
+}
+
+impl FileReader for Reader {
+    fn read_rows(&mut self, rows: &[u64]) -> Result<RowChunk> {
+        let request = Request { file: self.file, rows: rows.to_vec() };
+        let answer = self.conn.call(&request.encode()).map_err(|e| Error::file(&self.path, e))?;
+        let got = Rows::decode(&answer, rows.len()).map_err(|e| Error::file(&self.path, format!("bad answer: {e}")))?;
+        if got.fields as usize != self.fields {
+            return Err(Error::file(&self.path, format!("{} fields, the header says {}", got.fields, self.fields)));
+        }
+        let mut chunk = RowChunk::new(self.fields);
+        let lens = got.lens;
+        let buffer = chunk.add_buffer(Buffer::from_vec(got.bytes));
+        let mut at = 0;
+        for len in lens {
+            chunk.push_value(buffer, at, len as usize);
+            at += len as usize;
+        }
+        Ok(chunk)
+    }
+}

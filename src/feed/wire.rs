@@ -1,0 +1,252 @@
+//! The feeder's protocol: length-prefixed frames over one TCP connection per reader.
+//!
+//! A client opens with a [`Hello`] (the protocol's magic, the server's token, the dataset's
+//! name); the server answers with the dataset's file headers or a refusal. Then, as often
+//! as the client likes, a [`Request`] (one file's rows, sorted) and the server's [`Rows`]
+//! (their values, every field, row-major) or an error message. Pure: encoding and decoding
+//! only, no I/O but the frame helpers' reader and writer.
+
+use std::io::{Read, Write};
+
+/// First bytes of a hello: the protocol and its version.
+pub const MAGIC: &[u8; 8] = b"MFEED\x001\n";
+
+/// The most bytes a request or an answer may hold (a window's rows of one file travel in
+/// one frame).
+pub const MAX_FRAME: u64 = 1 << 36;
+
+/// The most bytes a hello may hold: what a stranger can make the feeder allocate.
+pub const MAX_HELLO: u64 = 64 << 10;
+
+/// What a client says first.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Hello {
+    pub token: String,
+    pub name: String,
+}
+
+/// A client's request for rows of one file: local row indices, sorted ascending, unique.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Request {
+    pub file: u32,
+    pub rows: Vec<u64>,
+}
+
+/// The values of the rows asked for: `lens[row * fields + field]` bytes each, one after
+/// another in `bytes`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Rows {
+    pub fields: u32,
+    pub lens: Vec<u64>,
+    pub bytes: Vec<u8>,
+}
+
+/// Writes one frame: its length (u64, little-endian), then `payload`.
+pub fn write_frame(w: &mut impl Write, payload: &[u8]) -> std::io::Result<()> {
+    w.write_all(&(payload.len() as u64).to_le_bytes())?;
+    w.write_all(payload)?;
+    w.flush()
+}
+
+/// Reads one frame of at most `max` bytes; `Ok(None)` where the peer closed the connection
+/// before a frame began.
+pub fn read_frame(r: &mut impl Read, max: u64) -> std::io::Result<Option<Vec<u8>>> {
+    let mut len = [0u8; 8];
+    match r.read_exact(&mut len) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
+        Err(e) => return Err(e),
+    }
+    let len = u64::from_le_bytes(len);
+    if len > max {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("a frame of {len} bytes (at most {max} here)"),
+        ));
+    }
+    let mut payload = vec![0u8; len as usize];
+    r.read_exact(&mut payload)?;
+    Ok(Some(payload))
+}
+
+/// An answer: `Ok` with its payload, or the other side's error message.
+pub fn answer(result: Result<Vec<u8>, String>) -> Vec<u8> {
+    match result {
+        Ok(mut payload) => {
+            payload.insert(0, 0);
+            payload
+        }
+        Err(message) => {
+            let mut out = vec![1];
+            out.extend_from_slice(message.as_bytes());
+            out
+        }
+    }
+}
+
+/// Reads an [`answer`].
+pub fn parse_answer(frame: &[u8]) -> Result<&[u8], String> {
+    match frame.split_first() {
+        Some((0, payload)) => Ok(payload),
+        Some((1, message)) => Err(String::from_utf8_lossy(message).into_owned()),
+        _ => Err("a malformed answer".into()),
+    }
+}
+
+impl Hello {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = MAGIC.to_vec();
+        put_str(&mut out, &self.token);
+        put_str(&mut out, &self.name);
+        out
+    }
+
+    pub fn decode(frame: &[u8]) -> Result<Hello, String> {
+        let rest = frame.strip_prefix(MAGIC.as_slice()).ok_or("not a meshfeed client (or another protocol version)")?;
+        let mut at = Cursor(rest);
+        let hello = Hello { token: at.string()?, name: at.string()? };
+        at.end()?;
+        Ok(hello)
+    }
+}
+
+impl Request {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(12 + 8 * self.rows.len());
+        out.extend_from_slice(&self.file.to_le_bytes());
+        out.extend_from_slice(&(self.rows.len() as u64).to_le_bytes());
+        self.rows.iter().for_each(|r| out.extend_from_slice(&r.to_le_bytes()));
+        out
+    }
+
+    pub fn decode(frame: &[u8]) -> Result<Request, String> {
+        let mut at = Cursor(frame);
+        let file = at.u32()?;
+        let n = at.u64()?;
+        if n > at.0.len() as u64 / 8 {
+            return Err(format!("a request for {n} rows in {} bytes", frame.len()));
+        }
+        let rows = (0..n).map(|_| at.u64()).collect::<Result<Vec<_>, _>>()?;
+        at.end()?;
+        if rows.windows(2).any(|w| w[0] >= w[1]) {
+            return Err("rows not sorted ascending and unique".into());
+        }
+        Ok(Request { file, rows })
+    }
+}
+
+impl Rows {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(12 + 8 * self.lens.len() + self.bytes.len());
+        out.extend_from_slice(&self.fields.to_le_bytes());
+        out.extend_from_slice(&(self.lens.len() as u64).to_le_bytes());
+        self.lens.iter().for_each(|l| out.extend_from_slice(&l.to_le_bytes()));
+        out.extend_from_slice(&self.bytes);
+        out
+    }
+
+    /// Decodes rows, checking that there are `rows` of them and that the lengths add up.
+    pub fn decode(frame: &[u8], rows: usize) -> Result<Rows, String> {
+        let mut at = Cursor(frame);
+        let fields = at.u32()?;
+        let n = at.u64()?;
+        if n != rows as u64 * u64::from(fields) {
+            return Err(format!("{n} values for {rows} rows of {fields} fields"));
+        }
+        if n > at.0.len() as u64 / 8 {
+            return Err(format!("{n} values in {} bytes", frame.len()));
+        }
+        let lens = (0..n).map(|_| at.u64()).collect::<Result<Vec<_>, _>>()?;
+        let total = lens.iter().try_fold(0u64, |a, &l| a.checked_add(l)).ok_or("value lengths overflow")?;
+        if total != at.0.len() as u64 {
+            return Err(format!("values of {total} bytes in {} bytes", at.0.len()));
+        }
+        Ok(Rows { fields, lens, bytes: at.0.to_vec() })
+    }
+}
+
+fn put_str(out: &mut Vec<u8>, s: &str) {
+    out.extend_from_slice(&(s.len() as u64).to_le_bytes());
+    out.extend_from_slice(s.as_bytes());
+}
+
+/// Reads little-endian integers and strings off the front of a frame.
+struct Cursor<'a>(&'a [u8]);
+
+impl Cursor<'_> {
+    fn take(&mut self, n: usize) -> Result<&[u8], String> {
+        if self.0.len() < n {
+            return Err(format!("a frame cut short ({} bytes left, {n} wanted)", self.0.len()));
+        }
+        let (head, rest) = self.0.split_at(n);
+        self.0 = rest;
+        Ok(head)
+    }
+
+    fn u32(&mut self) -> Result<u32, String> {
+        Ok(u32::from_le_bytes(self.take(4)?.try_into().expect("4 bytes")))
+    }
+
+    fn u64(&mut self) -> Result<u64, String> {
+        Ok(u64::from_le_bytes(self.take(8)?.try_into().expect("8 bytes")))
+    }
+
+    fn string(&mut self) -> Result<String, String> {
+        let n = self.u64()?;
+        let n = usize::try_from(n).map_err(|_| format!("a string of {n} bytes"))?;
+        String::from_utf8(self.take(n)?.to_vec()).map_err(|_| "a string that is not UTF-8".into())
+    }
+
+    fn end(&self) -> Result<(), String> {
+        match self.0.len() {
+            0 => Ok(()),
+            n => Err(format!("{n} bytes past the end of a message")),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_round_trip() {
+        let hello = Hello { token: "0123abcd".into(), name: "imagenet".into() };
+        assert_eq!(Hello::decode(&hello.encode()).unwrap(), hello);
+        let request = Request { file: 3, rows: vec![0, 7, 1 << 40] };
+        assert_eq!(Request::decode(&request.encode()).unwrap(), request);
+        let rows = Rows { fields: 2, lens: vec![3, 0, 1, 2], bytes: b"abcdef".to_vec() };
+        assert_eq!(Rows::decode(&rows.encode(), 2).unwrap(), rows);
+        assert_eq!(parse_answer(&answer(Ok(b"x".to_vec()))), Ok(b"x".as_slice()));
+        assert_eq!(parse_answer(&answer(Err("no".into()))), Err("no".to_string()));
+        let mut wire = Vec::new();
+        write_frame(&mut wire, b"frame").unwrap();
+        let mut r = wire.as_slice();
+        assert_eq!(read_frame(&mut r, MAX_HELLO).unwrap().as_deref(), Some(b"frame".as_slice()));
+        assert_eq!(read_frame(&mut r, MAX_HELLO).unwrap(), None);
+    }
+
+    #[test]
+    fn malformed_messages_are_errors_not_panics() {
+        assert!(Hello::decode(b"GET / HTTP/1.1\r\n").unwrap_err().contains("not a meshfeed client"));
+        let hello = Hello { token: "t".into(), name: "n".into() }.encode();
+        for cut in 0..hello.len() {
+            assert!(Hello::decode(&hello[..cut]).is_err(), "cut at {cut}");
+        }
+        let unsorted = Request { file: 0, rows: vec![5, 5] }.encode();
+        assert_eq!(Request::decode(&unsorted).unwrap_err(), "rows not sorted ascending and unique");
+        // A count of rows the frame cannot hold is refused before anything is allocated.
+        let mut huge = 0u32.to_le_bytes().to_vec();
+        huge.extend_from_slice(&u64::MAX.to_le_bytes());
+        assert!(Request::decode(&huge).unwrap_err().contains("rows in"));
+        let rows = Rows { fields: 1, lens: vec![2, 2], bytes: b"abcd".to_vec() }.encode();
+        assert!(Rows::decode(&rows, 3).unwrap_err().contains("2 values for 3 rows"));
+        assert!(Rows::decode(&rows[..rows.len() - 1], 2).unwrap_err().contains("values of 4 bytes in 3"));
+        let mut wire = 10u64.to_le_bytes().to_vec();
+        wire.extend_from_slice(b"short");
+        assert!(read_frame(&mut wire.as_slice(), MAX_HELLO).is_err());
+        // A stranger's huge length is refused before anything is allocated.
+        let err = read_frame(&mut (MAX_HELLO + 1).to_le_bytes().as_slice(), MAX_HELLO).unwrap_err();
+        assert!(err.to_string().contains("a frame of 65537 bytes"), "{err}");
+    }
+}

@@ -1,0 +1,173 @@
+//! A shared feeder (`meshfeed serve`): jobs that read a dataset from it receive exactly the
+//! stream they would read from the files, at the same time, at their own world sizes; the
+//! feeder read the files once; strangers are refused; a feeder that dies fails its clients
+//! with an error naming it, on every rank, never a hang.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::common::*;
+
+/// A running `meshfeed serve`, killed when dropped.
+struct Serving {
+    child: Child,
+    rendezvous: PathBuf,
+    /// Its `--json` line.
+    started: serde_json::Value,
+}
+
+impl Drop for Serving {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts `meshfeed serve` on `data` (name `d`), its rendezvous file and output in `dir`;
+/// returns once it serves (its rendezvous file written).
+fn serve(data: &Path, dir: &Path) -> Serving {
+    let rendezvous = dir.join("d.feeder.json");
+    let (out, err) = (dir.join("serve.out"), dir.join("serve.err"));
+    let child = Command::new(bin())
+        .args(["serve", "--name", "d", "--json", "--data"])
+        .arg(data)
+        .arg("--rendezvous")
+        .arg(&rendezvous)
+        .env("HDF5_USE_FILE_LOCKING", "FALSE")
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(&out).unwrap())
+        .stderr(std::fs::File::create(&err).unwrap())
+        .spawn()
+        .unwrap();
+    let mut serving = Serving { child, rendezvous, started: serde_json::Value::Null };
+    let start = Instant::now();
+    while !serving.rendezvous.exists() {
+        if let Some(status) = serving.child.try_wait().unwrap() {
+            panic!("meshfeed serve exited ({status}):\n{}", std::fs::read_to_string(&err).unwrap());
+        }
+        assert!(start.elapsed() < HANG_LIMIT, "meshfeed serve did not start within {HANG_LIMIT:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // The line is printed after the rendezvous file is written.
+    while std::fs::read_to_string(&out).unwrap().lines().next().is_none() {
+        assert!(start.elapsed() < HANG_LIMIT, "meshfeed serve printed nothing");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let line = std::fs::read_to_string(&out).unwrap();
+    serving.started = serde_json::from_str(line.lines().next().unwrap()).unwrap();
+    serving
+}
+
+/// The rendezvous file of `serving`, with `key` changed to `value`.
+fn rendezvous_with(serving: &Serving, key: &str, value: &str, dir: &Path) -> PathBuf {
+    let mut v: serde_json::Value = serde_json::from_slice(&std::fs::read(&serving.rendezvous).unwrap()).unwrap();
+    v[key] = value.into();
+    let path = dir.join(format!("{key}-{value}.feeder.json"));
+    std::fs::write(&path, v.to_string()).unwrap();
+    path
+}
+
+#[test]
+fn jobs_reading_from_one_feeder_get_exactly_the_streams_of_the_files() {
+    let out = tempdir();
+    let data = Dataset::gen("npy", 2400).field("x:u8:200").field("y:i64").write(&out.path().join("npy"));
+    let serving = serve(&data, out.path());
+    let file_bytes: u64 = std::fs::read_dir(&data).unwrap().map(|e| e.unwrap().metadata().unwrap().len()).sum();
+    let read = serving.started["bytes_read"].as_u64().unwrap();
+    assert_eq!(serving.started["samples"], 2400);
+    // Each file read once, whole (its header aside).
+    assert!(read >= 2400 * 208 && read <= file_bytes, "the feeder read {read} bytes of {file_bytes}");
+    // Two different jobs at once: 2 ranks on a 2×1 mesh with the default strategy, and 3
+    // ranks that read at random with nothing kept (every epoch's rows come from the
+    // feeder again), each with its own seed and batch.
+    let job = |source: &Path, i: usize| match i {
+        0 => (2, Job::new(source).batch(48).seed(3).epochs(3).mesh("dp=2")),
+        _ => (
+            3,
+            Job::new(source).batch(60).seed(11).epochs(3).args(["--read-strategy", "random", "--memory-budget", "0"]),
+        ),
+    };
+    let dirs: Vec<PathBuf> = (0..2).map(|i| out.path().join(format!("served-{i}"))).collect();
+    std::thread::scope(|s| {
+        let runs: Vec<_> = (0..2)
+            .map(|i| {
+                let ((np, served), dir) = (job(&serving.rendezvous, i), &dirs[i]);
+                s.spawn(move || served.dump(dir).mpirun(np))
+            })
+            .collect();
+        for run in runs {
+            ok(&run.join().unwrap());
+        }
+    });
+    for (i, dir) in dirs.iter().enumerate() {
+        // The same job on the files.
+        let (np, on_files) = job(&data, i);
+        let standalone = out.path().join(format!("files-{i}"));
+        ok(&on_files.dump(&standalone).mpirun(np));
+        assert!(
+            dump_bytes(dir, np) == dump_bytes(&standalone, np),
+            "{np} ranks: the feeder's stream differs from the files'"
+        );
+    }
+    // The URL form, with the token from the environment: the same stream again.
+    let url = serving.started["url"].as_str().unwrap();
+    let token: serde_json::Value = serde_json::from_slice(&std::fs::read(&serving.rendezvous).unwrap()).unwrap();
+    let by_url = out.path().join("by-url");
+    let mut cmd = Command::new("mpirun");
+    cmd.args(MPIRUN_FLAGS).args(["-np", "2", "-x", "MESHFEED_FEEDER_TOKEN", bin()]);
+    cmd.args(Job::new(url).batch(48).seed(3).epochs(3).mesh("dp=2").dump(&by_url).argv());
+    cmd.env("MESHFEED_FEEDER_TOKEN", token["token"].as_str().unwrap());
+    ok(&wait_bounded(cmd, "mpirun -np 2 meshfeed run --data meshfeed://..."));
+    assert!(dump_bytes(&by_url, 2) == dump_bytes(&dirs[0], 2), "the URL's stream differs");
+}
+
+#[test]
+fn a_feeder_refuses_strangers_and_its_death_fails_every_rank_of_its_clients() {
+    let out = tempdir();
+    let data = Dataset::gen("npy", 1200).field("x:u8:64").write(&out.path().join("npy"));
+    let serving = serve(&data, out.path());
+    let url = serving.started["url"].as_str().unwrap().to_string();
+    let address = url.strip_suffix("/d").unwrap();
+    // A wrong token, a name the feeder does not serve, a URL without a token: refused on
+    // every rank, naming the feeder and the reason.
+    let wrong_token = rendezvous_with(&serving, "token", "0000", out.path());
+    let wrong_name = rendezvous_with(&serving, "name", "other", out.path());
+    for (data, reason) in [
+        (wrong_token, "refused: the feeder's token was not presented (wrong token)".to_string()),
+        (wrong_name, "refused: this feeder serves 'd', not 'other'".to_string()),
+        (PathBuf::from(&url), format!("{url}: no token: set MESHFEED_FEEDER_TOKEN")),
+    ] {
+        let run = Job::new(&data).batch(40).mpirun(2);
+        assert_ne!(run.code, 0, "{}", run.stderr);
+        let root = agreed_failure(&run, 2);
+        assert!(root.contains(address) && root.contains(&reason), "{reason}: {root}");
+    }
+    // A client reading at random with nothing kept asks the feeder for rows every window;
+    // the feeder is killed under it.
+    let job = Job::new(&serving.rendezvous).batch(60).epochs(1_000_000).args([
+        "--read-strategy",
+        "random",
+        "--memory-budget",
+        "0",
+    ]);
+    let client = Command::new("mpirun")
+        .args(MPIRUN_FLAGS)
+        .args(["-np", "3", bin()])
+        .args(job.argv())
+        .env("HDF5_USE_FILE_LOCKING", "FALSE")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(2));
+    drop(serving);
+    let run = finish(client, "a client of a killed feeder");
+    assert_ne!(run.code, 0, "{}", run.stderr);
+    let root = agreed_failure(&run, 3);
+    assert!(
+        root.contains(&url) && (root.contains("the feeder closed the connection") || root.contains("cannot connect")),
+        "{root}"
+    );
+}
