@@ -72,7 +72,7 @@ fn main() {
         Command::Bench(a) => bench::main(a),
         Command::Launch(a) => report::exit_code(None, launch::run(a)),
         Command::Report(a) => report::exit_code(None, analysis::run(a).map(|()| 0)),
-        Command::Serve(a) => report::exit_code(None, serve::run(a).map(|()| 0)),
+        Command::Serve(a) => serve::main(a),
     };
     std::process::exit(code);
 }

@@ -1,12 +1,18 @@
-//! `meshfeed serve`: one read of a dataset for many jobs (the library's `feed`).
+//! `meshfeed serve`: one read of a dataset for many jobs (the library's `feed`). Launched
+//! on F ranks, rank r holds and serves every F-th file from r; rank 0's address is the
+//! feeder's, and tells clients where each file is served.
 
 use std::net::TcpListener;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use meshfeed::config::TransportKind;
 use meshfeed::dataset::DatasetOptions;
 use meshfeed::feed::server::Feeder;
 use meshfeed::feed::{new_token, Source, RENDEZVOUS_SUFFIX, TOKEN_VAR};
+use meshfeed::loader::open_dataset;
+use meshfeed::runtime::Runtime;
+use meshfeed::transport::{agree, ReduceOp};
 use meshfeed::{Error, Result};
 
 #[derive(clap::Args, Debug)]
@@ -34,9 +40,19 @@ pub struct ServeArgs {
     /// One JSON line when serving starts, instead of text.
     #[arg(long)]
     pub json: bool,
+    /// How the feeder's ranks meet (`mpirun -np F meshfeed serve`: F ranks, each holding
+    /// every F-th file, on the nodes that hold the data).
+    #[arg(long, default_value = "mpi", value_parser = meshfeed::config::named::<TransportKind>())]
+    pub transport: TransportKind,
 }
 
-pub fn run(args: ServeArgs) -> Result<()> {
+/// `meshfeed serve` on every rank of its launch (a lone process is a feeder of one rank).
+pub fn main(args: ServeArgs) -> i32 {
+    crate::job::with_runtime(args.transport, None, |rt| serve(&args, rt))
+}
+
+fn serve(args: &ServeArgs, rt: &Runtime) -> Result<i32> {
+    let (world, rank, ranks) = (rt.world(), rt.rank(), rt.world().size());
     let name = match &args.name {
         Some(n) => n.clone(),
         None => args.data[0]
@@ -47,43 +63,74 @@ pub fn run(args: ServeArgs) -> Result<()> {
     if name.is_empty() || name.contains('/') {
         return Err(Error::Config(format!("--name '{name}': a name is non-empty and has no '/'")));
     }
+    // Rank 0's token, on every rank.
     let token = match std::env::var(TOKEN_VAR) {
-        Ok(t) if !t.is_empty() => t,
-        _ => new_token()?,
+        Ok(t) if !t.is_empty() => Ok(t),
+        _ if rank == 0 => new_token(),
+        _ => Ok(String::new()),
     };
+    let token = agree(world, token)?;
+    let token = String::from_utf8_lossy(&world.all_gather(token.as_bytes())?[0]).into_owned();
     // Bind first: a port in use is an error before minutes of loading.
-    let listener =
-        TcpListener::bind(&args.listen).map_err(|e| Error::Config(format!("--listen {}: {e}", args.listen)))?;
+    let listener = agree(world, bind(args))?;
+    let address = agree(world, advertised(args, &listener))?;
+    let options = DatasetOptions { hdf5_group: args.group.clone(), ..Default::default() };
+    let dataset = open_dataset(world, &args.data, options)?;
+    let mut feeder = agree(world, Feeder::load(&dataset, rank, ranks, &name, token.clone()))?;
+    let addresses: Vec<String> =
+        world.all_gather(address.as_bytes())?.iter().map(|a| String::from_utf8_lossy(a).into_owned()).collect();
+    feeder.set_addresses(dataset.files(), &addresses)?;
+    let (bytes, took) = feeder.loaded();
+    let mut totals = [bytes];
+    world.all_reduce_u64(&mut totals, ReduceOp::Sum)?;
+    let mut slowest = [took.as_millis() as u64];
+    world.all_reduce_u64(&mut slowest, ReduceOp::Max)?;
+    let source = Source { address: addresses[0].clone(), name: name.clone(), token };
+    let rendezvous = args.rendezvous.clone().unwrap_or_else(|| PathBuf::from(format!("{name}{RENDEZVOUS_SUFFIX}")));
+    // Every rank serves before the rendezvous file tells clients where to come.
+    let feeder = Arc::new(feeder);
+    let serving = std::thread::spawn({
+        let feeder = feeder.clone();
+        move || feeder.serve(listener)
+    });
+    agree(world, if rank == 0 { source.write(&rendezvous) } else { Ok(()) })?;
+    if rank == 0 {
+        let (samples, files) = (dataset.len(), dataset.files().len());
+        let load_s = slowest[0] as f64 / 1e3;
+        if args.json {
+            let v = serde_json::json!({
+                "kind": "serving", "name": name, "url": source.url(), "rendezvous": rendezvous, "ranks": ranks,
+                "samples": samples, "files": files, "bytes_read": totals[0], "load_s": load_s,
+            });
+            out!("{v}");
+        } else {
+            out!(
+                "meshfeed serve: {name}: {samples} samples in {files} files, {} bytes read in {load_s:.2} s by {ranks} \
+                 rank(s); serving at {} (rendezvous file {})",
+                totals[0],
+                source.url(),
+                rendezvous.display()
+            );
+        }
+    }
+    // Serves until killed; a listening socket that fails ends this rank, naming it.
+    serving.join().map_err(|_| Error::Internal("the serving thread panicked".into()))??;
+    Ok(0)
+}
+
+fn bind(args: &ServeArgs) -> Result<TcpListener> {
+    TcpListener::bind(&args.listen).map_err(|e| Error::Config(format!("--listen {}: {e}", args.listen)))
+}
+
+/// `HOST:PORT` clients reach this rank's listener at.
+fn advertised(args: &ServeArgs, listener: &TcpListener) -> Result<String> {
     let bound = listener.local_addr().map_err(|e| Error::Transport(format!("listening socket: {e}")))?;
     let host = match (&args.advertise, bound.ip().is_unspecified()) {
         (Some(h), _) => h.clone(),
         (None, true) => hostname()?,
         (None, false) => bound.ip().to_string(),
     };
-    let options = DatasetOptions { hdf5_group: args.group.clone(), ..Default::default() };
-    let feeder = Feeder::load(&args.data, options, &name, token.clone())?;
-    let (bytes, took) = feeder.loaded();
-    let source = Source { address: format!("{host}:{}", bound.port()), name: name.clone(), token };
-    let rendezvous = args.rendezvous.clone().unwrap_or_else(|| PathBuf::from(format!("{name}{RENDEZVOUS_SUFFIX}")));
-    source.write(&rendezvous)?;
-    if args.json {
-        let v = serde_json::json!({
-            "kind": "serving", "name": name, "url": source.url(), "rendezvous": rendezvous,
-            "samples": feeder.samples(), "files": feeder.files(), "bytes_read": bytes, "load_s": took.as_secs_f64(),
-        });
-        out!("{v}");
-    } else {
-        out!(
-            "meshfeed serve: {name}: {} samples in {} files, {bytes} bytes read in {:.2} s; serving at {} \
-             (rendezvous file {})",
-            feeder.samples(),
-            feeder.files(),
-            took.as_secs_f64(),
-            source.url(),
-            rendezvous.display()
-        );
-    }
-    Arc::new(feeder).serve(listener)
+    Ok(format!("{host}:{}", bound.port()))
 }
 
 fn hostname() -> Result<String> {

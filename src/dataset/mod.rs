@@ -550,8 +550,9 @@ pub struct Dataset {
     /// `starts[i]` is the global id of the first sample of file `i`; `starts[len]` is N.
     starts: Vec<u64>,
     options: DatasetOptions,
-    /// The feeder the rows come from, where they are not read from the files here.
-    feeder: Option<Arc<crate::feed::Source>>,
+    /// The feeder the rows come from, where they are not read from the files here, and
+    /// the address of the feeder rank that serves each file.
+    feeder: Option<Arc<(crate::feed::Source, Vec<String>)>>,
 }
 
 impl Dataset {
@@ -600,7 +601,7 @@ impl Dataset {
 
     /// The same dataset, its rows read from the feeder `source` ([`crate::feed`]) rather
     /// than from its files (which need not exist here): nothing is read in place.
-    pub fn served_by(mut self, source: crate::feed::Source) -> Result<Dataset> {
+    pub fn served_by(mut self, source: crate::feed::Source, owners: Vec<String>) -> Result<Dataset> {
         if self.packing.is_some() {
             return Err(Error::Config(format!(
                 "{}: sequence packing of a feeder's rows is not supported",
@@ -608,13 +609,16 @@ impl Dataset {
             )));
         }
         self.files.iter_mut().for_each(|f| f.in_place = false);
-        self.feeder = Some(Arc::new(source));
+        if owners.len() != self.files.len() {
+            return Err(Error::Internal(format!("{}: an address for each file", source.url())));
+        }
+        self.feeder = Some(Arc::new((source, owners)));
         Ok(self)
     }
 
     /// The feeder the rows come from, if any.
     pub fn feeder(&self) -> Option<&crate::feed::Source> {
-        self.feeder.as_deref()
+        self.feeder.as_deref().map(|(source, _)| source)
     }
 
     /// Resolves and scans every file in this process (no communication).
@@ -694,7 +698,8 @@ impl Dataset {
     pub fn open_reader(&self, i: usize) -> Result<Box<dyn FileReader>> {
         let info = &self.files[i];
         if let Some(feeder) = &self.feeder {
-            let inner: Box<dyn FileReader> = Box::new(crate::feed::client::Reader::open(feeder, i, info)?);
+            let (source, owners) = &**feeder;
+            let inner: Box<dyn FileReader> = Box::new(crate::feed::client::Reader::open(source, &owners[i], i, info)?);
             return Ok(match &self.columns {
                 Some(columns) => Box::new(Selected { inner, columns: columns.clone() }),
                 None => inner,

@@ -30,16 +30,14 @@ struct Connection {
 }
 
 impl Connection {
-    /// Connects, presents the token and the name; returns the connection and the feeder's
-    /// file headers (JSON). A refusal or an unreachable feeder is an error naming it.
-    fn open(source: &Source) -> Result<(Connection, Vec<u8>)> {
-        let url = source.url();
+    /// Connects to the feeder rank at `address` (the rendezvous address: rank 0),
+    /// presents the token and the name; returns the connection and the feeder's welcome
+    /// (JSON). A refusal or an unreachable feeder is an error naming it.
+    fn open(source: &Source, address: &str) -> Result<(Connection, Vec<u8>)> {
+        let url = format!("{}{address}/{}", super::SCHEME, source.name);
         let fail = |what: String| Error::Transport(format!("feeder {url}: {what}"));
-        let addrs: Vec<_> = source
-            .address
-            .to_socket_addrs()
-            .map_err(|e| fail(format!("cannot resolve {}: {e}", source.address)))?
-            .collect();
+        let addrs: Vec<_> =
+            address.to_socket_addrs().map_err(|e| fail(format!("cannot resolve {address}: {e}")))?.collect();
         let mut last = None;
         let stream = addrs.iter().find_map(|a| match TcpStream::connect_timeout(a, CONNECT_TIMEOUT) {
             Ok(s) => Some(s),
@@ -77,10 +75,10 @@ impl Connection {
 }
 
 /// Attaches to a feeder: checks that it is there and takes this token, and returns the
-/// headers of the files it serves.
-pub fn attach(source: &Source) -> Result<Vec<FileInfo>> {
-    let (_, headers) = Connection::open(source)?;
-    crate::loader::headers_from_wire(&headers)
+/// headers of the files it serves and the address of the feeder rank serving each.
+pub fn attach(source: &Source) -> Result<(Vec<FileInfo>, Vec<String>)> {
+    let (_, welcome) = Connection::open(source, &source.address)?;
+    crate::loader::welcome_from_json(&welcome)
         .map_err(|e| Error::Transport(format!("feeder {}: bad file headers: {e}", source.url())))
 }
 
@@ -94,12 +92,13 @@ pub struct Reader {
 }
 
 impl Reader {
-    /// A connection to the feeder for file `file` (`info`: its header).
-    pub fn open(source: &Source, file: usize, info: &FileInfo) -> Result<Reader> {
+    /// A connection to the feeder rank at `address`, which serves file `file` (`info`:
+    /// its header).
+    pub fn open(source: &Source, address: &str, file: usize, info: &FileInfo) -> Result<Reader> {
         let name =
             info.path.file_name().map_or_else(|| info.path.display().to_string(), |n| n.to_string_lossy().into());
-        let path = PathBuf::from(format!("{}/{name}", source.url()));
-        let (conn, _) = Connection::open(source)?;
+        let path = PathBuf::from(format!("{}{address}/{}/{name}", super::SCHEME, source.name));
+        let (conn, _) = Connection::open(source, address)?;
         Ok(Reader { conn, file: file as u32, fields: info.fields.len(), path })
     }
 }

@@ -3,24 +3,28 @@
 
 use std::io::{BufReader, BufWriter};
 use std::net::{TcpListener, TcpStream};
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::wire::{self, Hello, Request, Rows};
-use crate::dataset::{Dataset, DatasetOptions, RowChunk};
+use crate::dataset::{Dataset, FileInfo, RowChunk};
 use crate::error::{Error, Result};
 
-/// A dataset held in memory for its clients.
+/// The feeder rank that serves file `file`, of a feeder of `ranks` ranks.
+pub fn owner(file: usize, ranks: usize) -> usize {
+    file % ranks.max(1)
+}
+
+/// A dataset held in memory for its clients: the files one feeder rank serves.
 pub struct Feeder {
     name: String,
     token: String,
-    /// The files' headers as a client receives them (JSON).
-    headers: Vec<u8>,
-    /// Every row of each file.
-    files: Vec<RowChunk>,
-    samples: u64,
+    /// What a client that presents the token receives (JSON): the files' headers and
+    /// each file's feeder address ([`Feeder::set_addresses`]).
+    welcome: Vec<u8>,
+    /// Every row of each file this rank serves (`None`: another rank's).
+    files: Vec<Option<RowChunk>>,
     /// Bytes read from storage, and how long it took.
     bytes_read: u64,
     load_time: Duration,
@@ -30,30 +34,33 @@ pub struct Feeder {
 }
 
 impl Feeder {
-    /// Reads the dataset at `paths` whole, file after file, each file in one pass.
-    pub fn load(paths: &[PathBuf], options: DatasetOptions, name: &str, token: String) -> Result<Feeder> {
-        if options.pack.is_some() || options.fields.is_some() {
+    /// Reads the files of `dataset` that rank `rank` of a feeder of `ranks` ranks serves
+    /// ([`owner`]), each whole, one after another. The dataset delivers its files' own
+    /// rows: packing and field selection are the clients' options.
+    pub fn load(dataset: &Dataset, rank: usize, ranks: usize, name: &str, token: String) -> Result<Feeder> {
+        if dataset.options().pack.is_some() || dataset.options().fields.is_some() {
             return Err(Error::Config(
                 "a feeder serves whole files: sequence packing and field selection are the clients' options".into(),
             ));
         }
         let start = Instant::now();
-        let dataset = Dataset::open_local(paths, options)?;
-        let headers = crate::loader::wire_headers(dataset.files())?;
         let mut files = Vec::with_capacity(dataset.files().len());
         let mut bytes_read = 0;
         for (i, info) in dataset.files().iter().enumerate() {
+            if owner(i, ranks) != rank {
+                files.push(None);
+                continue;
+            }
             let rows: Vec<u64> = (0..info.samples).collect();
             let chunk = dataset.open_reader(i)?.read_rows(&rows)?;
             bytes_read += chunk.bytes_read();
-            files.push(chunk);
+            files.push(Some(chunk));
         }
         Ok(Feeder {
             name: name.into(),
             token,
-            headers,
+            welcome: Vec::new(),
             files,
-            samples: dataset.len(),
             bytes_read,
             load_time: start.elapsed(),
             requests: AtomicU64::new(0),
@@ -61,19 +68,24 @@ impl Feeder {
         })
     }
 
+    /// Tells clients where each file is served: `addresses[r]` (`HOST:PORT`) is feeder rank
+    /// `r`'s; `files` are the dataset's headers.
+    pub fn set_addresses(&mut self, files: &[FileInfo], addresses: &[String]) -> Result<()> {
+        let owners = (0..files.len()).map(|i| addresses[owner(i, addresses.len())].clone()).collect();
+        self.welcome = crate::loader::welcome_json(files, owners)?;
+        Ok(())
+    }
+
     pub fn name(&self) -> &str {
         &self.name
     }
 
-    pub fn samples(&self) -> u64 {
-        self.samples
-    }
-
+    /// The files this rank serves.
     pub fn files(&self) -> usize {
-        self.files.len()
+        self.files.iter().flatten().count()
     }
 
-    /// Bytes read from storage to load the dataset, and the time loading took.
+    /// Bytes this rank read from storage to load its files, and the time it took.
     pub fn loaded(&self) -> (u64, Duration) {
         (self.bytes_read, self.load_time)
     }
@@ -134,7 +146,7 @@ impl Feeder {
         if hello.name != self.name {
             return Err(format!("this feeder serves '{}', not '{}'", self.name, hello.name));
         }
-        Ok(self.headers.clone())
+        Ok(self.welcome.clone())
     }
 
     /// The values of one request's rows.
@@ -142,7 +154,9 @@ impl Feeder {
         let chunk = self
             .files
             .get(request.file as usize)
-            .ok_or_else(|| format!("no file {} (the dataset has {})", request.file, self.files.len()))?;
+            .ok_or_else(|| format!("no file {} (the dataset has {})", request.file, self.files.len()))?
+            .as_ref()
+            .ok_or_else(|| format!("file {} is served by another feeder rank", request.file))?;
         if let Some(&last) = request.rows.last().filter(|&&r| r >= chunk.rows() as u64) {
             return Err(format!("row {last} of file {} is past its end ({} rows)", request.file, chunk.rows()));
         }
@@ -157,5 +171,53 @@ impl Feeder {
             }
         }
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dataset::{gen, DType, Field, Format};
+
+    #[test]
+    fn a_feeder_rank_holds_every_fth_file_and_answers_only_for_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let fields = vec![Field::tensor("x", DType::U16, vec![3]), Field::tensor("y", DType::I64, vec![])];
+        let spec = gen::GenSpec {
+            format: Format::Npy,
+            samples: 500,
+            files: 5,
+            out: dir.path().into(),
+            arrow_batch_rows: 9,
+            fields,
+        };
+        for i in 0..5 {
+            gen::write_file(&spec, i).unwrap();
+        }
+        let ds = Dataset::open_local(&[dir.path().into()], Default::default()).unwrap();
+        let mut feeder = Feeder::load(&ds, 1, 2, "d", "secret".into()).unwrap();
+        assert_eq!(feeder.files(), 2, "files 1 and 3");
+        assert_eq!(feeder.loaded().0, 2 * 100 * 14, "two files of 100 rows of 14 bytes, read once");
+        let addresses = ["a:1".to_string(), "b:2".to_string()];
+        feeder.set_addresses(ds.files(), &addresses).unwrap();
+        let hello = |token: &str, name: &str| Hello { token: token.into(), name: name.into() }.encode();
+        let (files, owners) =
+            crate::loader::welcome_from_json(&feeder.welcome(&hello("secret", "d")).unwrap()).unwrap();
+        assert_eq!(files, ds.files());
+        assert_eq!(owners, ["a:1", "b:2", "a:1", "b:2", "a:1"]);
+        assert!(feeder.welcome(&hello("secreT", "d")).unwrap_err().contains("wrong token"));
+        assert!(feeder.welcome(&hello("secret", "e")).unwrap_err().contains("serves 'd', not 'e'"));
+        // Its rows are the file's, byte for byte; others' files and rows past the end are refused.
+        let rows = feeder.rows(&Request { file: 3, rows: vec![0, 7, 99] }).unwrap();
+        let direct = ds.open_reader(3).unwrap().read_rows(&[0, 7, 99]).unwrap();
+        let direct = &direct;
+        let want: Vec<u8> = (0..3).flat_map(|r| (0..2).flat_map(move |f| direct.value(r, f).to_vec())).collect();
+        assert_eq!((rows.fields, rows.lens.len(), rows.bytes), (2, 6, want));
+        assert!(feeder
+            .rows(&Request { file: 2, rows: vec![0] })
+            .unwrap_err()
+            .contains("served by another feeder rank"));
+        assert!(feeder.rows(&Request { file: 3, rows: vec![100] }).unwrap_err().contains("past its end (100 rows)"));
+        assert!(feeder.rows(&Request { file: 9, rows: vec![0] }).unwrap_err().contains("no file 9"));
     }
 }

@@ -92,7 +92,7 @@ pub use batch::{Batch, Element, FieldData};
 use engine::Engine;
 pub use metrics::{Metrics, MetricsSummary, Phase};
 pub use open::open_dataset;
-pub(crate) use open::{headers_from_wire, wire_headers};
+pub(crate) use open::{welcome_from_json, welcome_json};
 pub use pipeline::abandoned;
 use pipeline::Pipeline;
 pub use read_plan::{auto_budget, MARGIN_FRACTION, MIN_MARGIN};

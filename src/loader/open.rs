@@ -57,16 +57,27 @@ impl From<WireInfo> for FileInfo {
     }
 }
 
-/// The files' headers as they travel (JSON): between ranks, and from a feeder to its clients.
-pub(crate) fn wire_headers(files: &[FileInfo]) -> Result<Vec<u8>> {
-    let wire: Vec<WireInfo> = files.iter().cloned().map(WireInfo::from).collect();
-    serde_json::to_vec(&wire).context(ErrorKind::Internal, "file headers do not serialise")
+/// What a feeder tells a client that presented its token (JSON): the files' headers, and
+/// the address of the feeder rank that serves each file.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Welcome {
+    files: Vec<WireInfo>,
+    owners: Vec<String>,
 }
 
-/// Reads [`wire_headers`].
-pub(crate) fn headers_from_wire(bytes: &[u8]) -> std::result::Result<Vec<FileInfo>, String> {
-    let wire: Vec<WireInfo> = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
-    Ok(wire.into_iter().map(FileInfo::from).collect())
+/// A feeder's [`Welcome`]: `files`, file `i` served at `owners[i]`.
+pub(crate) fn welcome_json(files: &[FileInfo], owners: Vec<String>) -> Result<Vec<u8>> {
+    let welcome = Welcome { files: files.iter().cloned().map(WireInfo::from).collect(), owners };
+    serde_json::to_vec(&welcome).context(ErrorKind::Internal, "file headers do not serialise")
+}
+
+/// Reads [`welcome_json`]: the files, and each one's feeder address.
+pub(crate) fn welcome_from_json(bytes: &[u8]) -> std::result::Result<(Vec<FileInfo>, Vec<String>), String> {
+    let w: Welcome = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
+    if w.owners.len() != w.files.len() {
+        return Err(format!("{} files but {} addresses", w.files.len(), w.owners.len()));
+    }
+    Ok((w.files.into_iter().map(FileInfo::from).collect(), w.owners))
 }
 
 /// Opens the dataset at `paths` on every rank of `transport` (collective). Where `paths`
@@ -78,8 +89,8 @@ pub fn open_dataset(transport: &dyn Transport, paths: &[PathBuf], options: Datas
             Err(Error::Config(format!("{}: sequence packing of a feeder's rows is not supported", source.url())))
         } else {
             crate::feed::client::attach(&source)
-                .and_then(|files| Dataset::from_files(files, options))
-                .and_then(|d| d.served_by(source))
+                .and_then(|(files, owners)| Dataset::from_files(files, options).map(|d| (d, owners)))
+                .and_then(|(d, owners)| d.served_by(source, owners))
         };
         return agree(transport, served);
     }

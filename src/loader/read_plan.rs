@@ -50,6 +50,12 @@ pub(crate) fn plan(
         return Ok(IoPlan::direct(world));
     }
     let read = &options.read;
+    // A feeder holds the rows: each window asks it for the rows it needs, and nothing is
+    // kept here (a copy per job is what the feeder saves), unless the job asks otherwise.
+    if let (Some(feeder), crate::config::ReadStrategy::Auto) = (dataset.feeder(), read.strategy) {
+        let reason = format!("the rows come from the feeder {}, which holds them: nothing kept here", feeder.url());
+        return Ok(IoPlan { reason, ..IoPlan::direct(world) });
+    }
     let limits = MemoryLimits::of_this_process();
     // Every rank's headroom (ranks of one cgroup report the same).
     let all: Vec<u64> = comm

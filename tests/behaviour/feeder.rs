@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use crate::common::*;
 
-/// A running `meshfeed serve`, killed when dropped.
+/// A running `meshfeed serve`, stopped when dropped.
 struct Serving {
     child: Child,
     rendezvous: PathBuf,
@@ -19,17 +19,40 @@ struct Serving {
 
 impl Drop for Serving {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        // SIGTERM: mpirun passes it on to the feeder's ranks (a SIGKILL would orphan them).
+        // SAFETY: kill(2) on our child's pid.
+        unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
+        let _ = finish_child(&mut self.child);
     }
 }
 
-/// Starts `meshfeed serve` on `data` (name `d`), its rendezvous file and output in `dir`;
-/// returns once it serves (its rendezvous file written).
-fn serve(data: &Path, dir: &Path) -> Serving {
+/// Waits for `child` within the hang limit; kills it past that.
+fn finish_child(child: &mut Child) -> Option<std::process::ExitStatus> {
+    let start = Instant::now();
+    while start.elapsed() < HANG_LIMIT {
+        if let Some(status) = child.try_wait().unwrap() {
+            return Some(status);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    None
+}
+
+/// Starts `meshfeed serve` on `data` (name `d`) on `ranks` ranks (under mpirun past one),
+/// its rendezvous file and output in `dir`; returns once it serves (its rendezvous file
+/// written).
+fn serve(data: &Path, dir: &Path, ranks: usize) -> Serving {
     let rendezvous = dir.join("d.feeder.json");
     let (out, err) = (dir.join("serve.out"), dir.join("serve.err"));
-    let child = Command::new(bin())
+    let mut cmd = if ranks > 1 {
+        let mut cmd = Command::new("mpirun");
+        cmd.args(MPIRUN_FLAGS).args(["-np", &ranks.to_string(), bin()]);
+        cmd
+    } else {
+        Command::new(bin())
+    };
+    let child = cmd
         .args(["serve", "--name", "d", "--json", "--data"])
         .arg(data)
         .arg("--rendezvous")
@@ -42,18 +65,15 @@ fn serve(data: &Path, dir: &Path) -> Serving {
         .unwrap();
     let mut serving = Serving { child, rendezvous, started: serde_json::Value::Null };
     let start = Instant::now();
-    while !serving.rendezvous.exists() {
+    // Rank 0 prints its line once the rendezvous file is written.
+    while std::fs::read_to_string(&out).unwrap().lines().next().is_none() {
         if let Some(status) = serving.child.try_wait().unwrap() {
             panic!("meshfeed serve exited ({status}):\n{}", std::fs::read_to_string(&err).unwrap());
         }
         assert!(start.elapsed() < HANG_LIMIT, "meshfeed serve did not start within {HANG_LIMIT:?}");
         std::thread::sleep(Duration::from_millis(20));
     }
-    // The line is printed after the rendezvous file is written.
-    while std::fs::read_to_string(&out).unwrap().lines().next().is_none() {
-        assert!(start.elapsed() < HANG_LIMIT, "meshfeed serve printed nothing");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    assert!(serving.rendezvous.exists());
     let line = std::fs::read_to_string(&out).unwrap();
     serving.started = serde_json::from_str(line.lines().next().unwrap()).unwrap();
     serving
@@ -71,8 +91,10 @@ fn rendezvous_with(serving: &Serving, key: &str, value: &str, dir: &Path) -> Pat
 #[test]
 fn jobs_reading_from_one_feeder_get_exactly_the_streams_of_the_files() {
     let out = tempdir();
-    let data = Dataset::gen("npy", 2400).field("x:u8:200").field("y:i64").write(&out.path().join("npy"));
-    let serving = serve(&data, out.path());
+    let data = Dataset::gen("npy", 2400).files(5).field("x:u8:200").field("y:i64").write(&out.path().join("npy"));
+    // A feeder of two ranks: each holds and serves half the files.
+    let serving = serve(&data, out.path(), 2);
+    assert_eq!(serving.started["ranks"], 2);
     let file_bytes: u64 = std::fs::read_dir(&data).unwrap().map(|e| e.unwrap().metadata().unwrap().len()).sum();
     let read = serving.started["bytes_read"].as_u64().unwrap();
     assert_eq!(serving.started["samples"], 2400);
@@ -96,8 +118,14 @@ fn jobs_reading_from_one_feeder_get_exactly_the_streams_of_the_files() {
                 s.spawn(move || served.dump(dir).mpirun(np))
             })
             .collect();
-        for run in runs {
-            ok(&run.join().unwrap());
+        for (i, run) in runs.into_iter().enumerate() {
+            let run = run.join().unwrap();
+            ok(&run);
+            // Left to choose, a client keeps nothing: the feeder holds the rows.
+            if i == 0 {
+                let want = "meshfeed: reads: random — the rows come from the feeder meshfeed://";
+                assert!(run.stdout.contains(want), "{}", run.stdout);
+            }
         }
     });
     for (i, dir) in dirs.iter().enumerate() {
@@ -126,7 +154,7 @@ fn jobs_reading_from_one_feeder_get_exactly_the_streams_of_the_files() {
 fn a_feeder_refuses_strangers_and_its_death_fails_every_rank_of_its_clients() {
     let out = tempdir();
     let data = Dataset::gen("npy", 1200).field("x:u8:64").write(&out.path().join("npy"));
-    let serving = serve(&data, out.path());
+    let serving = serve(&data, out.path(), 1);
     let url = serving.started["url"].as_str().unwrap().to_string();
     let address = url.strip_suffix("/d").unwrap();
     // A wrong token, a name the feeder does not serve, a URL without a token: refused on
