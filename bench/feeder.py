@@ -7,6 +7,7 @@ Run it as root on Linux once built (``cargo build --release -p meshfeed-cli``):
 
     python3 bench/feeder.py                        # about three minutes on 2 cores
     python3 bench/feeder.py --jobs 1,2,4 --throttle 25M --epochs 3
+    python3 bench/feeder.py --storage warm         # the same from the page cache, unthrottled
 
 The dataset lives on an ext4 filesystem of its own on a loop device (bench/cold.py's); its
 pages are dropped from the page cache every 100 ms during every run, and every process that
@@ -18,8 +19,9 @@ For each K of ``--jobs``, two scenarios, each starting with the dataset's pages 
 
   files     K jobs (``meshfeed run``, ``--ranks`` ranks each, seeds 0..K-1) start at once
             and read the files, each as it would alone (the default read strategy)
-  feeder    ``meshfeed serve`` starts and reads the dataset; the K jobs start at once with
-            its rendezvous file as their data, and wait for it to appear
+  feeder    ``meshfeed serve`` starts; once it serves (before it has read the files) the K
+            jobs start at once with its rendezvous file as their data, their requests
+            for files not read yet waiting for them
 
 A job's time runs from its scenario's start (the feeder's loading included) to its end; its
 throughput is its samples over all epochs divided by that time. Printed: the storage bytes
@@ -64,11 +66,14 @@ def scenario(args, data, k, shared, cg, out):
     """K jobs on the files, or through a feeder; returns the scenario's record."""
     name = f"{'feeder' if shared else 'files'}-{k}"
     files = cold.files_in(data)
-    cold.drop_cache(files)
     done = threading.Event()
+    if args.storage == "warm":
+        cold.warm_cache(files)
+    else:
+        cold.drop_cache(files)
 
     def evict():
-        while not done.wait(0.1):
+        while args.storage == "cold" and not done.wait(0.1):
             cold.drop_cache(files)
 
     evictor = threading.Thread(target=evict, daemon=True)
@@ -83,10 +88,9 @@ def scenario(args, data, k, shared, cg, out):
             feeder = subprocess.Popen(cg.prefix() + [cold.MESHFEED, "serve", "--data", data, "--json",
                                                      "--rendezvous", source],
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-            line = feeder.stdout.readline()
-            if not line:
+            # It serves from its first line on; jobs' requests for files not read yet wait.
+            if not feeder.stdout.readline():
                 sys.exit(f"{name}: meshfeed serve failed: {feeder.stderr.read()[-3000:]}")
-            load_s = json.loads(line)["load_s"]
         jobs = [start_job(args, source, seed, cg, out, f"{name}-job{seed}") for seed in range(k)]
         ends = []
         for proc, stdout in jobs:
@@ -99,7 +103,9 @@ def scenario(args, data, k, shared, cg, out):
         evictor.join()
         if feeder is not None:
             feeder.kill()
-            feeder.wait()
+            rest, _ = feeder.communicate()
+            loaded = [v for v in map(json.loads, rest.splitlines()) if v.get("kind") == "loaded"]
+            load_s = loaded[0]["load_s"] if loaded else None
     storage = cg.io_counters()[0] - before
     samples = []
     for _, stdout in jobs:
@@ -111,7 +117,7 @@ def scenario(args, data, k, shared, cg, out):
            "storage_bytes": storage, "job_s": ends, "samples_per_s": [s / t for s, t in zip(samples, ends)],
            "feeder_load_s": load_s}
     log(f"{name}: storage {storage / 1e6:.0f} MB, jobs done at {' '.join(f'{t:.1f}' for t in ends)} s"
-        + (f" (feeder loaded in {load_s:.1f} s)" if shared else ""))
+        + (f" (the feeder read the files in {load_s:.1f} s)" if load_s is not None else ""))
     return rec
 
 
@@ -125,6 +131,8 @@ def main():
     p.add_argument("--batch", type=int, default=256)
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--throttle", default="25M", help="the storage's read bandwidth, shared by every reader [25M]")
+    p.add_argument("--storage", choices=["cold", "warm"], default="cold",
+                   help="cold: throttled, pages dropped every 100 ms; warm: the page cache, unthrottled [cold]")
     p.add_argument("--workdir", default=os.path.join(cold.ROOT, "bench", "cold"), help="disk image and mount")
     p.add_argument("--binary", default=cold.MESHFEED, help="the meshfeed to measure [target/release/meshfeed]")
     args = p.parse_args()
@@ -141,10 +149,12 @@ def main():
                      int(args.samples * sample * 1.5) + 256 * cold.MiB)
     cg = None
     results = []
+    log(f"storage {args.storage}" + (f", throttled to {args.throttle}B/s" if args.storage == "cold" else ""))
     try:
         data = os.path.join(fs.mnt, f"npy-{args.samples}")
         cold.gen(data, "npy", args.fields, args.samples)
-        cg = cold.Cgroups(f"meshfeed-feeder-{os.getpid()}", fs.dev, parse_size(args.throttle), 0, 0)
+        bps = parse_size(args.throttle) if args.storage == "cold" else 0
+        cg = cold.Cgroups(f"meshfeed-feeder-{os.getpid()}", fs.dev, bps, 0, 0)
         for k in ks:
             for shared in (False, True):
                 results.append(scenario(args, data, k, shared, cg, out))
@@ -156,7 +166,7 @@ def main():
     dataset = dataset or args.samples * sample
     with open(os.path.join(out, "results.jsonl"), "w") as f:
         for r in results:
-            f.write(json.dumps(dict(r, dataset_bytes=dataset)) + "\n")
+            f.write(json.dumps(dict(r, dataset_bytes=dataset, storage=args.storage)) + "\n")
     lone = next((statistics.median(r["samples_per_s"]) for r in results
                  if r["scenario"] == "files" and r["jobs"] == 1), None)
     print(f"{'scenario':<10}{'K':>3}{'storage read (x data)':>24}{'job samples/s (median)':>25}{'x lone job':>12}")

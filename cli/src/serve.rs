@@ -76,41 +76,49 @@ fn serve(args: &ServeArgs, rt: &Runtime) -> Result<i32> {
     let address = agree(world, advertised(args, &listener))?;
     let options = DatasetOptions { hdf5_group: args.group.clone(), ..Default::default() };
     let dataset = open_dataset(world, &args.data, options)?;
-    let mut feeder = agree(world, Feeder::load(&dataset, rank, ranks, &name, token.clone()))?;
+    let mut feeder = agree(world, Feeder::new(&dataset, rank, ranks, &name, token.clone()))?;
     let addresses: Vec<String> =
         world.all_gather(address.as_bytes())?.iter().map(|a| String::from_utf8_lossy(a).into_owned()).collect();
     feeder.set_addresses(dataset.files(), &addresses)?;
-    let (bytes, took) = feeder.loaded();
-    let mut totals = [bytes];
-    world.all_reduce_u64(&mut totals, ReduceOp::Sum)?;
-    let mut slowest = [took.as_millis() as u64];
-    world.all_reduce_u64(&mut slowest, ReduceOp::Max)?;
     let source = Source { address: addresses[0].clone(), name: name.clone(), token };
     let rendezvous = args.rendezvous.clone().unwrap_or_else(|| PathBuf::from(format!("{name}{RENDEZVOUS_SUFFIX}")));
-    // Every rank serves before the rendezvous file tells clients where to come.
+    // Every rank serves before the rendezvous file tells clients where to come; a request
+    // for a file not read yet waits for it, so jobs start while the feeder reads.
     let feeder = Arc::new(feeder);
     let serving = std::thread::spawn({
         let feeder = feeder.clone();
         move || feeder.serve(listener)
     });
     agree(world, if rank == 0 { source.write(&rendezvous) } else { Ok(()) })?;
+    let (samples, files) = (dataset.len(), dataset.files().len());
     if rank == 0 {
-        let (samples, files) = (dataset.len(), dataset.files().len());
-        let load_s = slowest[0] as f64 / 1e3;
         if args.json {
             let v = serde_json::json!({
                 "kind": "serving", "name": name, "url": source.url(), "rendezvous": rendezvous, "ranks": ranks,
-                "samples": samples, "files": files, "bytes_read": totals[0], "load_s": load_s,
+                "samples": samples, "files": files,
             });
             out!("{v}");
         } else {
             out!(
-                "meshfeed serve: {name}: {samples} samples in {files} files, {} bytes read in {load_s:.2} s by {ranks} \
-                 rank(s); serving at {} (rendezvous file {})",
-                totals[0],
+                "meshfeed serve: {name}: {samples} samples in {files} files on {ranks} rank(s); serving at {} \
+                 (rendezvous file {}); reading the files",
                 source.url(),
                 rendezvous.display()
             );
+        }
+    }
+    agree(world, feeder.load(&dataset))?;
+    let (bytes, took) = feeder.loaded();
+    let mut totals = [bytes];
+    world.all_reduce_u64(&mut totals, ReduceOp::Sum)?;
+    let mut slowest = [took.as_millis() as u64];
+    world.all_reduce_u64(&mut slowest, ReduceOp::Max)?;
+    if rank == 0 {
+        let load_s = slowest[0] as f64 / 1e3;
+        if args.json {
+            out!("{}", serde_json::json!({"kind": "loaded", "name": name, "bytes_read": totals[0], "load_s": load_s}));
+        } else {
+            out!("meshfeed serve: {name}: {} bytes read in {load_s:.2} s; all in memory", totals[0]);
         }
     }
     // Serves until killed; a listening socket that fails ends this rank, naming it.

@@ -59,18 +59,26 @@ impl Connection {
         Ok((conn, headers))
     }
 
-    /// Sends one frame and reads the answer: its payload, or the feeder's message.
+    /// Sends one frame and reads the answer: the whole frame (its payload from byte 1), or
+    /// the feeder's message.
     fn call(&mut self, frame: &[u8]) -> std::result::Result<Vec<u8>, String> {
-        wire::write_frame(&mut self.w, frame).map_err(|e| format!("sending: {e}"))?;
+        use std::io::ErrorKind::*;
+        let failed = |e: std::io::Error| match e.kind() {
+            // A feeder that exits (killed, stopped) resets or closes its connections.
+            UnexpectedEof | ConnectionReset | ConnectionAborted | BrokenPipe => {
+                format!("the feeder closed the connection (was it stopped?): {e}")
+            }
+            WouldBlock | TimedOut => format!("no answer within {:?} (MESHFEED_FEEDER_TIMEOUT_S)", answer_timeout()),
+            _ => format!("the connection failed: {e}"),
+        };
+        wire::write_frame(&mut self.w, frame).map_err(failed)?;
         let answer = match wire::read_frame(&mut self.r, wire::MAX_FRAME) {
             Ok(Some(answer)) => answer,
             Ok(None) => return Err("the feeder closed the connection (was it stopped?)".into()),
-            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
-                return Err(format!("no answer within {:?} (MESHFEED_FEEDER_TIMEOUT_S)", answer_timeout()))
-            }
-            Err(e) => return Err(format!("the connection failed: {e}")),
+            Err(e) => return Err(failed(e)),
         };
-        wire::parse_answer(&answer).map(<[u8]>::to_vec)
+        wire::parse_answer(&answer)?;
+        Ok(answer)
     }
 }
 
@@ -78,7 +86,7 @@ impl Connection {
 /// headers of the files it serves and the address of the feeder rank serving each.
 pub fn attach(source: &Source) -> Result<(Vec<FileInfo>, Vec<String>)> {
     let (_, welcome) = Connection::open(source, &source.address)?;
-    crate::loader::welcome_from_json(&welcome)
+    crate::loader::welcome_from_json(&welcome[1..])
         .map_err(|e| Error::Transport(format!("feeder {}: bad file headers: {e}", source.url())))
 }
 
@@ -107,15 +115,16 @@ impl FileReader for Reader {
     fn read_rows(&mut self, rows: &[u64]) -> Result<RowChunk> {
         let request = Request { file: self.file, rows: rows.to_vec() };
         let answer = self.conn.call(&request.encode()).map_err(|e| Error::file(&self.path, e))?;
-        let got = Rows::decode(&answer, rows.len()).map_err(|e| Error::file(&self.path, format!("bad answer: {e}")))?;
+        // The values stay in the frame they arrived in: one buffer, no copy.
+        let got =
+            Rows::decode(&answer[1..], rows.len()).map_err(|e| Error::file(&self.path, format!("bad answer: {e}")))?;
         if got.fields as usize != self.fields {
             return Err(Error::file(&self.path, format!("{} fields, the header says {}", got.fields, self.fields)));
         }
         let mut chunk = RowChunk::new(self.fields);
-        let lens = got.lens;
-        let buffer = chunk.add_buffer(Buffer::from_vec(got.bytes));
-        let mut at = 0;
-        for len in lens {
+        let buffer = chunk.add_buffer(Buffer::from_vec(answer));
+        let mut at = 1 + got.values_at;
+        for len in got.lens {
             chunk.push_value(buffer, at, len as usize);
             at += len as usize;
         }

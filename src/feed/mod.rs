@@ -2,7 +2,9 @@
 //! any number of training jobs (`meshfeed serve`).
 //!
 //! The feeder ([`server::Feeder`]) reads every file whole, sequentially, and keeps the rows
-//! in memory, as the resident strategy does. A client job names it instead of files: its
+//! in memory, as the resident strategy does; launched on F ranks, rank r holds every F-th
+//! file from r ([`server::owner`]). It serves from the start: a request for a file not
+//! read yet waits for it. A client job names it instead of files: its
 //! loader's single data path is `meshfeed://HOST:PORT/NAME` (the token in
 //! `$MESHFEED_FEEDER_TOKEN`) or the feeder's rendezvous file (`NAME.feeder.json`, which
 //! holds the address, the name and the token). Every rank of the client attaches, receives

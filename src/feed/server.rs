@@ -4,10 +4,10 @@
 use std::io::{BufReader, BufWriter};
 use std::net::{TcpListener, TcpStream};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use super::wire::{self, Hello, Request, Rows};
+use super::wire::{self, Hello, Request};
 use crate::dataset::{Dataset, FileInfo, RowChunk};
 use crate::error::{Error, Result};
 
@@ -16,56 +16,89 @@ pub fn owner(file: usize, ranks: usize) -> usize {
     file % ranks.max(1)
 }
 
-/// A dataset held in memory for its clients: the files one feeder rank serves.
+/// One file's rows on a feeder rank, as loading goes.
+enum Slot {
+    /// Another rank's file.
+    Other,
+    /// Not read yet: requests for it wait.
+    Loading,
+    Loaded(Arc<RowChunk>),
+    /// Reading it failed: requests for it are refused with this.
+    Failed(String),
+}
+
+/// A dataset held in memory for its clients: the files one feeder rank serves. It serves
+/// from the start: a request for a file not read yet waits until [`Feeder::load`] has
+/// read it.
 pub struct Feeder {
     name: String,
     token: String,
     /// What a client that presents the token receives (JSON): the files' headers and
     /// each file's feeder address ([`Feeder::set_addresses`]).
     welcome: Vec<u8>,
-    /// Every row of each file this rank serves (`None`: another rank's).
-    files: Vec<Option<RowChunk>>,
-    /// Bytes read from storage, and how long it took.
-    bytes_read: u64,
-    load_time: Duration,
-    /// Requests answered and value bytes sent, over every client.
+    slots: Mutex<Vec<Slot>>,
+    /// Signalled as each file is read (or fails).
+    read: Condvar,
+    /// Bytes read from storage, and how long it took ([`Feeder::load`]).
+    loaded: Mutex<(u64, Duration)>,
+    /// Requests answered and bytes sent, over every client.
     requests: AtomicU64,
     bytes_sent: AtomicU64,
 }
 
 impl Feeder {
-    /// Reads the files of `dataset` that rank `rank` of a feeder of `ranks` ranks serves
-    /// ([`owner`]), each whole, one after another. The dataset delivers its files' own
-    /// rows: packing and field selection are the clients' options.
-    pub fn load(dataset: &Dataset, rank: usize, ranks: usize, name: &str, token: String) -> Result<Feeder> {
+    /// Rank `rank` of a feeder of `ranks` ranks for `dataset`, holding nothing yet; it
+    /// serves the files [`owner`] gives it. The dataset delivers its files' own rows:
+    /// packing and field selection are the clients' options.
+    pub fn new(dataset: &Dataset, rank: usize, ranks: usize, name: &str, token: String) -> Result<Feeder> {
         if dataset.options().pack.is_some() || dataset.options().fields.is_some() {
             return Err(Error::Config(
                 "a feeder serves whole files: sequence packing and field selection are the clients' options".into(),
             ));
         }
-        let start = Instant::now();
-        let mut files = Vec::with_capacity(dataset.files().len());
-        let mut bytes_read = 0;
-        for (i, info) in dataset.files().iter().enumerate() {
-            if owner(i, ranks) != rank {
-                files.push(None);
-                continue;
-            }
-            let rows: Vec<u64> = (0..info.samples).collect();
-            let chunk = dataset.open_reader(i)?.read_rows(&rows)?;
-            bytes_read += chunk.bytes_read();
-            files.push(Some(chunk));
-        }
+        let slots = (0..dataset.files().len())
+            .map(|i| if owner(i, ranks) == rank { Slot::Loading } else { Slot::Other })
+            .collect();
         Ok(Feeder {
             name: name.into(),
             token,
             welcome: Vec::new(),
-            files,
-            bytes_read,
-            load_time: start.elapsed(),
+            slots: Mutex::new(slots),
+            read: Condvar::new(),
+            loaded: Mutex::new((0, Duration::ZERO)),
             requests: AtomicU64::new(0),
             bytes_sent: AtomicU64::new(0),
         })
+    }
+
+    /// Reads this rank's files of `dataset` (the one it was made for), each whole, one
+    /// after another, handing each to the requests waiting for it. A file that cannot be
+    /// read is an error here and the refusal of every request for it.
+    pub fn load(&self, dataset: &Dataset) -> Result<()> {
+        let start = Instant::now();
+        let mut bytes = 0;
+        for (i, info) in dataset.files().iter().enumerate() {
+            if !matches!(self.slots()[i], Slot::Loading) {
+                continue;
+            }
+            let rows: Vec<u64> = (0..info.samples).collect();
+            let (slot, result) = match dataset.open_reader(i).and_then(|mut r| r.read_rows(&rows)) {
+                Ok(chunk) => {
+                    bytes += chunk.bytes_read();
+                    (Slot::Loaded(Arc::new(chunk)), Ok(()))
+                }
+                Err(e) => (Slot::Failed(format!("the feeder could not read it: {e}")), Err(e)),
+            };
+            self.slots()[i] = slot;
+            self.read.notify_all();
+            result?;
+        }
+        *self.loaded.lock().unwrap_or_else(PoisonError::into_inner) = (bytes, start.elapsed());
+        Ok(())
+    }
+
+    fn slots(&self) -> MutexGuard<'_, Vec<Slot>> {
+        self.slots.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Tells clients where each file is served: `addresses[r]` (`HOST:PORT`) is feeder rank
@@ -82,15 +115,16 @@ impl Feeder {
 
     /// The files this rank serves.
     pub fn files(&self) -> usize {
-        self.files.iter().flatten().count()
+        self.slots().iter().filter(|s| !matches!(s, Slot::Other)).count()
     }
 
-    /// Bytes this rank read from storage to load its files, and the time it took.
+    /// Bytes this rank read from storage to load its files, and the time it took (once
+    /// [`Feeder::load`] is done).
     pub fn loaded(&self) -> (u64, Duration) {
-        (self.bytes_read, self.load_time)
+        *self.loaded.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Requests answered and value bytes sent so far.
+    /// Requests answered and bytes sent so far.
     pub fn served(&self) -> (u64, u64) {
         (self.requests.load(Ordering::Relaxed), self.bytes_sent.load(Ordering::Relaxed))
     }
@@ -122,16 +156,16 @@ impl Feeder {
             return Err(std::io::Error::other(format!("refused: {reason}")));
         }
         while let Some(frame) = wire::read_frame(&mut r, wire::MAX_FRAME)? {
-            let rows = Request::decode(&frame).and_then(|request| self.rows(&request));
-            let failed = rows.as_ref().err().cloned();
-            let rows = rows.map(|rows| {
-                self.requests.fetch_add(1, Ordering::Relaxed);
-                self.bytes_sent.fetch_add(rows.bytes.len() as u64, Ordering::Relaxed);
-                rows.encode()
-            });
-            wire::write_frame(&mut w, &wire::answer(rows))?;
-            if let Some(reason) = failed {
-                return Err(std::io::Error::other(format!("bad request: {reason}")));
+            match Request::decode(&frame).and_then(|request| self.rows(&request)) {
+                Ok(answer) => {
+                    self.requests.fetch_add(1, Ordering::Relaxed);
+                    self.bytes_sent.fetch_add(answer.len() as u64, Ordering::Relaxed);
+                    wire::write_frame(&mut w, &answer)?;
+                }
+                Err(reason) => {
+                    wire::write_frame(&mut w, &wire::answer(Err(reason.clone())))?;
+                    return Err(std::io::Error::other(format!("bad request: {reason}")));
+                }
             }
         }
         Ok(())
@@ -149,28 +183,27 @@ impl Feeder {
         Ok(self.welcome.clone())
     }
 
-    /// The values of one request's rows.
-    fn rows(&self, request: &Request) -> std::result::Result<Rows, String> {
-        let chunk = self
-            .files
-            .get(request.file as usize)
-            .ok_or_else(|| format!("no file {} (the dataset has {})", request.file, self.files.len()))?
-            .as_ref()
-            .ok_or_else(|| format!("file {} is served by another feeder rank", request.file))?;
+    /// The answer to one request: its rows' values ([`wire::rows_answer`]).
+    fn rows(&self, request: &Request) -> std::result::Result<Vec<u8>, String> {
+        let chunk = {
+            let mut slots = self.slots();
+            loop {
+                match slots.get(request.file as usize) {
+                    None => return Err(format!("no file {} (the dataset has {})", request.file, slots.len())),
+                    Some(Slot::Other) => return Err(format!("file {} is served by another feeder rank", request.file)),
+                    Some(Slot::Failed(reason)) => return Err(reason.clone()),
+                    Some(Slot::Loaded(chunk)) => break chunk.clone(),
+                    Some(Slot::Loading) => slots = self.read.wait(slots).unwrap_or_else(PoisonError::into_inner),
+                }
+            }
+        };
         if let Some(&last) = request.rows.last().filter(|&&r| r >= chunk.rows() as u64) {
             return Err(format!("row {last} of file {} is past its end ({} rows)", request.file, chunk.rows()));
         }
-        let fields = chunk.fields();
-        let mut out =
-            Rows { fields: fields as u32, lens: Vec::with_capacity(request.rows.len() * fields), bytes: Vec::new() };
-        for &row in &request.rows {
-            for field in 0..fields {
-                let value = chunk.value(row as usize, field);
-                out.lens.push(value.len() as u64);
-                out.bytes.extend_from_slice(value);
-            }
-        }
-        Ok(out)
+        let (fields, chunk) = (chunk.fields(), &*chunk);
+        let values: Vec<&[u8]> =
+            request.rows.iter().flat_map(|&row| (0..fields).map(move |f| chunk.value(row as usize, f))).collect();
+        Ok(wire::rows_answer(fields as u32, &values))
     }
 }
 
@@ -195,11 +228,20 @@ mod tests {
             gen::write_file(&spec, i).unwrap();
         }
         let ds = Dataset::open_local(&[dir.path().into()], Default::default()).unwrap();
-        let mut feeder = Feeder::load(&ds, 1, 2, "d", "secret".into()).unwrap();
+        let mut feeder = Feeder::new(&ds, 1, 2, "d", "secret".into()).unwrap();
         assert_eq!(feeder.files(), 2, "files 1 and 3");
-        assert_eq!(feeder.loaded().0, 2 * 100 * 14, "two files of 100 rows of 14 bytes, read once");
         let addresses = ["a:1".to_string(), "b:2".to_string()];
         feeder.set_addresses(ds.files(), &addresses).unwrap();
+        // A request before the file is read waits for it.
+        let feeder = Arc::new(feeder);
+        let early = std::thread::spawn({
+            let feeder = feeder.clone();
+            move || feeder.rows(&Request { file: 3, rows: vec![0, 7, 99] })
+        });
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(!early.is_finished(), "a request for a file not read yet is answered");
+        feeder.load(&ds).unwrap();
+        assert_eq!(feeder.loaded().0, 2 * 100 * 14, "two files of 100 rows of 14 bytes, read once");
         let hello = |token: &str, name: &str| Hello { token: token.into(), name: name.into() }.encode();
         let (files, owners) =
             crate::loader::welcome_from_json(&feeder.welcome(&hello("secret", "d")).unwrap()).unwrap();
@@ -208,11 +250,13 @@ mod tests {
         assert!(feeder.welcome(&hello("secreT", "d")).unwrap_err().contains("wrong token"));
         assert!(feeder.welcome(&hello("secret", "e")).unwrap_err().contains("serves 'd', not 'e'"));
         // Its rows are the file's, byte for byte; others' files and rows past the end are refused.
-        let rows = feeder.rows(&Request { file: 3, rows: vec![0, 7, 99] }).unwrap();
+        let answer = early.join().unwrap().unwrap();
+        let payload = wire::parse_answer(&answer).unwrap();
+        let rows = wire::Rows::decode(payload, 3).unwrap();
         let direct = ds.open_reader(3).unwrap().read_rows(&[0, 7, 99]).unwrap();
         let direct = &direct;
         let want: Vec<u8> = (0..3).flat_map(|r| (0..2).flat_map(move |f| direct.value(r, f).to_vec())).collect();
-        assert_eq!((rows.fields, rows.lens.len(), rows.bytes), (2, 6, want));
+        assert_eq!((rows.fields, rows.lens.len(), &payload[rows.values_at..]), (2, 6, want.as_slice()));
         assert!(feeder
             .rows(&Request { file: 2, rows: vec![0] })
             .unwrap_err()

@@ -32,13 +32,13 @@ pub struct Request {
     pub rows: Vec<u64>,
 }
 
-/// The values of the rows asked for: `lens[row * fields + field]` bytes each, one after
-/// another in `bytes`.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+/// Where the values of an answer holding rows lie: `lens[row * fields + field]` bytes
+/// each, one after another from byte `values_at` of the payload.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Rows {
     pub fields: u32,
     pub lens: Vec<u64>,
-    pub bytes: Vec<u8>,
+    pub values_at: usize,
 }
 
 /// Writes one frame: its length (u64, little-endian), then `payload`.
@@ -72,25 +72,31 @@ pub fn read_frame(r: &mut impl Read, max: u64) -> std::io::Result<Option<Vec<u8>
 /// An answer: `Ok` with its payload, or the other side's error message.
 pub fn answer(result: Result<Vec<u8>, String>) -> Vec<u8> {
     match result {
-        Ok(mut payload) => {
-            payload.insert(0, 0);
-            payload
-        }
-        Err(message) => {
-            let mut out = vec![1];
-            out.extend_from_slice(message.as_bytes());
-            out
-        }
+        Ok(payload) => [&[0u8][..], &payload].concat(),
+        Err(message) => [&[1u8][..], message.as_bytes()].concat(),
     }
 }
 
-/// Reads an [`answer`].
+/// Reads an [`answer`]: its payload (the frame past its first byte), or the message.
 pub fn parse_answer(frame: &[u8]) -> Result<&[u8], String> {
     match frame.split_first() {
         Some((0, payload)) => Ok(payload),
         Some((1, message)) => Err(String::from_utf8_lossy(message).into_owned()),
         _ => Err("a malformed answer".into()),
     }
+}
+
+/// An answer holding rows, built in one buffer (each value copied once): `values` are
+/// the rows' values, row-major, each row `fields` of them.
+pub fn rows_answer(fields: u32, values: &[&[u8]]) -> Vec<u8> {
+    let bytes: usize = values.iter().map(|v| v.len()).sum();
+    let mut out = Vec::with_capacity(13 + 8 * values.len() + bytes);
+    out.push(0);
+    out.extend_from_slice(&fields.to_le_bytes());
+    out.extend_from_slice(&(values.len() as u64).to_le_bytes());
+    values.iter().for_each(|v| out.extend_from_slice(&(v.len() as u64).to_le_bytes()));
+    values.iter().for_each(|v| out.extend_from_slice(v));
+    out
 }
 
 impl Hello {
@@ -136,32 +142,24 @@ impl Request {
 }
 
 impl Rows {
-    pub fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(12 + 8 * self.lens.len() + self.bytes.len());
-        out.extend_from_slice(&self.fields.to_le_bytes());
-        out.extend_from_slice(&(self.lens.len() as u64).to_le_bytes());
-        self.lens.iter().for_each(|l| out.extend_from_slice(&l.to_le_bytes()));
-        out.extend_from_slice(&self.bytes);
-        out
-    }
-
-    /// Decodes rows, checking that there are `rows` of them and that the lengths add up.
-    pub fn decode(frame: &[u8], rows: usize) -> Result<Rows, String> {
-        let mut at = Cursor(frame);
+    /// Reads the head of a [`rows_answer`]'s payload, checking that it holds `rows` rows
+    /// and that the lengths add up to the rest of it.
+    pub fn decode(payload: &[u8], rows: usize) -> Result<Rows, String> {
+        let mut at = Cursor(payload);
         let fields = at.u32()?;
         let n = at.u64()?;
         if n != rows as u64 * u64::from(fields) {
             return Err(format!("{n} values for {rows} rows of {fields} fields"));
         }
         if n > at.0.len() as u64 / 8 {
-            return Err(format!("{n} values in {} bytes", frame.len()));
+            return Err(format!("{n} values in {} bytes", payload.len()));
         }
         let lens = (0..n).map(|_| at.u64()).collect::<Result<Vec<_>, _>>()?;
         let total = lens.iter().try_fold(0u64, |a, &l| a.checked_add(l)).ok_or("value lengths overflow")?;
         if total != at.0.len() as u64 {
             return Err(format!("values of {total} bytes in {} bytes", at.0.len()));
         }
-        Ok(Rows { fields, lens, bytes: at.0.to_vec() })
+        Ok(Rows { fields, lens, values_at: payload.len() - at.0.len() })
     }
 }
 
@@ -215,8 +213,11 @@ mod tests {
         assert_eq!(Hello::decode(&hello.encode()).unwrap(), hello);
         let request = Request { file: 3, rows: vec![0, 7, 1 << 40] };
         assert_eq!(Request::decode(&request.encode()).unwrap(), request);
-        let rows = Rows { fields: 2, lens: vec![3, 0, 1, 2], bytes: b"abcdef".to_vec() };
-        assert_eq!(Rows::decode(&rows.encode(), 2).unwrap(), rows);
+        let rows_frame = rows_answer(2, &[b"abc", b"", b"d", b"ef"]);
+        let payload = parse_answer(&rows_frame).unwrap();
+        let rows = Rows::decode(payload, 2).unwrap();
+        assert_eq!((rows.fields, rows.lens.as_slice()), (2, [3, 0, 1, 2].as_slice()));
+        assert_eq!(&payload[rows.values_at..], b"abcdef");
         assert_eq!(parse_answer(&answer(Ok(b"x".to_vec()))), Ok(b"x".as_slice()));
         assert_eq!(parse_answer(&answer(Err("no".into()))), Err("no".to_string()));
         let mut wire = Vec::new();
@@ -239,8 +240,9 @@ mod tests {
         let mut huge = 0u32.to_le_bytes().to_vec();
         huge.extend_from_slice(&u64::MAX.to_le_bytes());
         assert!(Request::decode(&huge).unwrap_err().contains("rows in"));
-        let rows = Rows { fields: 1, lens: vec![2, 2], bytes: b"abcd".to_vec() }.encode();
-        assert!(Rows::decode(&rows, 3).unwrap_err().contains("2 values for 3 rows"));
+        let rows_frame = rows_answer(1, &[b"ab", b"cd"]);
+        let rows = &rows_frame[1..];
+        assert!(Rows::decode(rows, 3).unwrap_err().contains("2 values for 3 rows"));
         assert!(Rows::decode(&rows[..rows.len() - 1], 2).unwrap_err().contains("values of 4 bytes in 3"));
         let mut wire = 10u64.to_le_bytes().to_vec();
         wire.extend_from_slice(b"short");

@@ -13,8 +13,26 @@ use crate::common::*;
 struct Serving {
     child: Child,
     rendezvous: PathBuf,
-    /// Its `--json` line.
+    /// Its first `--json` line (`"kind":"serving"`).
     started: serde_json::Value,
+    /// Its stdout.
+    out: PathBuf,
+}
+
+impl Serving {
+    /// Its `--json` line of kind `kind`, once printed.
+    fn line(&self, kind: &str) -> serde_json::Value {
+        let start = Instant::now();
+        loop {
+            let text = std::fs::read_to_string(&self.out).unwrap();
+            let lines = text.lines().map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap());
+            if let Some(v) = lines.into_iter().find(|v| v["kind"] == kind) {
+                return v;
+            }
+            assert!(start.elapsed() < HANG_LIMIT, "meshfeed serve printed no '{kind}' line:\n{text}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
 }
 
 impl Drop for Serving {
@@ -63,7 +81,7 @@ fn serve(data: &Path, dir: &Path, ranks: usize) -> Serving {
         .stderr(std::fs::File::create(&err).unwrap())
         .spawn()
         .unwrap();
-    let mut serving = Serving { child, rendezvous, started: serde_json::Value::Null };
+    let mut serving = Serving { child, rendezvous, started: serde_json::Value::Null, out: out.clone() };
     let start = Instant::now();
     // Rank 0 prints its line once the rendezvous file is written.
     while std::fs::read_to_string(&out).unwrap().lines().next().is_none() {
@@ -96,10 +114,8 @@ fn jobs_reading_from_one_feeder_get_exactly_the_streams_of_the_files() {
     let serving = serve(&data, out.path(), 2);
     assert_eq!(serving.started["ranks"], 2);
     let file_bytes: u64 = std::fs::read_dir(&data).unwrap().map(|e| e.unwrap().metadata().unwrap().len()).sum();
-    let read = serving.started["bytes_read"].as_u64().unwrap();
     assert_eq!(serving.started["samples"], 2400);
-    // Each file read once, whole (its header aside).
-    assert!(read >= 2400 * 208 && read <= file_bytes, "the feeder read {read} bytes of {file_bytes}");
+
     // Two different jobs at once: 2 ranks on a 2×1 mesh with the default strategy, and 3
     // ranks that read at random with nothing kept (every epoch's rows come from the
     // feeder again), each with its own seed and batch.
@@ -138,6 +154,10 @@ fn jobs_reading_from_one_feeder_get_exactly_the_streams_of_the_files() {
             "{np} ranks: the feeder's stream differs from the files'"
         );
     }
+    // The jobs started as the feeder began reading; it read each file once, whole (its
+    // header aside), whatever the jobs asked.
+    let read = serving.line("loaded")["bytes_read"].as_u64().unwrap();
+    assert!(read >= 2400 * 208 && read <= file_bytes, "the feeder read {read} bytes of {file_bytes}");
     // The URL form, with the token from the environment: the same stream again.
     let url = serving.started["url"].as_str().unwrap();
     let token: serde_json::Value = serde_json::from_slice(&std::fs::read(&serving.rendezvous).unwrap()).unwrap();
@@ -171,6 +191,21 @@ fn a_feeder_refuses_strangers_and_its_death_fails_every_rank_of_its_clients() {
         let root = agreed_failure(&run, 2);
         assert!(root.contains(address) && root.contains(&reason), "{reason}: {root}");
     }
+    // A client that dies mid-epoch (one of its ranks killed) disturbs nobody: the next
+    // client gets its exact stream.
+    let doomed = Job::new(&serving.rendezvous).batch(60).epochs(1_000_000);
+    let doomed = spawn_mpirun(3, &doomed);
+    std::thread::sleep(Duration::from_millis(1500));
+    let ranks = children(doomed.id());
+    assert_eq!(ranks.len(), 3, "the doomed client's ranks: {ranks:?}");
+    // SAFETY: kill(2) on a rank of our child mpirun.
+    unsafe { libc::kill(ranks[1] as libc::pid_t, libc::SIGKILL) };
+    let run = finish(doomed, "a client with a rank killed");
+    assert_ne!(run.code, 0, "{}", run.stderr);
+    let (served, files) = (out.path().join("after-served"), out.path().join("after-files"));
+    ok(&Job::new(&serving.rendezvous).batch(40).seed(9).epochs(2).dump(&served).mpirun(2));
+    ok(&Job::new(&data).batch(40).seed(9).epochs(2).dump(&files).mpirun(2));
+    assert!(dump_bytes(&served, 2) == dump_bytes(&files, 2), "the stream after a client died differs");
     // A client reading at random with nothing kept asks the feeder for rows every window;
     // the feeder is killed under it.
     let job = Job::new(&serving.rendezvous).batch(60).epochs(1_000_000).args([
@@ -179,16 +214,7 @@ fn a_feeder_refuses_strangers_and_its_death_fails_every_rank_of_its_clients() {
         "--memory-budget",
         "0",
     ]);
-    let client = Command::new("mpirun")
-        .args(MPIRUN_FLAGS)
-        .args(["-np", "3", bin()])
-        .args(job.argv())
-        .env("HDF5_USE_FILE_LOCKING", "FALSE")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let client = spawn_mpirun(3, &job);
     std::thread::sleep(Duration::from_secs(2));
     drop(serving);
     let run = finish(client, "a client of a killed feeder");
@@ -198,4 +224,24 @@ fn a_feeder_refuses_strangers_and_its_death_fails_every_rank_of_its_clients() {
         root.contains(&url) && (root.contains("the feeder closed the connection") || root.contains("cannot connect")),
         "{root}"
     );
+}
+
+/// `mpirun -np NP meshfeed <job>` started in the background (stdout discarded).
+fn spawn_mpirun(np: usize, job: &Job) -> Child {
+    Command::new("mpirun")
+        .args(MPIRUN_FLAGS)
+        .args(["-np", &np.to_string(), bin()])
+        .args(job.argv())
+        .env("HDF5_USE_FILE_LOCKING", "FALSE")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// The pids of `pid`'s children.
+fn children(pid: u32) -> Vec<u32> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
+    text.split_whitespace().map(|p| p.parse().unwrap()).collect()
 }
