@@ -16,11 +16,12 @@ use crate::error::{Error, Result};
 /// How long connecting to a feeder may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// How long a feeder may take to answer (a feeder that stops answering fails the read,
-/// never hangs it): `$MESHFEED_FEEDER_TIMEOUT_S`, default 120 s.
+/// How long a feeder may stay silent (a feeder that stops answering fails the read,
+/// never hangs it; one still reading the file asked for says so twice a second):
+/// `$MESHFEED_FEEDER_TIMEOUT_S`, default 120 s, at least 1 s.
 fn answer_timeout() -> Duration {
     let s = std::env::var("MESHFEED_FEEDER_TIMEOUT_S").ok().and_then(|s| s.parse::<f64>().ok());
-    Duration::from_secs_f64(s.filter(|s| *s > 0.0).unwrap_or(120.0))
+    Duration::from_secs_f64(s.filter(|s| *s > 0.0).unwrap_or(120.0).max(1.0))
 }
 
 /// One connection to a feeder, past the hello.
@@ -72,10 +73,14 @@ impl Connection {
             _ => format!("the connection failed: {e}"),
         };
         wire::write_frame(&mut self.w, frame).map_err(failed)?;
-        let answer = match wire::read_frame(&mut self.r, wire::MAX_FRAME) {
-            Ok(Some(answer)) => answer,
-            Ok(None) => return Err("the feeder closed the connection (was it stopped?)".into()),
-            Err(e) => return Err(failed(e)),
+        let answer = loop {
+            match wire::read_frame(&mut self.r, wire::MAX_FRAME) {
+                // The feeder is still reading the file: each of these restarts the timeout.
+                Ok(Some(frame)) if frame == [wire::STILL_READING] => continue,
+                Ok(Some(answer)) => break answer,
+                Ok(None) => return Err("the feeder closed the connection (was it stopped?)".into()),
+                Err(e) => return Err(failed(e)),
+            }
         };
         wire::parse_answer(&answer)?;
         Ok(answer)

@@ -11,6 +11,10 @@ use super::wire::{self, Hello, Request};
 use crate::dataset::{Dataset, FileInfo, RowChunk};
 use crate::error::{Error, Result};
 
+/// How often a request waiting for a file not read yet tells its client so.
+/// (Half the shortest answer timeout a client allows.)
+const KEEP_ALIVE: Duration = if cfg!(test) { Duration::from_millis(20) } else { Duration::from_millis(500) };
+
 /// The feeder rank that serves file `file`, of a feeder of `ranks` ranks.
 pub fn owner(file: usize, ranks: usize) -> usize {
     file % ranks.max(1)
@@ -156,7 +160,8 @@ impl Feeder {
             return Err(std::io::Error::other(format!("refused: {reason}")));
         }
         while let Some(frame) = wire::read_frame(&mut r, wire::MAX_FRAME)? {
-            match Request::decode(&frame).and_then(|request| self.rows(&request)) {
+            let mut still_reading = || wire::write_frame(&mut w, &[wire::STILL_READING]).is_ok();
+            match Request::decode(&frame).and_then(|request| self.rows(&request, &mut still_reading)) {
                 Ok(answer) => {
                     self.requests.fetch_add(1, Ordering::Relaxed);
                     self.bytes_sent.fetch_add(answer.len() as u64, Ordering::Relaxed);
@@ -183,18 +188,30 @@ impl Feeder {
         Ok(self.welcome.clone())
     }
 
-    /// The answer to one request: its rows' values ([`wire::rows_answer`]).
-    fn rows(&self, request: &Request) -> std::result::Result<Vec<u8>, String> {
-        let chunk = {
-            let mut slots = self.slots();
-            loop {
+    /// The answer to one request: its rows' values ([`wire::rows_answer`]). A request for
+    /// a file not read yet waits for it, calling `still_reading` every [`KEEP_ALIVE`]
+    /// (which tells the client, so that its answer timeout does not run out); where that
+    /// returns false (the client left), the request is dropped.
+    fn rows(&self, request: &Request, still_reading: &mut dyn FnMut() -> bool) -> std::result::Result<Vec<u8>, String> {
+        let chunk = loop {
+            let timed_out = {
+                let slots = self.slots();
                 match slots.get(request.file as usize) {
                     None => return Err(format!("no file {} (the dataset has {})", request.file, slots.len())),
                     Some(Slot::Other) => return Err(format!("file {} is served by another feeder rank", request.file)),
                     Some(Slot::Failed(reason)) => return Err(reason.clone()),
                     Some(Slot::Loaded(chunk)) => break chunk.clone(),
-                    Some(Slot::Loading) => slots = self.read.wait(slots).unwrap_or_else(PoisonError::into_inner),
+                    Some(Slot::Loading) => {
+                        let (slots, waited) =
+                            self.read.wait_timeout(slots, KEEP_ALIVE).unwrap_or_else(PoisonError::into_inner);
+                        // Released before the client is told (a socket write).
+                        drop(slots);
+                        waited.timed_out()
+                    }
                 }
+            };
+            if timed_out && !still_reading() {
+                return Err("the client left while its file was being read".into());
             }
         };
         if let Some(&last) = request.rows.last().filter(|&&r| r >= chunk.rows() as u64) {
@@ -236,7 +253,14 @@ mod tests {
         let feeder = Arc::new(feeder);
         let early = std::thread::spawn({
             let feeder = feeder.clone();
-            move || feeder.rows(&Request { file: 3, rows: vec![0, 7, 99] })
+            move || {
+                let mut told = 0;
+                let rows = feeder.rows(&Request { file: 3, rows: vec![0, 7, 99] }, &mut || {
+                    told += 1;
+                    true
+                });
+                (rows, told)
+            }
         });
         std::thread::sleep(Duration::from_millis(50));
         assert!(!early.is_finished(), "a request for a file not read yet is answered");
@@ -250,18 +274,24 @@ mod tests {
         assert!(feeder.welcome(&hello("secreT", "d")).unwrap_err().contains("wrong token"));
         assert!(feeder.welcome(&hello("secret", "e")).unwrap_err().contains("serves 'd', not 'e'"));
         // Its rows are the file's, byte for byte; others' files and rows past the end are refused.
-        let answer = early.join().unwrap().unwrap();
+        let (answer, told) = early.join().unwrap();
+        let answer = answer.unwrap();
+        assert!(told >= 1, "the waiting client was told the file is still being read");
         let payload = wire::parse_answer(&answer).unwrap();
         let rows = wire::Rows::decode(payload, 3).unwrap();
         let direct = ds.open_reader(3).unwrap().read_rows(&[0, 7, 99]).unwrap();
         let direct = &direct;
         let want: Vec<u8> = (0..3).flat_map(|r| (0..2).flat_map(move |f| direct.value(r, f).to_vec())).collect();
         assert_eq!((rows.fields, rows.lens.len(), &payload[rows.values_at..]), (2, 6, want.as_slice()));
+        let mut never = || panic!("nothing waits for a file read");
         assert!(feeder
-            .rows(&Request { file: 2, rows: vec![0] })
+            .rows(&Request { file: 2, rows: vec![0] }, &mut never)
             .unwrap_err()
             .contains("served by another feeder rank"));
-        assert!(feeder.rows(&Request { file: 3, rows: vec![100] }).unwrap_err().contains("past its end (100 rows)"));
-        assert!(feeder.rows(&Request { file: 9, rows: vec![0] }).unwrap_err().contains("no file 9"));
+        assert!(feeder
+            .rows(&Request { file: 3, rows: vec![100] }, &mut never)
+            .unwrap_err()
+            .contains("past its end (100 rows)"));
+        assert!(feeder.rows(&Request { file: 9, rows: vec![0] }, &mut never).unwrap_err().contains("no file 9"));
     }
 }

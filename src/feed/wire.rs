@@ -69,6 +69,10 @@ pub fn read_frame(r: &mut impl Read, max: u64) -> std::io::Result<Option<Vec<u8>
     Ok(Some(payload))
 }
 
+/// A frame the feeder sends, as often as it needs to, before the answer to a request
+/// for a file it has not read yet: the client waits on.
+pub const STILL_READING: u8 = 2;
+
 /// An answer: `Ok` with its payload, or the other side's error message.
 pub fn answer(result: Result<Vec<u8>, String>) -> Vec<u8> {
     match result {
