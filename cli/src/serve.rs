@@ -26,18 +26,21 @@ pub struct ServeArgs {
     /// The name clients ask for (default: the first data path's last component).
     #[arg(long)]
     pub name: Option<String>,
-    /// Where to listen: HOST:PORT (port 0: any free port; the rendezvous file tells which).
+    /// Where each rank listens: HOST:PORT (port 0: any free port per rank, which the
+    /// rendezvous file and the feeder tell clients; a fixed port allows one rank a host).
     #[arg(long, default_value = "127.0.0.1:0", value_name = "HOST:PORT")]
     pub listen: String,
     /// The host name clients reach this feeder by, where it differs from the listening
-    /// address (listening on 0.0.0.0) [default: this host's name].
+    /// address, for a feeder of one rank or ranks on one host [default, listening on
+    /// 0.0.0.0: each rank's host name].
     #[arg(long, value_name = "HOST")]
     pub advertise: Option<String>,
     /// Where to write the rendezvous file clients give as their data path (the address,
     /// the name and the token; readable by its owner only) [default: NAME.feeder.json].
     #[arg(long, value_name = "FILE")]
     pub rendezvous: Option<PathBuf>,
-    /// One JSON line when serving starts, instead of text.
+    /// JSON lines instead of text: one when serving starts (`"kind":"serving"`), one when
+    /// the files are read (`"kind":"loaded"`).
     #[arg(long)]
     pub json: bool,
     /// How the feeder's ranks meet (`mpirun -np F meshfeed serve`: F ranks, each holding

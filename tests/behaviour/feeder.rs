@@ -25,8 +25,9 @@ impl Serving {
         let start = Instant::now();
         loop {
             let text = std::fs::read_to_string(&self.out).unwrap();
-            let lines = text.lines().map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap());
-            if let Some(v) = lines.into_iter().find(|v| v["kind"] == kind) {
+            // (A line being written does not parse yet.)
+            let mut lines = text.lines().filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok());
+            if let Some(v) = lines.find(|v| v["kind"] == kind) {
                 return v;
             }
             assert!(start.elapsed() < HANG_LIMIT, "meshfeed serve printed no '{kind}' line:\n{text}");
@@ -116,7 +117,7 @@ fn jobs_reading_from_one_feeder_get_exactly_the_streams_of_the_files() {
     let file_bytes: u64 = std::fs::read_dir(&data).unwrap().map(|e| e.unwrap().metadata().unwrap().len()).sum();
     assert_eq!(serving.started["samples"], 2400);
 
-    // Two different jobs at once: 2 ranks on a 2×1 mesh with the default strategy, and 3
+    // Two different jobs at once: 2 ranks (mesh dp=2) with the default strategy, and 3
     // ranks that read at random with nothing kept (every epoch's rows come from the
     // feeder again), each with its own seed and batch.
     let job = |source: &Path, i: usize| match i {
