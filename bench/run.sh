@@ -5,6 +5,8 @@
 #   bash bench/run.sh --smoke         # seconds: tiny data, npy, ranks 1 and 2, no PyTorch
 #   bash bench/run.sh --cold [ARGS]   # cold storage (bench/cold.py: as root; ~2 h;
 #                                     # --cold --smoke: seconds, what CI runs)
+#   bash bench/run.sh --no-build ...  # either, with target/release/meshfeed as it is (CI
+#                                     # builds the workspace once, before)
 #
 # It installs what it needs (launch/setup.sh; bench/.venv with torch, numpy, h5py, pyarrow
 # unless --smoke or --no-torch), builds the release binary once, generates the datasets
@@ -31,6 +33,14 @@ cd "$(dirname "$0")/.."
 root=$(pwd)
 
 smoke=0 torch=1 scaling=1 repeats=3 torch_epochs=1 out="" sizes="" formats="" ranks=""
+# --no-build, anywhere: use the binary already built.
+build=1 args=()
+for a in "$@"; do if [[ $a == --no-build ]]; then build=0; else args+=("$a"); fi; done
+set -- "${args[@]}"
+build_cli() {
+    ((build)) || return 0
+    cargo build --release -p meshfeed-cli 2>&1 | grep -E "^(error|warning: unused)|Finished" || true
+}
 if [[ "${1:-}" == "--cold" ]]; then
     # The cold-storage benchmark: throttled loop devices, memory cgroups, PyTorch's two
     # variants beside meshfeed's strategies (bench/cold.py --help). Its own options follow.
@@ -38,7 +48,7 @@ if [[ "${1:-}" == "--cold" ]]; then
     cold_smoke=0
     for a in "$@"; do [[ $a == --smoke ]] && cold_smoke=1; done
     bash launch/setup.sh >/dev/null
-    cargo build --release -p meshfeed-cli 2>&1 | grep -E "^(error|warning: unused)|Finished" || true
+    build_cli
     if ((!cold_smoke)) && [[ " $* " != *" --no-torch "* ]] &&
         ! bench/.venv/bin/python -c "import torch, numpy, h5py, pyarrow" 2>/dev/null &&
         ! .venv/bin/python -c "import torch, numpy, h5py, pyarrow" 2>/dev/null; then
@@ -114,8 +124,8 @@ if ((torch)); then
         bench/.venv/bin/pip install -q --disable-pip-version-check torch numpy h5py pyarrow
     fi
 fi
-step "build: cargo build --release -p meshfeed-cli"
-cargo build --release -p meshfeed-cli 2>&1 | grep -E "^(error|warning: unused)|Finished" || true
+((build)) && step "build: cargo build --release -p meshfeed-cli"
+build_cli
 bin=$root/target/release/meshfeed
 [[ -x "$bin" ]] || { echo "bench/run.sh: the build did not produce $bin" >&2; exit 1; }
 

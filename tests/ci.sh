@@ -6,11 +6,15 @@
 # the command line names a missing feature. `.ci/run` calls exactly this.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Each stage's start, in seconds since this script began: where CI's time goes.
+stage() { echo "== [${SECONDS} s] $*"; }
+stage "setup"
 bash launch/setup.sh --test
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 HDF5_USE_FILE_LOCKING=FALSE
 # Habits made mechanical, first (they fail in minutes): formatting, the workspace's lints
 # (Cargo.toml [workspace.lints]), the library's docs with their links, the scripts, the
 # Python code (ruff.toml) and the package's types.
+stage "lints"
 cargo fmt --all --check
 cargo clippy --release --workspace --all-targets -- -D warnings
 RUSTDOCFLAGS="-D warnings" cargo doc --release -p meshfeed -p meshfeed-analysis --no-deps --document-private-items
@@ -20,6 +24,7 @@ mapfile -t scripts < <(git ls-files '*.sh' '*.sbatch')
 shellcheck -S warning "${scripts[@]}" .ci/run
 .venv/bin/ruff check .
 .venv/bin/mypy --strict python/pysrc/meshfeed
+stage "build"
 cargo build --release --workspace --all-targets
 # The Python package (python/, PyO3 + maturin), installed the way users install it, before
 # any test: tests/emulation/launchers.rs runs the Ray Train example, which imports it,
@@ -30,37 +35,49 @@ PATH="$PWD/.venv/bin:$PATH" .venv/bin/pip install -q --disable-pip-version-check
 # binary) and doc tests; two test threads: multi-rank tests oversubscribe the 2 cores
 # already. The deployment emulations are stage 2, below. (The Python extension's library
 # has no Rust tests, `test = false`, which naming `--lib` would override.)
-echo "== stage 1: unit, doc and behaviour tests"
+stage "stage 1: unit, doc and behaviour tests"
 cargo test --release --workspace --exclude meshfeed-python --no-fail-fast --lib --bins --test behaviour \
     -- --test-threads=2
 cargo test --release --workspace --no-fail-fast --doc -- --test-threads=2
 # The Python package tested from Python under real mpirun and the UCX launcher against
 # the command line.
+stage "stage 1: the Python package"
 .venv/bin/python -m pytest -q -p no:cacheprovider python/tests
 # The benchmark suite's smoke version (seconds, tiny data, no PyTorch, no ratios asserted):
 # every measurement mode and the report's table and plots, so that the suite cannot rot.
-bash bench/run.sh --smoke --out "$(mktemp -d)/bench-smoke"
+# (--no-build: the binary built above, with the workspace's features; building the
+# command line alone would compile the library again with another feature set.)
+stage "stage 1: benchmark smokes"
+bash bench/run.sh --smoke --no-build --out "$(mktemp -d)/bench-smoke"
 # The cold-storage smoke (seconds): a throttled loop device and a memory cgroup; the data
 # kept in memory is read from the device once and never after, no OOM kill. Where the
 # kernel lacks the controllers it prints why it skipped (never a silent pass).
-bash bench/run.sh --cold --smoke
+bash bench/run.sh --cold --smoke --no-build
 
 # Stage 2: the deployment emulations (tests/emulation: one binary), once the loader's
 # behaviour passed: the image's recipe, the MPIJob on emulated pods of the image, a
 # preempted Kubernetes Job, a multi-node Ray cluster and a two-node Slurm, each node or
 # pod a network namespace (launch/netns.sh). Before the feature builds below: they need
-# the binary with every feature.
-echo "== stage 2: deployment emulations"
-cargo test --release -p meshfeed --no-fail-fast --test emulation -- --test-threads=2
+# the binary with every feature. (Selected as stage 1 selects, so that cargo reuses its
+# build: `-p meshfeed` alone unifies dependencies' features differently.)
+stage "stage 2: deployment emulations"
+cargo test --release --workspace --exclude meshfeed-python --no-fail-fast --test emulation -- --test-threads=2
 
 # The library does not depend on the command line's crates.
 if cargo tree -p meshfeed --edges normal --prefix none | grep -E "^(clap|indicatif|toml) "; then
     echo "FAIL: the meshfeed library depends on a command-line crate"; exit 1
 fi
-# Each optional capability can be left out: the library builds without all of them, and a
-# command line built without one says which feature is missing when asked for it. (Built
-# last: each build replaces target/release/meshfeed.)
-cargo build --release -p meshfeed --no-default-features
+# Each optional capability can be left out: the library and the command line compile
+# without each one and without all of them (type-checked: `cargo check` reuses clippy's
+# dependencies and takes seconds a combination), and a command line built without them
+# says which feature is missing when asked for each. (Built last: it replaces
+# target/release/meshfeed.)
+stage "feature checks"
+cargo check --release -p meshfeed --no-default-features
+for features in hdf5,ucx mpi,ucx mpi,hdf5; do
+    cargo check --release -p meshfeed-cli --no-default-features --features "$features"
+done
+cargo build --release -p meshfeed-cli --no-default-features
 err=$(mktemp)
 expect_missing() { # FEATURE COMMAND...: the command fails naming the feature
     local feature=$1; shift
@@ -69,10 +86,8 @@ expect_missing() { # FEATURE COMMAND...: the command fails naming the feature
     echo "without $feature: '$*' names the feature: OK"
 }
 bin=target/release/meshfeed
-cargo build --release -p meshfeed-cli --no-default-features --features hdf5,ucx
 expect_missing mpi "$bin" run --data x --batch-size 1
-cargo build --release -p meshfeed-cli --no-default-features --features mpi,ucx
 expect_missing hdf5 "$bin" gen --format hdf5 --samples 4 --field x:u8 --out "$(mktemp -d)"
-cargo build --release -p meshfeed-cli --no-default-features --features mpi,hdf5
 expect_missing ucx env RANK=0 WORLD_SIZE=1 "$bin" run --transport ucx --data x --batch-size 1
 echo "feature checks: OK"
+stage "done"
