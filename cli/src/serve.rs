@@ -6,12 +6,12 @@ use std::net::TcpListener;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use meshfeed::config::TransportKind;
+use meshfeed::config::{ByteSize, TransportKind};
 use meshfeed::dataset::DatasetOptions;
-use meshfeed::feed::server::Feeder;
+use meshfeed::feed::server::{rank_budget, Feeder, FeederStats};
 use meshfeed::feed::{new_token, Source, RENDEZVOUS_SUFFIX, TOKEN_VAR};
 use meshfeed::loader::open_dataset;
-use meshfeed::runtime::Runtime;
+use meshfeed::runtime::{signal_name, Runtime, StopSignal};
 use meshfeed::transport::{agree, ReduceOp};
 use meshfeed::{Error, Result};
 
@@ -39,8 +39,14 @@ pub struct ServeArgs {
     /// the name and the token; readable by its owner only) [default: NAME.feeder.json].
     #[arg(long, value_name = "FILE")]
     pub rendezvous: Option<PathBuf>,
+    /// Memory the feeder's ranks on one host may hold together (K/M/G); files past it are
+    /// read from storage when clients ask for their rows [default: 3/4 of the cgroup
+    /// limit's or the host's headroom].
+    #[arg(long, value_name = "BYTES")]
+    pub memory_budget: Option<ByteSize>,
     /// JSON lines instead of text: one when serving starts (`"kind":"serving"`), one when
-    /// the files are read (`"kind":"loaded"`).
+    /// the held files are read (`"kind":"loaded"`), and one a rank when it is stopped
+    /// (`"kind":"stopped"`, what it read and served).
     #[arg(long)]
     pub json: bool,
     /// How the feeder's ranks meet (`mpirun -np F meshfeed serve`: F ranks, each holding
@@ -50,6 +56,8 @@ pub struct ServeArgs {
 }
 
 /// `meshfeed serve` on every rank of its launch (a lone process is a feeder of one rank).
+/// It serves until SIGTERM or SIGINT, then each rank says what it read and served, and
+/// exits 0.
 pub fn main(args: ServeArgs) -> i32 {
     crate::job::with_runtime(args.transport, None, |rt| serve(&args, rt))
 }
@@ -79,7 +87,9 @@ fn serve(args: &ServeArgs, rt: &Runtime) -> Result<i32> {
     let address = agree(world, advertised(args, &listener))?;
     let options = DatasetOptions { hdf5_group: args.group.clone(), ..Default::default() };
     let dataset = open_dataset(world, &args.data, options)?;
-    let mut feeder = agree(world, Feeder::new(&dataset, rank, ranks, &name, token.clone()))?;
+    let budget = rank_budget(world, args.memory_budget.map(|b| b.0))?;
+    let (samples, files) = (dataset.len(), dataset.files().len());
+    let mut feeder = agree(world, Feeder::new(dataset.clone(), rank, ranks, &name, token.clone(), budget))?;
     let addresses: Vec<String> =
         world.all_gather(address.as_bytes())?.iter().map(|a| String::from_utf8_lossy(a).into_owned()).collect();
     feeder.set_addresses(dataset.files(), &addresses)?;
@@ -93,40 +103,84 @@ fn serve(args: &ServeArgs, rt: &Runtime) -> Result<i32> {
         move || feeder.serve(listener)
     });
     agree(world, if rank == 0 { source.write(&rendezvous) } else { Ok(()) })?;
-    let (samples, files) = (dataset.len(), dataset.files().len());
+    let mut held = [feeder.stats().held_files];
+    world.all_reduce_u64(&mut held, ReduceOp::Sum)?;
+    let held = held[0];
     if rank == 0 {
         if args.json {
             let v = serde_json::json!({
                 "kind": "serving", "name": name, "url": source.url(), "rendezvous": rendezvous, "ranks": ranks,
-                "samples": samples, "files": files,
+                "samples": samples, "files": files, "held_files": held,
             });
             out!("{v}");
         } else {
+            let storage = match files as u64 - held {
+                0 => String::new(),
+                n => format!("; {n} past the memory budget, read from storage as asked"),
+            };
             out!(
                 "meshfeed serve: {name}: {samples} samples in {files} files on {ranks} rank(s); serving at {} \
-                 (rendezvous file {}); reading the files",
+                 (rendezvous file {}); reading {held} files into memory{storage}",
                 source.url(),
                 rendezvous.display()
             );
         }
     }
-    agree(world, feeder.load(&dataset))?;
-    let (bytes, took) = feeder.loaded();
-    let mut totals = [bytes];
+    agree(world, feeder.load())?;
+    let mut totals = [feeder.stats().bytes_loaded];
     world.all_reduce_u64(&mut totals, ReduceOp::Sum)?;
-    let mut slowest = [took.as_millis() as u64];
+    let mut slowest = [feeder.load_time().as_millis() as u64];
     world.all_reduce_u64(&mut slowest, ReduceOp::Max)?;
     if rank == 0 {
         let load_s = slowest[0] as f64 / 1e3;
         if args.json {
-            out!("{}", serde_json::json!({"kind": "loaded", "name": name, "bytes_read": totals[0], "load_s": load_s}));
+            let v = serde_json::json!({
+                "kind": "loaded", "name": name, "bytes_read": totals[0], "load_s": load_s, "held_files": held,
+            });
+            out!("{v}");
         } else {
-            out!("meshfeed serve: {name}: {} bytes read in {load_s:.2} s; all in memory", totals[0]);
+            out!("meshfeed serve: {name}: {} bytes of {held} files read in {load_s:.2} s", totals[0]);
         }
     }
-    // Serves until killed; a listening socket that fails ends this rank, naming it.
-    serving.join().map_err(|_| Error::Internal("the serving thread panicked".into()))??;
-    Ok(0)
+    // Serves until stopped (a stop signal while reading ends the feeder at once); a
+    // listening socket that fails ends this rank, naming it. No collective after this
+    // point: a rank stopped alone ends alone.
+    let stop = StopSignal::install()?;
+    loop {
+        if serving.is_finished() {
+            serving.join().map_err(|_| Error::Internal("the serving thread panicked".into()))??;
+            return Err(Error::Internal("the feeder stopped accepting clients".into()));
+        }
+        if let Some(signal) = stop.received() {
+            stopped(args, &name, rank, signal, feeder.stats());
+            return Ok(0);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
+/// What rank `rank` says when stopped by `signal`.
+fn stopped(args: &ServeArgs, name: &str, rank: usize, signal: i32, s: FeederStats) {
+    let signal = signal_name(signal);
+    if args.json {
+        let v = serde_json::json!({
+            "kind": "stopped", "name": name, "rank": rank, "signal": signal, "held_files": s.held_files,
+            "bytes_loaded": s.bytes_loaded, "storage_files": s.storage_files, "storage_bytes": s.storage_bytes,
+            "requests": s.requests, "bytes_sent": s.bytes_sent,
+        });
+        out!("{v}");
+    } else {
+        out!(
+            "meshfeed serve: {name}: rank {rank} stopped by {signal}: {} requests answered, {} bytes sent; \
+             {} bytes read into memory ({} files), {} bytes read from storage on request ({} files)",
+            s.requests,
+            s.bytes_sent,
+            s.bytes_loaded,
+            s.held_files,
+            s.storage_bytes,
+            s.storage_files
+        );
+    }
 }
 
 fn bind(args: &ServeArgs) -> Result<TcpListener> {

@@ -1,5 +1,5 @@
-//! The feeder's side: the dataset read once and held in memory, and a thread per client
-//! connection answering requests for rows.
+//! The feeder's side: the dataset read once and held in memory, as much of it as the
+//! memory budget allows, and a thread per client connection answering requests for rows.
 
 use std::io::{BufReader, BufWriter};
 use std::net::{TcpListener, TcpStream};
@@ -8,16 +8,72 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use super::wire::{self, Hello, Request};
-use crate::dataset::{Dataset, FileInfo, RowChunk};
+use crate::dataset::{Dataset, Field, FileInfo, FileReader, RowChunk};
 use crate::error::{Error, Result};
+use crate::runtime::memory::MemoryLimits;
+use crate::transport::Transport;
 
 /// How often a request waiting for a file not read yet tells its client so.
 /// (Half the shortest answer timeout a client allows.)
 const KEEP_ALIVE: Duration = if cfg!(test) { Duration::from_millis(20) } else { Duration::from_millis(500) };
 
+/// Bytes a held value costs besides its own (its place in the chunk's index).
+const VALUE_OVERHEAD: u64 = 24;
+
 /// The feeder rank that serves file `file`, of a feeder of `ranks` ranks.
 pub fn owner(file: usize, ranks: usize) -> usize {
     file % ranks.max(1)
+}
+
+/// The memory holding `info`'s rows takes (estimated from its header): its fixed-size
+/// values, its variable-length values where the header tells their size (else the file's
+/// size), and each value's place in the chunk.
+pub fn held_bytes(info: &FileInfo, fields: &[Field]) -> u64 {
+    let values: u64 = fields
+        .iter()
+        .enumerate()
+        .map(|(f, field)| match field.fixed_bytes() {
+            Some(b) => b as u64 * info.samples,
+            None => info.value_bytes.get(f).copied().unwrap_or(info.bytes),
+        })
+        .sum();
+    values + VALUE_OVERHEAD * info.samples * fields.len() as u64
+}
+
+/// Which of `mine` (a feeder rank's files, in order) it holds in `budget` bytes: each
+/// that still fits, in order ([`held_bytes`]). The others are read from storage when a
+/// client asks for their rows.
+pub fn choose_held(files: &[FileInfo], fields: &[Field], mine: &[usize], budget: u64) -> Vec<usize> {
+    let mut left = budget;
+    let mut held = Vec::new();
+    for &i in mine {
+        let need = held_bytes(&files[i], fields);
+        if need <= left {
+            left -= need;
+            held.push(i);
+        }
+    }
+    held
+}
+
+/// The memory budget of one feeder rank: its host's (`host_budget`, or else 3/4 of the
+/// least headroom its ranks on that host report, as `meshfeed run` budgets; never past
+/// that headroom), shared evenly by the feeder's ranks on the host. Collective.
+pub fn rank_budget(comm: &dyn Transport, host_budget: Option<u64>) -> Result<u64> {
+    let hosts = crate::transport::hosts::host_groups(comm)?;
+    let headroom = MemoryLimits::of_this_process().headroom();
+    let all = comm.all_gather(&headroom.to_le_bytes())?;
+    let mine = hosts[comm.rank().0];
+    let (mut room, mut members) = (u64::MAX, 0u64);
+    for (bytes, _) in all.iter().zip(&hosts).filter(|&(_, &h)| h == mine) {
+        room = room.min(bytes.get(..8).map_or(0, |b| u64::from_le_bytes(b.try_into().expect("8 bytes"))));
+        members += 1;
+    }
+    let host = match host_budget {
+        Some(b) => b.min(room),
+        None => crate::loader::auto_budget(room, members as usize, 0),
+    };
+    Ok(host / members.max(1))
 }
 
 /// One file's rows on a feeder rank, as loading goes.
@@ -27,14 +83,32 @@ enum Slot {
     /// Not read yet: requests for it wait.
     Loading,
     Loaded(Arc<RowChunk>),
+    /// Past the rank's memory budget: each request reads its rows from storage.
+    Storage,
     /// Reading it failed: requests for it are refused with this.
     Failed(String),
 }
 
+/// What one feeder rank has done: from storage, and for its clients.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FeederStats {
+    /// Files held in memory, and their bytes read (once, each whole).
+    pub held_files: u64,
+    pub bytes_loaded: u64,
+    /// Files read from storage on request (past the memory budget), and the bytes of
+    /// those reads.
+    pub storage_files: u64,
+    pub storage_bytes: u64,
+    /// Requests answered and bytes sent, over every client.
+    pub requests: u64,
+    pub bytes_sent: u64,
+}
+
 /// A dataset held in memory for its clients: the files one feeder rank serves. It serves
 /// from the start: a request for a file not read yet waits until [`Feeder::load`] has
-/// read it.
+/// read it. Files past its memory budget are read from storage, row by row as asked.
 pub struct Feeder {
+    dataset: Dataset,
     name: String,
     token: String,
     /// What a client that presents the token receives (JSON): the files' headers and
@@ -43,52 +117,66 @@ pub struct Feeder {
     slots: Mutex<Vec<Slot>>,
     /// Signalled as each file is read (or fails).
     read: Condvar,
-    /// Bytes read from storage, and how long it took ([`Feeder::load`]).
-    loaded: Mutex<(u64, Duration)>,
-    /// Requests answered and bytes sent, over every client.
+    /// The open readers of the files read on request.
+    readers: Vec<Mutex<Option<Box<dyn FileReader>>>>,
+    /// How long reading the held files took ([`Feeder::load`]).
+    load_time: Mutex<Duration>,
+    bytes_loaded: AtomicU64,
+    storage_bytes: AtomicU64,
     requests: AtomicU64,
     bytes_sent: AtomicU64,
 }
 
 impl Feeder {
     /// Rank `rank` of a feeder of `ranks` ranks for `dataset`, holding nothing yet; it
-    /// serves the files [`owner`] gives it. The dataset delivers its files' own rows:
-    /// packing and field selection are the clients' options.
-    pub fn new(dataset: &Dataset, rank: usize, ranks: usize, name: &str, token: String) -> Result<Feeder> {
+    /// serves the files [`owner`] gives it, and holds those [`choose_held`] fits in
+    /// `budget` bytes. The dataset delivers its files' own rows: packing and field
+    /// selection are the clients' options.
+    pub fn new(dataset: Dataset, rank: usize, ranks: usize, name: &str, token: String, budget: u64) -> Result<Feeder> {
         if dataset.options().pack.is_some() || dataset.options().fields.is_some() {
             return Err(Error::Config(
                 "a feeder serves whole files: sequence packing and field selection are the clients' options".into(),
             ));
         }
-        let slots = (0..dataset.files().len())
-            .map(|i| if owner(i, ranks) == rank { Slot::Loading } else { Slot::Other })
+        let files = dataset.files().len();
+        let mine: Vec<usize> = (0..files).filter(|&i| owner(i, ranks) == rank).collect();
+        let held = choose_held(dataset.files(), dataset.fields(), &mine, budget);
+        let slots = (0..files)
+            .map(|i| match (owner(i, ranks) == rank, held.contains(&i)) {
+                (false, _) => Slot::Other,
+                (true, true) => Slot::Loading,
+                (true, false) => Slot::Storage,
+            })
             .collect();
         Ok(Feeder {
+            dataset,
             name: name.into(),
             token,
             welcome: Vec::new(),
             slots: Mutex::new(slots),
             read: Condvar::new(),
-            loaded: Mutex::new((0, Duration::ZERO)),
+            readers: (0..files).map(|_| Mutex::new(None)).collect(),
+            load_time: Mutex::new(Duration::ZERO),
+            bytes_loaded: AtomicU64::new(0),
+            storage_bytes: AtomicU64::new(0),
             requests: AtomicU64::new(0),
             bytes_sent: AtomicU64::new(0),
         })
     }
 
-    /// Reads this rank's files of `dataset` (the one it was made for), each whole, one
-    /// after another, handing each to the requests waiting for it. A file that cannot be
-    /// read is an error here and the refusal of every request for it.
-    pub fn load(&self, dataset: &Dataset) -> Result<()> {
+    /// Reads the files this rank holds, each whole, one after another, handing each to
+    /// the requests waiting for it. A file that cannot be read is an error here and the
+    /// refusal of every request for it.
+    pub fn load(&self) -> Result<()> {
         let start = Instant::now();
-        let mut bytes = 0;
-        for (i, info) in dataset.files().iter().enumerate() {
+        for (i, info) in self.dataset.files().iter().enumerate() {
             if !matches!(self.slots()[i], Slot::Loading) {
                 continue;
             }
             let rows: Vec<u64> = (0..info.samples).collect();
-            let (slot, result) = match dataset.open_reader(i).and_then(|mut r| r.read_rows(&rows)) {
+            let (slot, result) = match self.dataset.open_reader(i).and_then(|mut r| r.read_rows(&rows)) {
                 Ok(chunk) => {
-                    bytes += chunk.bytes_read();
+                    self.bytes_loaded.fetch_add(chunk.bytes_read(), Ordering::Relaxed);
                     (Slot::Loaded(Arc::new(chunk)), Ok(()))
                 }
                 Err(e) => (Slot::Failed(format!("the feeder could not read it: {e}")), Err(e)),
@@ -97,7 +185,7 @@ impl Feeder {
             self.read.notify_all();
             result?;
         }
-        *self.loaded.lock().unwrap_or_else(PoisonError::into_inner) = (bytes, start.elapsed());
+        *self.load_time.lock().unwrap_or_else(PoisonError::into_inner) = start.elapsed();
         Ok(())
     }
 
@@ -122,15 +210,23 @@ impl Feeder {
         self.slots().iter().filter(|s| !matches!(s, Slot::Other)).count()
     }
 
-    /// Bytes this rank read from storage to load its files, and the time it took (once
-    /// [`Feeder::load`] is done).
-    pub fn loaded(&self) -> (u64, Duration) {
-        *self.loaded.lock().unwrap_or_else(PoisonError::into_inner)
+    /// How long reading the held files took (once [`Feeder::load`] is done).
+    pub fn load_time(&self) -> Duration {
+        *self.load_time.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Requests answered and bytes sent so far.
-    pub fn served(&self) -> (u64, u64) {
-        (self.requests.load(Ordering::Relaxed), self.bytes_sent.load(Ordering::Relaxed))
+    /// What this rank has read and served so far.
+    pub fn stats(&self) -> FeederStats {
+        let slots = self.slots();
+        let count = |f: fn(&Slot) -> bool| slots.iter().filter(|s| f(s)).count() as u64;
+        FeederStats {
+            held_files: count(|s| matches!(s, Slot::Loading | Slot::Loaded(_))),
+            bytes_loaded: self.bytes_loaded.load(Ordering::Relaxed),
+            storage_files: count(|s| matches!(s, Slot::Storage)),
+            storage_bytes: self.storage_bytes.load(Ordering::Relaxed),
+            requests: self.requests.load(Ordering::Relaxed),
+            bytes_sent: self.bytes_sent.load(Ordering::Relaxed),
+        }
     }
 
     /// Accepts clients on `listener` until it fails, a thread per connection. A
@@ -201,6 +297,11 @@ impl Feeder {
                     Some(Slot::Other) => return Err(format!("file {} is served by another feeder rank", request.file)),
                     Some(Slot::Failed(reason)) => return Err(reason.clone()),
                     Some(Slot::Loaded(chunk)) => break chunk.clone(),
+                    Some(Slot::Storage) => {
+                        drop(slots);
+                        let chunk = self.read_from_storage(request)?;
+                        return Ok(answer_rows(&chunk, 0..chunk.rows()));
+                    }
                     Some(Slot::Loading) => {
                         let (slots, waited) =
                             self.read.wait_timeout(slots, KEEP_ALIVE).unwrap_or_else(PoisonError::into_inner);
@@ -217,11 +318,37 @@ impl Feeder {
         if let Some(&last) = request.rows.last().filter(|&&r| r >= chunk.rows() as u64) {
             return Err(format!("row {last} of file {} is past its end ({} rows)", request.file, chunk.rows()));
         }
-        let (fields, chunk) = (chunk.fields(), &*chunk);
-        let values: Vec<&[u8]> =
-            request.rows.iter().flat_map(|&row| (0..fields).map(move |f| chunk.value(row as usize, f))).collect();
-        Ok(wire::rows_answer(fields as u32, &values))
+        Ok(answer_rows(&chunk, request.rows.iter().map(|&r| r as usize)))
     }
+
+    /// The rows a request asks for of a file this rank does not hold, read from storage,
+    /// in order. (The file's reader stays open for the next request; one request at a
+    /// time a file.)
+    fn read_from_storage(&self, request: &Request) -> std::result::Result<RowChunk, String> {
+        let file = request.file as usize;
+        let samples = self.dataset.files()[file].samples;
+        if let Some(&last) = request.rows.last().filter(|&&r| r >= samples) {
+            return Err(format!("row {last} of file {file} is past its end ({samples} rows)"));
+        }
+        let mut reader = self.readers[file].lock().unwrap_or_else(PoisonError::into_inner);
+        let result = match reader.take() {
+            Some(r) => Ok(r),
+            None => self.dataset.open_reader(file),
+        }
+        .and_then(|mut r| r.read_rows(&request.rows).map(|chunk| (r, chunk)));
+        let (r, got) = result.map_err(|e| format!("the feeder could not read rows of file {file}: {e}"))?;
+        *reader = Some(r);
+        drop(reader);
+        self.storage_bytes.fetch_add(got.bytes_read(), Ordering::Relaxed);
+        Ok(got)
+    }
+}
+
+/// An answer holding `rows` of `chunk`, every field of each ([`wire::rows_answer`]).
+fn answer_rows(chunk: &RowChunk, rows: impl Iterator<Item = usize>) -> Vec<u8> {
+    let fields = chunk.fields();
+    let values: Vec<&[u8]> = rows.flat_map(|row| (0..fields).map(move |f| chunk.value(row, f))).collect();
+    wire::rows_answer(fields as u32, &values)
 }
 
 #[cfg(test)]
@@ -229,23 +356,78 @@ mod tests {
     use super::*;
     use crate::dataset::{gen, DType, Field, Format};
 
-    #[test]
-    fn a_feeder_rank_holds_every_fth_file_and_answers_only_for_them() {
+    /// 500 samples of two fields (14 bytes) in 5 files of 100.
+    fn five_files(format: Format) -> (tempfile::TempDir, Dataset) {
         let dir = tempfile::tempdir().unwrap();
         let fields = vec![Field::tensor("x", DType::U16, vec![3]), Field::tensor("y", DType::I64, vec![])];
-        let spec = gen::GenSpec {
-            format: Format::Npy,
-            samples: 500,
-            files: 5,
-            out: dir.path().into(),
-            arrow_batch_rows: 9,
-            fields,
-        };
+        let spec = gen::GenSpec { format, samples: 500, files: 5, out: dir.path().into(), arrow_batch_rows: 9, fields };
         for i in 0..5 {
             gen::write_file(&spec, i).unwrap();
         }
         let ds = Dataset::open_local(&[dir.path().into()], Default::default()).unwrap();
-        let mut feeder = Feeder::new(&ds, 1, 2, "d", "secret".into()).unwrap();
+        (dir, ds)
+    }
+
+    /// The values of `rows` of an answer, as the client reads them.
+    fn answered_values(answer: &[u8], rows: usize) -> Vec<u8> {
+        let payload = wire::parse_answer(answer).unwrap();
+        let got = wire::Rows::decode(payload, rows).unwrap();
+        payload[got.values_at..].to_vec()
+    }
+
+    /// The values of `rows` of file `file`, read from the file.
+    fn file_values(ds: &Dataset, file: usize, rows: &[u64]) -> Vec<u8> {
+        let chunk = ds.open_reader(file).unwrap().read_rows(rows).unwrap();
+        let chunk = &chunk;
+        (0..rows.len()).flat_map(|r| (0..chunk.fields()).flat_map(move |f| chunk.value(r, f).to_vec())).collect()
+    }
+
+    #[test]
+    fn the_budget_holds_each_file_that_still_fits_in_order() {
+        let (_dir, ds) = five_files(Format::Npy);
+        let one = held_bytes(&ds.files()[0], ds.fields());
+        assert_eq!(one, 100 * 14 + 100 * 2 * VALUE_OVERHEAD);
+        let mine = [0, 1, 2, 3, 4];
+        assert_eq!(choose_held(ds.files(), ds.fields(), &mine, u64::MAX), mine);
+        assert_eq!(choose_held(ds.files(), ds.fields(), &mine, 2 * one + one / 2), [0, 1]);
+        assert_eq!(choose_held(ds.files(), ds.fields(), &[1, 3], one), [1]);
+        assert!(choose_held(ds.files(), ds.fields(), &mine, one - 1).is_empty());
+        // A file past the budget is skipped, and later ones that fit are held.
+        let mut files = ds.files().to_vec();
+        files[1].samples *= 10;
+        assert_eq!(choose_held(&files, ds.fields(), &mine, 2 * one), [0, 2]);
+    }
+
+    #[test]
+    fn files_past_the_budget_are_read_from_storage_row_by_row_as_asked() {
+        for format in [Format::Npy, Format::Arrow] {
+            let (_dir, ds) = five_files(format);
+            let budget = 2 * held_bytes(&ds.files()[0], ds.fields());
+            let feeder = Feeder::new(ds.clone(), 0, 1, "d", "t".into(), budget).unwrap();
+            let mut never = || panic!("nothing waits for a file held or read from storage");
+            // Served before the held files are read: storage needs no load.
+            let rows = [3, 50, 99];
+            let answer = feeder.rows(&Request { file: 4, rows: rows.to_vec() }, &mut never).unwrap();
+            assert_eq!(answered_values(&answer, 3), file_values(&ds, 4, &rows), "{format:?}");
+            feeder.load().unwrap();
+            let stats = feeder.stats();
+            assert_eq!((stats.held_files, stats.storage_files), (2, 3), "{format:?}");
+            assert!(stats.storage_bytes > 0 && stats.bytes_loaded > 0, "{stats:?}");
+            let answer = feeder.rows(&Request { file: 2, rows: vec![0, 1] }, &mut never).unwrap();
+            assert_eq!(answered_values(&answer, 2), file_values(&ds, 2, &[0, 1]));
+            let answer = feeder.rows(&Request { file: 1, rows: vec![7] }, &mut never).unwrap();
+            assert_eq!(answered_values(&answer, 1), file_values(&ds, 1, &[7]));
+            assert!(feeder
+                .rows(&Request { file: 3, rows: vec![100] }, &mut never)
+                .unwrap_err()
+                .contains("past its end (100 rows)"));
+        }
+    }
+
+    #[test]
+    fn a_feeder_rank_holds_every_fth_file_and_answers_only_for_them() {
+        let (_dir, ds) = five_files(Format::Npy);
+        let mut feeder = Feeder::new(ds.clone(), 1, 2, "d", "secret".into(), u64::MAX).unwrap();
         assert_eq!(feeder.files(), 2, "files 1 and 3");
         let addresses = ["a:1".to_string(), "b:2".to_string()];
         feeder.set_addresses(ds.files(), &addresses).unwrap();
@@ -264,8 +446,10 @@ mod tests {
         });
         std::thread::sleep(Duration::from_millis(50));
         assert!(!early.is_finished(), "a request for a file not read yet is answered");
-        feeder.load(&ds).unwrap();
-        assert_eq!(feeder.loaded().0, 2 * 100 * 14, "two files of 100 rows of 14 bytes, read once");
+        feeder.load().unwrap();
+        let stats = feeder.stats();
+        assert_eq!((stats.held_files, stats.storage_files), (2, 0));
+        assert_eq!(stats.bytes_loaded, 2 * 100 * 14, "two files of 100 rows of 14 bytes, read once");
         let hello = |token: &str, name: &str| Hello { token: token.into(), name: name.into() }.encode();
         let (files, owners) =
             crate::loader::welcome_from_json(&feeder.welcome(&hello("secret", "d")).unwrap()).unwrap();
@@ -277,12 +461,9 @@ mod tests {
         let (answer, told) = early.join().unwrap();
         let answer = answer.unwrap();
         assert!(told >= 1, "the waiting client was told the file is still being read");
-        let payload = wire::parse_answer(&answer).unwrap();
-        let rows = wire::Rows::decode(payload, 3).unwrap();
-        let direct = ds.open_reader(3).unwrap().read_rows(&[0, 7, 99]).unwrap();
-        let direct = &direct;
-        let want: Vec<u8> = (0..3).flat_map(|r| (0..2).flat_map(move |f| direct.value(r, f).to_vec())).collect();
-        assert_eq!((rows.fields, rows.lens.len(), &payload[rows.values_at..]), (2, 6, want.as_slice()));
+        let rows = wire::Rows::decode(wire::parse_answer(&answer).unwrap(), 3).unwrap();
+        assert_eq!((rows.fields, rows.lens.len()), (2, 6));
+        assert_eq!(answered_values(&answer, 3), file_values(&ds, 3, &[0, 7, 99]));
         let mut never = || panic!("nothing waits for a file read");
         assert!(feeder
             .rows(&Request { file: 2, rows: vec![0] }, &mut never)

@@ -36,6 +36,28 @@ impl Serving {
     }
 }
 
+impl Serving {
+    /// Stops it with SIGTERM, as a user or Slurm would, and returns each rank's
+    /// `"kind":"stopped"` line, by rank, once it exited 0.
+    fn stop(mut self, ranks: usize) -> Vec<serde_json::Value> {
+        // SAFETY: kill(2) on our child's pid.
+        unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
+        let status = finish_child(&mut self.child).expect("meshfeed serve did not stop on SIGTERM");
+        let text = std::fs::read_to_string(&self.out).unwrap();
+        let mut lines: Vec<serde_json::Value> = text
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter(|v| v["kind"] == "stopped")
+            .collect();
+        lines.sort_by_key(|v| v["rank"].as_u64());
+        assert_eq!(lines.len(), ranks, "one 'stopped' line a rank:\n{text}");
+        assert!(lines.iter().all(|l| l["signal"] == "SIGTERM"), "{text}");
+        // A lone feeder exits 0; mpirun, itself signalled, may report the signal.
+        assert!(ranks > 1 || status.success(), "meshfeed serve exited {status}");
+        lines
+    }
+}
+
 impl Drop for Serving {
     fn drop(&mut self) {
         // SIGTERM: mpirun passes it on to the feeder's ranks (a SIGKILL would orphan them).
@@ -62,6 +84,11 @@ fn finish_child(child: &mut Child) -> Option<std::process::ExitStatus> {
 /// its rendezvous file and output in `dir`; returns once it serves (its rendezvous file
 /// written).
 fn serve(data: &Path, dir: &Path, ranks: usize) -> Serving {
+    serve_with(data, dir, ranks, &[])
+}
+
+/// [`serve`], with more of `meshfeed serve`'s options.
+fn serve_with(data: &Path, dir: &Path, ranks: usize, options: &[&str]) -> Serving {
     let rendezvous = dir.join("d.feeder.json");
     let (out, err) = (dir.join("serve.out"), dir.join("serve.err"));
     let mut cmd = if ranks > 1 {
@@ -76,6 +103,7 @@ fn serve(data: &Path, dir: &Path, ranks: usize) -> Serving {
         .arg(data)
         .arg("--rendezvous")
         .arg(&rendezvous)
+        .args(options)
         .env("HDF5_USE_FILE_LOCKING", "FALSE")
         .stdin(Stdio::null())
         .stdout(std::fs::File::create(&out).unwrap())
@@ -169,6 +197,36 @@ fn jobs_reading_from_one_feeder_get_exactly_the_streams_of_the_files() {
     cmd.env("MESHFEED_FEEDER_TOKEN", token["token"].as_str().unwrap());
     ok(&wait_bounded(cmd, "mpirun -np 2 meshfeed run --data meshfeed://..."));
     assert!(dump_bytes(&by_url, 2) == dump_bytes(&dirs[0], 2), "the URL's stream differs");
+}
+
+#[test]
+fn a_feeder_past_its_memory_budget_reads_the_rest_from_storage_and_says_what_it_served() {
+    let out = tempdir();
+    // 4 files of 300 samples of 64 bytes; a feeder of 2 ranks on one host holds 2 files
+    // each. Held, a file takes 300 × (64 + 24) bytes: the budget fits one a rank.
+    let data = Dataset::gen("npy", 1200).files(4).field("x:u8:64").write(&out.path().join("npy"));
+    let budget = (2 * 300 * 88 + 1000).to_string();
+    let serving = serve_with(&data, out.path(), 2, &["--memory-budget", &budget]);
+    assert_eq!((serving.started["files"].as_u64(), serving.started["held_files"].as_u64()), (Some(4), Some(2)));
+    let (served, files) = (out.path().join("served"), out.path().join("files"));
+    let job = |data: &Path| Job::new(data).batch(48).seed(5).epochs(2);
+    ok(&job(&serving.rendezvous).dump(&served).mpirun(3));
+    ok(&job(&data).dump(&files).mpirun(3));
+    assert!(dump_bytes(&served, 3) == dump_bytes(&files, 3), "the stream of a feeder past its budget differs");
+    let loaded = serving.line("loaded");
+    assert_eq!(loaded["held_files"], 2);
+    let read = loaded["bytes_read"].as_u64().unwrap();
+    assert!((2 * 300 * 64..=2 * 300 * 64 + 2 * 4096).contains(&read), "held files read once: {read} bytes");
+    // Stopped, each rank says what it read and served: one file held and one read from
+    // storage as asked, two epochs' rows of both sent.
+    let stopped = serving.stop(2);
+    for (rank, s) in stopped.iter().enumerate() {
+        let n = |k: &str| s[k].as_u64().unwrap();
+        assert_eq!((n("held_files"), n("storage_files")), (1, 1), "rank {rank}: {s}");
+        // Every window asks for some rows of each file: epochs × their share of 600 rows.
+        assert!(n("storage_bytes") >= 2 * 300 * 64, "rank {rank} read its other file every epoch: {s}");
+        assert!(n("requests") > 0 && n("bytes_sent") >= 2 * 600 * 64, "rank {rank}: {s}");
+    }
 }
 
 #[test]
