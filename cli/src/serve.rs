@@ -166,13 +166,14 @@ fn stopped(args: &ServeArgs, name: &str, rank: usize, signal: i32, s: FeederStat
         let v = serde_json::json!({
             "kind": "stopped", "name": name, "rank": rank, "signal": signal, "held_files": s.held_files,
             "bytes_loaded": s.bytes_loaded, "storage_files": s.storage_files, "storage_bytes": s.storage_bytes,
-            "requests": s.requests, "bytes_sent": s.bytes_sent,
+            "jobs": s.jobs, "requests": s.requests, "bytes_sent": s.bytes_sent,
         });
         out!("{v}");
     } else {
         out!(
-            "meshfeed serve: {name}: rank {rank} stopped by {signal}: {} requests answered, {} bytes sent; \
+            "meshfeed serve: {name}: rank {rank} stopped by {signal}: {} jobs attached, {} requests answered, {} bytes sent; \
              {} bytes read into memory ({} files), {} bytes read from storage on request ({} files)",
+            s.jobs,
             s.requests,
             s.bytes_sent,
             s.bytes_loaded,

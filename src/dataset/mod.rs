@@ -602,16 +602,12 @@ impl Dataset {
     /// The same dataset, its rows read from the feeder `source` ([`crate::feed`]) rather
     /// than from its files (which need not exist here): nothing is read in place.
     pub fn served_by(mut self, source: crate::feed::Source, owners: Vec<String>) -> Result<Dataset> {
-        if self.packing.is_some() {
-            return Err(Error::Config(format!(
-                "{}: sequence packing of a feeder's rows is not supported",
-                source.url()
-            )));
-        }
-        self.files.iter_mut().for_each(|f| f.in_place = false);
+        // (A packed dataset cannot be served: its files' headers carry no token counts, so
+        // `from_files` refused it before; `open_dataset` says why.)
         if owners.len() != self.files.len() {
             return Err(Error::Internal(format!("{}: an address for each file", source.url())));
         }
+        self.files.iter_mut().for_each(|f| f.in_place = false);
         self.feeder = Some(Arc::new((source, owners)));
         Ok(self)
     }
@@ -697,34 +693,31 @@ impl Dataset {
     /// zero-filled rows.
     pub fn open_reader(&self, i: usize) -> Result<Box<dyn FileReader>> {
         let info = &self.files[i];
-        if let Some(feeder) = &self.feeder {
-            let (source, owners) = &**feeder;
-            let inner: Box<dyn FileReader> = Box::new(crate::feed::client::Reader::open(source, &owners[i], i, info)?);
-            return Ok(match &self.columns {
-                Some(columns) => Box::new(Selected { inner, columns: columns.clone() }),
-                None => inner,
-            });
-        }
-        let inner: Result<Box<dyn FileReader>> = (|| {
-            let reader = open_format(info, &self.options, &self.file_fields, &self.parsed[i])?;
-            let Some(packing) = &self.packing else { return Ok(reader) };
-            let tokens =
-                info.pack_tokens.ok_or_else(|| Error::Internal("a packed file without its token count".into()))?;
-            let packed = pack::PackedReader::open(
-                reader,
-                &info.path,
-                info.samples,
-                packing.clone(),
-                tokens,
-                &self.parsed[i].plan,
-            )?;
-            Ok(Box::new(packed) as Box<dyn FileReader>)
-        })();
-        let inner = match (unchanged_then(info, inner)?, &self.columns) {
-            (inner, Some(columns)) => Box::new(Selected { inner, columns: columns.clone() }),
-            (inner, None) => inner,
+        // A feeder's reader checks nothing here: the file is the feeder's.
+        let (inner, local) = match &self.feeder {
+            Some(feeder) => {
+                let (source, owners) = &**feeder;
+                let reader = crate::feed::client::Reader::open(source, &owners[i], i, info)?;
+                (Box::new(reader) as Box<dyn FileReader>, false)
+            }
+            None => (unchanged_then(info, self.open_file(i))?, true),
         };
-        Ok(Box::new(CheckedReader { inner, info: info.clone() }))
+        let inner = match &self.columns {
+            Some(columns) => Box::new(Selected { inner, columns: columns.clone() }),
+            None => inner,
+        };
+        Ok(if local { Box::new(CheckedReader { inner, info: info.clone() }) } else { inner })
+    }
+
+    /// A reader of local file `i` in its format, packed where the dataset packs.
+    fn open_file(&self, i: usize) -> Result<Box<dyn FileReader>> {
+        let info = &self.files[i];
+        let reader = open_format(info, &self.options, &self.file_fields, &self.parsed[i])?;
+        let Some(packing) = &self.packing else { return Ok(reader) };
+        let tokens = info.pack_tokens.ok_or_else(|| Error::Internal("a packed file without its token count".into()))?;
+        let packed =
+            pack::PackedReader::open(reader, &info.path, info.samples, packing.clone(), tokens, &self.parsed[i].plan)?;
+        Ok(Box::new(packed))
     }
 }
 

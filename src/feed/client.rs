@@ -28,13 +28,15 @@ fn answer_timeout() -> Duration {
 struct Connection {
     r: BufReader<TcpStream>,
     w: BufWriter<TcpStream>,
+    /// How long the feeder may stay silent ([`answer_timeout`]).
+    timeout: Duration,
 }
 
 impl Connection {
-    /// Connects to the feeder rank at `address` (the rendezvous address: rank 0),
-    /// presents the token and the name; returns the connection and the feeder's welcome
-    /// (JSON). A refusal or an unreachable feeder is an error naming it.
-    fn open(source: &Source, address: &str) -> Result<(Connection, Vec<u8>)> {
+    /// Connects to the feeder rank at `address`, presents the token and the name; returns
+    /// the connection and the answer: the feeder's welcome (JSON) from byte 1 where
+    /// `headers` asks for it. A refusal or an unreachable feeder is an error naming it.
+    fn open(source: &Source, address: &str, headers: bool, timeout: Duration) -> Result<(Connection, Vec<u8>)> {
         let url = format!("{}{address}/{}", super::SCHEME, source.name);
         let fail = |what: String| Error::Transport(format!("feeder {url}: {what}"));
         let addrs: Vec<_> =
@@ -53,9 +55,10 @@ impl Connection {
         })?;
         let io = |e: std::io::Error| fail(e.to_string());
         stream.set_nodelay(true).map_err(io)?;
-        stream.set_read_timeout(Some(answer_timeout())).map_err(io)?;
-        let mut conn = Connection { r: BufReader::new(stream.try_clone().map_err(io)?), w: BufWriter::new(stream) };
-        let hello = Hello { token: source.token.clone(), name: source.name.clone() };
+        stream.set_read_timeout(Some(timeout)).map_err(io)?;
+        let r = BufReader::new(stream.try_clone().map_err(io)?);
+        let mut conn = Connection { r, w: BufWriter::new(stream), timeout };
+        let hello = Hello { token: source.token.clone(), name: source.name.clone(), headers };
         let headers = conn.call(&hello.encode()).map_err(|e| fail(format!("refused: {e}")))?;
         Ok((conn, headers))
     }
@@ -64,12 +67,13 @@ impl Connection {
     /// the feeder's message.
     fn call(&mut self, frame: &[u8]) -> std::result::Result<Vec<u8>, String> {
         use std::io::ErrorKind::*;
+        let timeout = self.timeout;
         let failed = |e: std::io::Error| match e.kind() {
             // A feeder that exits (killed, stopped) resets or closes its connections.
             UnexpectedEof | ConnectionReset | ConnectionAborted | BrokenPipe => {
                 format!("the feeder closed the connection (was it stopped?): {e}")
             }
-            WouldBlock | TimedOut => format!("no answer within {:?} (MESHFEED_FEEDER_TIMEOUT_S)", answer_timeout()),
+            WouldBlock | TimedOut => format!("no answer within {timeout:?} (MESHFEED_FEEDER_TIMEOUT_S)"),
             _ => format!("the connection failed: {e}"),
         };
         wire::write_frame(&mut self.w, frame).map_err(failed)?;
@@ -87,11 +91,18 @@ impl Connection {
     }
 }
 
-/// Attaches to a feeder: checks that it is there and takes this token, and returns the
-/// headers of the files it serves and the address of the feeder rank serving each.
-pub fn attach(source: &Source) -> Result<(Vec<FileInfo>, Vec<String>)> {
-    let (_, welcome) = Connection::open(source, &source.address)?;
-    crate::loader::welcome_from_json(&welcome[1..])
+/// Attaches to a feeder (its rank 0, at the rendezvous address): checks that it is there
+/// and takes this token, and returns its welcome (JSON, [`welcome`] reads it).
+pub fn attach(source: &Source) -> Result<Vec<u8>> {
+    let (_, mut answer) = Connection::open(source, &source.address, true, answer_timeout())?;
+    answer.remove(0);
+    Ok(answer)
+}
+
+/// Reads a feeder's welcome ([`attach`]): the headers of the files it serves and the
+/// address of the feeder rank serving each.
+pub fn welcome(source: &Source, welcome: &[u8]) -> Result<(Vec<FileInfo>, Vec<String>)> {
+    crate::loader::welcome_from_json(welcome)
         .map_err(|e| Error::Transport(format!("feeder {}: bad file headers: {e}", source.url())))
 }
 
@@ -111,7 +122,7 @@ impl Reader {
         let name =
             info.path.file_name().map_or_else(|| info.path.display().to_string(), |n| n.to_string_lossy().into());
         let path = PathBuf::from(format!("{}{address}/{}/{name}", super::SCHEME, source.name));
-        let (conn, _) = Connection::open(source, address)?;
+        let (conn, _) = Connection::open(source, address, false, answer_timeout())?;
         Ok(Reader { conn, file: file as u32, fields: info.fields.len(), path })
     }
 }
@@ -134,5 +145,56 @@ impl FileReader for Reader {
             at += len as usize;
         }
         Ok(chunk)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::TcpListener;
+
+    /// A feeder that welcomes one reader, then answers its one request with `before`
+    /// frames (`STILL_READING` or nothing, each after `every`), then rows (one value).
+    fn fake_feeder(before: usize, every: Duration, still_reading: bool) -> (Source, std::thread::JoinHandle<()>) {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let address = listener.local_addr().unwrap().to_string();
+        let feeder = std::thread::spawn(move || {
+            let (stream, _) = listener.accept().unwrap();
+            let (mut r, mut w) = (BufReader::new(stream.try_clone().unwrap()), BufWriter::new(stream));
+            wire::read_frame(&mut r, wire::MAX_HELLO).unwrap().unwrap();
+            wire::write_frame(&mut w, &wire::answer(Ok(Vec::new()))).unwrap();
+            wire::read_frame(&mut r, wire::MAX_FRAME).unwrap().unwrap();
+            for _ in 0..before {
+                std::thread::sleep(every);
+                if still_reading {
+                    wire::write_frame(&mut w, &[wire::STILL_READING]).unwrap();
+                }
+            }
+            let _ = wire::write_frame(&mut w, &wire::rows_answer(1, &[b"abc"]));
+            // Held open until the client has read (or given up).
+            let _ = wire::read_frame(&mut r, wire::MAX_FRAME);
+        });
+        (Source { address, name: "d".into(), token: "t".into() }, feeder)
+    }
+
+    #[test]
+    fn a_feeder_still_reading_keeps_the_answer_timeout_alive_and_a_silent_one_fails_it() {
+        let request = Request { file: 0, rows: vec![0] }.encode();
+        // Told five times over 1.5 s that the file is being read: a 1 s timeout holds.
+        let (source, feeder) = fake_feeder(5, Duration::from_millis(300), true);
+        let (mut conn, _) = Connection::open(&source, &source.address, false, Duration::from_secs(1)).unwrap();
+        let answer = conn.call(&request).unwrap();
+        assert_eq!(&answer[answer.len() - 3..], b"abc");
+        drop(conn);
+        feeder.join().unwrap();
+        // Silent for 1.5 s: the read fails after 1 s, saying why.
+        let (source, feeder) = fake_feeder(1, Duration::from_millis(1500), false);
+        let (mut conn, _) = Connection::open(&source, &source.address, false, Duration::from_secs(1)).unwrap();
+        let start = std::time::Instant::now();
+        let err = conn.call(&request).unwrap_err();
+        assert!(err.contains("no answer within 1s"), "{err}");
+        assert!(start.elapsed() < Duration::from_millis(1400), "it waited {:?}", start.elapsed());
+        drop(conn);
+        feeder.join().unwrap();
     }
 }

@@ -99,7 +99,9 @@ pub struct FeederStats {
     /// those reads.
     pub storage_files: u64,
     pub storage_bytes: u64,
-    /// Requests answered and bytes sent, over every client.
+    /// Jobs that attached here (a job's rank 0 asks rank 0 of the feeder for the file
+    /// headers once), requests answered and bytes sent, over every client.
+    pub jobs: u64,
     pub requests: u64,
     pub bytes_sent: u64,
 }
@@ -123,6 +125,7 @@ pub struct Feeder {
     load_time: Mutex<Duration>,
     bytes_loaded: AtomicU64,
     storage_bytes: AtomicU64,
+    jobs: AtomicU64,
     requests: AtomicU64,
     bytes_sent: AtomicU64,
 }
@@ -159,6 +162,7 @@ impl Feeder {
             load_time: Mutex::new(Duration::ZERO),
             bytes_loaded: AtomicU64::new(0),
             storage_bytes: AtomicU64::new(0),
+            jobs: AtomicU64::new(0),
             requests: AtomicU64::new(0),
             bytes_sent: AtomicU64::new(0),
         })
@@ -224,6 +228,7 @@ impl Feeder {
             bytes_loaded: self.bytes_loaded.load(Ordering::Relaxed),
             storage_files: count(|s| matches!(s, Slot::Storage)),
             storage_bytes: self.storage_bytes.load(Ordering::Relaxed),
+            jobs: self.jobs.load(Ordering::Relaxed),
             requests: self.requests.load(Ordering::Relaxed),
             bytes_sent: self.bytes_sent.load(Ordering::Relaxed),
         }
@@ -272,7 +277,8 @@ impl Feeder {
         Ok(())
     }
 
-    /// The answer to a hello: the files' headers, or why the client is refused.
+    /// The answer to a hello: the files' headers (where asked for), or why the client is
+    /// refused.
     fn welcome(&self, hello: &[u8]) -> std::result::Result<Vec<u8>, String> {
         let hello = Hello::decode(hello)?;
         if !super::same_token(&hello.token, &self.token) {
@@ -281,6 +287,10 @@ impl Feeder {
         if hello.name != self.name {
             return Err(format!("this feeder serves '{}', not '{}'", self.name, hello.name));
         }
+        if !hello.headers {
+            return Ok(Vec::new());
+        }
+        self.jobs.fetch_add(1, Ordering::Relaxed);
         Ok(self.welcome.clone())
     }
 
@@ -450,11 +460,13 @@ mod tests {
         let stats = feeder.stats();
         assert_eq!((stats.held_files, stats.storage_files), (2, 0));
         assert_eq!(stats.bytes_loaded, 2 * 100 * 14, "two files of 100 rows of 14 bytes, read once");
-        let hello = |token: &str, name: &str| Hello { token: token.into(), name: name.into() }.encode();
+        let hello = |token: &str, name: &str| Hello { token: token.into(), name: name.into(), headers: true }.encode();
         let (files, owners) =
             crate::loader::welcome_from_json(&feeder.welcome(&hello("secret", "d")).unwrap()).unwrap();
         assert_eq!(files, ds.files());
         assert_eq!(owners, ["a:1", "b:2", "a:1", "b:2", "a:1"]);
+        let reader = Hello { token: "secret".into(), name: "d".into(), headers: false };
+        assert!(feeder.welcome(&reader.encode()).unwrap().is_empty(), "a reader's connection gets no headers");
         assert!(feeder.welcome(&hello("secreT", "d")).unwrap_err().contains("wrong token"));
         assert!(feeder.welcome(&hello("secret", "e")).unwrap_err().contains("serves 'd', not 'e'"));
         // Its rows are the file's, byte for byte; others' files and rows past the end are refused.

@@ -1,7 +1,8 @@
 //! The feeder's protocol: length-prefixed frames over one TCP connection per reader.
 //!
 //! A client opens with a [`Hello`] (the protocol's magic, the server's token, the dataset's
-//! name); the server answers with the dataset's file headers or a refusal. Then, as often
+//! name, whether it wants the file headers); the server answers with the dataset's file
+//! headers (or nothing, where not wanted) or a refusal. Then, as often
 //! as the client likes, a [`Request`] (one file's rows, sorted) and the server's [`Rows`]
 //! (their values, every field, row-major) or an error message. Pure: encoding and decoding
 //! only, no I/O but the frame helpers' reader and writer.
@@ -9,7 +10,7 @@
 use std::io::{Read, Write};
 
 /// First bytes of a hello: the protocol and its version.
-pub const MAGIC: &[u8; 8] = b"MFEED\x001\n";
+pub const MAGIC: &[u8; 8] = b"MFEED\x002\n";
 
 /// The most bytes a request or an answer may hold (a window's rows of one file travel in
 /// one frame).
@@ -23,6 +24,9 @@ pub const MAX_HELLO: u64 = 64 << 10;
 pub struct Hello {
     pub token: String,
     pub name: String,
+    /// Whether the answer carries the file headers: one rank of a job asks for them
+    /// when it attaches; its readers' connections do not.
+    pub headers: bool,
 }
 
 /// A client's request for rows of one file: local row indices, sorted ascending, unique.
@@ -108,13 +112,20 @@ impl Hello {
         let mut out = MAGIC.to_vec();
         put_str(&mut out, &self.token);
         put_str(&mut out, &self.name);
+        out.push(u8::from(self.headers));
         out
     }
 
     pub fn decode(frame: &[u8]) -> Result<Hello, String> {
         let rest = frame.strip_prefix(MAGIC.as_slice()).ok_or("not a meshfeed client (or another protocol version)")?;
         let mut at = Cursor(rest);
-        let hello = Hello { token: at.string()?, name: at.string()? };
+        let (token, name) = (at.string()?, at.string()?);
+        let headers = match at.take(1)? {
+            [0] => false,
+            [1] => true,
+            _ => return Err("a hello's last byte is 0 or 1".into()),
+        };
+        let hello = Hello { token, name, headers };
         at.end()?;
         Ok(hello)
     }
@@ -213,8 +224,10 @@ mod tests {
 
     #[test]
     fn messages_round_trip() {
-        let hello = Hello { token: "0123abcd".into(), name: "imagenet".into() };
-        assert_eq!(Hello::decode(&hello.encode()).unwrap(), hello);
+        for headers in [false, true] {
+            let hello = Hello { token: "0123abcd".into(), name: "imagenet".into(), headers };
+            assert_eq!(Hello::decode(&hello.encode()).unwrap(), hello);
+        }
         let request = Request { file: 3, rows: vec![0, 7, 1 << 40] };
         assert_eq!(Request::decode(&request.encode()).unwrap(), request);
         let rows_frame = rows_answer(2, &[b"abc", b"", b"d", b"ef"]);
@@ -234,10 +247,12 @@ mod tests {
     #[test]
     fn malformed_messages_are_errors_not_panics() {
         assert!(Hello::decode(b"GET / HTTP/1.1\r\n").unwrap_err().contains("not a meshfeed client"));
-        let hello = Hello { token: "t".into(), name: "n".into() }.encode();
+        let mut hello = Hello { token: "t".into(), name: "n".into(), headers: true }.encode();
         for cut in 0..hello.len() {
             assert!(Hello::decode(&hello[..cut]).is_err(), "cut at {cut}");
         }
+        *hello.last_mut().unwrap() = 2;
+        assert!(Hello::decode(&hello).unwrap_err().contains("0 or 1"));
         let unsorted = Request { file: 0, rows: vec![5, 5] }.encode();
         assert_eq!(Request::decode(&unsorted).unwrap_err(), "rows not sorted ascending and unique");
         // A count of rows the frame cannot hold is refused before anything is allocated.

@@ -81,17 +81,23 @@ pub(crate) fn welcome_from_json(bytes: &[u8]) -> std::result::Result<(Vec<FileIn
 }
 
 /// Opens the dataset at `paths` on every rank of `transport` (collective). Where `paths`
-/// name a feeder ([`crate::feed`]), every rank attaches to it instead, and reads its rows
-/// from there.
+/// name a feeder ([`crate::feed`]), rank 0 attaches to it instead and shares the file
+/// headers it gets, and every rank reads its rows from there.
 pub fn open_dataset(transport: &dyn Transport, paths: &[PathBuf], options: DatasetOptions) -> Result<Dataset> {
     if let Some(source) = agree(transport, crate::feed::Source::from_paths(paths))? {
-        let served = if options.pack.is_some() {
-            Err(Error::Config(format!("{}: sequence packing of a feeder's rows is not supported", source.url())))
-        } else {
-            crate::feed::client::attach(&source)
-                .and_then(|(files, owners)| Dataset::from_files(files, options).map(|d| (d, owners)))
-                .and_then(|(d, owners)| d.served_by(source, owners))
-        };
+        use crate::feed::client;
+        if options.pack.is_some() {
+            let url = source.url();
+            return agree(
+                transport,
+                Err(Error::Config(format!("{url}: sequence packing of a feeder's rows is not supported"))),
+            );
+        }
+        let welcome = agree(transport, if transport.rank().0 == 0 { client::attach(&source) } else { Ok(Vec::new()) })?;
+        let welcome = transport.all_gather(&welcome)?.swap_remove(0);
+        let served = client::welcome(&source, &welcome)
+            .and_then(|(files, owners)| Dataset::from_files(files, options).map(|d| (d, owners)))
+            .and_then(|(d, owners)| d.served_by(source, owners));
         return agree(transport, served);
     }
     let files = agree(transport, dataset::resolve_paths(paths))?;

@@ -226,6 +226,9 @@ fn a_feeder_past_its_memory_budget_reads_the_rest_from_storage_and_says_what_it_
         // Every window asks for some rows of each file: epochs × their share of 600 rows.
         assert!(n("storage_bytes") >= 2 * 300 * 64, "rank {rank} read its other file every epoch: {s}");
         assert!(n("requests") > 0 && n("bytes_sent") >= 2 * 600 * 64, "rank {rank}: {s}");
+        // The job's rank 0 alone attached, to the feeder's rank 0; its readers asked for
+        // no headers.
+        assert_eq!(n("jobs"), u64::from(rank == 0), "rank {rank}: {s}");
     }
 }
 
