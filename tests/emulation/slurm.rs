@@ -135,6 +135,7 @@ fn jobs_on_a_two_node_slurm_deliver_what_mpirun_delivers() {
     preempted_job_resumes_exactly(&out.path().join("python"), &storage, d, Job::Python, false, |id| {
         vec!["scontrol", "requeue", id]
     });
+    feeder_serves_a_sweep(out.path(), d);
     straggler_node_is_named(out.path(), &storage);
     // Another size: down, then up with 4 nodes for a sweep over 1, 2 and 4 of them.
     ok(&cluster(&["down"]));
@@ -145,6 +146,77 @@ fn jobs_on_a_two_node_slurm_deliver_what_mpirun_delivers() {
     let netns = Command::new("ip").args(["netns", "list"]).output().unwrap();
     assert!(!String::from_utf8_lossy(&netns.stdout).contains("mf9-"), "namespaces left behind");
     assert!(!Path::new(&cluster_dir()).exists());
+}
+
+/// The README's sweep: slurm/feeder.sbatch on both nodes, then slurm/feeder-job.sbatch as a job
+/// array of two jobs (seeds 0 and 1) that waits for the feeder's rendezvous file; each
+/// job's stream is verified, the feeder read the dataset once, and cancelled, it says
+/// what it served.
+fn feeder_serves_a_sweep(dir: &Path, d: &str) {
+    let script = |name: &str| Path::new(env!("CARGO_MANIFEST_DIR")).join("slurm").join(name);
+    // On the shared storage, as the nodes see it.
+    let rendezvous = format!("{}/shared/d.feeder.json", cluster_dir());
+    let feeder_log = dir.join("feeder.out");
+    let feeder = slurm(
+        "sbatch",
+        &[
+            "--parsable",
+            "-N",
+            "2",
+            "--ntasks-per-node=1",
+            "-o",
+            feeder_log.to_str().unwrap(),
+            script("feeder.sbatch").to_str().unwrap(),
+            d,
+            &rendezvous,
+        ],
+    );
+    ok(&feeder);
+    let feeder = feeder.stdout.trim().split(';').next().unwrap().to_string();
+    let after = format!("--dependency=after:{feeder}");
+    let log = dir.join("sweep-%a.out");
+    let sweep = slurm(
+        "sbatch",
+        &[
+            "-W",
+            "-N",
+            "2",
+            "-n",
+            "4",
+            "--array=0-1",
+            &after,
+            "-o",
+            log.to_str().unwrap(),
+            script("feeder-job.sbatch").to_str().unwrap(),
+            &rendezvous,
+            "12",
+        ],
+    );
+    let feeder_text = || std::fs::read_to_string(&feeder_log).unwrap_or_default();
+    assert_eq!(sweep.code, 0, "{}{}\nthe feeder's log:\n{}", sweep.stdout, sweep.stderr, feeder_text());
+    for task in 0..2 {
+        let text = std::fs::read_to_string(dir.join(format!("sweep-{task}.out"))).unwrap();
+        let last = text.lines().rfind(|l| l.starts_with('{')).unwrap_or_else(|| panic!("no JSON summary: {text}"));
+        assert!(last.contains("\"ranks\":4") && last.ends_with("\"verified\":true}"), "task {task}: {text}");
+    }
+    ok(&slurm("scancel", &[&feeder]));
+    wait_for(60, "the cancelled feeder's end", || {
+        let state = job_field(&feeder, "JobState");
+        !matches!(state.as_str(), "RUNNING" | "PENDING" | "COMPLETING")
+    });
+    let text = feeder_text();
+    let lines: Vec<serde_json::Value> = text.lines().filter_map(|l| serde_json::from_str(l).ok()).collect();
+    let kind = |k: &'static str| lines.iter().filter(move |v| v["kind"] == k);
+    let served = kind("serving").next().unwrap_or_else(|| panic!("no serving line: {text}"));
+    assert_eq!((served["ranks"].as_u64(), served["held_files"].as_u64()), (Some(2), Some(3)), "{text}");
+    let loaded = kind("loaded").next().unwrap_or_else(|| panic!("no loaded line: {text}"));
+    let read = loaded["bytes_read"].as_u64().unwrap();
+    assert!((600 * 32..600 * 32 + 3 * 4096).contains(&read), "the feeder read the data once: {read} bytes");
+    let stopped: Vec<_> = kind("stopped").collect();
+    assert_eq!(stopped.len(), 2, "one stopped line a task: {text}");
+    let jobs: u64 = stopped.iter().map(|v| v["jobs"].as_u64().unwrap()).sum();
+    assert_eq!(jobs, 2, "the sweep's two jobs attached: {text}");
+    assert!(stopped.iter().all(|v| v["bytes_sent"].as_u64().unwrap() > 0), "both tasks served rows: {text}");
 }
 
 /// `scontrol show job ID`'s value of `key`.
