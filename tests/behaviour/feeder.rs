@@ -52,7 +52,7 @@ impl Serving {
         lines.sort_by_key(|v| v["rank"].as_u64());
         assert_eq!(lines.len(), ranks, "one 'stopped' line a rank:\n{text}");
         assert!(lines.iter().all(|l| l["signal"] == "SIGTERM"), "{text}");
-        // A lone feeder exits 0; mpirun, itself signalled, may report the signal.
+        // A lone feeder exits 0; a launcher, itself signalled, may report the signal.
         assert!(ranks > 1 || status.success(), "meshfeed serve exited {status}");
         lines
     }
@@ -84,14 +84,20 @@ fn finish_child(child: &mut Child) -> Option<std::process::ExitStatus> {
 /// its rendezvous file and output in `dir`; returns once it serves (its rendezvous file
 /// written).
 fn serve(data: &Path, dir: &Path, ranks: usize) -> Serving {
-    serve_with(data, dir, ranks, &[])
+    serve_with(data, dir, ranks, false, &[])
 }
 
-/// [`serve`], with more of `meshfeed serve`'s options.
-fn serve_with(data: &Path, dir: &Path, ranks: usize, options: &[&str]) -> Serving {
+/// [`serve`], with more of `meshfeed serve`'s options; `ucx`: under `meshfeed launch`, its
+/// ranks meeting over UCX.
+fn serve_with(data: &Path, dir: &Path, ranks: usize, ucx: bool, options: &[&str]) -> Serving {
     let rendezvous = dir.join("d.feeder.json");
     let (out, err) = (dir.join("serve.out"), dir.join("serve.err"));
-    let mut cmd = if ranks > 1 {
+    let mut cmd = if ucx {
+        let mut cmd = Command::new(bin());
+        cmd.args(["launch", "-n", &ranks.to_string(), "--"]).env("UCX_NET_DEVICES", "lo");
+        cmd.env_remove("MESHFEED_JOB_TOKEN");
+        cmd
+    } else if ranks > 1 {
         let mut cmd = Command::new("mpirun");
         cmd.args(MPIRUN_FLAGS).args(["-np", &ranks.to_string(), bin()]);
         cmd
@@ -104,6 +110,7 @@ fn serve_with(data: &Path, dir: &Path, ranks: usize, options: &[&str]) -> Servin
         .arg("--rendezvous")
         .arg(&rendezvous)
         .args(options)
+        .args(if ucx { &["--transport", "ucx"][..] } else { &[] })
         .env("HDF5_USE_FILE_LOCKING", "FALSE")
         .stdin(Stdio::null())
         .stdout(std::fs::File::create(&out).unwrap())
@@ -203,14 +210,15 @@ fn jobs_reading_from_one_feeder_get_exactly_the_streams_of_the_files() {
 fn a_feeder_past_its_memory_budget_reads_the_rest_from_storage_and_says_what_it_served() {
     let out = tempdir();
     // 4 files of 300 samples of 64 bytes; a feeder of 2 ranks on one host holds 2 files
-    // each. Held, a file takes 300 × (64 + 24) bytes: the budget fits one a rank.
+    // each. Held, a file takes 300 × (64 + 24) bytes: the budget fits one a rank. The
+    // feeder's ranks meet over UCX (`meshfeed launch`), and so do its client's.
     let data = Dataset::gen("npy", 1200).files(4).field("x:u8:64").write(&out.path().join("npy"));
     let budget = (2 * 300 * 88 + 1000).to_string();
-    let serving = serve_with(&data, out.path(), 2, &["--memory-budget", &budget]);
+    let serving = serve_with(&data, out.path(), 2, true, &["--memory-budget", &budget]);
     assert_eq!((serving.started["files"].as_u64(), serving.started["held_files"].as_u64()), (Some(4), Some(2)));
     let (served, files) = (out.path().join("served"), out.path().join("files"));
     let job = |data: &Path| Job::new(data).batch(48).seed(5).epochs(2);
-    ok(&job(&serving.rendezvous).dump(&served).mpirun(3));
+    ok(&job(&serving.rendezvous).dump(&served).launch(3));
     ok(&job(&data).dump(&files).mpirun(3));
     assert!(dump_bytes(&served, 3) == dump_bytes(&files, 3), "the stream of a feeder past its budget differs");
     let loaded = serving.line("loaded");
