@@ -627,7 +627,8 @@ def smoke(args):
     memory limit that holds them. Asserts what the suite relies on: the loaders run under
     the limit without an OOM kill, meshfeed keeps the data (resident), reads it from the
     device once in the first epoch and not at all after, and delivers the same numbers of
-    samples as the run that keeps nothing."""
+    samples as the run that keeps nothing; and a feeder past its memory budget stays within
+    its memory limit (``feeder_smoke``)."""
     work = tempfile.mkdtemp(prefix="meshfeed-cold-smoke-")
     disk = LoopFs(os.path.join(work, "shared.img"), os.path.join(work, "shared"), 256 * MiB)
     failures = []
@@ -670,6 +671,7 @@ def smoke(args):
             if not t[0]["storage_bytes"] >= 0.9 * nbytes:
                 failures.append(f"keeping nothing, epoch 0 read {t[0]['storage_bytes']} bytes of {nbytes} "
                                 "from the device")
+        feeder_smoke(args, work, data, nbytes, base_memory(1, tiny, 32, disk.dev), disk.dev, failures)
     finally:
         disk.close()
         shutil.rmtree(work, ignore_errors=True)
@@ -677,8 +679,56 @@ def smoke(args):
         for f in failures:
             print(f"cold smoke FAILED: {f}")
         return 1
-    print("cold smoke: OK (resident data read from the throttled device once, never after; no OOM kill)")
+    print("cold smoke: OK (resident data read from the throttled device once, never after; no OOM kill; "
+          "a feeder past its memory budget within its memory limit)")
     return 0
+
+
+def feeder_smoke(args, work, data, nbytes, base, dev, failures):
+    """`meshfeed serve` with a memory budget of half the data, in a memory cgroup of its
+    process's own memory (`base`) plus that budget plus 16 MiB, which could not hold all the
+    data: it is not OOM-killed, holds some files and reads the others' rows from the
+    device as asked, and a job through it delivers every sample of every epoch."""
+    budget = nbytes // 2
+    limit = base + budget + 16 * MiB
+    files = files_in(data)
+    rendezvous = os.path.join(work, "d.feeder.json")
+    drop_cache(files)
+    cg = Cgroups(f"meshfeed-cold-feeder-{os.getpid()}", dev, 100_000_000, 2000, limit)
+    cmd = [MESHFEED, "serve", "--data", data, "--memory-budget", str(budget), "--rendezvous", rendezvous, "--json"]
+    feeder = subprocess.Popen(cg.prefix() + cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              start_new_session=True)
+    try:
+        first = feeder.stdout.readline()
+        if not first.startswith("{"):
+            why = feeder.stderr.read() if feeder.poll() is not None else ""
+            failures.append(f"the feeder did not start: {first}{why}")
+            return
+        serving = json.loads(first)
+        r = measure("meshfeed:feeder", meshfeed_cmd(args.ranks, rendezvous, 256, 3, []), None, [], meshfeed_epoch, 120)
+        os.killpg(feeder.pid, signal.SIGTERM)
+        out, err = feeder.communicate(timeout=60)
+        peak, kills = cg.memory()
+    finally:
+        if feeder.poll() is None:
+            os.killpg(feeder.pid, signal.SIGKILL)
+            feeder.wait()
+        cg.close()
+    lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    stopped = next((v for v in lines if v.get("kind") == "stopped"), None)
+    held, served = serving["held_files"], serving["files"]
+    if stopped:
+        log(f"  medium npy smoke feeder --memory-budget {budget / MiB:.0f} MiB: held {held} of {served} files "
+            f"({stopped['bytes_loaded'] / MiB:.0f} MiB read into memory), {stopped['storage_bytes'] / MiB:.0f} MiB "
+            f"read from the device on request over 3 epochs; memory limit {limit / MiB:.0f} MiB, "
+            f"peak {peak / MiB:.0f} MiB, OOM kills {kills}")
+    if kills or feeder.returncode != 0 or not stopped:
+        failures.append(f"feeder: exit {feeder.returncode}, OOM kills {kills}, stopped line {stopped}:\n{err[-2000:]}")
+        return
+    if not 0 < held < served or stopped["bytes_loaded"] > budget or not stopped["storage_bytes"] > 0:
+        failures.append(f"feeder: held {held} of {served} files in a budget of {budget} bytes: {stopped}")
+    if not r["ok"] or [e["samples"] for e in r["epochs"]] != [3072] * 3:
+        failures.append(f"a job through the feeder: exit {r['exit']}, epochs {[e['samples'] for e in r['epochs']]}")
 
 
 if __name__ == "__main__":

@@ -50,8 +50,10 @@ stage "stage 1: the Python package"
 stage "stage 1: benchmark smokes"
 bash bench/run.sh --smoke --no-build --out "$(mktemp -d)/bench-smoke"
 # The cold-storage smoke (seconds): a throttled loop device and a memory cgroup; the data
-# kept in memory is read from the device once and never after, no OOM kill. Where the
-# kernel lacks the controllers it prints why it skipped (never a silent pass).
+# kept in memory is read from the device once and never after, no OOM kill; a feeder
+# whose memory budget holds half the data, in a cgroup that cannot hold it all, serves a
+# job every sample without an OOM kill. Where the kernel lacks the controllers it prints
+# why it skipped (never a silent pass).
 bash bench/run.sh --cold --smoke --no-build
 
 # Stage 2: the deployment emulations (tests/emulation: one binary), once the loader's
