@@ -267,6 +267,11 @@ impl Reads {
             }
         }
         metrics.bytes_copied += copied;
+        if dataset.feeder().is_some() {
+            // A feeder's rows have no offsets in a local file: asked for whole (no spill
+            // file or pass holds a feeder's rows).
+            return self.fill_from_rows(stream, file_reads, metrics);
+        }
         // Spill files: one source per rank.
         if !spill_reads.is_empty() {
             let ops = spill_reads
@@ -365,6 +370,33 @@ impl Reads {
     }
 
     /// Reads rows (sorted, local to the file) of file `file`.
+    /// Fills each place (file, row, field, where) with its value from the rows read
+    /// through the files' readers: one read of the rows it needs a file.
+    fn fill_from_rows(
+        &mut self,
+        stream: &Stream,
+        mut places: Vec<(usize, u64, usize, &mut [u8])>,
+        metrics: &mut Metrics,
+    ) -> Result<()> {
+        places.sort_unstable_by_key(|p| (p.0, p.1));
+        while let Some(&(file, ..)) = places.first() {
+            let end = places.partition_point(|p| p.0 == file);
+            let mut rows: Vec<u64> = places[..end].iter().map(|p| p.1).collect();
+            rows.dedup();
+            let chunk = self.read_file_rows(stream, file, &rows, metrics)?;
+            for (_, row, field, dst) in places.drain(..end) {
+                let value = chunk.value(rows.binary_search(&row).expect("read above"), field);
+                if value.len() != dst.len() {
+                    let why = format!("row {row}: a value of {} bytes, where {} were expected", value.len(), dst.len());
+                    return Err(Error::file(&stream.dataset.files()[file].path, why));
+                }
+                dst.copy_from_slice(value);
+                metrics.bytes_copied += value.len() as u64;
+            }
+        }
+        Ok(())
+    }
+
     fn read_file_rows(
         &mut self,
         stream: &Stream,

@@ -81,10 +81,17 @@ pub(crate) struct Stream {
     pub hosts: Vec<usize>,
     /// Whether receivers read the rows of owners on their own host straight from the
     /// files into their batches, and owners leave those rows out of the exchange
-    /// ([`LocalReads`]): where reads are direct, with the fused exchange.
+    /// ([`LocalReads`]): where reads are direct, or the rows come from a feeder (which
+    /// every rank reaches: [`Stream::served`]), with the fused exchange.
     pub local_reads: bool,
-    /// Local reads with every rank on one host: no row crosses the exchange.
+    /// Local reads with every rank on one host, or every row from a feeder: no row
+    /// crosses the exchange.
     pub all_local: bool,
+    /// Whether the rows come from a feeder ([`crate::feed`]) and each is received by one
+    /// rank: a receiver asks the feeder for the rows it receives, whatever host their
+    /// owner is on. (Rows that several ranks receive, as tensor-parallel ranks do, are
+    /// asked for once and cross the exchange: the feeder sends each row once a job.)
+    pub served: bool,
     /// Whether the home ranges may be balanced ([`Stream::balances`]); the window budget
     /// counts a rank's read and send buffers at the most a balanced range holds.
     pub balanced: bool,
@@ -184,11 +191,14 @@ impl Stream {
             return Err(Error::Internal(format!("a read plan for {} ranks, not {world}", io.resident.len())));
         }
         let kept = io.streams_any();
+        let placements = [Some(&placement), tail_placement.as_ref()];
+        let one_receiver = placements.into_iter().flatten().flat_map(|p| p.blocks()).all(|b| b.receivers.len() == 1);
+        let served = dataset.feeder().is_some() && one_receiver;
         let local_reads = whole
             && mode == ExchangeMode::Fused
             && options.local_reads == LocalReads::Auto
             && !matches!(io.strategy, Strategy::Passes { .. })
-            && (direct_reads || kept);
+            && (direct_reads || kept || served);
         // Ranges read anew each epoch, by ranks that send what they read (not every rank
         // reading its rows itself: local reads on one host; with nothing kept, that is
         // when `share_stores` makes every window local).
@@ -200,7 +210,7 @@ impl Stream {
             && !matches!(io.strategy, Strategy::Passes { .. })
             && two_phase.is_none()
             && matches!(mode, ExchangeMode::Fused | ExchangeMode::Auto)
-            && !(local_reads && one_host);
+            && !(local_reads && (one_host || served));
         let budget = WindowBudget { window_bytes: options.window_bytes, prefetch: options.prefetch };
         let home = HomeRanges::new(n, world);
         let range = home.range(rank);
@@ -249,6 +259,7 @@ impl Stream {
             index_entries,
             direct_reads,
             all_local: false,
+            served,
             balanced,
             hosts,
             local_reads,
@@ -272,9 +283,9 @@ impl Stream {
             self.io.resident[r] < range.end - range.start && !self.io.spill
         });
         self.all_local = self.local_reads
-            && one_host
-            && (!any_stored || self.direct_reads)
-            && (!self.io.streams_any() || self.shared_stores);
+            && (one_host || self.served)
+            && (!any_stored || self.direct_reads || self.served)
+            && (!self.io.streams_any() || self.shared_stores && one_host);
         self
     }
 
@@ -327,11 +338,11 @@ impl Stream {
     /// it — in the owner's store when the host's stores are shared, in the files when they
     /// are read in place. An owner leaves such rows out of its sends.
     pub fn reads_locally(&self, receiver: Rank, owner: Rank, id: SampleId) -> bool {
+        let same_host = self.hosts[owner.0] == self.hosts[receiver.0];
         self.local_reads
-            && self.hosts[owner.0] == self.hosts[receiver.0]
             && match self.tier(owner, id) {
-                Tier::Storage => self.direct_reads,
-                Tier::Memory | Tier::Spill => self.shared_stores,
+                Tier::Storage => self.served || self.direct_reads && same_host,
+                Tier::Memory | Tier::Spill => self.shared_stores && same_host,
             }
     }
 
@@ -421,6 +432,40 @@ mod tests {
         let options =
             LoaderOptions { batch_size: batch, window_bytes, prefetch: 0, tail, balance, ..Default::default() };
         Stream::build(Rank(0), 2, vec![0, 0], dataset, options, IoPlan::direct(2)).unwrap()
+    }
+
+    /// Rank 0 of 2, on two hosts, of a dataset served by a feeder, under mesh `mesh`.
+    fn served_stream(mesh: &str) -> Stream {
+        let info = FileInfo {
+            path: "a.npy".into(),
+            format: Format::Npy,
+            samples: 1000,
+            fields: vec![Field::tensor("x", DType::U8, vec![2000])],
+            bytes: 0,
+            stamp: FileStamp::default(),
+            value_bytes: vec![],
+            in_place: true,
+            pack_tokens: None,
+        };
+        let source = crate::feed::Source { address: "f:1".into(), name: "d".into(), token: "t".into() };
+        let dataset = Dataset::from_files(vec![info], Default::default()).unwrap();
+        let dataset = Arc::new(dataset.served_by(source, vec!["f:1".into()]).unwrap());
+        let mut options = LoaderOptions { batch_size: 10, ..Default::default() };
+        options.layout.mesh = Some(mesh.parse().unwrap());
+        Stream::build(Rank(0), 2, vec![0, 1], dataset, options, IoPlan::direct(2)).unwrap()
+    }
+
+    /// Each rank asks a feeder for the rows it receives, whatever host their owner is on:
+    /// no row crosses the exchange, and home ranges do not follow read speeds. Rows that
+    /// tensor-parallel ranks both receive are asked for once, and exchanged.
+    #[test]
+    fn a_feeder_s_rows_are_asked_for_by_their_receiver_unless_several_receive_them() {
+        let dp = served_stream("dp=2");
+        assert!(dp.served && dp.local_reads && dp.all_local && !dp.balances());
+        assert!(dp.reads_locally(Rank(0), Rank(1), SampleId(999)), "a row of the other host's rank");
+        let tp = served_stream("dp=1,tp=2");
+        assert!(!tp.served && !tp.all_local);
+        assert!(!tp.reads_locally(Rank(0), Rank(1), SampleId(999)));
     }
 
     /// A tuned stream's limits: a producer thread (2) from `prefetch = 0`, and windows within
