@@ -343,7 +343,8 @@ impl Feeder {
         let mut reader = self.readers[file].lock().unwrap_or_else(PoisonError::into_inner);
         let result = match reader.take() {
             Some(r) => Ok(r),
-            None => self.dataset.open_reader(file),
+            // Rows asked for are scattered over the file: no readahead past them.
+            None => self.dataset.open_reader(file).inspect(|r| r.random_access()),
         }
         .and_then(|mut r| r.read_rows(&request.rows).map(|chunk| (r, chunk)));
         let (r, got) = result.map_err(|e| format!("the feeder could not read rows of file {file}: {e}"))?;

@@ -152,19 +152,21 @@ fn jobs_reading_from_one_feeder_get_exactly_the_streams_of_the_files() {
     let file_bytes: u64 = std::fs::read_dir(&data).unwrap().map(|e| e.unwrap().metadata().unwrap().len()).sum();
     assert_eq!(serving.started["samples"], 2400);
 
-    // Two different jobs at once: 2 ranks (mesh dp=2) with the default strategy, and 3
-    // ranks that read at random with nothing kept (every epoch's rows come from the
-    // feeder again), each with its own seed and batch.
+    // Three different jobs at once: 2 ranks (mesh dp=2) with the default strategy; 3 ranks
+    // that read at random with nothing kept (every epoch's rows come from the feeder
+    // again); 2 tensor-parallel ranks that both receive every row (asked for once, then
+    // exchanged); each with its own seed and batch.
     let job = |source: &Path, i: usize| match i {
         0 => (2, Job::new(source).batch(48).seed(3).epochs(3).mesh("dp=2")),
-        _ => (
+        1 => (
             3,
             Job::new(source).batch(60).seed(11).epochs(3).args(["--read-strategy", "random", "--memory-budget", "0"]),
         ),
+        _ => (2, Job::new(source).batch(40).seed(7).epochs(2).mesh("dp=1,tp=2")),
     };
-    let dirs: Vec<PathBuf> = (0..2).map(|i| out.path().join(format!("served-{i}"))).collect();
+    let dirs: Vec<PathBuf> = (0..3).map(|i| out.path().join(format!("served-{i}"))).collect();
     std::thread::scope(|s| {
-        let runs: Vec<_> = (0..2)
+        let runs: Vec<_> = (0..3)
             .map(|i| {
                 let ((np, served), dir) = (job(&serving.rendezvous, i), &dirs[i]);
                 s.spawn(move || served.dump(dir).mpirun(np))
@@ -178,6 +180,12 @@ fn jobs_reading_from_one_feeder_get_exactly_the_streams_of_the_files() {
                 let want = "meshfeed: reads: random — the rows come from the feeder meshfeed://";
                 assert!(run.stdout.contains(want), "{}", run.stdout);
             }
+            // Each row received by one rank is asked for by it: nothing is exchanged;
+            // tensor-parallel ranks exchange the rows one of them asked for.
+            let epochs: Vec<&str> = run.stdout.lines().filter(|l| l.starts_with("epoch ")).collect();
+            assert!(!epochs.is_empty(), "{}", run.stdout);
+            let none = epochs.iter().all(|l| l.contains(", 0.0 MB exchanged"));
+            assert_eq!(none, i < 2, "job {i}: {}", run.stdout);
         }
     });
     for (i, dir) in dirs.iter().enumerate() {
