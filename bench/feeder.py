@@ -8,6 +8,7 @@ Run it as root on Linux once built (``cargo build --release -p meshfeed-cli``):
     python3 bench/feeder.py                        # about three minutes on 2 cores
     python3 bench/feeder.py --jobs 1,2,4 --throttle 25M --epochs 3
     python3 bench/feeder.py --storage warm         # the same from the page cache, unthrottled
+    python3 bench/feeder.py --feeder-budget 96M    # a feeder holding part of the data
 
 The dataset lives on an ext4 filesystem of its own on a loop device (bench/cold.py's); its
 pages are dropped from the page cache every 100 ms during every run, and every process that
@@ -85,8 +86,9 @@ def scenario(args, data, k, shared, cg, out):
         source = data
         if shared:
             source = os.path.join(out, f"{name}.feeder.json")
+            budget = ["--memory-budget", args.feeder_budget] if args.feeder_budget else []
             feeder = subprocess.Popen(cg.prefix() + [cold.MESHFEED, "serve", "--data", data, "--json",
-                                                     "--rendezvous", source],
+                                                     "--rendezvous", source, *budget],
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             # It serves from its first line on; jobs' requests for files not read yet wait.
             if not feeder.stdout.readline():
@@ -135,6 +137,9 @@ def main():
                    help="cold: throttled, pages dropped every 100 ms; warm: the page cache, unthrottled [cold]")
     p.add_argument("--workdir", default=os.path.join(cold.ROOT, "bench", "cold"), help="disk image and mount")
     p.add_argument("--binary", default=cold.MESHFEED, help="the meshfeed to measure [target/release/meshfeed]")
+    p.add_argument("--feeder-budget", metavar="BYTES",
+                   help="the feeder's --memory-budget (K/M/G): it holds the files that fit and reads the others' "
+                        "rows from storage as jobs ask [its default: 3/4 of the headroom]")
     args = p.parse_args()
     cold.MESHFEED = os.path.abspath(args.binary)
     reason = cold.why_not_here()
