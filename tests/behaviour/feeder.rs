@@ -225,16 +225,28 @@ fn a_feeder_past_its_memory_budget_reads_the_rest_from_storage_and_says_what_it_
     let serving = serve_with(&data, out.path(), 2, true, &["--memory-budget", &budget]);
     assert_eq!((serving.started["files"].as_u64(), serving.started["held_files"].as_u64()), (Some(4), Some(2)));
     let (served, files) = (out.path().join("served"), out.path().join("files"));
-    let job = |data: &Path| Job::new(data).batch(48).seed(5).epochs(2);
-    ok(&job(&serving.rendezvous).dump(&served).launch(3));
-    ok(&job(&data).dump(&files).mpirun(3));
+    let job = |data: &Path, epochs| Job::new(data).batch(48).seed(5).epochs(epochs);
+    ok(&job(&serving.rendezvous, 2).dump(&served).launch(3));
+    ok(&job(&data, 2).dump(&files).mpirun(3));
     assert!(dump_bytes(&served, 3) == dump_bytes(&files, 3), "the stream of a feeder past its budget differs");
+    // A job stopped after an epoch on the files resumes through the feeder (the dataset's
+    // fingerprint is the files'): the two runs are the uninterrupted one.
+    let (first, rest) = (out.path().join("first"), out.path().join("rest"));
+    let checkpoint = out.path().join("ckpt.json");
+    let ck = checkpoint.to_str().unwrap();
+    ok(&job(&data, 1).args(["--checkpoint", ck]).dump(&first).mpirun(3));
+    let resumed = job(&serving.rendezvous, 2).args(["--checkpoint", ck]).dump(&rest).launch(3);
+    ok(&resumed);
+    assert!(resumed.stdout.contains("meshfeed: resuming at epoch 1 step 0"), "{}", resumed.stdout);
+    let joined: Vec<Vec<u8>> =
+        dump_bytes(&first, 3).into_iter().zip(dump_bytes(&rest, 3)).map(|(a, b)| [a, b].concat()).collect();
+    assert!(joined == dump_bytes(&files, 3), "resumed through the feeder, the stream differs");
     let loaded = serving.line("loaded");
     assert_eq!(loaded["held_files"], 2);
     let read = loaded["bytes_read"].as_u64().unwrap();
     assert!((2 * 300 * 64..=2 * 300 * 64 + 2 * 4096).contains(&read), "held files read once: {read} bytes");
     // Stopped, each rank says what it read and served: one file held and one read from
-    // storage as asked, two epochs' rows of both sent.
+    // storage as asked, at least two epochs' rows of both sent.
     let stopped = serving.stop(2);
     for (rank, s) in stopped.iter().enumerate() {
         let n = |k: &str| s[k].as_u64().unwrap();
@@ -242,9 +254,9 @@ fn a_feeder_past_its_memory_budget_reads_the_rest_from_storage_and_says_what_it_
         // Every window asks for some rows of each file: epochs × their share of 600 rows.
         assert!(n("storage_bytes") >= 2 * 300 * 64, "rank {rank} read its other file every epoch: {s}");
         assert!(n("requests") > 0 && n("bytes_sent") >= 2 * 600 * 64, "rank {rank}: {s}");
-        // The job's rank 0 alone attached, to the feeder's rank 0; its readers asked for
-        // no headers.
-        assert_eq!(n("jobs"), u64::from(rank == 0), "rank {rank}: {s}");
+        // Each job's rank 0 alone attached (two jobs), to the feeder's rank 0; their
+        // readers asked for no headers.
+        assert_eq!(n("jobs"), 2 * u64::from(rank == 0), "rank {rank}: {s}");
     }
 }
 
