@@ -412,23 +412,27 @@ mod tests {
     use super::*;
     use crate::dataset::{DType, Field, FileInfo, FileStamp, Format};
 
-    fn stream(samples: u64, batch: usize, window_bytes: u64, tail: TailPolicy) -> Stream {
-        stream_balanced(samples, batch, window_bytes, tail, Balance::Off)
-    }
-
-    fn stream_balanced(samples: u64, batch: usize, window_bytes: u64, tail: TailPolicy, balance: Balance) -> Stream {
-        let info = FileInfo {
+    /// One `.npy` file of `samples` samples of a `u8` tensor field of `bytes` elements.
+    fn npy_info(samples: u64, bytes: usize) -> FileInfo {
+        FileInfo {
             path: "a.npy".into(),
             format: Format::Npy,
             samples,
-            fields: vec![Field::tensor("x", DType::U8, vec![10])],
+            fields: vec![Field::tensor("x", DType::U8, vec![bytes])],
             bytes: 0,
             stamp: FileStamp::default(),
             value_bytes: vec![],
             in_place: true,
             pack_tokens: None,
-        };
-        let dataset = Arc::new(Dataset::from_files(vec![info], Default::default()).unwrap());
+        }
+    }
+
+    fn stream(samples: u64, batch: usize, window_bytes: u64, tail: TailPolicy) -> Stream {
+        stream_balanced(samples, batch, window_bytes, tail, Balance::Off)
+    }
+
+    fn stream_balanced(samples: u64, batch: usize, window_bytes: u64, tail: TailPolicy, balance: Balance) -> Stream {
+        let dataset = Arc::new(Dataset::from_files(vec![npy_info(samples, 10)], Default::default()).unwrap());
         let options =
             LoaderOptions { batch_size: batch, window_bytes, prefetch: 0, tail, balance, ..Default::default() };
         Stream::build(Rank(0), 2, vec![0, 0], dataset, options, IoPlan::direct(2)).unwrap()
@@ -436,17 +440,7 @@ mod tests {
 
     /// Rank 0 of 2, on two hosts, of a dataset served by a feeder, under mesh `mesh`.
     fn served_stream(mesh: &str) -> Stream {
-        let info = FileInfo {
-            path: "a.npy".into(),
-            format: Format::Npy,
-            samples: 1000,
-            fields: vec![Field::tensor("x", DType::U8, vec![2000])],
-            bytes: 0,
-            stamp: FileStamp::default(),
-            value_bytes: vec![],
-            in_place: true,
-            pack_tokens: None,
-        };
+        let info = npy_info(1000, 2000);
         let source = crate::feed::Source { address: "f:1".into(), name: "d".into(), token: "t".into() };
         let dataset = Dataset::from_files(vec![info], Default::default()).unwrap();
         let dataset = Arc::new(dataset.served_by(source, vec!["f:1".into()]).unwrap());
@@ -548,17 +542,7 @@ mod tests {
 
     #[test]
     fn invalid_streams() {
-        let info = FileInfo {
-            path: "a.npy".into(),
-            format: Format::Npy,
-            samples: 3,
-            fields: vec![Field::tensor("x", DType::U8, vec![1])],
-            bytes: 0,
-            stamp: FileStamp::default(),
-            value_bytes: vec![],
-            in_place: true,
-            pack_tokens: None,
-        };
+        let info = npy_info(3, 1);
         let ds = Arc::new(Dataset::from_files(vec![info], Default::default()).unwrap());
         let build = |world, batch| {
             Stream::build(
