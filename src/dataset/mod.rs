@@ -550,9 +550,9 @@ pub struct Dataset {
     /// `starts[i]` is the global id of the first sample of file `i`; `starts[len]` is N.
     starts: Vec<u64>,
     options: DatasetOptions,
-    /// The feeder the rows come from, where they are not read from the files here, and
-    /// the address of the feeder rank that serves each file.
-    feeder: Option<Arc<(crate::feed::Source, Vec<String>)>>,
+    /// The feeder the rows come from, where they are not read from the files here: the
+    /// address of the feeder rank that serves each file, and this process's connections.
+    feeder: Option<Arc<crate::feed::client::Feed>>,
 }
 
 impl Dataset {
@@ -608,13 +608,13 @@ impl Dataset {
             return Err(Error::Internal(format!("{}: an address for each file", source.url())));
         }
         self.files.iter_mut().for_each(|f| f.in_place = false);
-        self.feeder = Some(Arc::new((source, owners)));
+        self.feeder = Some(Arc::new(crate::feed::client::Feed::new(source, owners)));
         Ok(self)
     }
 
     /// The feeder the rows come from, if any.
     pub fn feeder(&self) -> Option<&crate::feed::Source> {
-        self.feeder.as_deref().map(|(source, _)| source)
+        self.feeder.as_deref().map(|feed| &feed.source)
     }
 
     /// Resolves and scans every file in this process (no communication).
@@ -695,11 +695,7 @@ impl Dataset {
         let info = &self.files[i];
         // A feeder's reader checks nothing here: the file is the feeder's.
         let (inner, local) = match &self.feeder {
-            Some(feeder) => {
-                let (source, owners) = &**feeder;
-                let reader = crate::feed::client::Reader::open(source, &owners[i], i, info)?;
-                (Box::new(reader) as Box<dyn FileReader>, false)
-            }
+            Some(feed) => (Box::new(feed.reader(i, info)?) as Box<dyn FileReader>, false),
             None => (unchanged_then(info, self.open_file(i))?, true),
         };
         let inner = match &self.columns {

@@ -1,9 +1,11 @@
 //! A client's side: attaching to a feeder, and a [`FileReader`] that reads a file's rows
 //! from it.
 
+use std::collections::HashMap;
 use std::io::{BufReader, BufWriter};
 use std::net::{TcpStream, ToSocketAddrs};
 use std::path::PathBuf;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use arrow_buffer::Buffer;
@@ -106,31 +108,63 @@ pub fn welcome(source: &Source, welcome: &[u8]) -> Result<(Vec<FileInfo>, Vec<St
         .map_err(|e| Error::Transport(format!("feeder {}: bad file headers: {e}", source.url())))
 }
 
-/// Reads the rows of one file from the feeder.
+/// A job's way to a feeder, in one process: where it is, the feeder rank serving each
+/// file, and one connection to each feeder rank this process reads from, which the
+/// readers of its files share (a process opens at most one connection a feeder rank,
+/// however many files it reads).
+pub struct Feed {
+    pub source: Source,
+    /// `owners[i]`: the address of the feeder rank that serves file `i`.
+    pub owners: Vec<String>,
+    connections: Mutex<HashMap<String, Arc<Mutex<Connection>>>>,
+}
+
+impl std::fmt::Debug for Feed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Feed({:?}, {} files)", self.source, self.owners.len())
+    }
+}
+
+impl Feed {
+    pub fn new(source: Source, owners: Vec<String>) -> Feed {
+        Feed { source, owners, connections: Mutex::new(HashMap::new()) }
+    }
+
+    /// A reader of file `file` (`info`: its header), on the connection to the feeder rank
+    /// serving it (opened on first use).
+    pub fn reader(&self, file: usize, info: &FileInfo) -> Result<Reader> {
+        let address = &self.owners[file];
+        let name =
+            info.path.file_name().map_or_else(|| info.path.display().to_string(), |n| n.to_string_lossy().into());
+        let path = PathBuf::from(format!("{}{address}/{}/{name}", super::SCHEME, self.source.name));
+        let mut connections = self.connections.lock().unwrap_or_else(PoisonError::into_inner);
+        let conn = match connections.get(address) {
+            Some(conn) => conn.clone(),
+            None => {
+                let (conn, _) = Connection::open(&self.source, address, false, answer_timeout())?;
+                let conn = Arc::new(Mutex::new(conn));
+                connections.insert(address.clone(), conn.clone());
+                conn
+            }
+        };
+        Ok(Reader { conn, file: file as u32, fields: info.fields.len(), path })
+    }
+}
+
+/// Reads the rows of one file from the feeder ([`Feed::reader`]).
 pub struct Reader {
-    conn: Connection,
+    conn: Arc<Mutex<Connection>>,
     file: u32,
     fields: usize,
     /// `meshfeed://HOST:PORT/NAME/FILE`, for messages.
     path: PathBuf,
 }
 
-impl Reader {
-    /// A connection to the feeder rank at `address`, which serves file `file` (`info`:
-    /// its header).
-    pub fn open(source: &Source, address: &str, file: usize, info: &FileInfo) -> Result<Reader> {
-        let name =
-            info.path.file_name().map_or_else(|| info.path.display().to_string(), |n| n.to_string_lossy().into());
-        let path = PathBuf::from(format!("{}{address}/{}/{name}", super::SCHEME, source.name));
-        let (conn, _) = Connection::open(source, address, false, answer_timeout())?;
-        Ok(Reader { conn, file: file as u32, fields: info.fields.len(), path })
-    }
-}
-
 impl FileReader for Reader {
     fn read_rows(&mut self, rows: &[u64]) -> Result<RowChunk> {
         let request = Request { file: self.file, rows: rows.to_vec() };
-        let answer = self.conn.call(&request.encode()).map_err(|e| Error::file(&self.path, e))?;
+        let answer = self.conn.lock().unwrap_or_else(PoisonError::into_inner).call(&request.encode());
+        let answer = answer.map_err(|e| Error::file(&self.path, e))?;
         // The values stay in the frame they arrived in: one buffer, no copy.
         let got =
             Rows::decode(&answer[1..], rows.len()).map_err(|e| Error::file(&self.path, format!("bad answer: {e}")))?;

@@ -100,8 +100,10 @@ pub struct FeederStats {
     pub storage_files: u64,
     pub storage_bytes: u64,
     /// Jobs that attached here (a job's rank 0 asks rank 0 of the feeder for the file
-    /// headers once), requests answered and bytes sent, over every client.
+    /// headers once), connections accepted (a job's process opens one a feeder rank it
+    /// reads from, besides), requests answered and bytes sent, over every client.
     pub jobs: u64,
+    pub connections: u64,
     pub requests: u64,
     pub bytes_sent: u64,
 }
@@ -119,13 +121,14 @@ pub struct Feeder {
     slots: Mutex<Vec<Slot>>,
     /// Signalled as each file is read (or fails).
     read: Condvar,
-    /// The open readers of the files read on request.
+    /// A reader of each file read on request, kept between requests.
     readers: Vec<Mutex<Option<Box<dyn FileReader>>>>,
     /// How long reading the held files took ([`Feeder::load`]).
     load_time: Mutex<Duration>,
     bytes_loaded: AtomicU64,
     storage_bytes: AtomicU64,
     jobs: AtomicU64,
+    connections: AtomicU64,
     requests: AtomicU64,
     bytes_sent: AtomicU64,
 }
@@ -143,9 +146,10 @@ impl Feeder {
         }
         let files = dataset.files().len();
         let mine: Vec<usize> = (0..files).filter(|&i| owner(i, ranks) == rank).collect();
-        let held = choose_held(dataset.files(), dataset.fields(), &mine, budget);
+        let mut held = vec![false; files];
+        choose_held(dataset.files(), dataset.fields(), &mine, budget).into_iter().for_each(|i| held[i] = true);
         let slots = (0..files)
-            .map(|i| match (owner(i, ranks) == rank, held.contains(&i)) {
+            .map(|i| match (owner(i, ranks) == rank, held[i]) {
                 (false, _) => Slot::Other,
                 (true, true) => Slot::Loading,
                 (true, false) => Slot::Storage,
@@ -163,6 +167,7 @@ impl Feeder {
             bytes_loaded: AtomicU64::new(0),
             storage_bytes: AtomicU64::new(0),
             jobs: AtomicU64::new(0),
+            connections: AtomicU64::new(0),
             requests: AtomicU64::new(0),
             bytes_sent: AtomicU64::new(0),
         })
@@ -229,6 +234,7 @@ impl Feeder {
             storage_files: count(|s| matches!(s, Slot::Storage)),
             storage_bytes: self.storage_bytes.load(Ordering::Relaxed),
             jobs: self.jobs.load(Ordering::Relaxed),
+            connections: self.connections.load(Ordering::Relaxed),
             requests: self.requests.load(Ordering::Relaxed),
             bytes_sent: self.bytes_sent.load(Ordering::Relaxed),
         }
@@ -260,6 +266,7 @@ impl Feeder {
         if let Some(reason) = refused {
             return Err(std::io::Error::other(format!("refused: {reason}")));
         }
+        self.connections.fetch_add(1, Ordering::Relaxed);
         while let Some(frame) = wire::read_frame(&mut r, wire::MAX_FRAME)? {
             let mut still_reading = || wire::write_frame(&mut w, &[wire::STILL_READING]).is_ok();
             match Request::decode(&frame).and_then(|request| self.rows(&request, &mut still_reading)) {
@@ -332,24 +339,23 @@ impl Feeder {
     }
 
     /// The rows a request asks for of a file this rank does not hold, read from storage,
-    /// in order. (The file's reader stays open for the next request; one request at a
-    /// time a file.)
+    /// in order. The file's reader is kept for the next request; a request that finds it
+    /// in use opens another, so that none waits for another's read.
     fn read_from_storage(&self, request: &Request) -> std::result::Result<RowChunk, String> {
         let file = request.file as usize;
         let samples = self.dataset.files()[file].samples;
         if let Some(&last) = request.rows.last().filter(|&&r| r >= samples) {
             return Err(format!("row {last} of file {file} is past its end ({samples} rows)"));
         }
-        let mut reader = self.readers[file].lock().unwrap_or_else(PoisonError::into_inner);
-        let result = match reader.take() {
+        let kept = self.readers[file].lock().unwrap_or_else(PoisonError::into_inner).take();
+        let result = match kept {
             Some(r) => Ok(r),
             // Rows asked for are scattered over the file: no readahead past them.
             None => self.dataset.open_reader(file).inspect(|r| r.random_access()),
         }
         .and_then(|mut r| r.read_rows(&request.rows).map(|chunk| (r, chunk)));
         let (r, got) = result.map_err(|e| format!("the feeder could not read rows of file {file}: {e}"))?;
-        *reader = Some(r);
-        drop(reader);
+        self.readers[file].lock().unwrap_or_else(PoisonError::into_inner).get_or_insert(r);
         self.storage_bytes.fetch_add(got.bytes_read(), Ordering::Relaxed);
         Ok(got)
     }

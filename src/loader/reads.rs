@@ -267,11 +267,6 @@ impl Reads {
             }
         }
         metrics.bytes_copied += copied;
-        if dataset.feeder().is_some() {
-            // A feeder's rows have no offsets in a local file: asked for whole (no spill
-            // file or pass holds a feeder's rows).
-            return self.fill_from_rows(stream, file_reads, metrics);
-        }
         // Spill files: one source per rank.
         if !spill_reads.is_empty() {
             let ops = spill_reads
@@ -286,6 +281,10 @@ impl Reads {
             let n = queue::run(queue::merge(ops), self.queue_depth).map_err(spill_error)?;
             metrics.bytes_read_spill += n;
             metrics.bytes_copied += n;
+        }
+        if dataset.feeder().is_some() {
+            // A feeder's rows have no offsets in a local file: asked for whole.
+            return self.fill_from_rows(stream, file_reads, metrics);
         }
         // Data files, a reader-limit's worth of files at a time.
         file_reads.sort_unstable_by_key(|r| r.0);
@@ -369,7 +368,6 @@ impl Reads {
         Ok(())
     }
 
-    /// Reads rows (sorted, local to the file) of file `file`.
     /// Fills each place (file, row, field, where) with its value from the rows read
     /// through the files' readers: one read of the rows it needs a file.
     fn fill_from_rows(
@@ -391,12 +389,12 @@ impl Reads {
                     return Err(Error::file(&stream.dataset.files()[file].path, why));
                 }
                 dst.copy_from_slice(value);
-                metrics.bytes_copied += value.len() as u64;
             }
         }
         Ok(())
     }
 
+    /// Reads rows (sorted, local to the file) of file `file`.
     fn read_file_rows(
         &mut self,
         stream: &Stream,

@@ -88,8 +88,8 @@ pub(crate) struct Stream {
     /// crosses the exchange.
     pub all_local: bool,
     /// Whether the rows come from a feeder ([`crate::feed`]) and each is received by one
-    /// rank: a receiver asks the feeder for the rows it receives, whatever host their
-    /// owner is on. (Rows that several ranks receive, as tensor-parallel ranks do, are
+    /// rank: where reads are local ([`Stream::local_reads`]), a receiver asks the feeder
+    /// for the rows it receives, whatever host their owner is on. (Rows that several ranks receive, as tensor-parallel ranks do, are
     /// asked for once and cross the exchange: the feeder sends each row once a job.)
     pub served: bool,
     /// Whether the home ranges may be balanced ([`Stream::balances`]); the window budget
@@ -200,8 +200,8 @@ impl Stream {
             && !matches!(io.strategy, Strategy::Passes { .. })
             && (direct_reads || kept || served);
         // Ranges read anew each epoch, by ranks that send what they read (not every rank
-        // reading its rows itself: local reads on one host; with nothing kept, that is
-        // when `share_stores` makes every window local).
+        // reading its rows itself: local reads on one host, or from a feeder; with nothing
+        // kept, that is when `share_stores` makes every window local).
         let one_host = hosts.iter().all(|&h| h == hosts[0]);
         let balanced = options.balance == Balance::Auto
             && world > 1
@@ -334,9 +334,10 @@ impl Stream {
     }
 
     /// Whether `receiver` reads sample `id` of `owner`'s home range itself instead of
-    /// receiving it: local reads, one host, and the row is where the receiver can reach
-    /// it — in the owner's store when the host's stores are shared, in the files when they
-    /// are read in place. An owner leaves such rows out of its sends.
+    /// receiving it: local reads, and the row is where the receiver can reach it — in the
+    /// owner's store when the host's stores are shared, in the files when they are read in
+    /// place (both on the owner's host), at the feeder ([`Stream::served`]) from any host.
+    /// An owner leaves such rows out of its sends.
     pub fn reads_locally(&self, receiver: Rank, owner: Rank, id: SampleId) -> bool {
         let same_host = self.hosts[owner.0] == self.hosts[receiver.0];
         self.local_reads

@@ -229,6 +229,16 @@ fn a_feeder_past_its_memory_budget_reads_the_rest_from_storage_and_says_what_it_
     ok(&job(&serving.rendezvous, 2).dump(&served).launch(3));
     ok(&job(&data, 2).dump(&files).mpirun(3));
     assert!(dump_bytes(&served, 3) == dump_bytes(&files, 3), "the stream of a feeder past its budget differs");
+    // A client that spills the feeder's rows to a local directory once and reads them
+    // from there gets the same stream.
+    let spilled = out.path().join("spilled");
+    let spill_dir = out.path().join("spill");
+    std::fs::create_dir(&spill_dir).unwrap();
+    let spill = ["--read-strategy", "random", "--memory-budget", "0", "--spill-dir", spill_dir.to_str().unwrap()];
+    let run = job(&serving.rendezvous, 2).args(spill).dump(&spilled).mpirun(3);
+    ok(&run);
+    assert!(run.stdout.contains("the rest spilled"), "{}", run.stdout);
+    assert!(dump_bytes(&spilled, 3) == dump_bytes(&files, 3), "a client spilling the feeder's rows differs");
     // A job stopped after an epoch on the files resumes through the feeder (the dataset's
     // fingerprint is the files'): the two runs are the uninterrupted one.
     let (first, rest) = (out.path().join("first"), out.path().join("rest"));
@@ -254,9 +264,12 @@ fn a_feeder_past_its_memory_budget_reads_the_rest_from_storage_and_says_what_it_
         // Every window asks for some rows of each file: epochs × their share of 600 rows.
         assert!(n("storage_bytes") >= 2 * 300 * 64, "rank {rank} read its other file every epoch: {s}");
         assert!(n("requests") > 0 && n("bytes_sent") >= 2 * 600 * 64, "rank {rank}: {s}");
-        // Each job's rank 0 alone attached (two jobs), to the feeder's rank 0; their
+        // Each job's rank 0 alone attached (three jobs), to the feeder's rank 0; their
         // readers asked for no headers.
-        assert_eq!(n("jobs"), 2 * u64::from(rank == 0), "rank {rank}: {s}");
+        assert_eq!(n("jobs"), 3 * u64::from(rank == 0), "rank {rank}: {s}");
+        // Each of the jobs' 3 processes opened one connection to this rank for both of
+        // its files (not one a file); the spilling job's ranks read each file once.
+        assert_eq!(n("connections"), n("jobs") + 3 * 3, "rank {rank}: {s}");
     }
 }
 
