@@ -32,6 +32,9 @@ struct Connection {
     w: BufWriter<TcpStream>,
     /// How long the feeder may stay silent ([`answer_timeout`]).
     timeout: Duration,
+    /// Why a call failed, once one did: the connection is not used again (an answer that
+    /// arrives after its timeout must not be read as the next request's).
+    broken: Option<String>,
 }
 
 impl Connection {
@@ -59,15 +62,30 @@ impl Connection {
         stream.set_nodelay(true).map_err(io)?;
         stream.set_read_timeout(Some(timeout)).map_err(io)?;
         let r = BufReader::new(stream.try_clone().map_err(io)?);
-        let mut conn = Connection { r, w: BufWriter::new(stream), timeout };
+        let mut conn = Connection { r, w: BufWriter::new(stream), timeout, broken: None };
         let hello = Hello { token: source.token.clone(), name: source.name.clone(), headers };
         let headers = conn.call(&hello.encode()).map_err(|e| fail(format!("refused: {e}")))?;
         Ok((conn, headers))
     }
 
     /// Sends one frame and reads the answer: the whole frame (its payload from byte 1), or
-    /// the feeder's message.
+    /// the feeder's message. Once the connection failed, every call fails as it did.
     fn call(&mut self, frame: &[u8]) -> std::result::Result<Vec<u8>, String> {
+        if let Some(why) = &self.broken {
+            return Err(why.clone());
+        }
+        let answer = self.exchange(frame);
+        if let Err(why) = &answer {
+            self.broken = Some(why.clone());
+        }
+        let answer = answer?;
+        // The feeder's refusal of a request leaves the connection usable.
+        wire::parse_answer(&answer)?;
+        Ok(answer)
+    }
+
+    /// One request and its answer frame, or why the connection failed.
+    fn exchange(&mut self, frame: &[u8]) -> std::result::Result<Vec<u8>, String> {
         use std::io::ErrorKind::*;
         let timeout = self.timeout;
         let failed = |e: std::io::Error| match e.kind() {
@@ -79,17 +97,15 @@ impl Connection {
             _ => format!("the connection failed: {e}"),
         };
         wire::write_frame(&mut self.w, frame).map_err(failed)?;
-        let answer = loop {
+        loop {
             match wire::read_frame(&mut self.r, wire::MAX_FRAME) {
                 // The feeder is still reading the file: each of these restarts the timeout.
                 Ok(Some(frame)) if frame == [wire::STILL_READING] => continue,
-                Ok(Some(answer)) => break answer,
+                Ok(Some(answer)) => return Ok(answer),
                 Ok(None) => return Err("the feeder closed the connection (was it stopped?)".into()),
                 Err(e) => return Err(failed(e)),
             }
-        };
-        wire::parse_answer(&answer)?;
-        Ok(answer)
+        }
     }
 }
 
@@ -228,6 +244,10 @@ mod tests {
         let err = conn.call(&request).unwrap_err();
         assert!(err.contains("no answer within 1s"), "{err}");
         assert!(start.elapsed() < Duration::from_millis(1400), "it waited {:?}", start.elapsed());
+        // The late answer arrives; the next call must not take it for its own.
+        std::thread::sleep(Duration::from_millis(800));
+        let again = conn.call(&request).unwrap_err();
+        assert_eq!(again, err, "a connection that failed is not used again");
         drop(conn);
         feeder.join().unwrap();
     }
