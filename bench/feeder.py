@@ -9,6 +9,7 @@ Run it as root on Linux once built (``cargo build --release -p meshfeed-cli``):
     python3 bench/feeder.py --jobs 1,2,4 --throttle 25M --epochs 3
     python3 bench/feeder.py --storage warm         # the same from the page cache, unthrottled
     python3 bench/feeder.py --feeder-budget 96M    # a feeder holding part of the data
+    python3 bench/feeder.py --feeder-budget 96M --shared-order 7   # and jobs of a shared order
 
 The dataset lives on an ext4 filesystem of its own on a loop device (bench/cold.py's); its
 pages are dropped from the page cache every 100 ms during every run, and every process that
@@ -23,6 +24,12 @@ For each K of ``--jobs``, two scenarios, each starting with the dataset's pages 
   feeder    ``meshfeed serve`` starts; once it serves (before it has read the files) the K
             jobs start at once with its rendezvous file as their data, their requests
             for files not read yet waiting for them
+
+and with ``--shared-order SPEC`` a third:
+
+  shared    as feeder, each job also given ``--shared-order SPEC`` (its order the common
+            seed's, reordered by its own within blocks), so that the jobs ask a feeder
+            past its budget for the same rows at about the same time
 
 A job's time runs from its scenario's start (the feeder's loading included) to its end; its
 throughput is its samples over all epochs divided by that time. Printed: the storage bytes
@@ -54,18 +61,21 @@ def parse_size(s):
     return int(float(s[:-1]) * units[s[-1].upper()]) if s[-1].upper() in units else int(s)
 
 
-def start_job(args, data, seed, cg, out, name):
+def start_job(args, data, seed, cg, out, name, extra):
     """One `meshfeed run` job in the cgroups; returns (process, its stdout file)."""
-    cmd = cg.prefix() + cold.meshfeed_cmd(args.ranks, data, args.batch, args.epochs, ["--seed", str(seed)])
+    cmd = cg.prefix() + cold.meshfeed_cmd(args.ranks, data, args.batch, args.epochs, ["--seed", str(seed), *extra])
     stdout = os.path.join(out, f"{name}.out")
     proc = subprocess.Popen(cmd, stdout=open(stdout, "w"), stderr=open(os.path.join(out, f"{name}.err"), "w"),
                             env=dict(os.environ, HDF5_USE_FILE_LOCKING="FALSE"))
     return proc, stdout
 
 
-def scenario(args, data, k, shared, cg, out):
-    """K jobs on the files, or through a feeder; returns the scenario's record."""
-    name = f"{'feeder' if shared else 'files'}-{k}"
+def scenario(args, data, k, mode, cg, out):
+    """K jobs on the files, or through a feeder (``mode``: files, feeder, shared); returns
+    the scenario's record."""
+    name = f"{mode}-{k}"
+    shared = mode != "files"
+    extra = ["--shared-order", args.shared_order] if mode == "shared" else []
     files = cold.files_in(data)
     done = threading.Event()
     if args.storage == "warm":
@@ -81,7 +91,7 @@ def scenario(args, data, k, shared, cg, out):
     evictor.start()
     before = cg.io_counters()[0]
     t0 = time.monotonic()
-    feeder, load_s = None, None
+    feeder, load_s, held = None, None, None
     try:
         source = data
         if shared:
@@ -91,9 +101,11 @@ def scenario(args, data, k, shared, cg, out):
                                                      "--rendezvous", source, *budget],
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             # It serves from its first line on; jobs' requests for files not read yet wait.
-            if not feeder.stdout.readline():
+            first = feeder.stdout.readline()
+            if not first:
                 sys.exit(f"{name}: meshfeed serve failed: {feeder.stderr.read()[-3000:]}")
-        jobs = [start_job(args, source, seed, cg, out, f"{name}-job{seed}") for seed in range(k)]
+            held = json.loads(first)["held_files"]
+        jobs = [start_job(args, source, seed, cg, out, f"{name}-job{seed}", extra) for seed in range(k)]
         ends = []
         for proc, stdout in jobs:
             code = proc.wait()
@@ -115,9 +127,10 @@ def scenario(args, data, k, shared, cg, out):
         if len(epochs) != args.epochs:
             sys.exit(f"{name}: {len(epochs)} of {args.epochs} epochs in {stdout}")
         samples.append(sum(e["samples"] for e in epochs))
-    rec = {"scenario": "feeder" if shared else "files", "jobs": k, "ranks": args.ranks, "epochs": args.epochs,
+    rec = {"scenario": mode, "jobs": k, "ranks": args.ranks, "epochs": args.epochs,
            "storage_bytes": storage, "job_s": ends, "samples_per_s": [s / t for s, t in zip(samples, ends)],
-           "feeder_load_s": load_s}
+           "feeder_load_s": load_s, "feeder_held_files": held,
+           "shared_order": args.shared_order if mode == "shared" else None}
     log(f"{name}: storage {storage / 1e6:.0f} MB, jobs done at {' '.join(f'{t:.1f}' for t in ends)} s"
         + (f" (the feeder read the files in {load_s:.1f} s)" if load_s is not None else ""))
     return rec
@@ -140,6 +153,8 @@ def main():
     p.add_argument("--feeder-budget", metavar="BYTES",
                    help="the feeder's --memory-budget (K/M/G): it holds the files that fit and reads the others' "
                         "rows from storage as jobs ask [its default: 3/4 of the headroom]")
+    p.add_argument("--shared-order", metavar="SPEC",
+                   help="also run the K jobs through the feeder with --shared-order SPEC (SEED[,block=N])")
     args = p.parse_args()
     cold.MESHFEED = os.path.abspath(args.binary)
     reason = cold.why_not_here()
@@ -161,8 +176,8 @@ def main():
         bps = parse_size(args.throttle) if args.storage == "cold" else 0
         cg = cold.Cgroups(f"meshfeed-feeder-{os.getpid()}", fs.dev, bps, 0, 0)
         for k in ks:
-            for shared in (False, True):
-                results.append(scenario(args, data, k, shared, cg, out))
+            for mode in ["files", "feeder"] + (["shared"] if args.shared_order else []):
+                results.append(scenario(args, data, k, mode, cg, out))
     finally:
         if cg is not None:
             cg.close()

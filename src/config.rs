@@ -668,6 +668,10 @@ pub struct LoaderOptions {
     pub batch_size: usize,
     /// Seed of the permutation.
     pub seed: u64,
+    /// The sweep's shared order this job's order is derived from, if it opted into one
+    /// ([`crate::plan::SharedOrder`]).
+    #[serde(default)]
+    pub shared_order: Option<crate::plan::SharedOrder>,
     /// Budget for one exchange window's buffers per rank; the window length in steps is
     /// derived from it ([`crate::plan::budget`]).
     pub window_bytes: u64,
@@ -755,6 +759,7 @@ impl Default for LoaderOptions {
         LoaderOptions {
             batch_size: 32,
             seed: 0,
+            shared_order: None,
             window_bytes: DEFAULT_WINDOW_BYTES,
             prefetch: DEFAULT_PREFETCH,
             layout: Layout::default(),
@@ -802,6 +807,14 @@ pub struct JobFile {
     /// Seed of the shuffle [default: 0].
     #[cfg_attr(feature = "clap", arg(long))]
     pub seed: Option<u64>,
+    /// Jobs of a sweep reading one feeder whose memory cannot hold the data: derive this
+    /// job's order from the sweep's common SEED, reordered by --seed only within blocks of
+    /// N positions, so that the jobs ask for the same rows at about the same time and the
+    /// feeder reads each from storage once for all. Each job's order is still a uniform
+    /// random permutation of every epoch: `SEED` or `SEED,block=N` [default: the job's own
+    /// order; N: 1024].
+    #[cfg_attr(feature = "clap", arg(long, value_name = "SEED[,block=N]"))]
+    pub shared_order: Option<crate::plan::SharedOrder>,
     /// Budget for one exchange window's buffers per rank (K/M/G suffixes); memory stays
     /// within (prefetch + 1) × this [default: 64M].
     #[cfg_attr(feature = "clap", arg(long, value_name = "BYTES"))]
@@ -1055,6 +1068,7 @@ impl JobFile {
             loader: LoaderOptions {
                 batch_size,
                 seed: self.seed.unwrap_or(0),
+                shared_order: self.shared_order,
                 window_bytes: self.window_bytes.map_or(DEFAULT_WINDOW_BYTES, |b| b.0),
                 prefetch: self.prefetch.unwrap_or(DEFAULT_PREFETCH),
                 layout: Layout {
@@ -1193,14 +1207,14 @@ mod tests {
             ("32", "dp=<ranks>", "x=dp,tp; y=dp", "drop")
         );
         assert_eq!((get("local_reads"), get("balance"), get("devices_per_process")), ("auto", "auto", "1"));
-        assert_eq!(get("tune"), "off");
+        assert_eq!((get("tune"), get("shared_order")), ("off", ""));
         assert_eq!(get("exchange_costs"), ExchangeCosts::default().to_string());
         assert_eq!((get("read_strategy"), get("memory_budget"), get("read_queue_depth")), ("auto", "auto", "16"));
         assert_eq!(
             (get("storage_bandwidth"), get("storage_iops"), get("spill_dir"), get("pipeline_axis")),
             ("probe", "probe", "", "")
         );
-        assert_eq!(s.len(), 22);
+        assert_eq!(s.len(), 23);
         let other = LoaderOptions { seed: 9, ..LoaderOptions::default() };
         assert_ne!(other.settings(), LoaderOptions::default().settings());
     }
@@ -1259,7 +1273,7 @@ mod tests {
     #[test]
     fn job_file_keys_are_its_fields() {
         let keys = JobFile::keys();
-        assert_eq!(keys.len(), 30, "{keys:?}");
+        assert_eq!(keys.len(), 31, "{keys:?}");
         for k in ["batch_size", "data", "mesh_order", "read_strategy", "shard", "transport"] {
             assert!(keys.iter().any(|x| x == k), "{k} missing from {keys:?}");
         }

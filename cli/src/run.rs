@@ -223,8 +223,8 @@ fn run(args: &RunArgs, job: Result<Job>, rt: &Runtime, stop: &StopSignal) -> Res
         true => Some(agree(
             world,
             gen::find_manifest(&job.data).and_then(|m| {
-                let seed = job.loader.seed;
-                Verifier::new(loader.dataset(), loader.placement(), loader.tail_placement(), steps, seed, m)
+                let order = (job.loader.seed, job.loader.shared_order);
+                Verifier::new(loader.dataset(), loader.placement(), loader.tail_placement(), steps, order, m)
             }),
         )?),
         false => None,

@@ -166,20 +166,23 @@ fn stopped(args: &ServeArgs, name: &str, rank: usize, signal: i32, s: FeederStat
         let v = serde_json::json!({
             "kind": "stopped", "name": name, "rank": rank, "signal": signal, "held_files": s.held_files,
             "bytes_loaded": s.bytes_loaded, "storage_files": s.storage_files, "storage_bytes": s.storage_bytes,
-            "jobs": s.jobs, "connections": s.connections, "requests": s.requests, "bytes_sent": s.bytes_sent,
+            "cache_capacity": s.cache_capacity, "cache_rows": s.cache_rows, "jobs": s.jobs, "connections": s.connections, "requests": s.requests, "bytes_sent": s.bytes_sent,
         });
         out!("{v}");
     } else {
         out!(
             "meshfeed serve: {name}: rank {rank} stopped by {signal}: {} jobs attached, {} requests answered, {} bytes sent; \
-             {} bytes read into memory ({} files), {} bytes read from storage on request ({} files)",
+             {} bytes read into memory ({} files), {} bytes read from storage on request ({} files), \
+             {} rows answered from its cache of rows read ({} bytes)",
             s.jobs,
             s.requests,
             s.bytes_sent,
             s.bytes_loaded,
             s.held_files,
             s.storage_bytes,
-            s.storage_files
+            s.storage_files,
+            s.cache_rows,
+            s.cache_capacity
         );
     }
 }

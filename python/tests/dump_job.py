@@ -38,7 +38,7 @@ def main() -> None:
         state_out = os.environ["MESHFEED_STATE"]
         out = os.path.join(out, f"run-{os.environ['MESHFEED_RUN']}")
         resume = state_out if os.path.exists(state_out) else None
-    data = options.pop("data")
+    data = options.pop("data", None)
     loader = meshfeed.Loader(data, **options)
     if preemptible:
         loader.stop_requested()  # catch the stop signals from the start

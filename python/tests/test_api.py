@@ -21,6 +21,7 @@ from test_loader import BIN, MPIRUN, ok, run
 PYTHON_ONLY = {
     "bootstrap": "how transport='ucx' finds its peers through a framework's store in this process "
                  "(torch.distributed, jax.distributed): a job file describes no process",
+    "source": "a shared feeder as the data: the job file gives it as its one data path",
 }
 # Job keys Loader deliberately leaves out, and why.
 OMITTED = {
@@ -68,6 +69,17 @@ def test_unknown_options_and_states_are_refused_by_name():
         _meshfeed.Loader({"data": ["/nonexistent"], "batch_size": 1, "bogus": 1})
     with pytest.raises(meshfeed.ConfigError, match="invalid loader options: .*"):
         _meshfeed.Loader({"data": ["/nonexistent"], "batch_size": "twelve"})
+
+
+def test_data_or_a_feeder_source_and_a_batch_size_are_asked_for():
+    with pytest.raises(meshfeed.ConfigError, match="give data .* or source .*, one of them"):
+        meshfeed.Loader(batch_size=4)
+    with pytest.raises(meshfeed.ConfigError, match="one of them"):
+        meshfeed.Loader("/data", 4, source="meshfeed://h:1/d")
+    with pytest.raises(meshfeed.ConfigError, match=r"no batch size given \(batch_size=...\)"):
+        meshfeed.Loader(source="meshfeed://h:1/d")
+    with pytest.raises(meshfeed.ConfigError, match="shared order \"7,blk=2\": unknown part"):
+        _meshfeed.Loader({"data": ["/nonexistent"], "batch_size": 1, "shared_order": "7,blk=2"})
 
 
 def test_every_dtype_reaches_numpy_and_torch_as_it_is(tmp_path):

@@ -118,6 +118,14 @@ def test_a_training_job_reads_from_a_shared_feeder_exactly_as_from_the_files(dat
         expected = read_dump(cli, 2)
         assert sum(len(r) for r in expected) == 2 * 50 * 2
         assert read_dump(py, 2) == expected
+        # The feeder as `source`, by its URL, the token in the environment.
+        feeder = json.loads(rendezvous.read_text())
+        by_url = tmp_path / "by-url"
+        url = f"meshfeed://{feeder['address']}/{feeder['name']}"
+        args = [sys.executable, DUMP_JOB, json.dumps({"source": url, "batch_size": 12, "seed": 5}), by_url, 2]
+        env = dict(ENV, MESHFEED_FEEDER_TOKEN=feeder["token"])
+        ok(run(MPIRUN + ["-np", 2, "-x", "MESHFEED_FEEDER_TOKEN"] + args, env=env))
+        assert read_dump(by_url, 2) == expected
     finally:
         serve.kill()
         serve.wait()

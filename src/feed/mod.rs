@@ -19,6 +19,7 @@
 //! closes its connections and disturbs no other; a feeder that dies fails its clients'
 //! reads with an error naming it (agreed on every rank, as any read error is).
 
+pub mod cache;
 pub mod client;
 pub mod server;
 pub mod wire;

@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
+use super::cache::{Claim, RowCache, Values};
 use super::wire::{self, Hello, Request};
 use crate::dataset::{Dataset, Field, FileInfo, FileReader, RowChunk};
 use crate::error::{Error, Result};
@@ -44,6 +45,24 @@ pub fn held_bytes(info: &FileInfo, fields: &[Field]) -> u64 {
 /// that still fits, in order ([`held_bytes`]). The others are read from storage when a
 /// client asks for their rows.
 pub fn choose_held(files: &[FileInfo], fields: &[Field], mine: &[usize], budget: u64) -> Vec<usize> {
+    choose_held_left(files, fields, mine, budget).0
+}
+
+/// How a feeder rank spends its `budget`: the files it holds, and the bytes of its cache
+/// of rows read from storage. Where its files all fit it holds them all and caches
+/// nothing; else it holds what fits in 7/8 of the budget ([`choose_held`]) and the rest
+/// caches rows ([`super::cache`]).
+pub fn plan_memory(files: &[FileInfo], fields: &[Field], mine: &[usize], budget: u64) -> (Vec<usize>, u64) {
+    let (held, _) = choose_held_left(files, fields, mine, budget);
+    if held.len() == mine.len() {
+        return (held, 0);
+    }
+    let (held, left) = choose_held_left(files, fields, mine, budget - budget / 8);
+    (held, left + budget / 8)
+}
+
+/// [`choose_held`], and the bytes of `budget` left.
+fn choose_held_left(files: &[FileInfo], fields: &[Field], mine: &[usize], budget: u64) -> (Vec<usize>, u64) {
     let mut left = budget;
     let mut held = Vec::new();
     for &i in mine {
@@ -53,7 +72,7 @@ pub fn choose_held(files: &[FileInfo], fields: &[Field], mine: &[usize], budget:
             held.push(i);
         }
     }
-    held
+    (held, left)
 }
 
 /// The memory budget of one feeder rank: its host's (`host_budget`, or else 3/4 of the
@@ -61,12 +80,11 @@ pub fn choose_held(files: &[FileInfo], fields: &[Field], mine: &[usize], budget:
 /// that headroom), shared evenly by the feeder's ranks on the host. Collective.
 pub fn rank_budget(comm: &dyn Transport, host_budget: Option<u64>) -> Result<u64> {
     let hosts = crate::transport::hosts::host_groups(comm)?;
-    let headroom = MemoryLimits::of_this_process().headroom();
-    let all = comm.all_gather(&headroom.to_le_bytes())?;
+    let all = crate::loader::all_headrooms(comm, &MemoryLimits::of_this_process())?;
     let mine = hosts[comm.rank().0];
     let (mut room, mut members) = (u64::MAX, 0u64);
-    for (bytes, _) in all.iter().zip(&hosts).filter(|&(_, &h)| h == mine) {
-        room = room.min(bytes.get(..8).map_or(0, |b| u64::from_le_bytes(b.try_into().expect("8 bytes"))));
+    for (&headroom, _) in all.iter().zip(&hosts).filter(|&(_, &h)| h == mine) {
+        room = room.min(headroom);
         members += 1;
     }
     let host = match host_budget {
@@ -99,6 +117,10 @@ pub struct FeederStats {
     /// those reads.
     pub storage_files: u64,
     pub storage_bytes: u64,
+    /// The cache of rows read from storage: its capacity in bytes, and the rows it
+    /// answered (each a row some request did not read from storage again).
+    pub cache_capacity: u64,
+    pub cache_rows: u64,
     /// Jobs that attached here (a job's rank 0 asks rank 0 of the feeder for the file
     /// headers once), connections accepted (a job's process opens one a feeder rank it
     /// reads from, besides), requests answered and bytes sent, over every client.
@@ -123,6 +145,8 @@ pub struct Feeder {
     read: Condvar,
     /// A reader of each file read on request, kept between requests.
     readers: Vec<Mutex<Option<Box<dyn FileReader>>>>,
+    /// Rows read on request, for the next requests that ask for them.
+    cache: RowCache,
     /// How long reading the held files took ([`Feeder::load`]).
     load_time: Mutex<Duration>,
     bytes_loaded: AtomicU64,
@@ -135,8 +159,8 @@ pub struct Feeder {
 
 impl Feeder {
     /// Rank `rank` of a feeder of `ranks` ranks for `dataset`, holding nothing yet; it
-    /// serves the files [`owner`] gives it, and holds those [`choose_held`] fits in
-    /// `budget` bytes. The dataset delivers its files' own rows: packing and field
+    /// serves the files [`owner`] gives it, and spends `budget` bytes as [`plan_memory`]
+    /// says. The dataset delivers its files' own rows: packing and field
     /// selection are the clients' options.
     pub fn new(dataset: Dataset, rank: usize, ranks: usize, name: &str, token: String, budget: u64) -> Result<Feeder> {
         if dataset.options().pack.is_some() || dataset.options().fields.is_some() {
@@ -147,7 +171,8 @@ impl Feeder {
         let files = dataset.files().len();
         let mine: Vec<usize> = (0..files).filter(|&i| owner(i, ranks) == rank).collect();
         let mut held = vec![false; files];
-        choose_held(dataset.files(), dataset.fields(), &mine, budget).into_iter().for_each(|i| held[i] = true);
+        let (chosen, cache) = plan_memory(dataset.files(), dataset.fields(), &mine, budget);
+        chosen.into_iter().for_each(|i| held[i] = true);
         let slots = (0..files)
             .map(|i| match (owner(i, ranks) == rank, held[i]) {
                 (false, _) => Slot::Other,
@@ -163,6 +188,7 @@ impl Feeder {
             slots: Mutex::new(slots),
             read: Condvar::new(),
             readers: (0..files).map(|_| Mutex::new(None)).collect(),
+            cache: RowCache::new(cache),
             load_time: Mutex::new(Duration::ZERO),
             bytes_loaded: AtomicU64::new(0),
             storage_bytes: AtomicU64::new(0),
@@ -233,6 +259,8 @@ impl Feeder {
             bytes_loaded: self.bytes_loaded.load(Ordering::Relaxed),
             storage_files: count(|s| matches!(s, Slot::Storage)),
             storage_bytes: self.storage_bytes.load(Ordering::Relaxed),
+            cache_capacity: self.cache.capacity(),
+            cache_rows: self.cache.hits(),
             jobs: self.jobs.load(Ordering::Relaxed),
             connections: self.connections.load(Ordering::Relaxed),
             requests: self.requests.load(Ordering::Relaxed),
@@ -316,8 +344,7 @@ impl Feeder {
                     Some(Slot::Loaded(chunk)) => break chunk.clone(),
                     Some(Slot::Storage) => {
                         drop(slots);
-                        let chunk = self.read_from_storage(request)?;
-                        return Ok(answer_rows(&chunk, 0..chunk.rows()));
+                        return self.storage_rows(request, still_reading);
                     }
                     Some(Slot::Loading) => {
                         let (slots, waited) =
@@ -338,22 +365,71 @@ impl Feeder {
         Ok(answer_rows(&chunk, request.rows.iter().map(|&r| r as usize)))
     }
 
-    /// The rows a request asks for of a file this rank does not hold, read from storage,
-    /// in order. The file's reader is kept for the next request; a request that finds it
-    /// in use opens another, so that none waits for another's read.
-    fn read_from_storage(&self, request: &Request) -> std::result::Result<RowChunk, String> {
-        let file = request.file as usize;
-        let samples = self.dataset.files()[file].samples;
+    /// The answer to a request for rows of a file this rank does not hold: the rows its
+    /// cache has, those another request is reading once that read is done, and the
+    /// others read from storage ([`super::cache`]). Waiting, it calls `still_reading` as
+    /// [`Feeder::rows`] does.
+    fn storage_rows(
+        &self,
+        request: &Request,
+        still_reading: &mut dyn FnMut() -> bool,
+    ) -> std::result::Result<Vec<u8>, String> {
+        let samples = self.dataset.files()[request.file as usize].samples;
         if let Some(&last) = request.rows.last().filter(|&&r| r >= samples) {
-            return Err(format!("row {last} of file {file} is past its end ({samples} rows)"));
+            return Err(format!("row {last} of file {} is past its end ({samples} rows)", request.file));
         }
+        let mut values: Vec<Option<Values>> = vec![None; request.rows.len()];
+        loop {
+            let todo: Vec<usize> = (0..values.len()).filter(|&i| values[i].is_none()).collect();
+            if todo.is_empty() {
+                break;
+            }
+            let rows: Vec<u64> = todo.iter().map(|&i| request.rows[i]).collect();
+            let (claims, changes) = self.cache.claim(request.file, &rows);
+            let mut mine = Vec::new();
+            for (&i, claim) in todo.iter().zip(&claims) {
+                match claim {
+                    Claim::Cached(v) => values[i] = Some(v.clone()),
+                    Claim::Mine => mine.push(i),
+                    Claim::Pending => {}
+                }
+            }
+            if !mine.is_empty() {
+                // Read before waiting for anything: no request waits holding rows of its own.
+                let rows: Vec<u64> = mine.iter().map(|&i| request.rows[i]).collect();
+                let chunk = self.read_from_storage(request.file as usize, &rows).inspect_err(|_| {
+                    self.cache.abandon(request.file, &rows);
+                })?;
+                let read: Vec<Values> = (0..chunk.rows())
+                    .map(|r| (0..chunk.fields()).map(|f| Box::from(chunk.value(r, f))).collect())
+                    .collect();
+                self.cache.fill(request.file, rows.iter().copied().zip(read.iter().cloned()));
+                for (&i, v) in mine.iter().zip(read) {
+                    values[i] = Some(v);
+                }
+            } else if claims.iter().any(|c| matches!(c, Claim::Pending))
+                && self.cache.wait(changes, KEEP_ALIVE)
+                && !still_reading()
+            {
+                return Err("the client left while its rows were being read".into());
+            }
+        }
+        let fields = self.dataset.fields().len();
+        let values: Vec<&[u8]> = values.iter().flatten().flat_map(|row| row.iter().map(|v| &v[..])).collect();
+        Ok(wire::rows_answer(fields as u32, &values))
+    }
+
+    /// `rows` of `file` (which this rank does not hold), read from storage, in order. The
+    /// file's reader is kept for the next request; a request that finds it in use opens
+    /// another, so that none waits for another's read.
+    fn read_from_storage(&self, file: usize, rows: &[u64]) -> std::result::Result<RowChunk, String> {
         let kept = self.readers[file].lock().unwrap_or_else(PoisonError::into_inner).take();
         let result = match kept {
             Some(r) => Ok(r),
             // Rows asked for are scattered over the file: no readahead past them.
             None => self.dataset.open_reader(file).inspect(|r| r.random_access()),
         }
-        .and_then(|mut r| r.read_rows(&request.rows).map(|chunk| (r, chunk)));
+        .and_then(|mut r| r.read_rows(rows).map(|chunk| (r, chunk)));
         let (r, got) = result.map_err(|e| format!("the feeder could not read rows of file {file}: {e}"))?;
         self.readers[file].lock().unwrap_or_else(PoisonError::into_inner).get_or_insert(r);
         self.storage_bytes.fetch_add(got.bytes_read(), Ordering::Relaxed);
@@ -413,13 +489,21 @@ mod tests {
         let mut files = ds.files().to_vec();
         files[1].samples *= 10;
         assert_eq!(choose_held(&files, ds.fields(), &mine, 2 * one), [0, 2]);
+        // Where every file fits, nothing is cached; else 1/8 of the budget, and what the
+        // held files leave of the rest, caches rows read from storage.
+        assert_eq!(plan_memory(ds.files(), ds.fields(), &[1, 3], 2 * one), (vec![1, 3], 0));
+        let budget = 2 * one + one / 2;
+        assert_eq!(plan_memory(ds.files(), ds.fields(), &mine, budget), (vec![0, 1], budget - 2 * one));
+        assert_eq!(plan_memory(ds.files(), ds.fields(), &mine, 2 * one), (vec![0], one));
     }
 
     #[test]
     fn files_past_the_budget_are_read_from_storage_row_by_row_as_asked() {
         for format in [Format::Npy, Format::Arrow] {
             let (_dir, ds) = five_files(format);
-            let budget = 2 * held_bytes(&ds.files()[0], ds.fields());
+            let one = held_bytes(&ds.files()[0], ds.fields());
+            // Two files fit 7/8 of it; the rest caches rows read from storage.
+            let budget = 2 * one + one / 2;
             let feeder = Feeder::new(ds.clone(), 0, 1, "d", "t".into(), budget).unwrap();
             let mut never = || panic!("nothing waits for a file held or read from storage");
             // Served before the held files are read: storage needs no load.
@@ -430,6 +514,15 @@ mod tests {
             let stats = feeder.stats();
             assert_eq!((stats.held_files, stats.storage_files), (2, 3), "{format:?}");
             assert!(stats.storage_bytes > 0 && stats.bytes_loaded > 0, "{stats:?}");
+            assert_eq!((stats.cache_capacity, stats.cache_rows), (budget - 2 * one, 0));
+            // Rows read once are answered from the cache; the others are read.
+            let answer = feeder.rows(&Request { file: 4, rows: vec![3, 50, 60] }, &mut never).unwrap();
+            assert_eq!(answered_values(&answer, 3), file_values(&ds, 4, &[3, 50, 60]), "{format:?}");
+            let again = feeder.stats();
+            assert_eq!(again.cache_rows, 2);
+            assert!(again.storage_bytes > stats.storage_bytes, "row 60 was read: {again:?}");
+            feeder.rows(&Request { file: 4, rows: vec![3, 60, 99] }, &mut never).unwrap();
+            assert_eq!((feeder.stats().cache_rows, feeder.stats().storage_bytes), (5, again.storage_bytes));
             let answer = feeder.rows(&Request { file: 2, rows: vec![0, 1] }, &mut never).unwrap();
             assert_eq!(answered_values(&answer, 2), file_values(&ds, 2, &[0, 1]));
             let answer = feeder.rows(&Request { file: 1, rows: vec![7] }, &mut never).unwrap();

@@ -28,7 +28,7 @@ pub(crate) fn prepare(
     let mut metrics = Metrics::default();
     let n = stream.dataset.len();
     let b = stream.options.batch_size as u64;
-    let perm = Permutation::new(n, stream.options.seed, spec.epoch.0);
+    let perm = Permutation::of(n, stream.options.seed, stream.options.shared_order, spec.epoch.0);
     let ids: Vec<SampleId> = metrics.timed(Phase::Plan, || {
         (spec.steps.start * b..spec.steps.end * b).map(|p| SampleId(perm.apply(p % n))).collect()
     });

@@ -173,7 +173,8 @@ pub(crate) fn prepare(
     }
     // A balanced stream's ranges move at an epoch's first window (a collective there).
     let home = balance.ranges_for(stream, transport, index, &spec)?;
-    let perm = Permutation::new(stream.dataset.len(), stream.options.seed, spec.epoch.0);
+    let o = &stream.options;
+    let perm = Permutation::of(stream.dataset.len(), o.seed, o.shared_order, spec.epoch.0);
     let placement = exchange_placement(stream, &spec, route);
     // A two-phase member also needs the ids of its own rows under the final placement.
     let own_rows = match route {

@@ -95,7 +95,7 @@ pub use open::open_dataset;
 pub(crate) use open::{welcome_from_json, welcome_json};
 pub use pipeline::abandoned;
 use pipeline::Pipeline;
-pub use read_plan::{auto_budget, MARGIN_FRACTION, MIN_MARGIN};
+pub use read_plan::{all_headrooms, auto_budget, MARGIN_FRACTION, MIN_MARGIN};
 pub use state::{check_epoch, epoch_out_of_range, Fingerprint, LoaderState, MAX_EPOCH};
 use stream::Stream;
 pub use stream::{Position, WindowSpec};
@@ -445,8 +445,7 @@ impl Loader {
 
     /// What defines this loader's stream.
     pub fn fingerprint(&self) -> Fingerprint {
-        let o = &self.stream.options;
-        Fingerprint::of(&self.stream.dataset, o.batch_size, o.seed, o.tail)
+        Fingerprint::of(&self.stream.dataset, &self.stream.options)
     }
 
     /// Whether [`Metrics::window_sends`] records each window's send counts (off by

@@ -27,6 +27,16 @@ pub const MARGIN_FRACTION: f64 = 0.25;
 /// See [`MARGIN_FRACTION`].
 pub const MIN_MARGIN: u64 = 256 << 20;
 
+/// Every rank's memory headroom (`limits`: this rank's), by rank; ranks of one cgroup
+/// report the same. Collective.
+pub fn all_headrooms(comm: &dyn Transport, limits: &MemoryLimits) -> Result<Vec<u64>> {
+    Ok(comm
+        .all_gather(&limits.headroom().to_le_bytes())?
+        .iter()
+        .map(|b| b.get(..8).map_or(0, |b| u64::from_le_bytes(b.try_into().expect("8 bytes"))))
+        .collect())
+}
+
 /// The data budget of a host from the headroom of its ranks (the least any reports: ranks
 /// of a host normally share one cgroup), for `ranks` ranks each holding up to `pipeline`
 /// bytes besides their data (the window pipeline's bound and one streaming read).
@@ -57,12 +67,7 @@ pub(crate) fn plan(
         return Ok(IoPlan { reason, ..IoPlan::direct(world) });
     }
     let limits = MemoryLimits::of_this_process();
-    // Every rank's headroom (ranks of one cgroup report the same).
-    let all: Vec<u64> = comm
-        .all_gather(&limits.headroom().to_le_bytes())?
-        .iter()
-        .map(|b| b.get(..8).map_or(0, |b| u64::from_le_bytes(b.try_into().expect("8 bytes"))))
-        .collect();
+    let all = all_headrooms(comm, &limits)?;
     // What each rank holds besides its data: its pipeline's bound and one streaming read.
     let pipeline = budget::pipeline_bound(options).saturating_add(STREAM_READ_BYTES);
     let home = HomeRanges::new(n, world);

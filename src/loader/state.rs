@@ -6,8 +6,10 @@
 //! number of ranks and any mesh, provided the dataset, seed and batch size are the same:
 //! the [`Fingerprint`] records those, and a mismatch is refused naming what changed.
 
+use crate::config::LoaderOptions;
 use crate::dataset::Dataset;
 use crate::error::{Error, ErrorKind, Result, ResultExt};
+use crate::plan::SharedOrder;
 
 /// The largest epoch a loader can stand at. A position is a JSON number in a state file,
 /// exact in every JSON reader up to 2^53 (JavaScript's and Python's `float` included), and
@@ -41,6 +43,9 @@ pub struct Fingerprint {
     pub samples: u64,
     pub batch_size: usize,
     pub seed: u64,
+    /// The sweep's shared order the job's order is derived from, if any (`--shared-order`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shared_order: Option<SharedOrder>,
     pub tail: crate::config::TailPolicy,
     /// The sequence packing the samples were made by, if any (`--pack`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -48,8 +53,8 @@ pub struct Fingerprint {
 }
 
 impl Fingerprint {
-    /// The fingerprint of a dataset loaded with `batch_size` and `seed`.
-    pub fn of(dataset: &Dataset, batch_size: usize, seed: u64, tail: crate::config::TailPolicy) -> Fingerprint {
+    /// The fingerprint of a dataset loaded with `options` (those the order depends on).
+    pub fn of(dataset: &Dataset, options: &LoaderOptions) -> Fingerprint {
         Fingerprint {
             files: dataset
                 .files()
@@ -64,9 +69,10 @@ impl Fingerprint {
                 .collect(),
             fields: dataset.fields().iter().map(|f| format!("{}: {}", f.name, f.kind)).collect(),
             samples: dataset.len(),
-            batch_size,
-            seed,
-            tail,
+            batch_size: options.batch_size,
+            seed: options.seed,
+            shared_order: options.shared_order,
+            tail: options.tail,
             pack: dataset.options().pack.as_ref().map(ToString::to_string),
         }
     }
@@ -76,6 +82,10 @@ impl Fingerprint {
         let mut what = Vec::new();
         if self.seed != now.seed {
             what.push(format!("seed {} → {}", self.seed, now.seed));
+        }
+        if self.shared_order != now.shared_order {
+            let show = |o: &Option<SharedOrder>| o.map_or_else(|| "none".into(), |o| o.to_string());
+            what.push(format!("shared order {} → {}", show(&self.shared_order), show(&now.shared_order)));
         }
         if self.batch_size != now.batch_size {
             what.push(format!("batch size {} → {}", self.batch_size, now.batch_size));

@@ -89,8 +89,9 @@ pub(crate) struct Stream {
     pub all_local: bool,
     /// Whether the rows come from a feeder ([`crate::feed`]) and each is received by one
     /// rank: where reads are local ([`Stream::local_reads`]), a receiver asks the feeder
-    /// for the rows it receives, whatever host their owner is on. (Rows that several ranks receive, as tensor-parallel ranks do, are
-    /// asked for once and cross the exchange: the feeder sends each row once a job.)
+    /// for the rows it receives, whatever host their owner is on. (Rows that several
+    /// ranks receive, as tensor-parallel ranks do, are asked for once and cross the
+    /// exchange: the feeder sends each row once a job.)
     pub served: bool,
     /// Whether the home ranges may be balanced ([`Stream::balances`]); the window budget
     /// counts a rank's read and send buffers at the most a balanced range holds.

@@ -24,7 +24,7 @@ pub use home::HomeRanges;
 pub use index::HomeIndex;
 pub use io::{IoPlan, Strategy};
 pub use mesh::Mesh;
-pub use permutation::Permutation;
+pub use permutation::{Permutation, SharedOrder};
 pub use placement::{FieldPart, Placement};
 pub use sharding::{FieldSharding, Stage};
 pub use window::{EpochOrder, WindowPlan};

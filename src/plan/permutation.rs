@@ -19,6 +19,21 @@
 //! This is a shuffle, not cryptography: the round keys come from a strong 64-bit mixer so
 //! that orders of different seeds and epochs are unrelated, but nothing here is meant to
 //! resist an adversary.
+//!
+//! **A shared order** ([`SharedOrder`], opt-in) correlates the orders of jobs that share a
+//! feeder whose memory cannot hold the dataset (Joader's dependent sampling, made
+//! deterministic): each job's order is `shared ∘ own`, where `shared` is the permutation
+//! of the sweep's common seed and `own` reorders positions only within consecutive blocks
+//! of `block` positions, keyed by the job's own seed. Every job then visits the same
+//! samples block by block, in its own order inside each block, so that a row read from
+//! storage for one job is read from the feeder's cache by the others. Each job's order is
+//! still a uniform random permutation of the epoch: composing a uniform permutation with
+//! any permutation chosen independently of it gives a uniform permutation.
+
+use std::fmt;
+use std::str::FromStr;
+
+use crate::error::{Error, Result};
 
 /// Number of Feistel rounds. Luby-Rackoff needs 4 for a pseudo-random permutation with
 /// ideal round functions; 8 leaves a wide margin for tiny half-blocks and a cheap mixer.
@@ -31,7 +46,8 @@ const MIN_HALF_BITS: u32 = 2;
 /// Weyl-sequence increment of splitmix64 (2^64 / golden ratio, odd).
 const GOLDEN_GAMMA: u64 = 0x9e37_79b9_7f4a_7c15;
 
-/// A seekable pseudo-random permutation of `[0, n)`, fixed by `(n, seed, epoch)`.
+/// A seekable pseudo-random permutation of `[0, n)`, fixed by `(n, seed, epoch)` (and a
+/// [`SharedOrder`], where one is given: [`Permutation::of`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Permutation {
     n: u64,
@@ -40,6 +56,82 @@ pub struct Permutation {
     /// `2^half_bits - 1`; `half_bits <= 32`, so the shift never reaches 64.
     half_mask: u64,
     keys: [u64; ROUNDS],
+    /// With a shared order: the job's own reordering within blocks, applied to a position
+    /// before the network (whose keys are then the shared seed's).
+    within: Option<Within>,
+}
+
+/// The order jobs sharing a feeder may opt into: the permutation of `seed`, each job
+/// reordering it within blocks of `block` positions by its own seed (module docs).
+/// Written `SEED` or `SEED,block=N` (default block: [`SharedOrder::DEFAULT_BLOCK`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct SharedOrder {
+    /// The seed every job of the sweep gives.
+    pub seed: u64,
+    /// Positions a job reorders among themselves by its own seed.
+    pub block: u64,
+}
+
+impl SharedOrder {
+    /// Positions reordered by a job's own seed, by default: small enough that jobs a few
+    /// batches apart ask for the same rows, large enough that their batches differ.
+    pub const DEFAULT_BLOCK: u64 = 1024;
+}
+
+impl FromStr for SharedOrder {
+    type Err = Error;
+
+    fn from_str(spec: &str) -> Result<SharedOrder> {
+        let bad = |why: &str| Error::Config(format!("shared order {spec:?}: {why} (expected SEED or SEED,block=N)"));
+        let mut parts = spec.split(',');
+        let seed = parts.next().unwrap_or("").trim().parse().map_err(|_| bad("the seed is not an integer"))?;
+        let mut block = SharedOrder::DEFAULT_BLOCK;
+        for part in parts {
+            let value = part.trim().strip_prefix("block=").ok_or_else(|| bad(&format!("unknown part {part:?}")))?;
+            block = value.parse().map_err(|_| bad("the block is not an integer"))?;
+        }
+        if block == 0 {
+            return Err(bad("the block must be at least 1"));
+        }
+        Ok(SharedOrder { seed, block })
+    }
+}
+
+impl fmt::Display for SharedOrder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{},block={}", self.seed, self.block)
+    }
+}
+
+impl TryFrom<String> for SharedOrder {
+    type Error = Error;
+    fn try_from(s: String) -> Result<SharedOrder> {
+        s.parse()
+    }
+}
+
+impl From<SharedOrder> for String {
+    fn from(s: SharedOrder) -> String {
+        s.to_string()
+    }
+}
+
+/// A job's own reordering of a shared order: positions permuted within blocks.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Within {
+    seed: u64,
+    epoch: u64,
+    block: u64,
+}
+
+impl Within {
+    /// The permutation of block `b`'s positions (the last block may be shorter).
+    fn block(&self, b: u64, n: u64) -> (u64, Permutation) {
+        let start = b * self.block;
+        let len = self.block.min(n - start);
+        (start, Permutation::new(len, fmix64(self.seed ^ fmix64(b.wrapping_add(GOLDEN_GAMMA))), self.epoch))
+    }
 }
 
 impl Permutation {
@@ -69,7 +161,19 @@ impl Permutation {
             *key = splitmix64(&mut state);
         }
 
-        Permutation { n, half_bits, half_mask, keys }
+        Permutation { n, half_bits, half_mask, keys, within: None }
+    }
+
+    /// The order of `epoch` for a job of `seed`: its own permutation, or with `shared`,
+    /// the shared order reordered within blocks by `seed` (module docs).
+    #[must_use]
+    pub fn of(n: u64, seed: u64, shared: Option<SharedOrder>, epoch: u64) -> Permutation {
+        match shared {
+            None => Permutation::new(n, seed, epoch),
+            Some(SharedOrder { seed: common, block }) => {
+                Permutation { within: Some(Within { seed, epoch, block }), ..Permutation::new(n, common, epoch) }
+            }
+        }
     }
 
     /// Number of positions (and of sample ids).
@@ -86,6 +190,13 @@ impl Permutation {
     #[inline]
     pub fn apply(&self, position: u64) -> u64 {
         debug_assert!(position < self.n, "position {position} out of range for n = {}", self.n);
+        let position = match &self.within {
+            None => position,
+            Some(within) => {
+                let (start, own) = within.block(position / within.block, self.n);
+                start + own.apply(position - start)
+            }
+        };
         let mut x = self.encrypt(position);
         while x >= self.n {
             x = self.encrypt(x);
@@ -104,7 +215,13 @@ impl Permutation {
         while x >= self.n {
             x = self.decrypt(x);
         }
-        x
+        match &self.within {
+            None => x,
+            Some(within) => {
+                let (start, own) = within.block(x / within.block, self.n);
+                start + own.invert(x - start)
+            }
+        }
     }
 
     /// One pass of the Feistel network over `[0, 2^(2 * half_bits))`.
@@ -339,5 +456,80 @@ mod tests {
         let mean = total as f64 / (n - 1) as f64;
         let target = n as f64 / 3.0;
         assert!((mean - target).abs() < 0.1 * target, "mean gap {mean}, expected about {target}");
+    }
+
+    #[test]
+    fn a_shared_order_is_a_bijection_and_inverts() {
+        for (n, block) in [(1, 1), (7, 3), (50, 16), (1000, 64), (1000, 5000), (4099, 4096)] {
+            let shared = SharedOrder { seed: 11, block };
+            let perm = Permutation::of(n, 3, Some(shared), 2);
+            let mut seen = vec![false; n as usize];
+            for p in 0..n {
+                let id = perm.apply(p);
+                assert!(id < n && !seen[id as usize], "n={n} block={block}: {p} -> {id}");
+                seen[id as usize] = true;
+                assert_eq!(perm.invert(id), p, "n={n} block={block}");
+            }
+        }
+        // Without a shared order, `of` is the job's own permutation.
+        assert_eq!(Permutation::of(100, 3, None, 2), Permutation::new(100, 3, 2));
+    }
+
+    #[test]
+    fn jobs_of_a_shared_order_visit_the_same_samples_block_by_block_in_their_own_order() {
+        let (n, block) = (10_000u64, 256u64);
+        let shared = Some(SharedOrder { seed: 5, block });
+        let (a, b) = (Permutation::of(n, 1, shared, 3), Permutation::of(n, 2, shared, 3));
+        for start in (0..n).step_by(block as usize) {
+            let set = |perm: &Permutation| {
+                let mut ids: Vec<u64> = (start..(start + block).min(n)).map(|p| perm.apply(p)).collect();
+                ids.sort_unstable();
+                ids
+            };
+            assert_eq!(set(&a), set(&b), "block at {start}");
+        }
+        let differing = (0..n).filter(|&p| a.apply(p) != b.apply(p)).count();
+        assert!(differing as f64 > 0.99 * n as f64, "only {differing} positions differ");
+        // Another epoch, another shared order: the blocks' samples change too.
+        let next = Permutation::of(n, 1, shared, 4);
+        let moved = (0..n).filter(|&p| next.apply(p) / 97 != a.apply(p) / 97).count();
+        assert!(moved as f64 > 0.9 * n as f64, "only {moved} moved");
+    }
+
+    #[test]
+    fn a_jobs_shared_order_is_a_uniform_permutation_over_epochs() {
+        // One job (seed 7) of a sweep (shared seed 3, blocks of 16: the last one short),
+        // over many epochs: the chi-square of the whole position x id table. 49 * 49 = 2401
+        // degrees of freedom (mean 2401, sd 69), so 2680 is 4 sd out.
+        let (n, epochs) = (50u64, 50_000u64);
+        let shared = Some(SharedOrder { seed: 3, block: 16 });
+        let mut table = vec![0u64; (n * n) as usize];
+        for epoch in 0..epochs {
+            let perm = Permutation::of(n, 7, shared, epoch);
+            for p in 0..n {
+                table[(p * n + perm.apply(p)) as usize] += 1;
+            }
+        }
+        let stat = chi_square(&table);
+        assert!(stat < 2680.0, "position x id table: chi2 = {stat:.1}");
+        // A position inside a block and one in the short last block, alone: 49 degrees of
+        // freedom, P(chi2 > 94) is about 1e-4.
+        for p in [0, 20, n - 1] {
+            let counts: Vec<u64> = (0..n).map(|id| table[(p * n + id) as usize]).collect();
+            let stat = chi_square(&counts);
+            assert!(stat < 94.0, "position {p}: chi2 = {stat:.1}");
+        }
+    }
+
+    #[test]
+    fn a_shared_order_is_written_seed_and_block() {
+        let parse = |s: &str| s.parse::<SharedOrder>();
+        assert_eq!(parse("42").unwrap(), SharedOrder { seed: 42, block: SharedOrder::DEFAULT_BLOCK });
+        assert_eq!(parse("42,block=100").unwrap(), SharedOrder { seed: 42, block: 100 });
+        assert_eq!(parse(&SharedOrder { seed: 1, block: 9 }.to_string()).unwrap(), SharedOrder { seed: 1, block: 9 });
+        for (bad, why) in [("x", "the seed is not"), ("4,block=0", "at least 1"), ("4,blk=2", "unknown part")] {
+            let err = parse(bad).unwrap_err().to_string();
+            assert!(err.contains(why) && err.contains("SEED,block=N"), "{bad}: {err}");
+        }
     }
 }

@@ -17,7 +17,7 @@ use crate::dataset::gen::{self, Manifest};
 use crate::dataset::Dataset;
 use crate::error::{Error, Result};
 use crate::loader::Batch;
-use crate::plan::{HomeRanges, Permutation, Placement};
+use crate::plan::{HomeRanges, Permutation, Placement, SharedOrder};
 use crate::transport::{ReduceOp, Transport};
 use crate::types::Epoch;
 
@@ -48,7 +48,8 @@ pub struct Verifier {
     /// The same for a partial last batch (step `last_step`), if the tail policy makes one.
     tail_copies_per_row: Option<Vec<u16>>,
     last_step: u64,
-    seed: u64,
+    /// The job's seed and the shared order it opted into, if any: the epoch's order.
+    order: (u64, Option<SharedOrder>),
     manifest: Option<(Manifest, Vec<usize>)>,
     perm: Option<Permutation>,
     delivered: Vec<u64>,
@@ -66,7 +67,7 @@ impl Verifier {
         placement: &Placement,
         tail: Option<&Placement>,
         steps_per_epoch: u64,
-        seed: u64,
+        order: (u64, Option<SharedOrder>),
         manifest: Option<Manifest>,
     ) -> Result<Verifier> {
         let batch_size = placement.batch_size();
@@ -104,7 +105,7 @@ impl Verifier {
             copies_per_row,
             tail_copies_per_row,
             last_step: steps_per_epoch.saturating_sub(1),
-            seed,
+            order,
             manifest,
             perm: None,
             delivered: Vec::new(),
@@ -126,7 +127,7 @@ impl Verifier {
 
     /// Starts an epoch.
     pub fn begin_epoch(&mut self, n: u64, epoch: Epoch) {
-        self.perm = Some(Permutation::new(n, self.seed, epoch.0));
+        self.perm = Some(Permutation::of(n, self.order.0, self.order.1, epoch.0));
         self.delivered.clear();
         self.out_of_order = 0;
         self.wrong_contents = 0;

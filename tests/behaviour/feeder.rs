@@ -221,7 +221,8 @@ fn a_feeder_past_its_memory_budget_reads_the_rest_from_storage_and_says_what_it_
     // each. Held, a file takes 300 × (64 + 24) bytes: the budget fits one a rank. The
     // feeder's ranks meet over UCX (`meshfeed launch`), and so do its client's.
     let data = Dataset::gen("npy", 1200).files(4).field("x:u8:64").write(&out.path().join("npy"));
-    let budget = (2 * 300 * 88 + 1000).to_string();
+    // (7/8 of a rank's budget holds files; the rest caches rows read from storage.)
+    let budget = (2 * 31_000).to_string();
     let serving = serve_with(&data, out.path(), 2, true, &["--memory-budget", &budget]);
     assert_eq!((serving.started["files"].as_u64(), serving.started["held_files"].as_u64()), (Some(4), Some(2)));
     let (served, files) = (out.path().join("served"), out.path().join("files"));
@@ -271,6 +272,67 @@ fn a_feeder_past_its_memory_budget_reads_the_rest_from_storage_and_says_what_it_
         // its files (not one a file); the spilling job's ranks read each file once.
         assert_eq!(n("connections"), n("jobs") + 3 * 3, "rank {rank}: {s}");
     }
+}
+
+/// Jobs of a sweep that opt into a shared order (`--shared-order`) ask a feeder past its
+/// memory budget for the same rows at about the same time: it reads them from storage
+/// about once for all, where jobs of their own orders read them once each. Each job still
+/// gets exactly the stream it would read from the files.
+#[test]
+fn jobs_of_a_shared_order_read_the_feeders_storage_about_once_between_them() {
+    let out = tempdir();
+    // 8 files of 250 samples of 256 bytes; held, a file takes 250 × (256 + 24) bytes. The
+    // lone feeder rank holds 4 (7/8 of its budget) and caches about 210 rows read from
+    // storage with the rest: a fifth of the 1000 rows it reads from storage each epoch.
+    let data = Dataset::gen("npy", 2000).files(8).field("x:u8:256").write(&out.path().join("npy"));
+    let budget = 360_000.to_string();
+    let job = |data: &Path, seed, order: Option<&str>, dump: &Path| {
+        let job = Job::new(data).batch(40).seed(seed).epochs(2).args(["--window-bytes", "40K"]).dump(dump);
+        // Served, a training step's 50 ms: the jobs' start a few tenths of a second apart
+        // is a few steps, and the rows asked for since are still in the feeder's cache.
+        let job = if data.extension().is_some_and(|e| e == "json") { job.args(["--compute-ms", "50"]) } else { job };
+        match order {
+            Some(order) => job.args(["--shared-order", order]),
+            None => job,
+        }
+    };
+    // The bytes a feeder read from storage serving `seeds`' jobs at once, each job's
+    // stream checked against the files'.
+    let storage = |name: &str, seeds: &[u64], order: Option<&str>| {
+        let dir = out.path().join(name);
+        std::fs::create_dir(&dir).unwrap();
+        let serving = serve_with(&data, &dir, 1, false, &["--memory-budget", &budget]);
+        assert_eq!(serving.started["held_files"], 4);
+        let dumps: Vec<PathBuf> = seeds.iter().map(|s| dir.join(format!("served-{s}"))).collect();
+        let rendezvous = &serving.rendezvous;
+        std::thread::scope(|scope| {
+            let runs: Vec<_> = seeds
+                .iter()
+                .zip(&dumps)
+                .map(|(&seed, dump)| scope.spawn(move || job(rendezvous, seed, order, dump).mpirun(2)))
+                .collect();
+            runs.into_iter().for_each(|r| ok(&r.join().unwrap()));
+        });
+        for (&seed, served) in seeds.iter().zip(&dumps) {
+            let files = dir.join(format!("files-{seed}"));
+            ok(&job(&data, seed, order, &files).mpirun(2));
+            assert!(dump_bytes(served, 2) == dump_bytes(&files, 2), "{name}: seed {seed}'s stream differs");
+        }
+        let stopped = serving.stop(1);
+        stopped[0]["storage_bytes"].as_u64().unwrap()
+    };
+    let shared = storage("shared", &[1, 2], Some("7,block=100"));
+    let own = storage("own", &[1, 2], None);
+    // One job reads two epochs of 1000 rows of 256 bytes from storage (and a little more:
+    // 534 016 bytes measured here), two jobs of their own orders twice that, less the
+    // cache's chance hits (1.8 × measured), two of a shared order about once (1.0 ×).
+    let lone = 2 * 1000 * 256;
+    assert!(shared >= lone, "the rows past the budget come from storage: {shared} bytes");
+    assert!((shared as f64) < 1.4 * lone as f64, "two jobs of a shared order read {shared} bytes, one {lone}");
+    assert!((own as f64) > 1.6 * lone as f64, "two jobs of their own orders read {own} bytes, one {lone}");
+    // Orders of the two seeds differ.
+    let first = |name: &str, seed: u64| dump_bytes(&out.path().join(name).join(format!("files-{seed}")), 2);
+    assert!(first("shared", 1) != first("shared", 2));
 }
 
 #[test]

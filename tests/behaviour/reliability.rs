@@ -149,6 +149,7 @@ over_transports! {
         for (args, needle) in [
             (vec!["--batch-size", "20", "--seed", "3"], "batch size 10 → 20"),
             (vec!["--batch-size", "10", "--seed", "4"], "seed 3 → 4"),
+            (vec!["--batch-size", "10", "--seed", "3", "--shared-order", "7,block=50"], "shared order none → 7,block=50"),
         ] {
             let mut a = vec!["run", "--data", d, "--resume-from", s];
             a.extend(args);

@@ -228,6 +228,42 @@ over_transports! {
         }
     }
 
+    /// A job of a shared order (`--shared-order`) is a stream like any other: delivered
+    /// exactly once in its own order (which the verifier derives from the same options),
+    /// the same at any world size, resumed exactly from a checkpoint; and its own seed
+    /// still matters.
+    fn a_shared_order_is_exact_world_size_invariant_and_resumable(t: Transport) {
+        let out = tempdir();
+        let data = Dataset::gen("npy", 1001).files(3).field("x:u16:3").write(&out.path().join("d"));
+        let epochs = |seed, epochs, dump: &Path| {
+            let job = Job::new(&data).batch(24).seed(seed).epochs(epochs).window("2K");
+            job.args(["--shared-order", "9,block=64"]).dump(dump)
+        };
+        let job = |seed, dump: &Path| epochs(seed, 2, dump);
+        let (two, three) = (out.path().join("two"), out.path().join("three"));
+        let run = job(1, &two).args(["--verify"]).over(t, 2);
+        ok(&run);
+        let verified = "delivered exactly once, in permutation order; contents match the generator";
+        assert_eq!(run.stdout.matches(verified).count(), 2, "{}", run.stdout);
+        ok(&job(1, &three).over(t, 3));
+        let global = |dir: &Path, np| global_batches(&read_dump(dir, np));
+        assert!(global(&two, 2) == global(&three, 3), "the stream depends on the ranks");
+        // Another seed of the same shared order: another stream.
+        let other = out.path().join("other");
+        ok(&job(2, &other).over(t, 2));
+        assert!(global(&other, 2) != global(&two, 2), "the job's own seed changed nothing");
+        // An epoch, then a resume at 3 ranks: the two runs are the uninterrupted one.
+        let (first, rest) = (out.path().join("first"), out.path().join("rest"));
+        let ck = out.path().join("ck.json");
+        let ck = ck.to_str().unwrap();
+        ok(&epochs(1, 1, &first).args(["--checkpoint", ck]).over(t, 2));
+        let resumed = job(1, &rest).args(["--checkpoint", ck]).over(t, 3);
+        ok(&resumed);
+        assert!(resumed.stdout.contains("resuming at epoch 1 step 0"), "{}", resumed.stdout);
+        let joined = [global(&first, 2), global(&rest, 3)].concat();
+        assert!(joined == global(&three, 3), "resumed, the shared order's stream differs");
+    }
+
     fn verify_fails_on_corrupted_contents(t: Transport) {
         let out = tempdir();
         let data = Dataset::gen("raw", 64).files(2).field("x:u32:4").write(&out.path().join("d"));

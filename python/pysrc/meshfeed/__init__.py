@@ -389,7 +389,16 @@ class Loader:
         data: dataset files or directories (``.npy``, ``.h5``/``.hdf5``, ``.arrow``/
             ``.feather``/``.ipc``, ``.raw`` with ``schema.json``).
         batch_size: global batch size B (all ranks together).
+        source: instead of ``data``, a shared feeder (``meshfeed serve``) to read the
+            dataset from: ``"meshfeed://HOST:PORT/NAME"`` (the token in
+            ``MESHFEED_FEEDER_TOKEN``) or the path of its rendezvous file. The batches are
+            those of the files themselves.
         seed: seed of the permutation (default 0).
+        shared_order: jobs of a sweep reading one feeder that cannot hold the data:
+            ``"SEED"`` or ``"SEED,block=N"``, the same in every job; each job's order is
+            the common seed's, reordered by ``seed`` within blocks of N positions (1024),
+            so that the feeder reads each row from storage once for all of them. Each
+            job's order is still a uniform random permutation of every epoch.
         mesh: device mesh, e.g. ``"dp=2,tp=2"`` (default: data parallel over all ranks).
         shard: per field, the mesh axes its dimensions are split over, e.g.
             ``{"tokens": "dp,tp"}``.
@@ -462,10 +471,12 @@ class Loader:
 
     def __init__(
         self,
-        data: Union[PathArg, Sequence[PathArg]],
-        batch_size: SupportsIndex,
+        data: Union[PathArg, Sequence[PathArg], None] = None,
+        batch_size: Optional[SupportsIndex] = None,
         *,
+        source: Optional[PathArg] = None,
         seed: SupportsIndex = 0,
+        shared_order: Optional[str] = None,
         mesh: Optional[str] = None,
         shard: Optional[Mapping[str, str]] = None,
         stages: Optional[Mapping[str, Stage]] = None,
@@ -494,13 +505,23 @@ class Loader:
         heartbeat: Optional[float] = None,
         bootstrap: Bootstrap = "auto",
     ) -> None:
+        if (data is None) == (source is None):
+            raise ConfigError(
+                "give data (dataset files or directories) or source (a shared feeder: "
+                "'meshfeed://HOST:PORT/NAME' or its rendezvous file), one of them"
+            )
+        if batch_size is None:
+            raise ConfigError("no batch size given (batch_size=...)")
         paths: Sequence[Any] = data  # type: ignore[assignment]  # one path is made a list below
-        if isinstance(data, (str, bytes)) or hasattr(data, "__fspath__"):
+        if data is None:
+            paths = [source]
+        elif isinstance(data, (str, bytes)) or hasattr(data, "__fspath__"):
             paths = [data]
         options: dict[str, Any] = {
-            "data": [_path("data", p) for p in paths],
+            "data": [_path("source" if data is None else "data", p) for p in paths],
             "batch_size": _integer("batch_size", batch_size),
             "seed": _integer("seed", seed),
+            "shared_order": shared_order,
             "mesh": mesh,
             "shard": _mapping("shard", shard or {}),
             "stages": _mapping("stages", stages or {}),
