@@ -131,6 +131,10 @@ pub struct RunInfo {
     pub batch_size: u64,
     pub epochs: u64,
     pub seed: u64,
+    /// The sweep's shared order the run's order was derived from (`--shared-order`; not
+    /// recorded before).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shared_order: Option<String>,
     /// The device mesh (`dp=2,tp=2`).
     pub mesh: String,
     /// The exchange the loader ran (`fused`, `two-phase`, `broadcast`).
@@ -167,6 +171,7 @@ impl RunInfo {
             batch_size: job.loader.batch_size as u64,
             epochs: job.epochs,
             seed: job.loader.seed,
+            shared_order: job.loader.shared_order.map(|o| o.to_string()),
             mesh: loader.mesh().to_string(),
             exchange: loader.exchange_mode().to_string(),
             transport: job.transport.to_string(),

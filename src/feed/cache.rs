@@ -41,8 +41,8 @@ enum Entry {
 #[derive(Default)]
 struct State {
     entries: HashMap<(u32, u64), Entry>,
-    /// Rows filled in, oldest first (a row evicted and filled in again appears twice:
-    /// the older place evicts nothing).
+    /// Rows filled in, oldest first: one place for each cached row (a row leaves the
+    /// queue as it leaves the cache, and only a row claimed, not cached, is filled in).
     order: VecDeque<(u32, u64)>,
     bytes: u64,
     hits: u64,
@@ -102,7 +102,8 @@ impl RowCache {
         let mut state = self.state();
         for (row, values) in rows {
             state.bytes += cost(&values);
-            state.entries.insert((file, row), Entry::Ready(values));
+            let old = state.entries.insert((file, row), Entry::Ready(values));
+            debug_assert!(matches!(old, Some(Entry::Pending)), "row {row} of file {file} filled in unclaimed");
             state.order.push_back((file, row));
         }
         state.changes += 1;

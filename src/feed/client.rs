@@ -74,14 +74,13 @@ impl Connection {
         if let Some(why) = &self.broken {
             return Err(why.clone());
         }
-        let answer = self.exchange(frame);
+        // The feeder closes a connection after refusing a request on it: later calls fail
+        // with its reason.
+        let answer = self.exchange(frame).and_then(|answer| wire::parse_answer(&answer).map(|_| ()).map(|()| answer));
         if let Err(why) = &answer {
             self.broken = Some(why.clone());
         }
-        let answer = answer?;
-        // The feeder's refusal of a request leaves the connection usable.
-        wire::parse_answer(&answer)?;
-        Ok(answer)
+        answer
     }
 
     /// One request and its answer frame, or why the connection failed.

@@ -379,6 +379,7 @@ impl Feeder {
             return Err(format!("row {last} of file {} is past its end ({samples} rows)", request.file));
         }
         let mut values: Vec<Option<Values>> = vec![None; request.rows.len()];
+        let mut told = Instant::now();
         loop {
             let todo: Vec<usize> = (0..values.len()).filter(|&i| values[i].is_none()).collect();
             if todo.is_empty() {
@@ -397,9 +398,19 @@ impl Feeder {
             if !mine.is_empty() {
                 // Read before waiting for anything: no request waits holding rows of its own.
                 let rows: Vec<u64> = mine.iter().map(|&i| request.rows[i]).collect();
-                let chunk = self.read_from_storage(request.file as usize, &rows).inspect_err(|_| {
-                    self.cache.abandon(request.file, &rows);
-                })?;
+                let read = self.read_from_storage(request.file as usize, &rows).and_then(|chunk| {
+                    match chunk.rows() == rows.len() {
+                        true => Ok(chunk),
+                        false => Err(format!(
+                            "file {}: {} rows read of {} asked for",
+                            request.file,
+                            chunk.rows(),
+                            rows.len()
+                        )),
+                    }
+                });
+                // Rows claimed and not filled in are released to the requests waiting for them.
+                let chunk = read.inspect_err(|_| self.cache.abandon(request.file, &rows))?;
                 let read: Vec<Values> = (0..chunk.rows())
                     .map(|r| (0..chunk.fields()).map(|f| Box::from(chunk.value(r, f))).collect())
                     .collect();
@@ -407,11 +418,15 @@ impl Feeder {
                 for (&i, v) in mine.iter().zip(read) {
                     values[i] = Some(v);
                 }
-            } else if claims.iter().any(|c| matches!(c, Claim::Pending))
-                && self.cache.wait(changes, KEEP_ALIVE)
-                && !still_reading()
-            {
-                return Err("the client left while its rows were being read".into());
+            } else if claims.iter().any(|c| matches!(c, Claim::Pending)) {
+                self.cache.wait(changes, KEEP_ALIVE);
+                // Told every KEEP_ALIVE however often other reads wake it.
+                if told.elapsed() >= KEEP_ALIVE {
+                    if !still_reading() {
+                        return Err("the client left while its rows were being read".into());
+                    }
+                    told = Instant::now();
+                }
             }
         }
         let fields = self.dataset.fields().len();

@@ -14,7 +14,8 @@
 //! would materialise the same O(n) array only to read its own slice of it. Here each rank
 //! evaluates just the positions it owns, any position can be sought directly (resuming
 //! mid-epoch needs no replay), and all ranks agree bit for bit because the order depends only
-//! on `(n, seed, epoch)` (docs/design.md, "Concepts").
+//! on `(n, seed, epoch)`, and the shared order where a job opts into one (docs/design.md,
+//! "Concepts").
 //!
 //! This is a shuffle, not cryptography: the round keys come from a strong 64-bit mixer so
 //! that orders of different seeds and epochs are unrelated, but nothing here is meant to
@@ -65,7 +66,7 @@ pub struct Permutation {
 /// reordering it within blocks of `block` positions by its own seed (module docs).
 /// Written `SEED` or `SEED,block=N` (default block: [`SharedOrder::DEFAULT_BLOCK`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
-#[serde(try_from = "String", into = "String")]
+#[serde(try_from = "SharedOrderValue", into = "String")]
 pub struct SharedOrder {
     /// The seed every job of the sweep gives.
     pub seed: u64,
@@ -86,11 +87,14 @@ impl FromStr for SharedOrder {
         let bad = |why: &str| Error::Config(format!("shared order {spec:?}: {why} (expected SEED or SEED,block=N)"));
         let mut parts = spec.split(',');
         let seed = parts.next().unwrap_or("").trim().parse().map_err(|_| bad("the seed is not an integer"))?;
-        let mut block = SharedOrder::DEFAULT_BLOCK;
+        let mut block = None;
         for part in parts {
             let value = part.trim().strip_prefix("block=").ok_or_else(|| bad(&format!("unknown part {part:?}")))?;
-            block = value.parse().map_err(|_| bad("the block is not an integer"))?;
+            if block.replace(value.parse().map_err(|_| bad("the block is not an integer"))?).is_some() {
+                return Err(bad("the block is given twice"));
+            }
         }
+        let block = block.unwrap_or(SharedOrder::DEFAULT_BLOCK);
         if block == 0 {
             return Err(bad("the block must be at least 1"));
         }
@@ -104,10 +108,22 @@ impl fmt::Display for SharedOrder {
     }
 }
 
-impl TryFrom<String> for SharedOrder {
+/// A shared order as a job file or Python gives it: its seed alone (`7`), or its text
+/// (`"7,block=64"`).
+#[derive(serde::Deserialize)]
+#[serde(untagged)]
+enum SharedOrderValue {
+    Seed(u64),
+    Text(String),
+}
+
+impl TryFrom<SharedOrderValue> for SharedOrder {
     type Error = Error;
-    fn try_from(s: String) -> Result<SharedOrder> {
-        s.parse()
+    fn try_from(value: SharedOrderValue) -> Result<SharedOrder> {
+        match value {
+            SharedOrderValue::Seed(seed) => Ok(SharedOrder { seed, block: SharedOrder::DEFAULT_BLOCK }),
+            SharedOrderValue::Text(text) => text.parse(),
+        }
     }
 }
 
@@ -527,7 +543,13 @@ mod tests {
         assert_eq!(parse("42").unwrap(), SharedOrder { seed: 42, block: SharedOrder::DEFAULT_BLOCK });
         assert_eq!(parse("42,block=100").unwrap(), SharedOrder { seed: 42, block: 100 });
         assert_eq!(parse(&SharedOrder { seed: 1, block: 9 }.to_string()).unwrap(), SharedOrder { seed: 1, block: 9 });
-        for (bad, why) in [("x", "the seed is not"), ("4,block=0", "at least 1"), ("4,blk=2", "unknown part")] {
+        // A job file or Python may give the seed alone, as a number.
+        let from_json = |v: &str| serde_json::from_str::<SharedOrder>(v).map_err(|e| e.to_string());
+        assert_eq!(from_json("5"), Ok(SharedOrder { seed: 5, block: SharedOrder::DEFAULT_BLOCK }));
+        assert_eq!(from_json("\"5,block=8\""), Ok(SharedOrder { seed: 5, block: 8 }));
+        assert!(from_json("\"5,block=0\"").unwrap_err().contains("at least 1"));
+        let bads = [("x", "the seed is not"), ("4,block=0", "at least 1"), ("4,blk=2", "unknown part")];
+        for (bad, why) in bads.into_iter().chain([("4,block=2,block=3", "given twice")]) {
             let err = parse(bad).unwrap_err().to_string();
             assert!(err.contains(why) && err.contains("SEED,block=N"), "{bad}: {err}");
         }

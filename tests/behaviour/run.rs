@@ -248,10 +248,29 @@ over_transports! {
         ok(&job(1, &three).over(t, 3));
         let global = |dir: &Path, np| global_batches(&read_dump(dir, np));
         assert!(global(&two, 2) == global(&three, 3), "the stream depends on the ranks");
-        // Another seed of the same shared order: another stream.
+        // Another seed of the same shared order: another stream, over the same samples
+        // block by block (64 positions); the job's own order (no shared order) is another.
         let other = out.path().join("other");
         ok(&job(2, &other).over(t, 2));
         assert!(global(&other, 2) != global(&two, 2), "the job's own seed changed nothing");
+        let blocks = |dir: &Path, np| -> Vec<Vec<u64>> {
+            let ids: Vec<u64> = global(dir, np).into_iter().flat_map(|(_, rows)| rows.into_iter().map(|(id, _)| id)).collect();
+            // Each epoch delivers 41 batches of 24 (984 positions): 15 whole blocks each.
+            let sorted = |block: &[u64]| {
+                let mut block = block.to_vec();
+                block.sort_unstable();
+                block
+            };
+            ids.chunks(984).flat_map(|epoch| epoch.chunks(64).take(15).map(sorted).collect::<Vec<_>>()).collect()
+        };
+        assert_eq!(blocks(&two, 2), blocks(&other, 2), "two seeds of one shared order visit different samples");
+        let own = out.path().join("own");
+        ok(&Job::new(&data).batch(24).seed(1).epochs(2).window("2K").dump(&own).over(t, 2));
+        assert!(blocks(&own, 2) != blocks(&two, 2), "the shared order was ignored");
+        // The broadcast baseline derives the same order.
+        let broadcast = out.path().join("broadcast");
+        ok(&job(1, &broadcast).args(["--exchange", "broadcast"]).over(t, 2));
+        assert!(global(&broadcast, 2) == global(&two, 2), "the broadcast baseline's order differs");
         // An epoch, then a resume at 3 ranks: the two runs are the uninterrupted one.
         let (first, rest) = (out.path().join("first"), out.path().join("rest"));
         let ck = out.path().join("ck.json");

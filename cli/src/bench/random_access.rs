@@ -78,14 +78,14 @@ pub fn measure(t: &dyn Transport, dataset: &Dataset, job: &Job, setting: &Settin
     // As the loader's `drop` tail policy: full global batches only.
     let steps = dataset.len() / batch;
     let mut readers: Vec<Option<Box<dyn FileReader>>> = (0..dataset.files().len()).map(|_| None).collect();
-    let seed = job.loader.seed;
+    let (seed, shared) = (job.loader.seed, job.loader.shared_order);
     let n = dataset.len();
     // Warm-up epoch 0 (page cache, open files), then timed epochs 1..=epochs.
-    agree(t, epoch(dataset, &mut readers, &Permutation::new(n, seed, 0), (rank, ranks), steps, per_rank))?;
+    agree(t, epoch(dataset, &mut readers, &Permutation::of(n, seed, shared, 0), (rank, ranks), steps, per_rank))?;
     let mut times = Vec::new();
     let mut last = Delivered { samples: 0, bytes: 0 };
     for e in 1..=job.epochs.max(1) {
-        let perm = Permutation::new(n, seed, e);
+        let perm = Permutation::of(n, seed, shared, e);
         let (s, d) = timed_max(t, || epoch(dataset, &mut readers, &perm, (rank, ranks), steps, per_rank))?;
         times.push(s);
         last = d;

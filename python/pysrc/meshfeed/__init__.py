@@ -395,7 +395,7 @@ class Loader:
             those of the files themselves.
         seed: seed of the permutation (default 0).
         shared_order: jobs of a sweep reading one feeder that cannot hold the data:
-            ``"SEED"`` or ``"SEED,block=N"``, the same in every job; each job's order is
+            ``SEED`` (an int) or ``"SEED,block=N"``, the same in every job; each job's order is
             the common seed's, reordered by ``seed`` within blocks of N positions (1024),
             so that the feeder reads each row from storage once for all of them. Each
             job's order is still a uniform random permutation of every epoch.
@@ -476,7 +476,7 @@ class Loader:
         *,
         source: Optional[PathArg] = None,
         seed: SupportsIndex = 0,
-        shared_order: Optional[str] = None,
+        shared_order: Union[str, int, None] = None,
         mesh: Optional[str] = None,
         shard: Optional[Mapping[str, str]] = None,
         stages: Optional[Mapping[str, Stage]] = None,
@@ -687,8 +687,8 @@ class Loader:
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continues exactly where ``state`` (a :meth:`state_dict`, also after a JSON round
-        trip) says. Refuses a state of another stream (dataset, seed, batch size or tail
-        policy changed), naming what changed."""
+        trip) says. Refuses a state of another stream (dataset, seed, shared order, batch
+        size or tail policy changed), naming what changed."""
         if not isinstance(state, Mapping):
             raise ConfigError(
                 f"invalid loader state: expected the dict state_dict() returned, not {type(state).__name__}"

@@ -65,7 +65,7 @@ class JobOptions(TypedDict, total=False):
     batch_size: int
     epochs: int
     seed: int
-    shared_order: str
+    shared_order: Union[str, int]
     window_bytes: ByteSize
     prefetch: int
     read_strategy: ReadStrategy
