@@ -166,7 +166,8 @@ fn stopped(args: &ServeArgs, name: &str, rank: usize, signal: i32, s: FeederStat
         let v = serde_json::json!({
             "kind": "stopped", "name": name, "rank": rank, "signal": signal, "held_files": s.held_files,
             "bytes_loaded": s.bytes_loaded, "storage_files": s.storage_files, "storage_bytes": s.storage_bytes,
-            "cache_capacity": s.cache_capacity, "cache_rows": s.cache_rows, "jobs": s.jobs, "connections": s.connections, "requests": s.requests, "bytes_sent": s.bytes_sent,
+            "cache_capacity": s.cache_capacity, "cache_rows": s.cache_rows,
+            "jobs": s.jobs, "connections": s.connections, "requests": s.requests, "bytes_sent": s.bytes_sent,
         });
         out!("{v}");
     } else {

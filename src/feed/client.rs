@@ -76,7 +76,10 @@ impl Connection {
         }
         // The feeder closes a connection after refusing a request on it: later calls fail
         // with its reason.
-        let answer = self.exchange(frame).and_then(|answer| wire::parse_answer(&answer).map(|_| ()).map(|()| answer));
+        let answer = self.exchange(frame).and_then(|answer| {
+            wire::parse_answer(&answer)?;
+            Ok(answer)
+        });
         if let Err(why) = &answer {
             self.broken = Some(why.clone());
         }

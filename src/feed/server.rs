@@ -399,15 +399,10 @@ impl Feeder {
                 // Read before waiting for anything: no request waits holding rows of its own.
                 let rows: Vec<u64> = mine.iter().map(|&i| request.rows[i]).collect();
                 let read = self.read_from_storage(request.file as usize, &rows).and_then(|chunk| {
-                    match chunk.rows() == rows.len() {
-                        true => Ok(chunk),
-                        false => Err(format!(
-                            "file {}: {} rows read of {} asked for",
-                            request.file,
-                            chunk.rows(),
-                            rows.len()
-                        )),
+                    if chunk.rows() == rows.len() {
+                        return Ok(chunk);
                     }
+                    Err(format!("file {}: {} rows read of {} asked for", request.file, chunk.rows(), rows.len()))
                 });
                 // Rows claimed and not filled in are released to the requests waiting for them.
                 let chunk = read.inspect_err(|_| self.cache.abandon(request.file, &rows))?;
