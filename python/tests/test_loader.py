@@ -38,6 +38,11 @@ def read_dump(d: Path, np_: int):
     return [[json.loads(line) for line in (d / f"rank-{r}.jsonl").read_text().splitlines()] for r in range(np_)]
 
 
+def delivered_ids(dump) -> list:
+    """Every sample id a dump's ranks received, sorted."""
+    return sorted(i for rank in dump for line in rank for i in line["ids"])
+
+
 def python_job(np_, options, out, epochs, *extra, transport="mpi"):
     args = [sys.executable, DUMP_JOB, json.dumps(options), out, epochs, *extra]
     if transport == "mpi":
@@ -126,6 +131,16 @@ def test_a_training_job_reads_from_a_shared_feeder_exactly_as_from_the_files(dat
         env = dict(ENV, MESHFEED_FEEDER_TOKEN=feeder["token"])
         ok(run(MPIRUN + ["-np", 2, "-x", "MESHFEED_FEEDER_TOKEN"] + args, env=env))
         assert read_dump(by_url, 2) == expected
+        # A job of a sweep's shared order (blocks of 24 positions): the order of the
+        # command line's on the files, not the job's own.
+        cli_shared, py_shared = tmp_path / "cli-shared", tmp_path / "py-shared"
+        ok(run(MPIRUN + ["-np", 2, BIN, "run", "--data", datasets["arrow"], "--batch-size", "12", "--epochs", "2",
+                         "--seed", "5", "--shared-order", "7,block=24", "--dump", cli_shared]))
+        job = {"data": [str(rendezvous)], "batch_size": 12, "seed": 5, "shared_order": "7,block=24"}
+        ok(python_job(2, job, py_shared, 2))
+        shared = read_dump(cli_shared, 2)
+        assert read_dump(py_shared, 2) == shared
+        assert shared != expected and delivered_ids(shared) == delivered_ids(expected)
     finally:
         serve.kill()
         serve.wait()

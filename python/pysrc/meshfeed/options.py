@@ -91,9 +91,7 @@ class JobOptions(TypedDict, total=False):
     heartbeat: float
 
 
-class Fingerprint(TypedDict):
-    """What defines the global batch stream (not the ranks or the mesh)."""
-
+class _FingerprintKeys(TypedDict):
     #: Per file: ``[name, samples, bytes]`` (the name, not the full path), a list as
     #: JSON carries it.
     files: list[list[Union[str, int]]]
@@ -103,6 +101,15 @@ class Fingerprint(TypedDict):
     batch_size: int
     seed: int
     tail: Tail
+
+
+class Fingerprint(_FingerprintKeys, total=False):
+    """What defines the global batch stream (not the ranks or the mesh)."""
+
+    #: The sweep's shared order (``"SEED,block=N"``), where the job has one.
+    shared_order: str
+    #: The sequence packing the samples were made by, where the job packs them.
+    pack: str
 
 
 class LoaderState(TypedDict):
