@@ -10,6 +10,7 @@ Run it as root on Linux once built (``cargo build --release -p meshfeed-cli``):
     python3 bench/feeder.py --storage warm         # the same from the page cache, unthrottled
     python3 bench/feeder.py --feeder-budget 96M    # a feeder holding part of the data
     python3 bench/feeder.py --feeder-budget 96M --shared-order 7   # and jobs of a shared order
+    python3 bench/feeder.py --storage warm --socket   # and a feeder without shared memory
 
 The dataset lives on an ext4 filesystem of its own on a loop device (bench/cold.py's); its
 pages are dropped from the page cache every 100 ms during every run, and every process that
@@ -25,11 +26,14 @@ For each K of ``--jobs``, two scenarios, each starting with the dataset's pages 
             jobs start at once with its rendezvous file as their data, their requests
             for files not read yet waiting for them
 
-and with ``--shared-order SPEC`` a third:
+(the jobs run on the feeder's host, so they read the rows it holds from its shared
+memory), and with ``--shared-order SPEC`` or ``--socket`` more:
 
   shared    as feeder, each job also given ``--shared-order SPEC`` (its order the common
             seed's, reordered by its own within blocks), so that the jobs ask a feeder
             past its budget for the same rows at about the same time
+  socket    as feeder, the feeder started with ``--no-shared-memory``: every row's bytes
+            cross the jobs' connections
 
 A job's time runs from its scenario's start (the feeder's loading included) to its end; its
 throughput is its samples over all epochs divided by that time. Printed: the storage bytes
@@ -71,8 +75,8 @@ def start_job(args, data, seed, cg, out, name, extra):
 
 
 def scenario(args, data, k, mode, cg, out):
-    """K jobs on the files, or through a feeder (``mode``: files, feeder, shared); returns
-    the scenario's record."""
+    """K jobs on the files, or through a feeder (``mode``: files, feeder, shared, socket);
+    returns the scenario's record."""
     name = f"{mode}-{k}"
     shared = mode != "files"
     extra = ["--shared-order", args.shared_order] if mode == "shared" else []
@@ -91,12 +95,13 @@ def scenario(args, data, k, mode, cg, out):
     evictor.start()
     before = cg.io_counters()[0]
     t0 = time.monotonic()
-    feeder, load_s, held = None, None, None
+    feeder, load_s, held, served = None, None, None, []
     try:
         source = data
         if shared:
             source = os.path.join(out, f"{name}.feeder.json")
             budget = ["--memory-budget", args.feeder_budget] if args.feeder_budget else []
+            budget += ["--no-shared-memory"] if mode == "socket" else []
             feeder = subprocess.Popen(cg.prefix() + [cold.MESHFEED, "serve", "--data", data, "--json",
                                                      "--rendezvous", source, *budget],
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -116,10 +121,17 @@ def scenario(args, data, k, mode, cg, out):
         done.set()
         evictor.join()
         if feeder is not None:
-            feeder.kill()
-            rest, _ = feeder.communicate()
-            loaded = [v for v in map(json.loads, rest.splitlines()) if v.get("kind") == "loaded"]
+            # SIGTERM: it says what it served (its 'stopped' line), then exits.
+            feeder.terminate()
+            try:
+                rest, _ = feeder.communicate(timeout=60)
+            except subprocess.TimeoutExpired:
+                feeder.kill()
+                rest, _ = feeder.communicate()
+            lines = list(map(json.loads, rest.splitlines()))
+            loaded = [v for v in lines if v.get("kind") == "loaded"]
             load_s = loaded[0]["load_s"] if loaded else None
+            served = [v for v in lines if v.get("kind") == "stopped"]
     storage = cg.io_counters()[0] - before
     samples = []
     for _, stdout in jobs:
@@ -130,6 +142,8 @@ def scenario(args, data, k, mode, cg, out):
     rec = {"scenario": mode, "jobs": k, "ranks": args.ranks, "epochs": args.epochs,
            "storage_bytes": storage, "job_s": ends, "samples_per_s": [s / t for s, t in zip(samples, ends)],
            "feeder_load_s": load_s, "feeder_held_files": held,
+           "feeder_bytes_sent": sum(v["bytes_sent"] for v in served) if served else None,
+           "feeder_bytes_mapped": sum(v["bytes_mapped"] for v in served) if served else None,
            "shared_order": args.shared_order if mode == "shared" else None}
     log(f"{name}: storage {storage / 1e6:.0f} MB, jobs done at {' '.join(f'{t:.1f}' for t in ends)} s"
         + (f" (the feeder read the files in {load_s:.1f} s)" if load_s is not None else ""))
@@ -155,6 +169,8 @@ def main():
                         "rows from storage as jobs ask [its default: 3/4 of the headroom]")
     p.add_argument("--shared-order", metavar="SPEC",
                    help="also run the K jobs through the feeder with --shared-order SPEC (SEED[,block=N])")
+    p.add_argument("--socket", action="store_true",
+                   help="also run the K jobs through a feeder started with --no-shared-memory")
     args = p.parse_args()
     cold.MESHFEED = os.path.abspath(args.binary)
     reason = cold.why_not_here()
@@ -175,8 +191,9 @@ def main():
         cold.gen(data, "npy", args.fields, args.samples)
         bps = parse_size(args.throttle) if args.storage == "cold" else 0
         cg = cold.Cgroups(f"meshfeed-feeder-{os.getpid()}", fs.dev, bps, 0, 0)
+        modes = ["files", "feeder"] + (["shared"] if args.shared_order else []) + (["socket"] if args.socket else [])
         for k in ks:
-            for mode in ["files", "feeder"] + (["shared"] if args.shared_order else []):
+            for mode in modes:
                 results.append(scenario(args, data, k, mode, cg, out))
     finally:
         if cg is not None:
@@ -189,11 +206,14 @@ def main():
             f.write(json.dumps(dict(r, dataset_bytes=dataset, storage=args.storage)) + "\n")
     lone = next((statistics.median(r["samples_per_s"]) for r in results
                  if r["scenario"] == "files" and r["jobs"] == 1), None)
-    print(f"{'scenario':<10}{'K':>3}{'storage read (x data)':>24}{'job samples/s (median)':>25}{'x lone job':>12}")
+    print(f"{'scenario':<10}{'K':>3}{'storage read (x data)':>24}{'job samples/s (median)':>25}{'x lone job':>12}"
+          f"{'sent, mapped (x data)':>24}")
     for r in results:
         m = statistics.median(r["samples_per_s"])
+        served = (f"{r['feeder_bytes_sent'] / dataset:.2f}, {r['feeder_bytes_mapped'] / dataset:.2f}"
+                  if r["feeder_bytes_sent"] is not None else "")
         print(f"{r['scenario']:<10}{r['jobs']:>3}{r['storage_bytes'] / dataset:>24.2f}{m:>25.0f}"
-              f"{(m / lone if lone else float('nan')):>12.2f}")
+              f"{(m / lone if lone else float('nan')):>12.2f}{served:>24}")
     print(f"results: {out}/results.jsonl")
     return 0
 

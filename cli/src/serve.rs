@@ -44,6 +44,11 @@ pub struct ServeArgs {
     /// limit's or the host's headroom].
     #[arg(long, value_name = "BYTES")]
     pub memory_budget: Option<ByteSize>,
+    /// Send every client the held rows' bytes over its connection. By default the held
+    /// files live in memory the host shares, and clients on a feeder rank's host read
+    /// them from their own mapping of it, the connection carrying only where they lie.
+    #[arg(long)]
+    pub no_shared_memory: bool,
     /// JSON lines instead of text: one when serving starts (`"kind":"serving"`), one when
     /// the held files are read (`"kind":"loaded"`), and one a rank when it is stopped
     /// (`"kind":"stopped"`, what it read and served).
@@ -90,6 +95,9 @@ fn serve(args: &ServeArgs, rt: &Runtime) -> Result<i32> {
     let budget = rank_budget(world, args.memory_budget.map(|b| b.0))?;
     let (samples, files) = (dataset.len(), dataset.files().len());
     let mut feeder = agree(world, Feeder::new(dataset.clone(), rank, ranks, &name, token.clone(), budget))?;
+    let shared = !args.no_shared_memory && agree(world, feeder.share_memory())?;
+    let mut sharing = [u64::from(shared)];
+    world.all_reduce_u64(&mut sharing, ReduceOp::Sum)?;
     let addresses: Vec<String> =
         world.all_gather(address.as_bytes())?.iter().map(|a| String::from_utf8_lossy(a).into_owned()).collect();
     feeder.set_addresses(dataset.files(), &addresses)?;
@@ -110,7 +118,7 @@ fn serve(args: &ServeArgs, rt: &Runtime) -> Result<i32> {
         if args.json {
             let v = serde_json::json!({
                 "kind": "serving", "name": name, "url": source.url(), "rendezvous": rendezvous, "ranks": ranks,
-                "samples": samples, "files": files, "held_files": held,
+                "samples": samples, "files": files, "held_files": held, "shared_memory_ranks": sharing[0],
             });
             out!("{v}");
         } else {
@@ -118,9 +126,14 @@ fn serve(args: &ServeArgs, rt: &Runtime) -> Result<i32> {
                 0 => String::new(),
                 n => format!("; {n} past the memory budget, read from storage as asked"),
             };
+            let shared = match sharing[0] {
+                0 => "every client served over its connection".to_string(),
+                n if n == ranks as u64 => "clients on a feeder host map its memory".to_string(),
+                n => format!("clients on the hosts of {n} of its ranks map their memory"),
+            };
             out!(
                 "meshfeed serve: {name}: {samples} samples in {files} files on {ranks} rank(s); serving at {} \
-                 (rendezvous file {}); reading {held} files into memory{storage}",
+                 (rendezvous file {}); reading {held} files into memory{storage}; {shared}",
                 source.url(),
                 rendezvous.display()
             );
@@ -168,16 +181,19 @@ fn stopped(args: &ServeArgs, name: &str, rank: usize, signal: i32, s: FeederStat
             "bytes_loaded": s.bytes_loaded, "storage_files": s.storage_files, "storage_bytes": s.storage_bytes,
             "cache_capacity": s.cache_capacity, "cache_rows": s.cache_rows,
             "jobs": s.jobs, "connections": s.connections, "requests": s.requests, "bytes_sent": s.bytes_sent,
+            "bytes_mapped": s.bytes_mapped,
         });
         out!("{v}");
     } else {
         out!(
-            "meshfeed serve: {name}: rank {rank} stopped by {signal}: {} jobs attached, {} requests answered, {} bytes sent; \
+            "meshfeed serve: {name}: rank {rank} stopped by {signal}: {} jobs attached, {} requests answered, {} bytes sent, \
+             {} bytes read by clients from its shared memory; \
              {} bytes read into memory ({} files), {} bytes read from storage on request ({} files), \
              {} rows answered from its cache of rows read ({} bytes)",
             s.jobs,
             s.requests,
             s.bytes_sent,
+            s.bytes_mapped,
             s.bytes_loaded,
             s.held_files,
             s.storage_bytes,

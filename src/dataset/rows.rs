@@ -80,6 +80,12 @@ impl RowChunk {
         &self.buffers[loc.buffer as usize].as_slice()[loc.offset..loc.offset + loc.len]
     }
 
+    /// Where one value lies: its buffer's index, its offset there and its length.
+    pub fn location(&self, row: usize, field: usize) -> (u32, usize, usize) {
+        let loc = self.locs[row * self.fields + field];
+        (loc.buffer, loc.offset, loc.len)
+    }
+
     /// The same rows with only fields `fields` (in that order), sharing the buffers.
     pub fn project(&self, fields: &[usize]) -> RowChunk {
         let rows = self.rows();

@@ -1,5 +1,6 @@
 //! A client's side: attaching to a feeder, and a [`FileReader`] that reads a file's rows
-//! from it.
+//! from it: over the connection, or — on the feeder's host, where this process can map
+//! the feeder's memory — from that memory, the connection carrying only where they lie.
 
 use std::collections::HashMap;
 use std::io::{BufReader, BufWriter};
@@ -10,10 +11,11 @@ use std::time::Duration;
 
 use arrow_buffer::Buffer;
 
-use super::wire::{self, Hello, Request, Rows};
+use super::wire::{self, Hello, Mapped, Request, Rows, Share};
 use super::Source;
 use crate::dataset::{FileInfo, FileReader, RowChunk};
 use crate::error::{Error, Result};
+use crate::runtime::shared_memory::Region;
 
 /// How long connecting to a feeder may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -35,12 +37,49 @@ struct Connection {
     /// Why a call failed, once one did: the connection is not used again (an answer that
     /// arrives after its timeout must not be read as the next request's).
     broken: Option<String>,
+    /// The feeder's shared memory, where this process maps it.
+    peer: Option<Peer>,
+}
+
+/// A feeder process whose memory this process maps: its pid, and the regions mapped so
+/// far, by the feeder's descriptor.
+struct Peer {
+    pid: u32,
+    regions: HashMap<i32, Arc<Region>>,
+}
+
+impl Peer {
+    /// The feeder's memory, if this process sees it: the probe region `share` names holds
+    /// its nonce (the same host, user and PID namespace).
+    fn probe(share: &Share) -> Option<Peer> {
+        let link = std::fs::read_link(format!("/proc/{}/fd/{}", share.pid, share.fd)).ok()?;
+        // Nothing but a feeder's memory is opened: on another host, that process may hold
+        // anything there (a FIFO's open would block).
+        if !link.to_string_lossy().starts_with("/memfd:meshfeed-feeder") {
+            return None;
+        }
+        let probe = Region::open_peer(share.pid, share.fd, share.nonce.len()).ok()?;
+        (probe.bytes(0..share.nonce.len()) == share.nonce).then(|| Peer { pid: share.pid, regions: HashMap::new() })
+    }
+
+    /// The feeder's region `fd` of `len` bytes, mapped on first use.
+    fn region(&mut self, fd: i32, len: u64) -> std::io::Result<Arc<Region>> {
+        match self.regions.get(&fd) {
+            Some(region) if region.len() as u64 == len => Ok(region.clone()),
+            _ => {
+                let region = Arc::new(Region::open_peer(self.pid, fd, len as usize)?);
+                self.regions.insert(fd, region.clone());
+                Ok(region)
+            }
+        }
+    }
 }
 
 impl Connection {
     /// Connects to the feeder rank at `address`, presents the token and the name; returns
     /// the connection and the answer: the feeder's welcome (JSON) from byte 1 where
-    /// `headers` asks for it. A refusal or an unreachable feeder is an error naming it.
+    /// `headers` asks for it (else the connection maps the feeder's memory where it
+    /// can). A refusal or an unreachable feeder is an error naming it.
     fn open(source: &Source, address: &str, headers: bool, timeout: Duration) -> Result<(Connection, Vec<u8>)> {
         let url = format!("{}{address}/{}", super::SCHEME, source.name);
         let fail = |what: String| Error::Transport(format!("feeder {url}: {what}"));
@@ -62,10 +101,14 @@ impl Connection {
         stream.set_nodelay(true).map_err(io)?;
         stream.set_read_timeout(Some(timeout)).map_err(io)?;
         let r = BufReader::new(stream.try_clone().map_err(io)?);
-        let mut conn = Connection { r, w: BufWriter::new(stream), timeout, broken: None };
+        let mut conn = Connection { r, w: BufWriter::new(stream), timeout, broken: None, peer: None };
         let hello = Hello { token: source.token.clone(), name: source.name.clone(), headers };
-        let headers = conn.call(&hello.encode()).map_err(|e| fail(format!("refused: {e}")))?;
-        Ok((conn, headers))
+        let answer = conn.call(&hello.encode()).map_err(|e| fail(format!("refused: {e}")))?;
+        if !headers && answer.len() > 1 {
+            let share = Share::decode(&answer[1..]).map_err(|e| fail(format!("bad welcome: {e}")))?;
+            conn.peer = Peer::probe(&share);
+        }
+        Ok((conn, answer))
     }
 
     /// Sends one frame and reads the answer: the whole frame (its payload from byte 1), or
@@ -134,7 +177,9 @@ pub struct Feed {
     pub source: Source,
     /// `owners[i]`: the address of the feeder rank that serves file `i`.
     pub owners: Vec<String>,
-    connections: Mutex<HashMap<String, Arc<Mutex<Connection>>>>,
+    /// By feeder address: the connection to it, once opened. Each address has a lock of
+    /// its own, so that connecting to one feeder rank never waits for another.
+    connections: Mutex<HashMap<String, Arc<Mutex<Option<Arc<Mutex<Connection>>>>>>>,
 }
 
 impl std::fmt::Debug for Feed {
@@ -155,14 +200,14 @@ impl Feed {
         let name =
             info.path.file_name().map_or_else(|| info.path.display().to_string(), |n| n.to_string_lossy().into());
         let path = PathBuf::from(format!("{}{address}/{}/{name}", super::SCHEME, self.source.name));
-        let mut connections = self.connections.lock().unwrap_or_else(PoisonError::into_inner);
-        let conn = match connections.get(address) {
+        let slot =
+            self.connections.lock().unwrap_or_else(PoisonError::into_inner).entry(address.clone()).or_default().clone();
+        let mut slot = slot.lock().unwrap_or_else(PoisonError::into_inner);
+        let conn = match &*slot {
             Some(conn) => conn.clone(),
             None => {
                 let (conn, _) = Connection::open(&self.source, address, false, answer_timeout())?;
-                let conn = Arc::new(Mutex::new(conn));
-                connections.insert(address.clone(), conn.clone());
-                conn
+                slot.insert(Arc::new(Mutex::new(conn))).clone()
             }
         };
         Ok(Reader { conn, file: file as u32, fields: info.fields.len(), path })
@@ -178,11 +223,46 @@ pub struct Reader {
     path: PathBuf,
 }
 
+impl Reader {
+    /// A mapped answer's rows, read from the feeder's region (mapped here on first use).
+    /// `Ok(None)` where the region cannot be mapped: the connection stops asking for
+    /// mapped answers.
+    fn mapped_rows(&self, conn: &mut Connection, answer: &[u8], rows: usize) -> Result<Option<RowChunk>> {
+        let got =
+            Mapped::decode(&answer[1..], rows).map_err(|e| Error::file(&self.path, format!("bad answer: {e}")))?;
+        if got.fields as usize != self.fields {
+            return Err(Error::file(&self.path, format!("{} fields, the header says {}", got.fields, self.fields)));
+        }
+        let Some(region) = conn.peer.as_mut().and_then(|peer| peer.region(got.fd, got.len).ok()) else {
+            conn.peer = None;
+            return Ok(None);
+        };
+        let mut chunk = RowChunk::new(self.fields);
+        let buffer = chunk.add_made_buffer(region.buffer());
+        for (offset, len) in got.places {
+            chunk.add_bytes_read(len);
+            chunk.push_value(buffer, offset as usize, len as usize);
+        }
+        Ok(Some(chunk))
+    }
+}
+
 impl FileReader for Reader {
     fn read_rows(&mut self, rows: &[u64]) -> Result<RowChunk> {
-        let request = Request { file: self.file, rows: rows.to_vec() };
-        let answer = self.conn.lock().unwrap_or_else(PoisonError::into_inner).call(&request.encode());
-        let answer = answer.map_err(|e| Error::file(&self.path, e))?;
+        let mut conn = self.conn.lock().unwrap_or_else(PoisonError::into_inner);
+        let request = Request { file: self.file, rows: rows.to_vec(), mapped: conn.peer.is_some() };
+        let answer = conn.call(&request.encode()).map_err(|e| Error::file(&self.path, e))?;
+        if answer[0] == wire::MAPPED {
+            match self.mapped_rows(&mut conn, &answer, rows.len())? {
+                Some(chunk) => return Ok(chunk),
+                // Asked again, for the values themselves.
+                None => {
+                    drop(conn);
+                    return self.read_rows(rows);
+                }
+            }
+        }
+        drop(conn);
         // The values stay in the frame they arrived in: one buffer, no copy.
         let got =
             Rows::decode(&answer[1..], rows.len()).map_err(|e| Error::file(&self.path, format!("bad answer: {e}")))?;
@@ -230,8 +310,82 @@ mod tests {
     }
 
     #[test]
+    fn a_client_on_the_feeders_host_reads_held_rows_from_its_memory_and_others_over_the_socket() {
+        use crate::dataset::{DType, Field, Format};
+        use crate::feed::server::Feeder;
+        let fields = vec![Field::tensor("x", DType::U8, vec![100])];
+        let (_dir, ds) = crate::feed::server::tests::files_of(Format::Npy, 2, fields);
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let address = listener.local_addr().unwrap().to_string();
+        let serve = |share: bool| {
+            let mut feeder = Feeder::new(ds.clone(), 0, 1, "d", "t".into(), u64::MAX).unwrap();
+            if share {
+                assert!(feeder.share_memory().unwrap(), "memfd_create works here");
+            }
+            feeder.load().unwrap();
+            Arc::new(feeder)
+        };
+        let feeder = serve(true);
+        std::thread::spawn({
+            let feeder = feeder.clone();
+            move || feeder.serve(listener)
+        });
+        let source = Source { address: address.clone(), name: "d".into(), token: "t".into() };
+        let feed = Feed::new(source, vec![address.clone(); 2]);
+        let rows = [1, 50, 98];
+        let mut reader = feed.reader(1, &ds.files()[1]).unwrap();
+        let chunk = reader.read_rows(&rows).unwrap();
+        let want = ds.open_reader(1).unwrap().read_rows(&rows).unwrap();
+        for r in 0..3 {
+            assert_eq!(chunk.value(r, 0), want.value(r, 0));
+        }
+        // Read from the feeder's memory: 300 bytes mapped, only their places sent.
+        let stats = feeder.stats();
+        assert_eq!(stats.bytes_mapped, 300);
+        assert!(stats.bytes_sent < 100, "{stats:?}");
+        assert_eq!(chunk.bytes_read(), 300);
+        // A feeder that does not share its memory sends the bytes.
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let address = listener.local_addr().unwrap().to_string();
+        let plain = serve(false);
+        std::thread::spawn({
+            let plain = plain.clone();
+            move || plain.serve(listener)
+        });
+        let source = Source { address: address.clone(), name: "d".into(), token: "t".into() };
+        let chunk = Feed::new(source, vec![address; 2]).reader(1, &ds.files()[1]).unwrap().read_rows(&rows).unwrap();
+        assert_eq!(chunk.value(2, 0), want.value(2, 0));
+        assert_eq!((plain.stats().bytes_mapped, plain.stats().bytes_sent > 300), (0, true));
+    }
+
+    #[test]
+    fn only_a_feeders_probe_holding_its_nonce_proves_that_its_memory_is_seen() {
+        use crate::dataset::{DType, Field, Format};
+        let fields = vec![Field::tensor("x", DType::U8, vec![4])];
+        let (_dir, ds) = crate::feed::server::tests::files_of(Format::Npy, 1, fields);
+        let mut feeder = crate::feed::server::Feeder::new(ds, 0, 1, "d", "t".into(), u64::MAX).unwrap();
+        assert!(feeder.share_memory().unwrap());
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let address = listener.local_addr().unwrap().to_string();
+        std::thread::spawn(move || Arc::new(feeder).serve(listener));
+        let source = Source { address: address.clone(), name: "d".into(), token: "t".into() };
+        let (conn, answer) = Connection::open(&source, &address, false, Duration::from_secs(5)).unwrap();
+        assert!(conn.peer.is_some(), "the feeder's memory is seen from its own process");
+        let share = Share::decode(&answer[1..]).unwrap();
+        assert!(Peer::probe(&share).is_some());
+        // Another nonce (another feeder's, or another host's process of that pid)...
+        assert!(Peer::probe(&Share { nonce: [7; 16], ..share.clone() }).is_none());
+        // ...a descriptor that is not a feeder's memory (never opened: it could be a FIFO)...
+        let file = tempfile::tempfile().unwrap();
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&file);
+        assert!(Peer::probe(&Share { fd, ..share.clone() }).is_none());
+        // ...or no such process: the client reads over the socket.
+        assert!(Peer::probe(&Share { pid: u32::MAX - 1, ..share }).is_none());
+    }
+
+    #[test]
     fn a_feeder_still_reading_keeps_the_answer_timeout_alive_and_a_silent_one_fails_it() {
-        let request = Request { file: 0, rows: vec![0] }.encode();
+        let request = Request { file: 0, rows: vec![0], mapped: false }.encode();
         // Told five times over 1.5 s that the file is being read: a 1 s timeout holds.
         let (source, feeder) = fake_feeder(5, Duration::from_millis(300), true);
         let (mut conn, _) = Connection::open(&source, &source.address, false, Duration::from_secs(1)).unwrap();

@@ -128,12 +128,18 @@ impl Source {
 
 /// A fresh token: 128 random bits, in hex.
 pub fn new_token() -> Result<String> {
+    let bits: [u8; 16] = random_bytes()?;
+    Ok(bits.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// `N` random bytes.
+fn random_bytes<const N: usize>() -> Result<[u8; N]> {
     use std::io::Read;
-    let mut bits = [0u8; 16];
+    let mut bits = [0u8; N];
     std::fs::File::open("/dev/urandom")
         .and_then(|mut f| f.read_exact(&mut bits))
         .map_err(|e| Error::io("/dev/urandom", e))?;
-    Ok(bits.iter().map(|b| format!("{b:02x}")).collect())
+    Ok(bits)
 }
 
 /// Whether two tokens are equal, in time independent of where they differ.

@@ -1,5 +1,12 @@
 //! The feeder's side: the dataset read once and held in memory, as much of it as the
 //! memory budget allows, and a thread per client connection answering requests for rows.
+//!
+//! With [`Feeder::share_memory`], each held file lives in a memory region the feeder's
+//! host shares ([`crate::runtime::shared_memory`]): a client on that host that proves it
+//! sees the region (the [`wire::Share`] probe) receives where the rows' values lie instead
+//! of the values, and reads them from its own mapping of the same pages. However many
+//! jobs on the host read a file, its bytes are in memory once and never copied through
+//! a socket.
 
 use std::io::{BufReader, BufWriter};
 use std::net::{TcpListener, TcpStream};
@@ -12,6 +19,7 @@ use super::wire::{self, Hello, Request};
 use crate::dataset::{Dataset, Field, FileInfo, FileReader, RowChunk};
 use crate::error::{Error, Result};
 use crate::runtime::memory::MemoryLimits;
+use crate::runtime::shared_memory::Region;
 use crate::transport::Transport;
 
 /// How often a request waiting for a file not read yet tells its client so.
@@ -100,7 +108,8 @@ enum Slot {
     Other,
     /// Not read yet: requests for it wait.
     Loading,
-    Loaded(Arc<RowChunk>),
+    /// Read, with the region that holds its values where the memory is shared.
+    Loaded(Arc<RowChunk>, Option<Arc<Region>>),
     /// Past the rank's memory budget: each request reads its rows from storage.
     Storage,
     /// Reading it failed: requests for it are refused with this.
@@ -128,6 +137,9 @@ pub struct FeederStats {
     pub connections: u64,
     pub requests: u64,
     pub bytes_sent: u64,
+    /// Bytes of values answered by where they lie in the feeder's shared memory (read by
+    /// same-host clients from their mapping of it), not sent.
+    pub bytes_mapped: u64,
 }
 
 /// A dataset held in memory for its clients: the files one feeder rank serves. It serves
@@ -147,6 +159,9 @@ pub struct Feeder {
     readers: Vec<Mutex<Option<Box<dyn FileReader>>>>,
     /// Rows read on request, for the next requests that ask for them.
     cache: RowCache,
+    /// The probe region a same-host client reads to prove it sees this feeder's memory,
+    /// and the nonce it holds ([`Feeder::share_memory`]; `None`: memory not shared).
+    share: Option<(Region, [u8; 16])>,
     /// How long reading the held files took ([`Feeder::load`]).
     load_time: Mutex<Duration>,
     bytes_loaded: AtomicU64,
@@ -155,6 +170,7 @@ pub struct Feeder {
     connections: AtomicU64,
     requests: AtomicU64,
     bytes_sent: AtomicU64,
+    bytes_mapped: AtomicU64,
 }
 
 impl Feeder {
@@ -189,6 +205,7 @@ impl Feeder {
             read: Condvar::new(),
             readers: (0..files).map(|_| Mutex::new(None)).collect(),
             cache: RowCache::new(cache),
+            share: None,
             load_time: Mutex::new(Duration::ZERO),
             bytes_loaded: AtomicU64::new(0),
             storage_bytes: AtomicU64::new(0),
@@ -196,7 +213,22 @@ impl Feeder {
             connections: AtomicU64::new(0),
             requests: AtomicU64::new(0),
             bytes_sent: AtomicU64::new(0),
+            bytes_mapped: AtomicU64::new(0),
         })
+    }
+
+    /// Keeps the files this rank holds in memory its host shares, so that clients on the
+    /// host map them (module docs). Returns whether it can: not where `memfd_create` or
+    /// `mmap` fails. Call it before [`Feeder::load`].
+    pub fn share_memory(&mut self) -> Result<bool> {
+        let nonce: [u8; 16] = super::random_bytes()?;
+        let shared =
+            Region::create(c"meshfeed-feeder", nonce.len()).ok().filter(|probe| probe.fd().is_some()).map(|probe| {
+                probe.bytes_to_fill(0..nonce.len()).copy_from_slice(&nonce);
+                (probe, nonce)
+            });
+        self.share = shared;
+        Ok(self.share.is_some())
     }
 
     /// Reads the files this rank holds, each whole, one after another, handing each to
@@ -212,7 +244,11 @@ impl Feeder {
             let (slot, result) = match self.dataset.open_reader(i).and_then(|mut r| r.read_rows(&rows)) {
                 Ok(chunk) => {
                     self.bytes_loaded.fetch_add(chunk.bytes_read(), Ordering::Relaxed);
-                    (Slot::Loaded(Arc::new(chunk)), Ok(()))
+                    let (chunk, region) = match &self.share {
+                        Some(_) => into_region(chunk),
+                        None => (chunk, None),
+                    };
+                    (Slot::Loaded(Arc::new(chunk), region), Ok(()))
                 }
                 Err(e) => (Slot::Failed(format!("the feeder could not read it: {e}")), Err(e)),
             };
@@ -255,7 +291,7 @@ impl Feeder {
         let slots = self.slots();
         let count = |f: fn(&Slot) -> bool| slots.iter().filter(|s| f(s)).count() as u64;
         FeederStats {
-            held_files: count(|s| matches!(s, Slot::Loading | Slot::Loaded(_))),
+            held_files: count(|s| matches!(s, Slot::Loading | Slot::Loaded(..))),
             bytes_loaded: self.bytes_loaded.load(Ordering::Relaxed),
             storage_files: count(|s| matches!(s, Slot::Storage)),
             storage_bytes: self.storage_bytes.load(Ordering::Relaxed),
@@ -265,6 +301,7 @@ impl Feeder {
             connections: self.connections.load(Ordering::Relaxed),
             requests: self.requests.load(Ordering::Relaxed),
             bytes_sent: self.bytes_sent.load(Ordering::Relaxed),
+            bytes_mapped: self.bytes_mapped.load(Ordering::Relaxed),
         }
     }
 
@@ -312,8 +349,8 @@ impl Feeder {
         Ok(())
     }
 
-    /// The answer to a hello: the files' headers (where asked for), or why the client is
-    /// refused.
+    /// The answer to a hello: the files' headers (where asked for; else how to reach this
+    /// feeder's shared memory, where it shares it), or why the client is refused.
     fn welcome(&self, hello: &[u8]) -> std::result::Result<Vec<u8>, String> {
         let hello = Hello::decode(hello)?;
         if !super::same_token(&hello.token, &self.token) {
@@ -323,25 +360,30 @@ impl Feeder {
             return Err(format!("this feeder serves '{}', not '{}'", self.name, hello.name));
         }
         if !hello.headers {
-            return Ok(Vec::new());
+            let share = self.share.as_ref().and_then(|(probe, nonce)| {
+                Some(wire::Share { pid: std::process::id(), fd: probe.fd()?, nonce: *nonce }.encode())
+            });
+            return Ok(share.unwrap_or_default());
         }
         self.jobs.fetch_add(1, Ordering::Relaxed);
         Ok(self.welcome.clone())
     }
 
-    /// The answer to one request: its rows' values ([`wire::rows_answer`]). A request for
+    /// The answer to one request: its rows' values ([`wire::rows_answer`]), or where they
+    /// lie in a shared region ([`wire::Mapped`]) for a client that mapped this feeder's
+    /// memory, where that answer is the smaller. A request for
     /// a file not read yet waits for it, calling `still_reading` every [`KEEP_ALIVE`]
     /// (which tells the client, so that its answer timeout does not run out); where that
     /// returns false (the client left), the request is dropped.
     fn rows(&self, request: &Request, still_reading: &mut dyn FnMut() -> bool) -> std::result::Result<Vec<u8>, String> {
-        let chunk = loop {
+        let (chunk, region) = loop {
             let timed_out = {
                 let slots = self.slots();
                 match slots.get(request.file as usize) {
                     None => return Err(format!("no file {} (the dataset has {})", request.file, slots.len())),
                     Some(Slot::Other) => return Err(format!("file {} is served by another feeder rank", request.file)),
                     Some(Slot::Failed(reason)) => return Err(reason.clone()),
-                    Some(Slot::Loaded(chunk)) => break chunk.clone(),
+                    Some(Slot::Loaded(chunk, region)) => break (chunk.clone(), region.clone()),
                     Some(Slot::Storage) => {
                         drop(slots);
                         return self.storage_rows(request, still_reading);
@@ -362,7 +404,17 @@ impl Feeder {
         if let Some(&last) = request.rows.last().filter(|&&r| r >= chunk.rows() as u64) {
             return Err(format!("row {last} of file {} is past its end ({} rows)", request.file, chunk.rows()));
         }
-        Ok(answer_rows(&chunk, request.rows.iter().map(|&r| r as usize)))
+        let rows = request.rows.iter().map(|&r| r as usize);
+        if let Some(region) = region.filter(|_| request.mapped) {
+            let mapped = mapped_rows(&chunk, &region, rows.clone());
+            let bytes: u64 = mapped.places.iter().map(|(_, len)| len).sum();
+            // Places cost 16 bytes a value; values of 8 bytes or fewer travel as they are.
+            if bytes > 8 * mapped.places.len() as u64 {
+                self.bytes_mapped.fetch_add(bytes, Ordering::Relaxed);
+                return Ok(mapped.encode());
+            }
+        }
+        Ok(answer_rows(&chunk, rows))
     }
 
     /// The answer to a request for rows of a file this rank does not hold: the rows its
@@ -447,6 +499,41 @@ impl Feeder {
     }
 }
 
+/// `chunk`'s values in a shared region of their own, row-major, and a chunk that reads
+/// them there; or `chunk` as it is where no region can be made (best effort: the file is
+/// then served over the socket only).
+fn into_region(chunk: RowChunk) -> (RowChunk, Option<Arc<Region>>) {
+    let (fields, read) = (chunk.fields(), &chunk);
+    let values = || (0..read.rows()).flat_map(move |r| (0..fields).map(move |f| read.value(r, f)));
+    let bytes: usize = values().map(<[u8]>::len).sum();
+    let region = match Region::create(c"meshfeed-feeder", bytes) {
+        Ok(region) if region.fd().is_some() => Arc::new(region),
+        _ => return (chunk, None),
+    };
+    let mut shared = RowChunk::new(fields);
+    shared.add_bytes_read(chunk.bytes_read());
+    let buffer = shared.add_made_buffer(region.buffer());
+    let mut at = 0;
+    for value in values() {
+        // Nobody reads the region before the file's slot holds it.
+        region.bytes_to_fill(at..at + value.len()).copy_from_slice(value);
+        shared.push_value(buffer, at, value.len());
+        at += value.len();
+    }
+    (shared, Some(region))
+}
+
+/// Where `rows` of `chunk` (which reads `region`) lie in `region`, every field of each.
+fn mapped_rows(chunk: &RowChunk, region: &Region, rows: impl Iterator<Item = usize>) -> wire::Mapped {
+    let fields = chunk.fields();
+    let places = rows
+        .flat_map(|row| (0..fields).map(move |f| chunk.location(row, f)))
+        .map(|(_, offset, len)| (offset as u64, len as u64))
+        .collect();
+    let fd = region.fd().expect("a shared region has a descriptor");
+    wire::Mapped { fields: fields as u32, fd, len: region.len() as u64, places }
+}
+
 /// An answer holding `rows` of `chunk`, every field of each ([`wire::rows_answer`]).
 fn answer_rows(chunk: &RowChunk, rows: impl Iterator<Item = usize>) -> Vec<u8> {
     let fields = chunk.fields();
@@ -455,16 +542,22 @@ fn answer_rows(chunk: &RowChunk, rows: impl Iterator<Item = usize>) -> Vec<u8> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::dataset::{gen, DType, Field, Format};
 
     /// 500 samples of two fields (14 bytes) in 5 files of 100.
     fn five_files(format: Format) -> (tempfile::TempDir, Dataset) {
-        let dir = tempfile::tempdir().unwrap();
         let fields = vec![Field::tensor("x", DType::U16, vec![3]), Field::tensor("y", DType::I64, vec![])];
-        let spec = gen::GenSpec { format, samples: 500, files: 5, out: dir.path().into(), arrow_batch_rows: 9, fields };
-        for i in 0..5 {
+        files_of(format, 5, fields)
+    }
+
+    /// 100 samples a file of `fields`, in `files` files.
+    pub(crate) fn files_of(format: Format, files: u64, fields: Vec<Field>) -> (tempfile::TempDir, Dataset) {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().into();
+        let spec = gen::GenSpec { format, samples: 100 * files, files, out, arrow_batch_rows: 9, fields };
+        for i in 0..files {
             gen::write_file(&spec, i).unwrap();
         }
         let ds = Dataset::open_local(&[dir.path().into()], Default::default()).unwrap();
@@ -518,7 +611,7 @@ mod tests {
             let mut never = || panic!("nothing waits for a file held or read from storage");
             // Served before the held files are read: storage needs no load.
             let rows = [3, 50, 99];
-            let answer = feeder.rows(&Request { file: 4, rows: rows.to_vec() }, &mut never).unwrap();
+            let answer = feeder.rows(&Request { file: 4, rows: rows.to_vec(), mapped: false }, &mut never).unwrap();
             assert_eq!(answered_values(&answer, 3), file_values(&ds, 4, &rows), "{format:?}");
             feeder.load().unwrap();
             let stats = feeder.stats();
@@ -526,22 +619,68 @@ mod tests {
             assert!(stats.storage_bytes > 0 && stats.bytes_loaded > 0, "{stats:?}");
             assert_eq!((stats.cache_capacity, stats.cache_rows), (budget - 2 * one, 0));
             // Rows read once are answered from the cache; the others are read.
-            let answer = feeder.rows(&Request { file: 4, rows: vec![3, 50, 60] }, &mut never).unwrap();
+            let answer = feeder.rows(&Request { file: 4, rows: vec![3, 50, 60], mapped: false }, &mut never).unwrap();
             assert_eq!(answered_values(&answer, 3), file_values(&ds, 4, &[3, 50, 60]), "{format:?}");
             let again = feeder.stats();
             assert_eq!(again.cache_rows, 2);
             assert!(again.storage_bytes > stats.storage_bytes, "row 60 was read: {again:?}");
-            feeder.rows(&Request { file: 4, rows: vec![3, 60, 99] }, &mut never).unwrap();
+            feeder.rows(&Request { file: 4, rows: vec![3, 60, 99], mapped: false }, &mut never).unwrap();
             assert_eq!((feeder.stats().cache_rows, feeder.stats().storage_bytes), (5, again.storage_bytes));
-            let answer = feeder.rows(&Request { file: 2, rows: vec![0, 1] }, &mut never).unwrap();
+            let answer = feeder.rows(&Request { file: 2, rows: vec![0, 1], mapped: false }, &mut never).unwrap();
             assert_eq!(answered_values(&answer, 2), file_values(&ds, 2, &[0, 1]));
-            let answer = feeder.rows(&Request { file: 1, rows: vec![7] }, &mut never).unwrap();
+            let answer = feeder.rows(&Request { file: 1, rows: vec![7], mapped: false }, &mut never).unwrap();
             assert_eq!(answered_values(&answer, 1), file_values(&ds, 1, &[7]));
             assert!(feeder
-                .rows(&Request { file: 3, rows: vec![100] }, &mut never)
+                .rows(&Request { file: 3, rows: vec![100], mapped: false }, &mut never)
                 .unwrap_err()
                 .contains("past its end (100 rows)"));
         }
+    }
+
+    #[test]
+    fn held_files_live_in_shared_memory_and_a_mapping_client_is_told_where_its_rows_lie() {
+        // Values of 40 and 8 bytes: 16 bytes of place a value is the smaller answer.
+        let fields = vec![Field::tensor("x", DType::U8, vec![40]), Field::tensor("y", DType::I64, vec![])];
+        let (_dir, ds) = files_of(Format::Arrow, 2, fields);
+        let mut feeder = Feeder::new(ds.clone(), 0, 1, "d", "t".into(), u64::MAX).unwrap();
+        assert!(feeder.share_memory().unwrap(), "memfd_create works here");
+        feeder.load().unwrap();
+        let reader = Hello { token: "t".into(), name: "d".into(), headers: false }.encode();
+        let share = wire::Share::decode(&feeder.welcome(&reader).unwrap()).unwrap();
+        assert_eq!(share.pid, std::process::id());
+        let probe = Region::open_peer(share.pid, share.fd, 16).unwrap();
+        assert_eq!(probe.bytes(0..16), share.nonce, "the probe region holds the nonce");
+        let mut never = || panic!("nothing waits for a file read");
+        let rows = [0, 41, 99];
+        let answer = feeder.rows(&Request { file: 1, rows: rows.to_vec(), mapped: true }, &mut never).unwrap();
+        assert_eq!(answer[0], wire::MAPPED);
+        let mapped = wire::Mapped::decode(&answer[1..], 3).unwrap();
+        assert_eq!((mapped.fields, mapped.places.len(), mapped.len), (2, 6, 100 * 48));
+        // Read where the answer says, in another mapping of the file's region: the file's bytes.
+        let region = Region::open_peer(share.pid, mapped.fd, mapped.len as usize).unwrap();
+        let read: Vec<u8> = mapped
+            .places
+            .iter()
+            .flat_map(|&(at, len)| region.bytes(at as usize..(at + len) as usize).to_vec())
+            .collect();
+        assert_eq!(read, file_values(&ds, 1, &rows));
+        assert_eq!(feeder.stats().bytes_mapped, 3 * 48);
+        // A client that did not map the memory gets the values themselves, as before.
+        let answer = feeder.rows(&Request { file: 1, rows: rows.to_vec(), mapped: false }, &mut never).unwrap();
+        assert_eq!(answered_values(&answer, 3), file_values(&ds, 1, &rows));
+        assert_eq!(feeder.stats().bytes_mapped, 3 * 48);
+
+        // Values of 6 and 8 bytes travel as they are, however the client asks.
+        let (_dir, small) = five_files(Format::Npy);
+        let mut feeder = Feeder::new(small.clone(), 0, 1, "d", "t".into(), u64::MAX).unwrap();
+        assert!(feeder.share_memory().unwrap());
+        feeder.load().unwrap();
+        let answer = feeder.rows(&Request { file: 2, rows: vec![5, 6], mapped: true }, &mut never).unwrap();
+        assert_eq!(answered_values(&answer, 2), file_values(&small, 2, &[5, 6]));
+        assert_eq!(feeder.stats().bytes_mapped, 0);
+        // Without shared memory, a reader's welcome is empty.
+        let plain = Feeder::new(small, 0, 1, "d", "t".into(), u64::MAX).unwrap();
+        assert!(plain.welcome(&reader).unwrap().is_empty());
     }
 
     #[test]
@@ -557,7 +696,7 @@ mod tests {
             let feeder = feeder.clone();
             move || {
                 let mut told = 0;
-                let rows = feeder.rows(&Request { file: 3, rows: vec![0, 7, 99] }, &mut || {
+                let rows = feeder.rows(&Request { file: 3, rows: vec![0, 7, 99], mapped: false }, &mut || {
                     told += 1;
                     true
                 });
@@ -588,13 +727,16 @@ mod tests {
         assert_eq!(answered_values(&answer, 3), file_values(&ds, 3, &[0, 7, 99]));
         let mut never = || panic!("nothing waits for a file read");
         assert!(feeder
-            .rows(&Request { file: 2, rows: vec![0] }, &mut never)
+            .rows(&Request { file: 2, rows: vec![0], mapped: false }, &mut never)
             .unwrap_err()
             .contains("served by another feeder rank"));
         assert!(feeder
-            .rows(&Request { file: 3, rows: vec![100] }, &mut never)
+            .rows(&Request { file: 3, rows: vec![100], mapped: false }, &mut never)
             .unwrap_err()
             .contains("past its end (100 rows)"));
-        assert!(feeder.rows(&Request { file: 9, rows: vec![0] }, &mut never).unwrap_err().contains("no file 9"));
+        assert!(feeder
+            .rows(&Request { file: 9, rows: vec![0], mapped: false }, &mut never)
+            .unwrap_err()
+            .contains("no file 9"));
     }
 }

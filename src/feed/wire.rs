@@ -2,15 +2,17 @@
 //!
 //! A client opens with a [`Hello`] (the protocol's magic, the server's token, the dataset's
 //! name, whether it wants the file headers); the server answers with the dataset's file
-//! headers (or nothing, where not wanted) or a refusal. Then, as often
-//! as the client likes, a [`Request`] (one file's rows, sorted) and the server's [`Rows`]
-//! (their values, every field, row-major) or an error message. Pure: encoding and decoding
-//! only, no I/O but the frame helpers' reader and writer.
+//! headers (where wanted; else the [`Share`] that lets a client on its host map its
+//! memory, or nothing) or a refusal. Then, as often as the client likes, a [`Request`]
+//! (one file's rows, sorted) and the server's [`Rows`] (their values, every field,
+//! row-major), or [`Mapped`] (where those values lie in the server's shared memory, for a
+//! client that mapped it), or an error message. Pure: encoding and decoding only, no I/O
+//! but the frame helpers' reader and writer.
 
 use std::io::{Read, Write};
 
 /// First bytes of a hello: the protocol and its version.
-pub const MAGIC: &[u8; 8] = b"MFEED\x002\n";
+pub const MAGIC: &[u8; 8] = b"MFEED\x003\n";
 
 /// The most bytes a request or an answer may hold (a window's rows of one file travel in
 /// one frame).
@@ -34,6 +36,34 @@ pub struct Hello {
 pub struct Request {
     pub file: u32,
     pub rows: Vec<u64>,
+    /// Whether the client mapped the server's shared memory ([`Share`]): then the
+    /// server may answer with where the values lie ([`Mapped`]) instead of the values.
+    pub mapped: bool,
+}
+
+/// How a client on the server's host reaches its shared memory (the answer to a reader's
+/// hello): the server's process, and one of its memory regions that holds `nonce`, which
+/// the client reads to prove that it sees the server's memory (same host, same user, same
+/// PID namespace).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Share {
+    pub pid: u32,
+    pub fd: i32,
+    pub nonce: [u8; 16],
+}
+
+/// The first byte of an answer that says where the values lie instead of holding them.
+pub const MAPPED: u8 = 3;
+
+/// An answer for a client that mapped the server's memory: the rows' values, every field,
+/// row-major, lie at `places` (offset, length) of the server's region `fd`, of `len`
+/// bytes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Mapped {
+    pub fields: u32,
+    pub fd: i32,
+    pub len: u64,
+    pub places: Vec<(u64, u64)>,
 }
 
 /// Where the values of an answer holding rows lie: `lens[row * fields + field]` bytes
@@ -85,10 +115,11 @@ pub fn answer(result: Result<Vec<u8>, String>) -> Vec<u8> {
     }
 }
 
-/// Reads an [`answer`]: its payload (the frame past its first byte), or the message.
+/// Reads an [`answer`] (or a [`Mapped`] one): its payload (the frame past its first
+/// byte), or the message.
 pub fn parse_answer(frame: &[u8]) -> Result<&[u8], String> {
     match frame.split_first() {
-        Some((0, payload)) => Ok(payload),
+        Some((&tag, payload)) if tag == 0 || tag == MAPPED => Ok(payload),
         Some((1, message)) => Err(String::from_utf8_lossy(message).into_owned()),
         _ => Err("a malformed answer".into()),
     }
@@ -120,11 +151,7 @@ impl Hello {
         let rest = frame.strip_prefix(MAGIC.as_slice()).ok_or("not a meshfeed client (or another protocol version)")?;
         let mut at = Cursor(rest);
         let (token, name) = (at.string()?, at.string()?);
-        let headers = match at.take(1)? {
-            [0] => false,
-            [1] => true,
-            _ => return Err("a hello's last byte is 0 or 1".into()),
-        };
+        let headers = at.flag()?;
         let hello = Hello { token, name, headers };
         at.end()?;
         Ok(hello)
@@ -133,10 +160,11 @@ impl Hello {
 
 impl Request {
     pub fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(12 + 8 * self.rows.len());
+        let mut out = Vec::with_capacity(13 + 8 * self.rows.len());
         out.extend_from_slice(&self.file.to_le_bytes());
         out.extend_from_slice(&(self.rows.len() as u64).to_le_bytes());
         self.rows.iter().for_each(|r| out.extend_from_slice(&r.to_le_bytes()));
+        out.push(u8::from(self.mapped));
         out
     }
 
@@ -148,11 +176,63 @@ impl Request {
             return Err(format!("a request for {n} rows in {} bytes", frame.len()));
         }
         let rows = (0..n).map(|_| at.u64()).collect::<Result<Vec<_>, _>>()?;
+        let mapped = at.flag()?;
         at.end()?;
         if rows.windows(2).any(|w| w[0] >= w[1]) {
             return Err("rows not sorted ascending and unique".into());
         }
-        Ok(Request { file, rows })
+        Ok(Request { file, rows, mapped })
+    }
+}
+
+impl Share {
+    pub fn encode(&self) -> Vec<u8> {
+        [&self.pid.to_le_bytes()[..], &self.fd.to_le_bytes(), &self.nonce].concat()
+    }
+
+    pub fn decode(payload: &[u8]) -> Result<Share, String> {
+        let mut at = Cursor(payload);
+        let (pid, fd) = (at.u32()?, at.u32()? as i32);
+        let nonce = at.take(16)?.try_into().expect("16 bytes");
+        at.end()?;
+        Ok(Share { pid, fd, nonce })
+    }
+}
+
+impl Mapped {
+    /// The whole answer frame, its first byte [`MAPPED`].
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(25 + 16 * self.places.len());
+        out.push(MAPPED);
+        out.extend_from_slice(&self.fields.to_le_bytes());
+        out.extend_from_slice(&self.fd.to_le_bytes());
+        out.extend_from_slice(&self.len.to_le_bytes());
+        out.extend_from_slice(&(self.places.len() as u64).to_le_bytes());
+        for (offset, len) in &self.places {
+            out.extend_from_slice(&offset.to_le_bytes());
+            out.extend_from_slice(&len.to_le_bytes());
+        }
+        out
+    }
+
+    /// Reads a mapped answer's payload (past its first byte), checking that it places
+    /// `rows` rows and that every place lies inside the region.
+    pub fn decode(payload: &[u8], rows: usize) -> Result<Mapped, String> {
+        let mut at = Cursor(payload);
+        let (fields, fd, len) = (at.u32()?, at.u32()? as i32, at.u64()?);
+        let n = at.u64()?;
+        if n != rows as u64 * u64::from(fields) {
+            return Err(format!("{n} values for {rows} rows of {fields} fields"));
+        }
+        if n > at.0.len() as u64 / 16 {
+            return Err(format!("{n} places in {} bytes", payload.len()));
+        }
+        let places = (0..n).map(|_| Ok((at.u64()?, at.u64()?))).collect::<Result<Vec<_>, String>>()?;
+        at.end()?;
+        if let Some((o, l)) = places.iter().find(|(o, l)| o.checked_add(*l).is_none_or(|end| end > len)) {
+            return Err(format!("a value of {l} bytes at {o}, past the region's {len} bytes"));
+        }
+        Ok(Mapped { fields, fd, len, places })
     }
 }
 
@@ -204,6 +284,16 @@ impl Cursor<'_> {
         Ok(u64::from_le_bytes(self.take(8)?.try_into().expect("8 bytes")))
     }
 
+    /// A byte that is 0 (false) or 1 (true).
+    fn flag(&mut self) -> Result<bool, String> {
+        match self.take(1)? {
+            [0] => Ok(false),
+            [1] => Ok(true),
+            [b] => Err(format!("a flag byte of {b} (0 or 1)")),
+            _ => unreachable!("take(1) is one byte"),
+        }
+    }
+
     fn string(&mut self) -> Result<String, String> {
         let n = self.u64()?;
         let n = usize::try_from(n).map_err(|_| format!("a string of {n} bytes"))?;
@@ -228,8 +318,16 @@ mod tests {
             let hello = Hello { token: "0123abcd".into(), name: "imagenet".into(), headers };
             assert_eq!(Hello::decode(&hello.encode()).unwrap(), hello);
         }
-        let request = Request { file: 3, rows: vec![0, 7, 1 << 40] };
-        assert_eq!(Request::decode(&request.encode()).unwrap(), request);
+        for mapped in [false, true] {
+            let request = Request { file: 3, rows: vec![0, 7, 1 << 40], mapped };
+            assert_eq!(Request::decode(&request.encode()).unwrap(), request);
+        }
+        let share = Share { pid: 4242, fd: 17, nonce: *b"0123456789abcdef" };
+        assert_eq!(Share::decode(&share.encode()).unwrap(), share);
+        let mapped = Mapped { fields: 2, fd: 9, len: 100, places: vec![(0, 3), (3, 0), (90, 10), (50, 1)] };
+        let frame = mapped.encode();
+        assert_eq!(frame[0], MAPPED);
+        assert_eq!(Mapped::decode(parse_answer(&frame).unwrap(), 2).unwrap(), mapped);
         let rows_frame = rows_answer(2, &[b"abc", b"", b"d", b"ef"]);
         let payload = parse_answer(&rows_frame).unwrap();
         let rows = Rows::decode(payload, 2).unwrap();
@@ -253,7 +351,7 @@ mod tests {
         }
         *hello.last_mut().unwrap() = 2;
         assert!(Hello::decode(&hello).unwrap_err().contains("0 or 1"));
-        let unsorted = Request { file: 0, rows: vec![5, 5] }.encode();
+        let unsorted = Request { file: 0, rows: vec![5, 5], mapped: false }.encode();
         assert_eq!(Request::decode(&unsorted).unwrap_err(), "rows not sorted ascending and unique");
         // A count of rows the frame cannot hold is refused before anything is allocated.
         let mut huge = 0u32.to_le_bytes().to_vec();
@@ -263,6 +361,13 @@ mod tests {
         let rows = &rows_frame[1..];
         assert!(Rows::decode(rows, 3).unwrap_err().contains("2 values for 3 rows"));
         assert!(Rows::decode(&rows[..rows.len() - 1], 2).unwrap_err().contains("values of 4 bytes in 3"));
+        // A mapped answer never places a value outside the region, however it overflows.
+        let bad = |places| Mapped { fields: 1, fd: 3, len: 10, places }.encode();
+        let err = Mapped::decode(&bad(vec![(8, 3)])[1..], 1).unwrap_err();
+        assert_eq!(err, "a value of 3 bytes at 8, past the region's 10 bytes");
+        assert!(Mapped::decode(&bad(vec![(u64::MAX, 2)])[1..], 1).unwrap_err().contains("past the region"));
+        assert!(Mapped::decode(&bad(vec![(0, 1)])[1..], 2).unwrap_err().contains("1 values for 2 rows"));
+        assert!(Share::decode(&[0; 23]).unwrap_err().contains("cut short"));
         let mut wire = 10u64.to_le_bytes().to_vec();
         wire.extend_from_slice(b"short");
         assert!(read_frame(&mut wire.as_slice(), MAX_HELLO).is_err());

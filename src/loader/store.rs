@@ -23,7 +23,7 @@
 
 use std::fs::File;
 use std::ops::Range;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -33,6 +33,7 @@ use std::thread::JoinHandle;
 use crate::dataset::{Dataset, Field, FileReader, RowChunk};
 use crate::error::{Error, ErrorKind, Result, ResultExt};
 use crate::plan::io::STREAM_READ_BYTES;
+use crate::runtime::shared_memory::Region;
 
 /// Where each fixed-size field lies in a row's record.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -52,100 +53,6 @@ impl RecordLayout {
             at += n;
         }
         Some(RecordLayout { record: at, fields: ranges })
-    }
-}
-
-/// A memory region of whole records: a `memfd` mapped shared (the other ranks of the host
-/// map it too), or anonymous memory where `memfd_create` is not available.
-pub(crate) struct Region {
-    ptr: *mut u8,
-    len: usize,
-    /// The memfd (`None`: anonymous memory, which cannot be shared).
-    fd: Option<OwnedFd>,
-    writable: bool,
-}
-
-// SAFETY: the region is plain memory. The filler writes only rows past the published
-// watermark and readers read only rows below it (see the module docs), so no byte is read
-// while it is written; the pointer stays valid until Drop.
-unsafe impl Send for Region {}
-// SAFETY: as above.
-unsafe impl Sync for Region {}
-
-impl Region {
-    /// A new zero-filled region of `len` bytes (memory is committed as it is written).
-    pub fn create(len: usize) -> std::io::Result<Region> {
-        // SAFETY: the name is a NUL-terminated C string; flags are valid.
-        let fd = unsafe { libc::memfd_create(c"meshfeed-home".as_ptr(), libc::MFD_CLOEXEC) };
-        if fd < 0 {
-            return Region::map(None, len, true);
-        }
-        // SAFETY: memfd_create returned a new descriptor that nothing else owns.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-        // SAFETY: ftruncate on a descriptor we own.
-        if unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) } != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        Region::map(Some(fd), len, true)
-    }
-
-    /// Maps the region of another process of this host (its `memfd`, reached through
-    /// `/proc/<pid>/fd/<fd>`), read-only.
-    pub fn open_peer(pid: u32, fd: i32, len: usize) -> std::io::Result<Region> {
-        let file = File::open(format!("/proc/{pid}/fd/{fd}"))?;
-        let have = file.metadata()?.len();
-        if have < len as u64 {
-            return Err(std::io::Error::other(format!("region of process {pid} holds {have} bytes, expected {len}")));
-        }
-        Region::map(Some(OwnedFd::from(file)), len, false)
-    }
-
-    fn map(fd: Option<OwnedFd>, len: usize, writable: bool) -> std::io::Result<Region> {
-        if len == 0 {
-            return Ok(Region { ptr: std::ptr::NonNull::dangling().as_ptr(), len, fd, writable });
-        }
-        let prot = libc::PROT_READ | if writable { libc::PROT_WRITE } else { 0 };
-        let (flags, raw) = match &fd {
-            Some(fd) => (libc::MAP_SHARED, fd.as_raw_fd()),
-            None => (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE, -1),
-        };
-        // SAFETY: a fresh mapping of `len` bytes; the kernel picks the address.
-        let ptr = unsafe { libc::mmap(std::ptr::null_mut(), len, prot, flags, raw, 0) };
-        if ptr == libc::MAP_FAILED {
-            return Err(std::io::Error::last_os_error());
-        }
-        Ok(Region { ptr: ptr.cast(), len, fd, writable })
-    }
-
-    /// The descriptor other processes open the region by, if it can be shared.
-    pub fn fd(&self) -> Option<i32> {
-        self.fd.as_ref().map(|f| f.as_raw_fd())
-    }
-
-    /// Bytes `range` of the region. The caller reads only published rows (module docs).
-    pub fn bytes(&self, range: Range<usize>) -> &[u8] {
-        assert!(range.start <= range.end && range.end <= self.len, "{range:?} of {} bytes", self.len);
-        // SAFETY: in bounds (checked); published rows are never written again.
-        unsafe { std::slice::from_raw_parts(self.ptr.add(range.start), range.end - range.start) }
-    }
-
-    /// Bytes `range` of the region to fill. Only the filler calls this, for rows not yet
-    /// published, which nobody reads.
-    #[allow(clippy::mut_from_ref)]
-    fn bytes_to_fill(&self, range: Range<usize>) -> &mut [u8] {
-        assert!(self.writable && range.end <= self.len && range.start <= range.end);
-        // SAFETY: in bounds and writable (checked); rows past the watermark are written by
-        // the filler thread alone and read by nobody until it publishes them.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(range.start), range.end - range.start) }
-    }
-}
-
-impl Drop for Region {
-    fn drop(&mut self) {
-        if self.len > 0 {
-            // SAFETY: unmaps exactly the mapping made in `map`; no reference outlives self.
-            unsafe { libc::munmap(self.ptr.cast(), self.len) };
-        }
     }
 }
 
@@ -257,7 +164,7 @@ impl HomeStore {
             Some(l) => {
                 let bytes = usize::try_from(resident.saturating_mul(l.record as u64))
                     .map_err(|_| Error::Config("the resident rows do not fit this machine's address space".into()))?;
-                let region = Region::create(bytes)
+                let region = Region::create(c"meshfeed-home", bytes)
                     .context(ErrorKind::Config, format_args!("cannot allocate {bytes} bytes for the resident rows"))?;
                 Memory::Records(Arc::new(region))
             }

@@ -19,6 +19,7 @@
 //! transports take configuration values.
 
 pub mod memory;
+pub(crate) mod shared_memory;
 mod signals;
 
 use crate::config::TransportKind;

@@ -148,7 +148,10 @@ fn jobs_reading_from_one_feeder_get_exactly_the_streams_of_the_files() {
     let data = Dataset::gen("npy", 2400).files(5).field("x:u8:200").field("y:i64").write(&out.path().join("npy"));
     // A feeder of two ranks: each holds and serves half the files.
     let serving = serve(&data, out.path(), 2);
-    assert_eq!(serving.started["ranks"], 2);
+    assert_eq!(
+        (serving.started["ranks"].as_u64(), serving.started["shared_memory_ranks"].as_u64()),
+        (Some(2), Some(2))
+    );
     let file_bytes: u64 = std::fs::read_dir(&data).unwrap().map(|e| e.unwrap().metadata().unwrap().len()).sum();
     assert_eq!(serving.started["samples"], 2400);
 
@@ -212,6 +215,13 @@ fn jobs_reading_from_one_feeder_get_exactly_the_streams_of_the_files() {
     cmd.env("MESHFEED_FEEDER_TOKEN", token["token"].as_str().unwrap());
     ok(&wait_bounded(cmd, "mpirun -np 2 meshfeed run --data meshfeed://..."));
     assert!(dump_bytes(&by_url, 2) == dump_bytes(&dirs[0], 2), "the URL's stream differs");
+    // On the feeder's host, the jobs read the rows from the feeder's memory: every epoch
+    // of every job (3 + 3 + 2 + 3) asked for each of the 2400 rows of 208 bytes at least
+    // once, and only their places (16 bytes a value) crossed the sockets.
+    let stopped = serving.stop(2);
+    let sum = |k: &str| stopped.iter().map(|s| s[k].as_u64().unwrap()).sum::<u64>();
+    assert!(sum("bytes_mapped") >= 11 * 2400 * 208, "{stopped:?}");
+    assert!(sum("bytes_sent") < sum("bytes_mapped") / 4, "{stopped:?}");
 }
 
 #[test]
@@ -223,7 +233,9 @@ fn a_feeder_past_its_memory_budget_reads_the_rest_from_storage_and_says_what_it_
     let data = Dataset::gen("npy", 1200).files(4).field("x:u8:64").write(&out.path().join("npy"));
     // (7/8 of a rank's budget holds files; the rest caches rows read from storage.)
     let budget = (2 * 31_000).to_string();
-    let serving = serve_with(&data, out.path(), 2, true, &["--memory-budget", &budget]);
+    // Without shared memory, every row crosses the sockets.
+    let serving = serve_with(&data, out.path(), 2, true, &["--memory-budget", &budget, "--no-shared-memory"]);
+    assert_eq!(serving.started["shared_memory_ranks"], 0);
     assert_eq!((serving.started["files"].as_u64(), serving.started["held_files"].as_u64()), (Some(4), Some(2)));
     let (served, files) = (out.path().join("served"), out.path().join("files"));
     let job = |data: &Path, epochs| Job::new(data).batch(48).seed(5).epochs(epochs);
@@ -265,6 +277,7 @@ fn a_feeder_past_its_memory_budget_reads_the_rest_from_storage_and_says_what_it_
         // Every window asks for some rows of each file: epochs × their share of 600 rows.
         assert!(n("storage_bytes") >= 2 * 300 * 64, "rank {rank} read its other file every epoch: {s}");
         assert!(n("requests") > 0 && n("bytes_sent") >= 2 * 600 * 64, "rank {rank}: {s}");
+        assert_eq!(n("bytes_mapped"), 0, "rank {rank}: {s}");
         // Each job's rank 0 alone attached (three jobs), to the feeder's rank 0; their
         // readers asked for no headers.
         assert_eq!(n("jobs"), 3 * u64::from(rank == 0), "rank {rank}: {s}");
