@@ -49,6 +49,11 @@ pub struct ServeArgs {
     /// them from their own mapping of it, the connection carrying only where they lie.
     #[arg(long)]
     pub no_shared_memory: bool,
+    /// How answers reach clients: `tcp` over their connections; `ucx` also offers each
+    /// client process a UCX worker of its own for answers of 64 KiB or more (RDMA where
+    /// the network has it), the connections still carrying requests.
+    #[arg(long, default_value = "tcp", value_parser = ["tcp", "ucx"], value_name = "TRANSPORT")]
+    pub client_transport: String,
     /// JSON lines instead of text: one when serving starts (`"kind":"serving"`), one when
     /// the held files are read (`"kind":"loaded"`), and one a rank when it is stopped
     /// (`"kind":"stopped"`, what it read and served).
@@ -96,6 +101,9 @@ fn serve(args: &ServeArgs, rt: &Runtime) -> Result<i32> {
     let (samples, files) = (dataset.len(), dataset.files().len());
     let mut feeder = agree(world, Feeder::new(dataset.clone(), rank, ranks, &name, token.clone(), budget))?;
     let shared = !args.no_shared_memory && agree(world, feeder.share_memory())?;
+    if args.client_transport == "ucx" {
+        agree(world, feeder.offer_ucx())?;
+    }
     let mut sharing = [u64::from(shared)];
     world.all_reduce_u64(&mut sharing, ReduceOp::Sum)?;
     let addresses: Vec<String> =
@@ -119,6 +127,7 @@ fn serve(args: &ServeArgs, rt: &Runtime) -> Result<i32> {
             let v = serde_json::json!({
                 "kind": "serving", "name": name, "url": source.url(), "rendezvous": rendezvous, "ranks": ranks,
                 "samples": samples, "files": files, "held_files": held, "shared_memory_ranks": sharing[0],
+                "client_transport": args.client_transport,
             });
             out!("{v}");
         } else {
@@ -131,9 +140,10 @@ fn serve(args: &ServeArgs, rt: &Runtime) -> Result<i32> {
                 n if n == ranks as u64 => "clients on a feeder host map its memory".to_string(),
                 n => format!("clients on the hosts of {n} of its ranks map their memory"),
             };
+            let ucx = if args.client_transport == "ucx" { "; answers of 64 KiB or more over UCX" } else { "" };
             out!(
                 "meshfeed serve: {name}: {samples} samples in {files} files on {ranks} rank(s); serving at {} \
-                 (rendezvous file {}); reading {held} files into memory{storage}; {shared}",
+                 (rendezvous file {}); reading {held} files into memory{storage}; {shared}{ucx}",
                 source.url(),
                 rendezvous.display()
             );
@@ -181,19 +191,20 @@ fn stopped(args: &ServeArgs, name: &str, rank: usize, signal: i32, s: FeederStat
             "bytes_loaded": s.bytes_loaded, "storage_files": s.storage_files, "storage_bytes": s.storage_bytes,
             "cache_capacity": s.cache_capacity, "cache_rows": s.cache_rows,
             "jobs": s.jobs, "connections": s.connections, "requests": s.requests, "bytes_sent": s.bytes_sent,
-            "bytes_mapped": s.bytes_mapped,
+            "bytes_mapped": s.bytes_mapped, "bytes_ucx": s.bytes_ucx,
         });
         out!("{v}");
     } else {
         out!(
             "meshfeed serve: {name}: rank {rank} stopped by {signal}: {} jobs attached, {} requests answered, {} bytes sent, \
-             {} bytes read by clients from its shared memory; \
+             {} bytes read by clients from its shared memory, {} bytes sent over UCX; \
              {} bytes read into memory ({} files), {} bytes read from storage on request ({} files), \
              {} rows answered from its cache of rows read ({} bytes)",
             s.jobs,
             s.requests,
             s.bytes_sent,
             s.bytes_mapped,
+            s.bytes_ucx,
             s.bytes_loaded,
             s.held_files,
             s.storage_bytes,

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use arrow_buffer::Buffer;
 
+use super::ucx::Link;
 use super::wire::{self, Hello, Mapped, Request, Rows, Share};
 use super::Source;
 use crate::dataset::{FileInfo, FileReader, RowChunk};
@@ -39,6 +40,8 @@ struct Connection {
     broken: Option<String>,
     /// The feeder's shared memory, where this process maps it.
     peer: Option<Peer>,
+    /// This side's UCX worker, where the feeder offered UCX and one could be made.
+    link: Option<Link>,
 }
 
 /// A feeder process whose memory this process maps: its pid, and the regions mapped so
@@ -101,14 +104,35 @@ impl Connection {
         stream.set_nodelay(true).map_err(io)?;
         stream.set_read_timeout(Some(timeout)).map_err(io)?;
         let r = BufReader::new(stream.try_clone().map_err(io)?);
-        let mut conn = Connection { r, w: BufWriter::new(stream), timeout, broken: None, peer: None };
-        let hello = Hello { token: source.token.clone(), name: source.name.clone(), headers };
+        let mut conn = Connection { r, w: BufWriter::new(stream), timeout, broken: None, peer: None, link: None };
+        let ucx = !headers && cfg!(feature = "ucx");
+        let hello = Hello { token: source.token.clone(), name: source.name.clone(), headers, ucx };
         let answer = conn.call(&hello.encode()).map_err(|e| fail(format!("refused: {e}")))?;
         if !headers && answer.len() > 1 {
             let share = Share::decode(&answer[1..]).map_err(|e| fail(format!("bad welcome: {e}")))?;
             conn.peer = Peer::probe(&share);
         }
+        if ucx {
+            conn.ucx_handshake().map_err(|e| fail(format!("UCX handshake: {e}")))?;
+        }
         Ok((conn, answer))
+    }
+
+    /// After the welcome: the feeder's UCX worker address (empty: not offered), then this
+    /// side's (empty: none could be made, and answers come over the connection).
+    fn ucx_handshake(&mut self) -> std::io::Result<()> {
+        let offered = wire::read_frame(&mut self.r, wire::MAX_HELLO)?.ok_or_else(|| {
+            std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "the feeder closed the connection")
+        })?;
+        let mut mine = Vec::new();
+        if !offered.is_empty() {
+            // Where no worker can be made here, the answers come over the connection.
+            if let Ok((link, address)) = Link::new() {
+                self.link = Some(link);
+                mine = address;
+            }
+        }
+        wire::write_frame(&mut self.w, &mine)
     }
 
     /// Sends one frame and reads the answer: the whole frame (its payload from byte 1), or
@@ -146,12 +170,48 @@ impl Connection {
             match wire::read_frame(&mut self.r, wire::MAX_FRAME) {
                 // The feeder is still reading the file: each of these restarts the timeout.
                 Ok(Some(frame)) if frame == [wire::STILL_READING] => continue,
+                // The answer follows over UCX.
+                Ok(Some(frame)) if frame.first() == Some(&wire::VIA_UCX) => {
+                    let (len, tag) = wire::parse_via_ucx(&frame)?;
+                    let link = self.link.as_ref().ok_or("an answer over UCX on a connection without UCX")?;
+                    let stream = self.r.get_ref();
+                    let mut alive = || feeder_connected(stream);
+                    return link.recv(len, tag, timeout, &mut alive).map_err(|e| ucx_failure(stream, &e));
+                }
                 Ok(Some(answer)) => return Ok(answer),
                 Ok(None) => return Err("the feeder closed the connection (was it stopped?)".into()),
                 Err(e) => return Err(failed(e)),
             }
         }
     }
+}
+
+/// Whether the feeder is still at the other end of `stream`, which carries nothing while
+/// an answer comes over UCX: a closed or reset connection is its end.
+fn feeder_connected(stream: &TcpStream) -> std::result::Result<(), String> {
+    let closed = "the feeder closed the connection (was it stopped?)";
+    stream.set_nonblocking(true).map_err(|e| e.to_string())?;
+    let peeked = stream.peek(&mut [0u8; 1]);
+    stream.set_nonblocking(false).map_err(|e| e.to_string())?;
+    match peeked {
+        Ok(0) => Err(closed.into()),
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Ok(()),
+        Err(e) => Err(format!("{closed}: {e}")),
+    }
+}
+
+/// Why an answer over UCX failed with `e`: a feeder that ended (its connection closes
+/// within a second, UCX often noticing first) is named as such.
+fn ucx_failure(stream: &TcpStream, e: &str) -> String {
+    let start = std::time::Instant::now();
+    while start.elapsed() < Duration::from_secs(1) {
+        if let Err(closed) = feeder_connected(stream) {
+            return format!("{closed} during an answer over UCX ({e})");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    format!("the answer over UCX failed: {e}")
 }
 
 /// Attaches to a feeder (its rank 0, at the rendezvous address): checks that it is there
@@ -293,8 +353,13 @@ mod tests {
         let feeder = std::thread::spawn(move || {
             let (stream, _) = listener.accept().unwrap();
             let (mut r, mut w) = (BufReader::new(stream.try_clone().unwrap()), BufWriter::new(stream));
-            wire::read_frame(&mut r, wire::MAX_HELLO).unwrap().unwrap();
+            let hello = wire::read_frame(&mut r, wire::MAX_HELLO).unwrap().unwrap();
             wire::write_frame(&mut w, &wire::answer(Ok(Vec::new()))).unwrap();
+            if Hello::decode(&hello).unwrap().ucx {
+                // No UCX offered; the client's (empty) address.
+                wire::write_frame(&mut w, &[]).unwrap();
+                assert_eq!(wire::read_frame(&mut r, wire::MAX_HELLO).unwrap(), Some(Vec::new()));
+            }
             wire::read_frame(&mut r, wire::MAX_FRAME).unwrap().unwrap();
             for _ in 0..before {
                 std::thread::sleep(every);

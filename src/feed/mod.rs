@@ -15,13 +15,18 @@
 //! fingerprint, bytes, order and placement, whatever its seed, batch, mesh and world size.
 //!
 //! Each reader is one TCP connection speaking [`wire`]'s frames; a connection that does
-//! not present the feeder's token is answered with a refusal and closed. A client that dies
+//! not present the feeder's token is answered with a refusal and closed. On a feeder
+//! rank's host, a client maps the feeder's memory and is told where held rows lie
+//! ([`server`]); a feeder offering UCX (`--client-transport ucx`) sends large answers
+//! over UCX, the connection still carrying every request ([`ucx`]). A client that dies
 //! closes its connections and disturbs no other; a feeder that dies fails its clients'
 //! reads with an error naming it (agreed on every rank, as any read error is).
 
 pub mod cache;
 pub mod client;
 pub mod server;
+#[cfg_attr(not(feature = "ucx"), path = "no_ucx.rs")]
+pub mod ucx;
 pub mod wire;
 
 use std::path::{Path, PathBuf};

@@ -15,6 +15,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use super::cache::{Claim, RowCache, Values};
+use super::ucx::Link;
 use super::wire::{self, Hello, Request};
 use crate::dataset::{Dataset, Field, FileInfo, FileReader, RowChunk};
 use crate::error::{Error, Result};
@@ -140,6 +141,9 @@ pub struct FeederStats {
     /// Bytes of values answered by where they lie in the feeder's shared memory (read by
     /// same-host clients from their mapping of it), not sent.
     pub bytes_mapped: u64,
+    /// Bytes of answers sent over UCX (`--client-transport ucx`), not over the
+    /// connections (`bytes_sent` counts those).
+    pub bytes_ucx: u64,
 }
 
 /// A dataset held in memory for its clients: the files one feeder rank serves. It serves
@@ -162,6 +166,8 @@ pub struct Feeder {
     /// The probe region a same-host client reads to prove it sees this feeder's memory,
     /// and the nonce it holds ([`Feeder::share_memory`]; `None`: memory not shared).
     share: Option<(Region, [u8; 16])>,
+    /// Whether clients are offered UCX for large answers ([`Feeder::offer_ucx`]).
+    ucx: bool,
     /// How long reading the held files took ([`Feeder::load`]).
     load_time: Mutex<Duration>,
     bytes_loaded: AtomicU64,
@@ -171,6 +177,7 @@ pub struct Feeder {
     requests: AtomicU64,
     bytes_sent: AtomicU64,
     bytes_mapped: AtomicU64,
+    bytes_ucx: AtomicU64,
 }
 
 impl Feeder {
@@ -206,6 +213,7 @@ impl Feeder {
             readers: (0..files).map(|_| Mutex::new(None)).collect(),
             cache: RowCache::new(cache),
             share: None,
+            ucx: false,
             load_time: Mutex::new(Duration::ZERO),
             bytes_loaded: AtomicU64::new(0),
             storage_bytes: AtomicU64::new(0),
@@ -214,7 +222,19 @@ impl Feeder {
             requests: AtomicU64::new(0),
             bytes_sent: AtomicU64::new(0),
             bytes_mapped: AtomicU64::new(0),
+            bytes_ucx: AtomicU64::new(0),
         })
+    }
+
+    /// Offers clients UCX for answers of at least [`super::ucx::MIN_BYTES`]: each
+    /// connection that takes the offer gets a UCX worker of its own ([`super::ucx`]).
+    /// An error where this build has no UCX.
+    pub fn offer_ucx(&mut self) -> Result<()> {
+        if !cfg!(feature = "ucx") {
+            Link::new()?;
+        }
+        self.ucx = true;
+        Ok(())
     }
 
     /// Keeps the files this rank holds in memory its host shares, so that clients on the
@@ -302,6 +322,7 @@ impl Feeder {
             requests: self.requests.load(Ordering::Relaxed),
             bytes_sent: self.bytes_sent.load(Ordering::Relaxed),
             bytes_mapped: self.bytes_mapped.load(Ordering::Relaxed),
+            bytes_ucx: self.bytes_ucx.load(Ordering::Relaxed),
         }
     }
 
@@ -332,13 +353,31 @@ impl Feeder {
             return Err(std::io::Error::other(format!("refused: {reason}")));
         }
         self.connections.fetch_add(1, Ordering::Relaxed);
+        let link = match Hello::decode(&hello) {
+            Ok(hello) if hello.ucx => self.ucx_handshake(&mut r, &mut w)?,
+            _ => None,
+        };
+        // Tags no stranger can guess: a UCX message is matched by its tag alone.
+        let mut tag = u64::from_le_bytes(super::random_bytes().map_err(std::io::Error::other)?);
         while let Some(frame) = wire::read_frame(&mut r, wire::MAX_FRAME)? {
             let mut still_reading = || wire::write_frame(&mut w, &[wire::STILL_READING]).is_ok();
             match Request::decode(&frame).and_then(|request| self.rows(&request, &mut still_reading)) {
                 Ok(answer) => {
                     self.requests.fetch_add(1, Ordering::Relaxed);
-                    self.bytes_sent.fetch_add(answer.len() as u64, Ordering::Relaxed);
-                    wire::write_frame(&mut w, &answer)?;
+                    match &link {
+                        // Values past the threshold follow over UCX, announced here.
+                        Some(link) if answer[0] == 0 && answer.len() >= super::ucx::MIN_BYTES => {
+                            tag = tag.wrapping_add(1);
+                            let len = answer.len() as u64;
+                            wire::write_frame(&mut w, &wire::via_ucx(answer.len(), tag))?;
+                            link.send(answer, tag).map_err(|e| std::io::Error::other(format!("UCX send: {e}")))?;
+                            self.bytes_ucx.fetch_add(len, Ordering::Relaxed);
+                        }
+                        _ => {
+                            self.bytes_sent.fetch_add(answer.len() as u64, Ordering::Relaxed);
+                            wire::write_frame(&mut w, &answer)?;
+                        }
+                    }
                 }
                 Err(reason) => {
                     wire::write_frame(&mut w, &wire::answer(Err(reason.clone())))?;
@@ -347,6 +386,33 @@ impl Feeder {
             }
         }
         Ok(())
+    }
+
+    /// After the welcome of a client that can take UCX: this side's worker address (empty
+    /// where UCX is not offered, or no worker could be made), then the client's (empty:
+    /// it declined). The link, where both gave one.
+    fn ucx_handshake(
+        &self,
+        r: &mut BufReader<TcpStream>,
+        w: &mut BufWriter<TcpStream>,
+    ) -> std::io::Result<Option<Link>> {
+        let (link, address) = match self.ucx.then(Link::new) {
+            Some(Ok((link, address))) => (Some(link), address),
+            Some(Err(e)) => {
+                eprintln!("meshfeed serve: {}: no UCX worker for a client ({e}); answering it over TCP", self.name);
+                (None, Vec::new())
+            }
+            None => (None, Vec::new()),
+        };
+        wire::write_frame(w, &address)?;
+        let theirs = wire::read_frame(r, wire::MAX_HELLO)?.unwrap_or_default();
+        match link {
+            Some(mut link) if !theirs.is_empty() => {
+                link.connect(&theirs).map_err(|e| std::io::Error::other(format!("UCX: {e}")))?;
+                Ok(Some(link))
+            }
+            _ => Ok(None),
+        }
     }
 
     /// The answer to a hello: the files' headers (where asked for; else how to reach this
@@ -645,7 +711,7 @@ pub(crate) mod tests {
         let mut feeder = Feeder::new(ds.clone(), 0, 1, "d", "t".into(), u64::MAX).unwrap();
         assert!(feeder.share_memory().unwrap(), "memfd_create works here");
         feeder.load().unwrap();
-        let reader = Hello { token: "t".into(), name: "d".into(), headers: false }.encode();
+        let reader = Hello { token: "t".into(), name: "d".into(), headers: false, ucx: false }.encode();
         let share = wire::Share::decode(&feeder.welcome(&reader).unwrap()).unwrap();
         assert_eq!(share.pid, std::process::id());
         let probe = Region::open_peer(share.pid, share.fd, 16).unwrap();
@@ -709,12 +775,14 @@ pub(crate) mod tests {
         let stats = feeder.stats();
         assert_eq!((stats.held_files, stats.storage_files), (2, 0));
         assert_eq!(stats.bytes_loaded, 2 * 100 * 14, "two files of 100 rows of 14 bytes, read once");
-        let hello = |token: &str, name: &str| Hello { token: token.into(), name: name.into(), headers: true }.encode();
+        let hello = |token: &str, name: &str| {
+            Hello { token: token.into(), name: name.into(), headers: true, ucx: false }.encode()
+        };
         let (files, owners) =
             crate::loader::welcome_from_json(&feeder.welcome(&hello("secret", "d")).unwrap()).unwrap();
         assert_eq!(files, ds.files());
         assert_eq!(owners, ["a:1", "b:2", "a:1", "b:2", "a:1"]);
-        let reader = Hello { token: "secret".into(), name: "d".into(), headers: false };
+        let reader = Hello { token: "secret".into(), name: "d".into(), headers: false, ucx: false };
         assert!(feeder.welcome(&reader.encode()).unwrap().is_empty(), "a reader's connection gets no headers");
         assert!(feeder.welcome(&hello("secreT", "d")).unwrap_err().contains("wrong token"));
         assert!(feeder.welcome(&hello("secret", "e")).unwrap_err().contains("serves 'd', not 'e'"));

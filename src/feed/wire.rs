@@ -6,8 +6,9 @@
 //! memory, or nothing) or a refusal. Then, as often as the client likes, a [`Request`]
 //! (one file's rows, sorted) and the server's [`Rows`] (their values, every field,
 //! row-major), or [`Mapped`] (where those values lie in the server's shared memory, for a
-//! client that mapped it), or an error message. Pure: encoding and decoding only, no I/O
-//! but the frame helpers' reader and writer.
+//! client that mapped it), or [`via_ucx`] (the answer follows as a UCX message, for a
+//! client that took the server's UCX offer), or an error message. Pure: encoding and
+//! decoding only, no I/O but the frame helpers' reader and writer.
 
 use std::io::{Read, Write};
 
@@ -29,6 +30,10 @@ pub struct Hello {
     /// Whether the answer carries the file headers: one rank of a job asks for them
     /// when it attaches; its readers' connections do not.
     pub headers: bool,
+    /// Whether the client can take answers over UCX: then, after the welcome, the server
+    /// sends its UCX worker's address (empty: not offered) and the client its own (empty:
+    /// declined), each in a frame of its own.
+    pub ucx: bool,
 }
 
 /// A client's request for rows of one file: local row indices, sorted ascending, unique.
@@ -54,6 +59,26 @@ pub struct Share {
 
 /// The first byte of an answer that says where the values lie instead of holding them.
 pub const MAPPED: u8 = 3;
+
+/// The first byte of a frame that says the answer follows over UCX: then its length and
+/// tag (u64 each).
+pub const VIA_UCX: u8 = 4;
+
+/// The frame announcing an answer of `len` bytes sent over UCX tagged `tag`.
+pub fn via_ucx(len: usize, tag: u64) -> Vec<u8> {
+    [&[VIA_UCX][..], &(len as u64).to_le_bytes(), &tag.to_le_bytes()].concat()
+}
+
+/// Reads a [`via_ucx`] frame: the answer's length and tag.
+pub fn parse_via_ucx(frame: &[u8]) -> Result<(usize, u64), String> {
+    let mut at = Cursor(frame.strip_prefix(&[VIA_UCX]).ok_or("not a UCX announcement")?);
+    let (len, tag) = (at.u64()?, at.u64()?);
+    at.end()?;
+    if len > MAX_FRAME {
+        return Err(format!("an answer of {len} bytes (at most {MAX_FRAME})"));
+    }
+    Ok((len as usize, tag))
+}
 
 /// An answer for a client that mapped the server's memory: the rows' values, every field,
 /// row-major, lie at `places` (offset, length) of the server's region `fd`, of `len`
@@ -144,6 +169,7 @@ impl Hello {
         put_str(&mut out, &self.token);
         put_str(&mut out, &self.name);
         out.push(u8::from(self.headers));
+        out.push(u8::from(self.ucx));
         out
     }
 
@@ -151,8 +177,8 @@ impl Hello {
         let rest = frame.strip_prefix(MAGIC.as_slice()).ok_or("not a meshfeed client (or another protocol version)")?;
         let mut at = Cursor(rest);
         let (token, name) = (at.string()?, at.string()?);
-        let headers = at.flag()?;
-        let hello = Hello { token, name, headers };
+        let (headers, ucx) = (at.flag()?, at.flag()?);
+        let hello = Hello { token, name, headers, ucx };
         at.end()?;
         Ok(hello)
     }
@@ -314,10 +340,11 @@ mod tests {
 
     #[test]
     fn messages_round_trip() {
-        for headers in [false, true] {
-            let hello = Hello { token: "0123abcd".into(), name: "imagenet".into(), headers };
+        for (headers, ucx) in [(false, false), (true, false), (false, true)] {
+            let hello = Hello { token: "0123abcd".into(), name: "imagenet".into(), headers, ucx };
             assert_eq!(Hello::decode(&hello.encode()).unwrap(), hello);
         }
+        assert_eq!(parse_via_ucx(&via_ucx(1 << 20, 42)), Ok((1 << 20, 42)));
         for mapped in [false, true] {
             let request = Request { file: 3, rows: vec![0, 7, 1 << 40], mapped };
             assert_eq!(Request::decode(&request.encode()).unwrap(), request);
@@ -345,7 +372,7 @@ mod tests {
     #[test]
     fn malformed_messages_are_errors_not_panics() {
         assert!(Hello::decode(b"GET / HTTP/1.1\r\n").unwrap_err().contains("not a meshfeed client"));
-        let mut hello = Hello { token: "t".into(), name: "n".into(), headers: true }.encode();
+        let mut hello = Hello { token: "t".into(), name: "n".into(), headers: true, ucx: false }.encode();
         for cut in 0..hello.len() {
             assert!(Hello::decode(&hello[..cut]).is_err(), "cut at {cut}");
         }
@@ -368,6 +395,8 @@ mod tests {
         assert!(Mapped::decode(&bad(vec![(u64::MAX, 2)])[1..], 1).unwrap_err().contains("past the region"));
         assert!(Mapped::decode(&bad(vec![(0, 1)])[1..], 2).unwrap_err().contains("1 values for 2 rows"));
         assert!(Share::decode(&[0; 23]).unwrap_err().contains("cut short"));
+        assert!(parse_via_ucx(&via_ucx(1, 2)[..16]).unwrap_err().contains("cut short"));
+        assert!(parse_via_ucx(&via_ucx(usize::MAX, 2)).unwrap_err().contains("an answer of"));
         let mut wire = 10u64.to_le_bytes().to_vec();
         wire.extend_from_slice(b"short");
         assert!(read_frame(&mut wire.as_slice(), MAX_HELLO).is_err());

@@ -1,7 +1,7 @@
 //! Memory the processes of one host share: a `memfd`, mapped by its maker and reached by
 //! other processes through `/proc/<pid>/fd/<fd>` (same user, same PID namespace). The
 //! loader's home store keeps rows its host's ranks copy from in one
-//! ([`crate::loader::store`]); a feeder keeps the files it holds in them, which its
+//! (`loader/store.rs`); a feeder keeps the files it holds in them, which its
 //! clients on the same host map instead of receiving the bytes ([`crate::feed`]).
 
 use std::fs::File;

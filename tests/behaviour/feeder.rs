@@ -112,6 +112,7 @@ fn serve_with(data: &Path, dir: &Path, ranks: usize, ucx: bool, options: &[&str]
         .args(options)
         .args(if ucx { &["--transport", "ucx"][..] } else { &[] })
         .env("HDF5_USE_FILE_LOCKING", "FALSE")
+        .env("UCX_NET_DEVICES", "lo")
         .stdin(Stdio::null())
         .stdout(std::fs::File::create(&out).unwrap())
         .stderr(std::fs::File::create(&err).unwrap())
@@ -406,6 +407,49 @@ fn a_feeder_refuses_strangers_and_its_death_fails_every_rank_of_its_clients() {
         root.contains(&url) && (root.contains("the feeder closed the connection") || root.contains("cannot connect")),
         "{root}"
     );
+}
+
+/// A feeder offering UCX (`--client-transport ucx`) sends its clients' large answers as
+/// UCX messages, the connections carrying the requests: jobs under mpirun and under
+/// `meshfeed launch` get exactly their streams, and a feeder killed under a client still
+/// fails it on every rank, naming the feeder.
+#[test]
+fn a_feeder_offering_ucx_sends_large_answers_over_it_and_its_death_still_fails_its_clients() {
+    let out = tempdir();
+    // 240 samples of 64 KiB in 4 files: every answer of rows is one of UCX's.
+    let data = Dataset::gen("npy", 240).files(4).field("x:u8:65536").write(&out.path().join("npy"));
+    // Without shared memory, so that the rows go to this host's jobs over UCX.
+    let options = ["--client-transport", "ucx", "--no-shared-memory"];
+    let serving = serve_with(&data, out.path(), 2, false, &options);
+    assert_eq!(serving.started["client_transport"], "ucx");
+    let job = |data: &Path| Job::new(data).batch(24).seed(4).epochs(2);
+    let dir = |name: &str| out.path().join(name);
+    ok(&job(&serving.rendezvous).dump(&dir("served-2")).mpirun(2));
+    ok(&job(&serving.rendezvous).dump(&dir("served-3")).launch(3));
+    for np in [2, 3] {
+        let files = dir(&format!("files-{np}"));
+        ok(&job(&data).dump(&files).mpirun(np));
+        let served = dump_bytes(&dir(&format!("served-{np}")), np);
+        assert!(served == dump_bytes(&files, np), "{np} ranks: the stream over UCX differs from the files'");
+    }
+    // Two jobs of two epochs asked for each row at least once an epoch, all of it over
+    // UCX; the connections carried only the announcements.
+    let stopped = serving.stop(2);
+    let sum = |k: &str| stopped.iter().map(|s| s[k].as_u64().unwrap()).sum::<u64>();
+    assert!(sum("bytes_ucx") >= 2 * 2 * 240 * 65536, "{stopped:?}");
+    assert!(sum("bytes_sent") < 240 * 65536 / 100, "{stopped:?}");
+
+    // A lone feeder killed (SIGKILL) under a client reading at random, nothing kept.
+    let mut serving = serve_with(&data, &dir("."), 1, false, &options);
+    let url = serving.started["url"].as_str().unwrap().to_string();
+    let job = Job::new(&serving.rendezvous).batch(24).epochs(1_000_000);
+    let client = spawn_mpirun(3, &job.args(["--read-strategy", "random", "--memory-budget", "0"]));
+    std::thread::sleep(Duration::from_secs(2));
+    serving.child.kill().unwrap();
+    let run = finish(client, "a client of a killed feeder over UCX");
+    assert_ne!(run.code, 0, "{}", run.stderr);
+    let root = agreed_failure(&run, 3);
+    assert!(root.contains(&url) && root.contains("the feeder closed the connection"), "{root}");
 }
 
 /// `mpirun -np NP meshfeed <job>` started in the background (stdout discarded).

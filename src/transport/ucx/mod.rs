@@ -40,7 +40,7 @@
 //! timeout.
 
 mod address;
-mod raw;
+pub(crate) mod raw;
 
 use std::cell::{Cell, RefCell};
 use std::marker::PhantomData;
