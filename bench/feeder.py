@@ -11,6 +11,7 @@ Run it as root on Linux once built (``cargo build --release -p meshfeed-cli``):
     python3 bench/feeder.py --feeder-budget 96M    # a feeder holding part of the data
     python3 bench/feeder.py --feeder-budget 96M --shared-order 7   # and jobs of a shared order
     python3 bench/feeder.py --storage warm --socket   # and a feeder without shared memory
+    python3 bench/feeder.py --storage warm --socket --ucx   # and one answering over UCX
 
 The dataset lives on an ext4 filesystem of its own on a loop device (bench/cold.py's); its
 pages are dropped from the page cache every 100 ms during every run, and every process that
@@ -27,13 +28,16 @@ For each K of ``--jobs``, two scenarios, each starting with the dataset's pages 
             for files not read yet waiting for them
 
 (the jobs run on the feeder's host, so they read the rows it holds from its shared
-memory), and with ``--shared-order SPEC`` or ``--socket`` more:
+memory), and with ``--shared-order SPEC``, ``--socket`` or ``--ucx`` more:
 
   shared    as feeder, each job also given ``--shared-order SPEC`` (its order the common
             seed's, reordered by its own within blocks), so that the jobs ask a feeder
             past its budget for the same rows at about the same time
   socket    as feeder, the feeder started with ``--no-shared-memory``: every row's bytes
             cross the jobs' connections
+  ucx       as socket, the feeder also given ``--client-transport ucx``: answers of 64 KiB
+            or more go as UCX messages (over the network's fastest transport UCX finds;
+            TCP on one host)
 
 A job's time runs from its scenario's start (the feeder's loading included) to its end; its
 throughput is its samples over all epochs divided by that time. Printed: the storage bytes
@@ -75,8 +79,8 @@ def start_job(args, data, seed, cg, out, name, extra):
 
 
 def scenario(args, data, k, mode, cg, out):
-    """K jobs on the files, or through a feeder (``mode``: files, feeder, shared, socket);
-    returns the scenario's record."""
+    """K jobs on the files, or through a feeder (``mode``: files, feeder, shared, socket,
+    ucx); returns the scenario's record."""
     name = f"{mode}-{k}"
     shared = mode != "files"
     extra = ["--shared-order", args.shared_order] if mode == "shared" else []
@@ -101,7 +105,8 @@ def scenario(args, data, k, mode, cg, out):
         if shared:
             source = os.path.join(out, f"{name}.feeder.json")
             budget = ["--memory-budget", args.feeder_budget] if args.feeder_budget else []
-            budget += ["--no-shared-memory"] if mode == "socket" else []
+            budget += ["--no-shared-memory"] if mode in ("socket", "ucx") else []
+            budget += ["--client-transport", "ucx"] if mode == "ucx" else []
             feeder = subprocess.Popen(cg.prefix() + [cold.MESHFEED, "serve", "--data", data, "--json",
                                                      "--rendezvous", source, *budget],
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -144,6 +149,7 @@ def scenario(args, data, k, mode, cg, out):
            "feeder_load_s": load_s, "feeder_held_files": held,
            "feeder_bytes_sent": sum(v["bytes_sent"] for v in served) if served else None,
            "feeder_bytes_mapped": sum(v["bytes_mapped"] for v in served) if served else None,
+           "feeder_bytes_ucx": sum(v["bytes_ucx"] for v in served) if served else None,
            "shared_order": args.shared_order if mode == "shared" else None}
     log(f"{name}: storage {storage / 1e6:.0f} MB, jobs done at {' '.join(f'{t:.1f}' for t in ends)} s"
         + (f" (the feeder read the files in {load_s:.1f} s)" if load_s is not None else ""))
@@ -171,6 +177,8 @@ def main():
                    help="also run the K jobs through the feeder with --shared-order SPEC (SEED[,block=N])")
     p.add_argument("--socket", action="store_true",
                    help="also run the K jobs through a feeder started with --no-shared-memory")
+    p.add_argument("--ucx", action="store_true",
+                   help="also run the K jobs through a feeder started with --no-shared-memory --client-transport ucx")
     args = p.parse_args()
     cold.MESHFEED = os.path.abspath(args.binary)
     reason = cold.why_not_here()
@@ -192,6 +200,7 @@ def main():
         bps = parse_size(args.throttle) if args.storage == "cold" else 0
         cg = cold.Cgroups(f"meshfeed-feeder-{os.getpid()}", fs.dev, bps, 0, 0)
         modes = ["files", "feeder"] + (["shared"] if args.shared_order else []) + (["socket"] if args.socket else [])
+        modes += ["ucx"] if args.ucx else []
         for k in ks:
             for mode in modes:
                 results.append(scenario(args, data, k, mode, cg, out))
@@ -207,13 +216,13 @@ def main():
     lone = next((statistics.median(r["samples_per_s"]) for r in results
                  if r["scenario"] == "files" and r["jobs"] == 1), None)
     print(f"{'scenario':<10}{'K':>3}{'storage read (x data)':>24}{'job samples/s (median)':>25}{'x lone job':>12}"
-          f"{'sent, mapped (x data)':>24}")
+          f"{'sent, mapped, ucx (x data)':>30}")
     for r in results:
         m = statistics.median(r["samples_per_s"])
-        served = (f"{r['feeder_bytes_sent'] / dataset:.2f}, {r['feeder_bytes_mapped'] / dataset:.2f}"
-                  if r["feeder_bytes_sent"] is not None else "")
+        keys = ["feeder_bytes_sent", "feeder_bytes_mapped", "feeder_bytes_ucx"]
+        served = ", ".join(f"{r[k] / dataset:.2f}" for k in keys) if r["feeder_bytes_sent"] is not None else ""
         print(f"{r['scenario']:<10}{r['jobs']:>3}{r['storage_bytes'] / dataset:>24.2f}{m:>25.0f}"
-              f"{(m / lone if lone else float('nan')):>12.2f}{served:>24}")
+              f"{(m / lone if lone else float('nan')):>12.2f}{served:>30}")
     print(f"results: {out}/results.jsonl")
     return 0
 

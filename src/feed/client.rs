@@ -55,12 +55,7 @@ impl Peer {
     /// The feeder's memory, if this process sees it: the probe region `share` names holds
     /// its nonce (the same host, user and PID namespace).
     fn probe(share: &Share) -> Option<Peer> {
-        let link = std::fs::read_link(format!("/proc/{}/fd/{}", share.pid, share.fd)).ok()?;
-        // Nothing but a feeder's memory is opened: on another host, that process may hold
-        // anything there (a FIFO's open would block).
-        if !link.to_string_lossy().starts_with("/memfd:meshfeed-feeder") {
-            return None;
-        }
+        // (Nothing but a meshfeed memfd is opened: `open_peer` checks.)
         let probe = Region::open_peer(share.pid, share.fd, share.nonce.len()).ok()?;
         (probe.bytes(0..share.nonce.len()) == share.nonce).then(|| Peer { pid: share.pid, regions: HashMap::new() })
     }
@@ -175,43 +170,45 @@ impl Connection {
                     let (len, tag) = wire::parse_via_ucx(&frame)?;
                     let link = self.link.as_ref().ok_or("an answer over UCX on a connection without UCX")?;
                     let stream = self.r.get_ref();
-                    let mut alive = || feeder_connected(stream);
-                    return link.recv(len, tag, timeout, &mut alive).map_err(|e| ucx_failure(stream, &e));
+                    let mut quiet = || super::peek(stream) == super::Peeked::Quiet;
+                    let failed = match link.recv(len, tag, timeout, &mut quiet) {
+                        Ok(answer) => return Ok(answer),
+                        Err(e) => e,
+                    };
+                    match settled_peek(stream) {
+                        // The feeder gave up on UCX and answers over the connection, as it
+                        // will from now on.
+                        super::Peeked::Readable => self.link = None,
+                        super::Peeked::Closed(why) => {
+                            return Err(format!("{CLOSED} during an answer over UCX ({why}; UCX: {failed})"))
+                        }
+                        super::Peeked::Quiet => return Err(format!("the answer over UCX failed: {failed}")),
+                    }
                 }
                 Ok(Some(answer)) => return Ok(answer),
-                Ok(None) => return Err("the feeder closed the connection (was it stopped?)".into()),
+                Ok(None) => return Err(CLOSED.into()),
                 Err(e) => return Err(failed(e)),
             }
         }
     }
 }
 
-/// Whether the feeder is still at the other end of `stream`, which carries nothing while
-/// an answer comes over UCX: a closed or reset connection is its end.
-fn feeder_connected(stream: &TcpStream) -> std::result::Result<(), String> {
-    let closed = "the feeder closed the connection (was it stopped?)";
-    stream.set_nonblocking(true).map_err(|e| e.to_string())?;
-    let peeked = stream.peek(&mut [0u8; 1]);
-    stream.set_nonblocking(false).map_err(|e| e.to_string())?;
-    match peeked {
-        Ok(0) => Err(closed.into()),
-        Ok(_) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Ok(()),
-        Err(e) => Err(format!("{closed}: {e}")),
-    }
-}
+/// What a client says of a feeder that closed its connection.
+const CLOSED: &str = "the feeder closed the connection (was it stopped?)";
 
-/// Why an answer over UCX failed with `e`: a feeder that ended (its connection closes
-/// within a second, UCX often noticing first) is named as such.
-fn ucx_failure(stream: &TcpStream, e: &str) -> String {
+/// [`super::peek`] of a feeder's connection after an answer over UCX failed: a feeder
+/// that ended closes it within a second (UCX often noticing first), and one that gave up
+/// on UCX writes the answer to it.
+fn settled_peek(stream: &TcpStream) -> super::Peeked {
     let start = std::time::Instant::now();
-    while start.elapsed() < Duration::from_secs(1) {
-        if let Err(closed) = feeder_connected(stream) {
-            return format!("{closed} during an answer over UCX ({e})");
+    loop {
+        match super::peek(stream) {
+            super::Peeked::Quiet if start.elapsed() < Duration::from_secs(1) => {
+                std::thread::sleep(Duration::from_millis(20))
+            }
+            peeked => return peeked,
         }
-        std::thread::sleep(Duration::from_millis(20));
     }
-    format!("the answer over UCX failed: {e}")
 }
 
 /// Attaches to a feeder (its rank 0, at the rendezvous address): checks that it is there
@@ -312,6 +309,9 @@ impl FileReader for Reader {
         let mut conn = self.conn.lock().unwrap_or_else(PoisonError::into_inner);
         let request = Request { file: self.file, rows: rows.to_vec(), mapped: conn.peer.is_some() };
         let answer = conn.call(&request.encode()).map_err(|e| Error::file(&self.path, e))?;
+        if answer[0] == wire::MAPPED && !request.mapped {
+            return Err(Error::file(&self.path, "bad answer: places in memory this process did not map"));
+        }
         if answer[0] == wire::MAPPED {
             match self.mapped_rows(&mut conn, &answer, rows.len())? {
                 Some(chunk) => return Ok(chunk),
@@ -440,9 +440,13 @@ mod tests {
         assert!(Peer::probe(&share).is_some());
         // Another nonce (another feeder's, or another host's process of that pid)...
         assert!(Peer::probe(&Share { nonce: [7; 16], ..share.clone() }).is_none());
-        // ...a descriptor that is not a feeder's memory (never opened: it could be a FIFO)...
-        let file = tempfile::tempfile().unwrap();
+        // ...a descriptor that is not a feeder's memory, even holding the nonce (never
+        // mapped: it could be anything, a FIFO among them)...
+        let mut file = tempfile::tempfile().unwrap();
+        std::io::Write::write_all(&mut file, &share.nonce).unwrap();
         let fd = std::os::fd::AsRawFd::as_raw_fd(&file);
+        let err = Region::open_peer(share.pid, fd, 16).err().unwrap().to_string();
+        assert!(err.contains("not a meshfeed memory region"), "{err}");
         assert!(Peer::probe(&Share { fd, ..share.clone() }).is_none());
         // ...or no such process: the client reads over the socket.
         assert!(Peer::probe(&Share { pid: u32::MAX - 1, ..share }).is_none());

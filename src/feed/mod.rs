@@ -131,6 +131,30 @@ impl Source {
     }
 }
 
+/// What the other side of a connection did, seen without reading: while an answer goes
+/// over UCX, the connection carries nothing unless that side gives up on UCX.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Peeked {
+    /// Nothing to read.
+    Quiet,
+    /// It wrote something.
+    Readable,
+    /// It closed the connection, or it was reset: why.
+    Closed(String),
+}
+
+/// [`Peeked`] of `stream`, without blocking or consuming anything.
+pub(crate) fn peek(stream: &std::net::TcpStream) -> Peeked {
+    let peeked = stream.set_nonblocking(true).and_then(|()| stream.peek(&mut [0u8; 1]));
+    let _ = stream.set_nonblocking(false);
+    match peeked {
+        Ok(0) => Peeked::Closed("closed".into()),
+        Ok(_) => Peeked::Readable,
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Peeked::Quiet,
+        Err(e) => Peeked::Closed(e.to_string()),
+    }
+}
+
 /// A fresh token: 128 random bits, in hex.
 pub fn new_token() -> Result<String> {
     let bits: [u8; 16] = random_bytes()?;

@@ -18,7 +18,12 @@ impl Link {
         match *self {}
     }
 
-    pub fn send(&self, _payload: Vec<u8>, _tag: u64) -> std::result::Result<(), String> {
+    pub fn send(
+        &self,
+        _payload: Vec<u8>,
+        _tag: u64,
+        _waiting: &mut dyn FnMut() -> bool,
+    ) -> std::result::Result<(), (String, Option<Vec<u8>>)> {
         match *self {}
     }
 
@@ -27,7 +32,7 @@ impl Link {
         _len: usize,
         _tag: u64,
         _timeout: std::time::Duration,
-        _alive: &mut dyn FnMut() -> std::result::Result<(), String>,
+        _waiting: &mut dyn FnMut() -> bool,
     ) -> std::result::Result<Vec<u8>, String> {
         match *self {}
     }

@@ -244,7 +244,8 @@ impl Feeder {
         let nonce: [u8; 16] = super::random_bytes()?;
         let shared =
             Region::create(c"meshfeed-feeder", nonce.len()).ok().filter(|probe| probe.fd().is_some()).map(|probe| {
-                probe.bytes_to_fill(0..nonce.len()).copy_from_slice(&nonce);
+                // SAFETY: nobody sees the probe before this function returns.
+                unsafe { probe.bytes_to_fill(0..nonce.len()) }.copy_from_slice(&nonce);
                 (probe, nonce)
             });
         self.share = shared;
@@ -256,6 +257,7 @@ impl Feeder {
     /// refusal of every request for it.
     pub fn load(&self) -> Result<()> {
         let start = Instant::now();
+        let mut arena = None;
         for (i, info) in self.dataset.files().iter().enumerate() {
             if !matches!(self.slots()[i], Slot::Loading) {
                 continue;
@@ -265,7 +267,7 @@ impl Feeder {
                 Ok(chunk) => {
                     self.bytes_loaded.fetch_add(chunk.bytes_read(), Ordering::Relaxed);
                     let (chunk, region) = match &self.share {
-                        Some(_) => into_region(chunk),
+                        Some(_) => into_region(chunk, &mut arena),
                         None => (chunk, None),
                     };
                     (Slot::Loaded(Arc::new(chunk), region), Ok(()))
@@ -353,7 +355,7 @@ impl Feeder {
             return Err(std::io::Error::other(format!("refused: {reason}")));
         }
         self.connections.fetch_add(1, Ordering::Relaxed);
-        let link = match Hello::decode(&hello) {
+        let mut link = match Hello::decode(&hello) {
             Ok(hello) if hello.ucx => self.ucx_handshake(&mut r, &mut w)?,
             _ => None,
         };
@@ -364,19 +366,36 @@ impl Feeder {
             match Request::decode(&frame).and_then(|request| self.rows(&request, &mut still_reading)) {
                 Ok(answer) => {
                     self.requests.fetch_add(1, Ordering::Relaxed);
-                    match &link {
+                    let mut answer = Some(answer);
+                    if let Some(ucx) = link.as_ref().filter(|_| answer.as_ref().is_some_and(|a| via_ucx(a))) {
                         // Values past the threshold follow over UCX, announced here.
-                        Some(link) if answer[0] == 0 && answer.len() >= super::ucx::MIN_BYTES => {
-                            tag = tag.wrapping_add(1);
-                            let len = answer.len() as u64;
-                            wire::write_frame(&mut w, &wire::via_ucx(answer.len(), tag))?;
-                            link.send(answer, tag).map_err(|e| std::io::Error::other(format!("UCX send: {e}")))?;
-                            self.bytes_ucx.fetch_add(len, Ordering::Relaxed);
+                        let values = answer.take().expect("an answer");
+                        tag = tag.wrapping_add(1);
+                        let (len, announced) = (values.len() as u64, wire::via_ucx(values.len(), tag));
+                        self.bytes_sent.fetch_add(announced.len() as u64, Ordering::Relaxed);
+                        wire::write_frame(&mut w, &announced)?;
+                        let stream = w.get_ref();
+                        let mut waiting = || !matches!(super::peek(stream), super::Peeked::Closed(_));
+                        match ucx.send(values, tag, &mut waiting) {
+                            Ok(()) => {
+                                self.bytes_ucx.fetch_add(len, Ordering::Relaxed);
+                            }
+                            // The answer goes over the connection (the client stops waiting
+                            // for UCX when it sees it), and so will every later one.
+                            Err((why, Some(values))) => {
+                                eprintln!("meshfeed serve: {}: UCX send failed ({why}); answering over TCP", self.name);
+                                (link, answer) = (None, Some(values));
+                            }
+                            Err((why, None)) => {
+                                let message = format!("the feeder's UCX send failed: {why}");
+                                wire::write_frame(&mut w, &wire::answer(Err(message.clone())))?;
+                                return Err(std::io::Error::other(message));
+                            }
                         }
-                        _ => {
-                            self.bytes_sent.fetch_add(answer.len() as u64, Ordering::Relaxed);
-                            wire::write_frame(&mut w, &answer)?;
-                        }
+                    }
+                    if let Some(answer) = answer {
+                        self.bytes_sent.fetch_add(answer.len() as u64, Ordering::Relaxed);
+                        wire::write_frame(&mut w, &answer)?;
                     }
                 }
                 Err(reason) => {
@@ -407,10 +426,17 @@ impl Feeder {
         wire::write_frame(w, &address)?;
         let theirs = wire::read_frame(r, wire::MAX_HELLO)?.unwrap_or_default();
         match link {
-            Some(mut link) if !theirs.is_empty() => {
-                link.connect(&theirs).map_err(|e| std::io::Error::other(format!("UCX: {e}")))?;
-                Ok(Some(link))
-            }
+            Some(mut link) if !theirs.is_empty() => match link.connect(&theirs) {
+                Ok(()) => Ok(Some(link)),
+                // The client takes answers over the connection as well.
+                Err(e) => {
+                    eprintln!(
+                        "meshfeed serve: {}: cannot reach a client's UCX worker ({e}); answering it over TCP",
+                        self.name
+                    );
+                    Ok(None)
+                }
+            },
             _ => Ok(None),
         }
     }
@@ -565,28 +591,38 @@ impl Feeder {
     }
 }
 
-/// `chunk`'s values in a shared region of their own, row-major, and a chunk that reads
-/// them there; or `chunk` as it is where no region can be made (best effort: the file is
-/// then served over the socket only).
-fn into_region(chunk: RowChunk) -> (RowChunk, Option<Arc<Region>>) {
+/// The least size of a shared region the held files are put in, one after another: each
+/// region costs a descriptor (of the feeder, and of each client mapping it, until mapped),
+/// and its tail not written yet costs no memory.
+const ARENA_BYTES: usize = 1 << 30;
+
+/// `chunk`'s values in the shared region `arena` (the region being filled, and its bytes
+/// used), after the files before it, row-major, and a chunk that reads them there; or
+/// `chunk` as it is where no region can be made (best effort: the file is then served
+/// over the socket only). A file that does not fit what is left starts a new region of at
+/// least [`ARENA_BYTES`].
+fn into_region(chunk: RowChunk, arena: &mut Option<(Arc<Region>, usize)>) -> (RowChunk, Option<Arc<Region>>) {
     let (fields, read) = (chunk.fields(), &chunk);
     let values = || (0..read.rows()).flat_map(move |r| (0..fields).map(move |f| read.value(r, f)));
     let bytes: usize = values().map(<[u8]>::len).sum();
-    let region = match Region::create(c"meshfeed-feeder", bytes) {
-        Ok(region) if region.fd().is_some() => Arc::new(region),
-        _ => return (chunk, None),
-    };
+    if !matches!(arena, Some((region, used)) if region.len() - *used >= bytes) {
+        match Region::create(c"meshfeed-feeder", bytes.max(ARENA_BYTES)) {
+            Ok(region) if region.fd().is_some() => *arena = Some((Arc::new(region), 0)),
+            _ => return (chunk, None),
+        }
+    }
+    let Some((region, used)) = arena else { unreachable!("a region was made") };
     let mut shared = RowChunk::new(fields);
     shared.add_bytes_read(chunk.bytes_read());
     let buffer = shared.add_made_buffer(region.buffer());
-    let mut at = 0;
     for value in values() {
-        // Nobody reads the region before the file's slot holds it.
-        region.bytes_to_fill(at..at + value.len()).copy_from_slice(value);
-        shared.push_value(buffer, at, value.len());
-        at += value.len();
+        // SAFETY: bytes past those of the files already in the region: nobody reads them
+        // before this file's slot holds it, and only this thread (the loader) writes.
+        unsafe { region.bytes_to_fill(*used..*used + value.len()) }.copy_from_slice(value);
+        shared.push_value(buffer, *used, value.len());
+        *used += value.len();
     }
-    (shared, Some(region))
+    (shared, Some(region.clone()))
 }
 
 /// Where `rows` of `chunk` (which reads `region`) lie in `region`, every field of each.
@@ -598,6 +634,12 @@ fn mapped_rows(chunk: &RowChunk, region: &Region, rows: impl Iterator<Item = usi
         .collect();
     let fd = region.fd().expect("a shared region has a descriptor");
     wire::Mapped { fields: fields as u32, fd, len: region.len() as u64, places }
+}
+
+/// Whether `answer` goes over UCX, where the client takes it: values (not places, not an
+/// error) of at least [`super::ucx::MIN_BYTES`].
+fn via_ucx(answer: &[u8]) -> bool {
+    answer[0] == 0 && answer.len() >= super::ucx::MIN_BYTES
 }
 
 /// An answer holding `rows` of `chunk`, every field of each ([`wire::rows_answer`]).
@@ -721,7 +763,9 @@ pub(crate) mod tests {
         let answer = feeder.rows(&Request { file: 1, rows: rows.to_vec(), mapped: true }, &mut never).unwrap();
         assert_eq!(answer[0], wire::MAPPED);
         let mapped = wire::Mapped::decode(&answer[1..], 3).unwrap();
-        assert_eq!((mapped.fields, mapped.places.len(), mapped.len), (2, 6, 100 * 48));
+        assert_eq!((mapped.fields, mapped.places.len(), mapped.len), (2, 6, ARENA_BYTES as u64));
+        // Both files in one region (one descriptor), file 1 after file 0's 100 rows.
+        assert_eq!(mapped.places[0], (100 * 48, 40));
         // Read where the answer says, in another mapping of the file's region: the file's bytes.
         let region = Region::open_peer(share.pid, mapped.fd, mapped.len as usize).unwrap();
         let read: Vec<u8> = mapped

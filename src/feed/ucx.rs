@@ -50,25 +50,32 @@ impl Link {
     }
 
     /// The feeder's side: sends `payload` to the client, tagged `tag`, and waits until it
-    /// is delivered.
-    pub fn send(&self, payload: Vec<u8>, tag: u64) -> std::result::Result<(), String> {
+    /// is delivered, while `waiting()` holds. On failure: why, and the payload unless
+    /// UCX may still read it (then it is leaked).
+    pub fn send(
+        &self,
+        payload: Vec<u8>,
+        tag: u64,
+        waiting: &mut dyn FnMut() -> bool,
+    ) -> std::result::Result<(), (String, Option<Vec<u8>>)> {
         // SAFETY: `payload` stays allocated and unmodified until the request completes, or
-        // is leaked below where it does not settle; the request is dropped before the
+        // is leaked where it does not settle (`finish`); the request is dropped before the
         // worker (it lives in this call).
-        let request = unsafe { self.worker.send(1, payload.as_ptr(), payload.len(), tag) };
-        let request = request.map_err(|e| e.to_string())?;
-        self.finish(request, payload, SEND_DEADLINE, &mut || Ok(())).map(|_| ())
+        match unsafe { self.worker.send(1, payload.as_ptr(), payload.len(), tag) } {
+            Ok(request) => self.finish(request, payload, SEND_DEADLINE, waiting).map(|_| ()),
+            Err(e) => Err((e.to_string(), Some(payload))),
+        }
     }
 
     /// The client's side: receives the `len` bytes tagged `tag`, waiting at most
-    /// `timeout`; `alive` is asked every [`CHECK_EVERY`] whether the feeder is still
-    /// there (its connection open), and its error ends the wait.
+    /// `timeout` for the whole of it, and while `waiting()` holds (asked every
+    /// [`CHECK_EVERY`]: the feeder's connection is quiet).
     pub fn recv(
         &self,
         len: usize,
         tag: u64,
         timeout: Duration,
-        alive: &mut dyn FnMut() -> std::result::Result<(), String>,
+        waiting: &mut dyn FnMut() -> bool,
     ) -> std::result::Result<Vec<u8>, String> {
         let mut buffer = vec![0u8; len];
         // SAFETY: `buffer` stays allocated and untouched until the request completes, or
@@ -76,19 +83,20 @@ impl Link {
         // worker (it lives in this call).
         let request = unsafe { self.worker.recv(buffer.as_mut_ptr(), len, tag) };
         let request = request.map_err(|e| e.to_string())?;
-        self.finish(request, buffer, timeout, alive)
+        self.finish(request, buffer, timeout, waiting).map_err(|(why, _)| why)
     }
 
     /// Progresses `request` until it completes (returning `buffer`, checked to be whole
-    /// for a receive), fails, `alive` fails or `timeout` passes; a request that did not
-    /// complete is cancelled and settled, and `buffer` leaked where it does not settle.
+    /// for a receive), fails, `waiting()` stops holding or `timeout` passes; a request
+    /// that did not complete is cancelled and settled, and `buffer` returned with why, or
+    /// leaked where it does not settle.
     fn finish(
         &self,
         request: raw::Request,
         buffer: Vec<u8>,
         timeout: Duration,
-        alive: &mut dyn FnMut() -> std::result::Result<(), String>,
-    ) -> std::result::Result<Vec<u8>, String> {
+        waiting: &mut dyn FnMut() -> bool,
+    ) -> std::result::Result<Vec<u8>, (String, Option<Vec<u8>>)> {
         let deadline = Instant::now() + timeout;
         let mut checked = Instant::now();
         let why = loop {
@@ -100,8 +108,8 @@ impl Link {
                 Err(failure) => break format!("UCX: {failure}"),
                 Ok(false) if Instant::now() >= deadline => break format!("no UCX transfer within {timeout:?}"),
                 Ok(false) if checked.elapsed() >= CHECK_EVERY => {
-                    if let Err(why) = alive() {
-                        break why;
+                    if !waiting() {
+                        break "the other side stopped waiting".to_string();
                     }
                     checked = Instant::now();
                 }
@@ -116,7 +124,8 @@ impl Link {
         if !raw::settle(&mut pending, Instant::now() + SETTLE) {
             // UCX may still read or write it: never freed.
             std::mem::forget(buffer);
+            return Err((why, None));
         }
-        Err(why)
+        Err((why, Some(buffer)))
     }
 }

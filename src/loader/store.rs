@@ -425,7 +425,9 @@ impl Filler {
         if let Some(first) = in_file {
             if split > 0 {
                 let Memory::Records(region) = &self.memory else { unreachable!("records have a region") };
-                let dst = region.bytes_to_fill(at as usize * record..(at as usize + split) * record);
+                // SAFETY: rows past the watermark, which only this filler writes and nobody
+                // reads until it publishes them.
+                let dst = unsafe { region.bytes_to_fill(at as usize * record..(at as usize + split) * record) };
                 reader.read_at(first.start, dst)?;
                 bytes += dst.len() as u64;
             }
@@ -444,7 +446,8 @@ impl Filler {
             let dst: &mut [u8] = if i < split {
                 let Memory::Records(region) = &self.memory else { unreachable!("records have a region") };
                 let r = (at as usize + i) * record;
-                region.bytes_to_fill(r..r + record)
+                // SAFETY: as above.
+                unsafe { region.bytes_to_fill(r..r + record) }
             } else {
                 let from = spilled.len();
                 spilled.resize(from + record, 0);

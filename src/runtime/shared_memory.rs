@@ -4,7 +4,6 @@
 //! (`loader/store.rs`); a feeder keeps the files it holds in them, which its
 //! clients on the same host map instead of receiving the bytes ([`crate::feed`]).
 
-use std::fs::File;
 use std::ops::Range;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::Arc;
@@ -48,14 +47,32 @@ impl Region {
     }
 
     /// Maps the region of another process of this host (its `memfd`, reached through
-    /// `/proc/<pid>/fd/<fd>`), read-only.
+    /// `/proc/<pid>/fd/<fd>`), read-only. Only a meshfeed `memfd` is mapped (on another
+    /// host, or after that process ended, the descriptor may be anything, a FIFO whose
+    /// open would block among them): the path is checked before it is opened, and what it
+    /// opened after (a descriptor swapped in between is caught), and it is opened without
+    /// blocking or becoming the controlling terminal. The mapping keeps the `memfd` alive;
+    /// its descriptor here is closed at once.
     pub fn open_peer(pid: u32, fd: i32, len: usize) -> std::io::Result<Region> {
-        let file = File::open(format!("/proc/{pid}/fd/{fd}"))?;
+        use std::os::unix::fs::OpenOptionsExt;
+        let path = format!("/proc/{pid}/fd/{fd}");
+        let ours = |link: std::path::PathBuf| link.to_string_lossy().starts_with("/memfd:meshfeed-");
+        let refuse = || std::io::Error::other(format!("{path} is not a meshfeed memory region"));
+        if !ours(std::fs::read_link(&path)?) {
+            return Err(refuse());
+        }
+        let file =
+            std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY).open(&path)?;
+        if !ours(std::fs::read_link(format!("/proc/self/fd/{}", file.as_raw_fd()))?) || !file.metadata()?.is_file() {
+            return Err(refuse());
+        }
         let have = file.metadata()?.len();
         if have < len as u64 {
             return Err(std::io::Error::other(format!("region of process {pid} holds {have} bytes, expected {len}")));
         }
-        Region::map(Some(OwnedFd::from(file)), len, false)
+        let mut region = Region::map(Some(OwnedFd::from(file)), len, false)?;
+        region.fd = None;
+        Ok(region)
     }
 
     fn map(fd: Option<OwnedFd>, len: usize, writable: bool) -> std::io::Result<Region> {
@@ -103,13 +120,15 @@ impl Region {
         unsafe { std::slice::from_raw_parts(self.ptr.add(range.start), range.end - range.start) }
     }
 
-    /// Bytes `range` of the region to fill. Only its writer calls this, for bytes not yet
-    /// published, which nobody reads.
+    /// Bytes `range` of the region to fill (bounds and writability checked).
+    ///
+    /// # Safety
+    /// While the slice lives, no other slice of these bytes may exist: no thread reads
+    /// them (they are not published yet) and no other writer fills them.
     #[allow(clippy::mut_from_ref)]
-    pub fn bytes_to_fill(&self, range: Range<usize>) -> &mut [u8] {
+    pub unsafe fn bytes_to_fill(&self, range: Range<usize>) -> &mut [u8] {
         assert!(self.writable && range.end <= self.len && range.start <= range.end);
-        // SAFETY: in bounds and writable (checked); bytes not yet published are written by
-        // one thread alone and read by nobody until it publishes them.
+        // SAFETY: in bounds and writable (checked); exclusive (the caller's contract).
         unsafe { std::slice::from_raw_parts_mut(self.ptr.add(range.start), range.end - range.start) }
     }
 }

@@ -216,6 +216,16 @@ fn jobs_reading_from_one_feeder_get_exactly_the_streams_of_the_files() {
     cmd.env("MESHFEED_FEEDER_TOKEN", token["token"].as_str().unwrap());
     ok(&wait_bounded(cmd, "mpirun -np 2 meshfeed run --data meshfeed://..."));
     assert!(dump_bytes(&by_url, 2) == dump_bytes(&dirs[0], 2), "the URL's stream differs");
+    // A job whose checkpoint is of another dataset is refused, on every rank: the
+    // feeder's dataset has another fingerprint.
+    let other = Dataset::gen("npy", 300).field("x:u8:200").field("y:i64").write(&out.path().join("other"));
+    let checkpoint = out.path().join("other.json");
+    let ck = ["--checkpoint", checkpoint.to_str().unwrap()];
+    ok(&Job::new(&other).batch(48).seed(3).epochs(1).args(ck).mpirun(2));
+    let run = Job::new(&serving.rendezvous).batch(48).seed(3).epochs(2).args(ck).mpirun(2);
+    assert_ne!(run.code, 0, "{}", run.stderr);
+    let refused = agreed_failure(&run, 2);
+    assert!(refused.contains("dataset samples 300 → 2400"), "{refused}");
     // On the feeder's host, the jobs read the rows from the feeder's memory: every epoch
     // of every job (3 + 3 + 2 + 3) asked for each of the 2400 rows of 208 bytes at least
     // once, and only their places (16 bytes a value) crossed the sockets.
@@ -432,12 +442,23 @@ fn a_feeder_offering_ucx_sends_large_answers_over_it_and_its_death_still_fails_i
         let served = dump_bytes(&dir(&format!("served-{np}")), np);
         assert!(served == dump_bytes(&files, np), "{np} ranks: the stream over UCX differs from the files'");
     }
-    // Two jobs of two epochs asked for each row at least once an epoch, all of it over
-    // UCX; the connections carried only the announcements.
+    // A client whose UCX worker the feeder cannot reach (UCX_TLS=self: no transport
+    // leaves the process) is answered over its connections, and gets its stream.
+    let mut lone = Command::new(bin());
+    lone.args(job(&serving.rendezvous).dump(&dir("served-1")).argv()).env("UCX_TLS", "self");
+    ok(&wait_bounded(lone, "meshfeed run (UCX_TLS=self) through a feeder offering UCX"));
+    ok(&job(&data).dump(&dir("files-1")).mpirun(1));
+    assert!(dump_bytes(&dir("served-1"), 1) == dump_bytes(&dir("files-1"), 1), "the stream over TCP differs");
+    let log = std::fs::read_to_string(out.path().join("serve.err")).unwrap();
+    assert!(log.contains("cannot reach a client's UCX worker"), "{log}");
+    // The first two jobs (two epochs each) asked for every row at least once an epoch,
+    // over UCX; the connections carried the announcements, and the third job's two
+    // epochs (about half what the two sent over UCX).
     let stopped = serving.stop(2);
     let sum = |k: &str| stopped.iter().map(|s| s[k].as_u64().unwrap()).sum::<u64>();
-    assert!(sum("bytes_ucx") >= 2 * 2 * 240 * 65536, "{stopped:?}");
-    assert!(sum("bytes_sent") < 240 * 65536 / 100, "{stopped:?}");
+    let (ucx, sent) = (sum("bytes_ucx"), sum("bytes_sent"));
+    assert!(ucx >= 2 * 2 * 240 * 65536, "{stopped:?}");
+    assert!(sent >= 2 * 240 * 65536 && sent < ucx * 2 / 3, "{stopped:?}");
 
     // A lone feeder killed (SIGKILL) under a client reading at random, nothing kept.
     let mut serving = serve_with(&data, &dir("."), 1, false, &options);
