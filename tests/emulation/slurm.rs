@@ -151,7 +151,8 @@ fn jobs_on_a_two_node_slurm_deliver_what_mpirun_delivers() {
 /// The README's sweep: slurm/feeder.sbatch on both nodes, then slurm/feeder-job.sbatch as a job
 /// array of two jobs (seeds 0 and 1) that waits for the feeder's rendezvous file; each
 /// job's stream is verified, the feeder read the dataset once, and cancelled, it says
-/// what it served.
+/// what it served. The feeder is given an option of `meshfeed serve`'s after its two
+/// paths (`--no-shared-memory`, which its lines show).
 fn feeder_serves_a_sweep(dir: &Path, d: &str) {
     let script = |name: &str| Path::new(env!("CARGO_MANIFEST_DIR")).join("slurm").join(name);
     // On the shared storage, as the nodes see it.
@@ -169,6 +170,7 @@ fn feeder_serves_a_sweep(dir: &Path, d: &str) {
             script("feeder.sbatch").to_str().unwrap(),
             d,
             &rendezvous,
+            "--no-shared-memory",
         ],
     );
     ok(&feeder);
@@ -209,6 +211,7 @@ fn feeder_serves_a_sweep(dir: &Path, d: &str) {
     let kind = |k: &'static str| lines.iter().filter(move |v| v["kind"] == k);
     let served = kind("serving").next().unwrap_or_else(|| panic!("no serving line: {text}"));
     assert_eq!((served["ranks"].as_u64(), served["held_files"].as_u64()), (Some(2), Some(3)), "{text}");
+    assert_eq!(served["shared_memory_ranks"], 0, "{text}");
     let loaded = kind("loaded").next().unwrap_or_else(|| panic!("no loaded line: {text}"));
     let read = loaded["bytes_read"].as_u64().unwrap();
     assert!((600 * 32..600 * 32 + 3 * 4096).contains(&read), "the feeder read the data once: {read} bytes");
@@ -217,6 +220,7 @@ fn feeder_serves_a_sweep(dir: &Path, d: &str) {
     let jobs: u64 = stopped.iter().map(|v| v["jobs"].as_u64().unwrap()).sum();
     assert_eq!(jobs, 2, "the sweep's two jobs attached: {text}");
     assert!(stopped.iter().all(|v| v["bytes_sent"].as_u64().unwrap() > 0), "both tasks served rows: {text}");
+    assert!(stopped.iter().all(|v| v["bytes_mapped"] == 0), "no shared memory: {text}");
 }
 
 /// `scontrol show job ID`'s value of `key`.
