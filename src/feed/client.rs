@@ -155,7 +155,7 @@ impl Connection {
         let failed = |e: std::io::Error| match e.kind() {
             // A feeder that exits (killed, stopped) resets or closes its connections.
             UnexpectedEof | ConnectionReset | ConnectionAborted | BrokenPipe => {
-                format!("the feeder closed the connection (was it stopped?): {e}")
+                format!("{CLOSED}: {e}")
             }
             WouldBlock | TimedOut => format!("no answer within {timeout:?} (MESHFEED_FEEDER_TIMEOUT_S)"),
             _ => format!("the connection failed: {e}"),
@@ -281,15 +281,21 @@ pub struct Reader {
 }
 
 impl Reader {
+    /// An answer's fields must be the header's.
+    fn check_fields(&self, fields: u32) -> Result<()> {
+        if fields as usize != self.fields {
+            return Err(Error::file(&self.path, format!("{fields} fields, the header says {}", self.fields)));
+        }
+        Ok(())
+    }
+
     /// A mapped answer's rows, read from the feeder's region (mapped here on first use).
     /// `Ok(None)` where the region cannot be mapped: the connection stops asking for
     /// mapped answers.
     fn mapped_rows(&self, conn: &mut Connection, answer: &[u8], rows: usize) -> Result<Option<RowChunk>> {
         let got =
             Mapped::decode(&answer[1..], rows).map_err(|e| Error::file(&self.path, format!("bad answer: {e}")))?;
-        if got.fields as usize != self.fields {
-            return Err(Error::file(&self.path, format!("{} fields, the header says {}", got.fields, self.fields)));
-        }
+        self.check_fields(got.fields)?;
         let Some(region) = conn.peer.as_mut().and_then(|peer| peer.region(got.fd, got.len).ok()) else {
             conn.peer = None;
             return Ok(None);
@@ -309,10 +315,10 @@ impl FileReader for Reader {
         let mut conn = self.conn.lock().unwrap_or_else(PoisonError::into_inner);
         let request = Request { file: self.file, rows: rows.to_vec(), mapped: conn.peer.is_some() };
         let answer = conn.call(&request.encode()).map_err(|e| Error::file(&self.path, e))?;
-        if answer[0] == wire::MAPPED && !request.mapped {
-            return Err(Error::file(&self.path, "bad answer: places in memory this process did not map"));
-        }
         if answer[0] == wire::MAPPED {
+            if !request.mapped {
+                return Err(Error::file(&self.path, "bad answer: places in memory this process did not map"));
+            }
             match self.mapped_rows(&mut conn, &answer, rows.len())? {
                 Some(chunk) => return Ok(chunk),
                 // Asked again, for the values themselves.
@@ -326,9 +332,7 @@ impl FileReader for Reader {
         // The values stay in the frame they arrived in: one buffer, no copy.
         let got =
             Rows::decode(&answer[1..], rows.len()).map_err(|e| Error::file(&self.path, format!("bad answer: {e}")))?;
-        if got.fields as usize != self.fields {
-            return Err(Error::file(&self.path, format!("{} fields, the header says {}", got.fields, self.fields)));
-        }
+        self.check_fields(got.fields)?;
         let mut chunk = RowChunk::new(self.fields);
         let buffer = chunk.add_buffer(Buffer::from_vec(answer));
         let mut at = 1 + got.values_at;

@@ -366,34 +366,19 @@ impl Feeder {
             match Request::decode(&frame).and_then(|request| self.rows(&request, &mut still_reading)) {
                 Ok(answer) => {
                     self.requests.fetch_add(1, Ordering::Relaxed);
-                    let mut answer = Some(answer);
-                    if let Some(ucx) = link.as_ref().filter(|_| answer.as_ref().is_some_and(|a| via_ucx(a))) {
-                        // Values past the threshold follow over UCX, announced here.
-                        let values = answer.take().expect("an answer");
-                        tag = tag.wrapping_add(1);
-                        let (len, announced) = (values.len() as u64, wire::via_ucx(values.len(), tag));
-                        self.bytes_sent.fetch_add(announced.len() as u64, Ordering::Relaxed);
-                        wire::write_frame(&mut w, &announced)?;
-                        let stream = w.get_ref();
-                        let mut waiting = || !matches!(super::peek(stream), super::Peeked::Closed(_));
-                        match ucx.send(values, tag, &mut waiting) {
-                            Ok(()) => {
-                                self.bytes_ucx.fetch_add(len, Ordering::Relaxed);
+                    let over_tcp = match &link {
+                        Some(ucx) if goes_over_ucx(&answer) => {
+                            tag = tag.wrapping_add(1);
+                            let failed = self.send_over_ucx(ucx, answer, tag, &mut w)?;
+                            if failed.is_some() {
+                                // It goes over the connection, and so will every later one.
+                                link = None;
                             }
-                            // The answer goes over the connection (the client stops waiting
-                            // for UCX when it sees it), and so will every later one.
-                            Err((why, Some(values))) => {
-                                eprintln!("meshfeed serve: {}: UCX send failed ({why}); answering over TCP", self.name);
-                                (link, answer) = (None, Some(values));
-                            }
-                            Err((why, None)) => {
-                                let message = format!("the feeder's UCX send failed: {why}");
-                                wire::write_frame(&mut w, &wire::answer(Err(message.clone())))?;
-                                return Err(std::io::Error::other(message));
-                            }
+                            failed
                         }
-                    }
-                    if let Some(answer) = answer {
+                        _ => Some(answer),
+                    };
+                    if let Some(answer) = over_tcp {
                         self.bytes_sent.fetch_add(answer.len() as u64, Ordering::Relaxed);
                         wire::write_frame(&mut w, &answer)?;
                     }
@@ -405,6 +390,39 @@ impl Feeder {
             }
         }
         Ok(())
+    }
+
+    /// Sends `values` (an answer) over `ucx` tagged `tag`, announced on the connection
+    /// `w`. Returns them where the send failed and they can go over the connection (the
+    /// client stops waiting for UCX when it sees them); where UCX may still read them,
+    /// the client is told and the connection ends.
+    fn send_over_ucx(
+        &self,
+        ucx: &Link,
+        values: Vec<u8>,
+        tag: u64,
+        w: &mut BufWriter<TcpStream>,
+    ) -> std::io::Result<Option<Vec<u8>>> {
+        let (len, announced) = (values.len() as u64, wire::via_ucx(values.len(), tag));
+        self.bytes_sent.fetch_add(announced.len() as u64, Ordering::Relaxed);
+        wire::write_frame(w, &announced)?;
+        let stream = w.get_ref();
+        let mut waiting = || !matches!(super::peek(stream), super::Peeked::Closed(_));
+        match ucx.send(values, tag, &mut waiting) {
+            Ok(()) => {
+                self.bytes_ucx.fetch_add(len, Ordering::Relaxed);
+                Ok(None)
+            }
+            Err((why, Some(values))) => {
+                eprintln!("meshfeed serve: {}: UCX send failed ({why}); answering over TCP", self.name);
+                Ok(Some(values))
+            }
+            Err((why, None)) => {
+                let message = format!("the feeder's UCX send failed: {why}");
+                wire::write_frame(w, &wire::answer(Err(message.clone())))?;
+                Err(std::io::Error::other(message))
+            }
+        }
     }
 
     /// After the welcome of a client that can take UCX: this side's worker address (empty
@@ -498,12 +516,13 @@ impl Feeder {
         }
         let rows = request.rows.iter().map(|&r| r as usize);
         if let Some(region) = region.filter(|_| request.mapped) {
-            let mapped = mapped_rows(&chunk, &region, rows.clone());
-            let bytes: u64 = mapped.places.iter().map(|(_, len)| len).sum();
-            // Places cost 16 bytes a value; values of 8 bytes or fewer travel as they are.
-            if bytes > 8 * mapped.places.len() as u64 {
+            let (fields, held) = (chunk.fields(), &*chunk);
+            let bytes: u64 = rows.clone().flat_map(|r| (0..fields).map(move |f| held.location(r, f).2 as u64)).sum();
+            // Places cost 16 bytes a value; values of 8 bytes or fewer on average travel as
+            // they are.
+            if bytes > 8 * (request.rows.len() * fields) as u64 {
                 self.bytes_mapped.fetch_add(bytes, Ordering::Relaxed);
-                return Ok(mapped.encode());
+                return Ok(mapped_rows(&chunk, &region, rows).encode());
             }
         }
         Ok(answer_rows(&chunk, rows))
@@ -638,7 +657,7 @@ fn mapped_rows(chunk: &RowChunk, region: &Region, rows: impl Iterator<Item = usi
 
 /// Whether `answer` goes over UCX, where the client takes it: values (not places, not an
 /// error) of at least [`super::ucx::MIN_BYTES`].
-fn via_ucx(answer: &[u8]) -> bool {
+fn goes_over_ucx(answer: &[u8]) -> bool {
     answer[0] == 0 && answer.len() >= super::ucx::MIN_BYTES
 }
 
