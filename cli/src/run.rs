@@ -222,7 +222,13 @@ fn run(args: &RunArgs, job: Result<Job>, rt: &Runtime, stop: &StopSignal) -> Res
     let mut verifier = match args.verify {
         true => Some(agree(
             world,
-            gen::find_manifest(&job.data).and_then(|m| {
+            // Through a feeder, the manifest (where the files are `meshfeed gen`'s) came with
+            // its welcome: contents are checked wherever a job on the files would check them.
+            match loader.dataset().feeder() {
+                Some(_) => Ok(loader.dataset().feeder_manifest().cloned()),
+                None => gen::find_manifest(&job.data),
+            }
+            .and_then(|m| {
                 let order = (job.loader.seed, job.loader.shared_order);
                 Verifier::new(loader.dataset(), loader.placement(), loader.tail_placement(), steps, order, m)
             }),

@@ -7,7 +7,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use meshfeed::config::{ByteSize, TransportKind};
+use meshfeed::dataset::gen;
 use meshfeed::dataset::DatasetOptions;
+use meshfeed::feed::admission::Limits;
 use meshfeed::feed::server::{rank_budget, Feeder, FeederStats};
 use meshfeed::feed::{new_token, Source, RENDEZVOUS_SUFFIX, TOKEN_VAR};
 use meshfeed::loader::open_dataset;
@@ -54,6 +56,18 @@ pub struct ServeArgs {
     /// the network has it), the connections still carrying requests.
     #[arg(long, default_value = "tcp", value_parser = ["tcp", "ucx"], value_name = "TRANSPORT")]
     pub client_transport: String,
+    /// Seconds a connection may take to present the token, from being accepted; a
+    /// connection that has not is closed.
+    #[arg(long, default_value_t = 10.0, value_name = "SECONDS", help_heading = "Limits on peers")]
+    pub hello_timeout: f64,
+    /// Connections a rank holds that have not presented the token yet, at most; one more
+    /// closes the one that has waited longest.
+    #[arg(long, default_value_t = 64, value_name = "N", help_heading = "Limits on peers")]
+    pub max_unauthenticated: usize,
+    /// Connections a rank holds, at most (each is a thread; a job's process holds one to
+    /// each feeder rank it reads from); one more is closed at once.
+    #[arg(long, default_value_t = 1024, value_name = "N", help_heading = "Limits on peers")]
+    pub max_connections: usize,
     /// JSON lines instead of text: one when serving starts (`"kind":"serving"`), one when
     /// the held files are read (`"kind":"loaded"`), and one a rank when it is stopped
     /// (`"kind":"stopped"`, what it read and served).
@@ -74,6 +88,9 @@ pub fn main(args: ServeArgs) -> i32 {
 
 fn serve(args: &ServeArgs, rt: &Runtime) -> Result<i32> {
     let (world, rank, ranks) = (rt.world(), rt.rank(), rt.world().size());
+    let limits = agree(world, limits(args))?;
+    // Each client connection holds a descriptor: as many as this process may have.
+    raise_descriptor_limit();
     let name = match &args.name {
         Some(n) => n.clone(),
         None => args.data[0]
@@ -100,6 +117,10 @@ fn serve(args: &ServeArgs, rt: &Runtime) -> Result<i32> {
     let budget = rank_budget(world, args.memory_budget.map(|b| b.0))?;
     let (samples, files) = (dataset.len(), dataset.files().len());
     let mut feeder = agree(world, Feeder::new(dataset.clone(), rank, ranks, &name, token.clone(), budget))?;
+    feeder.set_limits(limits);
+    // The generator's manifest, where the files are `meshfeed gen`'s: clients' `--verify`
+    // checks contents through the feeder as it would on the files.
+    let manifest = agree(world, gen::find_manifest(&args.data))?;
     let shared = !args.no_shared_memory && agree(world, feeder.share_memory())?;
     if args.client_transport == "ucx" {
         agree(world, feeder.offer_ucx())?;
@@ -108,7 +129,7 @@ fn serve(args: &ServeArgs, rt: &Runtime) -> Result<i32> {
     world.all_reduce_u64(&mut sharing, ReduceOp::Sum)?;
     let addresses: Vec<String> =
         world.all_gather(address.as_bytes())?.iter().map(|a| String::from_utf8_lossy(a).into_owned()).collect();
-    feeder.set_addresses(dataset.files(), &addresses)?;
+    feeder.set_addresses(dataset.files(), &addresses, manifest)?;
     let source = Source { address: addresses[0].clone(), name: name.clone(), token };
     let rendezvous = args.rendezvous.clone().unwrap_or_else(|| PathBuf::from(format!("{name}{RENDEZVOUS_SUFFIX}")));
     // Every rank serves before the rendezvous file tells clients where to come; a request
@@ -118,7 +139,8 @@ fn serve(args: &ServeArgs, rt: &Runtime) -> Result<i32> {
         let feeder = feeder.clone();
         move || feeder.serve(listener)
     });
-    agree(world, if rank == 0 { source.write(&rendezvous) } else { Ok(()) })?;
+    let written = if rank == 0 { source.write(&rendezvous) } else { Ok(()) };
+    agree(world, written.map_err(|e| Error::Config(format!("--rendezvous {}: {e}", rendezvous.display()))))?;
     let mut held = [feeder.stats().held_files];
     world.all_reduce_u64(&mut held, ReduceOp::Sum)?;
     let held = held[0];
@@ -191,7 +213,7 @@ fn stopped(args: &ServeArgs, name: &str, rank: usize, signal: i32, s: FeederStat
             "bytes_loaded": s.bytes_loaded, "storage_files": s.storage_files, "storage_bytes": s.storage_bytes,
             "cache_capacity": s.cache_capacity, "cache_rows": s.cache_rows,
             "jobs": s.jobs, "connections": s.connections, "requests": s.requests, "bytes_sent": s.bytes_sent,
-            "bytes_mapped": s.bytes_mapped, "bytes_ucx": s.bytes_ucx,
+            "bytes_mapped": s.bytes_mapped, "bytes_ucx": s.bytes_ucx, "turned_away": s.turned_away, "evicted": s.evicted,
         });
         out!("{v}");
     } else {
@@ -199,7 +221,7 @@ fn stopped(args: &ServeArgs, name: &str, rank: usize, signal: i32, s: FeederStat
             "meshfeed serve: {name}: rank {rank} stopped by {signal}: {} jobs attached, {} requests answered, {} bytes sent, \
              {} bytes read by clients from its shared memory, {} bytes sent over UCX; \
              {} bytes read into memory ({} files), {} bytes read from storage on request ({} files), \
-             {} rows answered from its cache of rows read ({} bytes)",
+             {} rows answered from its cache of rows read ({} bytes); {} connections turned away past its limit, {} closed before their token to make room",
             s.jobs,
             s.requests,
             s.bytes_sent,
@@ -210,8 +232,40 @@ fn stopped(args: &ServeArgs, name: &str, rank: usize, signal: i32, s: FeederStat
             s.storage_bytes,
             s.storage_files,
             s.cache_rows,
-            s.cache_capacity
+            s.cache_capacity,
+            s.turned_away,
+            s.evicted
         );
+    }
+}
+
+/// The limits on peers the flags set.
+fn limits(args: &ServeArgs) -> Result<Limits> {
+    if !(args.hello_timeout.is_finite() && args.hello_timeout > 0.0) {
+        return Err(Error::Config(format!("--hello-timeout {}: a positive number of seconds", args.hello_timeout)));
+    }
+    if args.max_unauthenticated == 0 || args.max_connections < args.max_unauthenticated {
+        return Err(Error::Config(format!(
+            "--max-unauthenticated {} --max-connections {}: at least 1, and at most --max-connections",
+            args.max_unauthenticated, args.max_connections
+        )));
+    }
+    Ok(Limits {
+        hello_timeout: std::time::Duration::from_secs_f64(args.hello_timeout),
+        unauthenticated: args.max_unauthenticated,
+        connections: args.max_connections,
+    })
+}
+
+/// Raises this process's soft limit on open descriptors to its hard limit (best effort).
+fn raise_descriptor_limit() {
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit/setrlimit with a valid resource and a pointer to a local struct.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 && limit.rlim_cur < limit.rlim_max {
+            limit.rlim_cur = limit.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
+        }
     }
 }
 

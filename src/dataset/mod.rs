@@ -601,20 +601,31 @@ impl Dataset {
 
     /// The same dataset, its rows read from the feeder `source` ([`crate::feed`]) rather
     /// than from its files (which need not exist here): nothing is read in place.
-    pub fn served_by(mut self, source: crate::feed::Source, owners: Vec<String>) -> Result<Dataset> {
+    pub fn served_by(
+        mut self,
+        source: crate::feed::Source,
+        owners: Vec<String>,
+        manifest: Option<gen::Manifest>,
+    ) -> Result<Dataset> {
         // (A packed dataset cannot be served: its files' headers carry no token counts, so
         // `from_files` refused it before; `open_dataset` says why.)
         if owners.len() != self.files.len() {
             return Err(Error::Internal(format!("{}: an address for each file", source.url())));
         }
         self.files.iter_mut().for_each(|f| f.in_place = false);
-        self.feeder = Some(Arc::new(crate::feed::client::Feed::new(source, owners)));
+        self.feeder = Some(Arc::new(crate::feed::client::Feed::new(source, owners, manifest)));
         Ok(self)
     }
 
     /// The feeder the rows come from, if any.
     pub fn feeder(&self) -> Option<&crate::feed::Source> {
         self.feeder.as_deref().map(|feed| &feed.source)
+    }
+
+    /// The generator's manifest a feeder sent, where the rows come from a feeder serving
+    /// `meshfeed gen`'s files.
+    pub fn feeder_manifest(&self) -> Option<&gen::Manifest> {
+        self.feeder.as_deref().and_then(|feed| feed.manifest.as_ref())
     }
 
     /// Resolves and scans every file in this process (no communication).

@@ -14,6 +14,7 @@ use arrow_buffer::Buffer;
 use super::ucx::Link;
 use super::wire::{self, Hello, Mapped, Request, Rows, Share};
 use super::Source;
+use crate::dataset::gen::Manifest;
 use crate::dataset::{FileInfo, FileReader, RowChunk};
 use crate::error::{Error, Result};
 use crate::runtime::shared_memory::Region;
@@ -102,7 +103,10 @@ impl Connection {
         let mut conn = Connection { r, w: BufWriter::new(stream), timeout, broken: None, peer: None, link: None };
         let ucx = !headers && cfg!(feature = "ucx");
         let hello = Hello { token: source.token.clone(), name: source.name.clone(), headers, ucx };
-        let answer = conn.call(&hello.encode()).map_err(|e| fail(format!("refused: {e}")))?;
+        // Whoever answers at the address need not be the feeder: its welcome is bounded, and
+        // it is not waited for past the timeout (no keep-alive counts before the welcome).
+        let max = if headers { wire::MAX_WELCOME } else { wire::MAX_HELLO };
+        let answer = conn.call(&hello.encode(), max, false).map_err(|e| fail(format!("refused: {e}")))?;
         if !headers && answer.len() > 1 {
             let share = Share::decode(&answer[1..]).map_err(|e| fail(format!("bad welcome: {e}")))?;
             conn.peer = Peer::probe(&share);
@@ -130,15 +134,17 @@ impl Connection {
         wire::write_frame(&mut self.w, &mine)
     }
 
-    /// Sends one frame and reads the answer: the whole frame (its payload from byte 1), or
-    /// the feeder's message. Once the connection failed, every call fails as it did.
-    fn call(&mut self, frame: &[u8]) -> std::result::Result<Vec<u8>, String> {
+    /// Sends one frame and reads the answer, of at most `max` bytes: the whole frame (its
+    /// payload from byte 1), or the feeder's message. Where `keep_alives` (a request for
+    /// rows), the feeder may say that it is still reading them ([`Connection::exchange`]).
+    /// Once the connection failed, every call fails as it did.
+    fn call(&mut self, frame: &[u8], max: u64, keep_alives: bool) -> std::result::Result<Vec<u8>, String> {
         if let Some(why) = &self.broken {
             return Err(why.clone());
         }
         // The feeder closes a connection after refusing a request on it: later calls fail
         // with its reason.
-        let answer = self.exchange(frame).and_then(|answer| {
+        let answer = self.exchange(frame, max, keep_alives).and_then(|answer| {
             wire::parse_answer(&answer)?;
             Ok(answer)
         });
@@ -148,8 +154,17 @@ impl Connection {
         answer
     }
 
-    /// One request and its answer frame, or why the connection failed.
-    fn exchange(&mut self, frame: &[u8]) -> std::result::Result<Vec<u8>, String> {
+    /// One request and its answer frame, of at most `max` bytes, or why the connection
+    /// failed.
+    ///
+    /// The answer must begin within the timeout. Where `keep_alives`, a feeder still
+    /// reading the rows' file says so every half second with the bytes it has read from
+    /// storage: each report that grows (and the first) restarts the timeout; a report
+    /// that does not grow, or any report where none is due, restarts nothing. So a feeder
+    /// stuck on its storage, or whatever holds its port after it died, fails the read
+    /// within two timeouts at most, never holds it. Once an answer has begun, its bytes
+    /// may take as long as they keep coming (the timeout then measures silence).
+    fn exchange(&mut self, frame: &[u8], max: u64, keep_alives: bool) -> std::result::Result<Vec<u8>, String> {
         use std::io::ErrorKind::*;
         let timeout = self.timeout;
         let failed = |e: std::io::Error| match e.kind() {
@@ -158,16 +173,40 @@ impl Connection {
                 format!("{CLOSED}: {e}")
             }
             WouldBlock | TimedOut => format!("no answer within {timeout:?} (MESHFEED_FEEDER_TIMEOUT_S)"),
+            InvalidData => format!("a bad answer: {e}"),
             _ => format!("the connection failed: {e}"),
         };
         wire::write_frame(&mut self.w, frame).map_err(failed)?;
+        let mut deadline = std::time::Instant::now() + timeout;
+        let mut reported: Option<u64> = None;
         loop {
-            match wire::read_frame(&mut self.r, wire::MAX_FRAME) {
-                // The feeder is still reading the file: each of these restarts the timeout.
-                Ok(Some(frame)) if frame == [wire::STILL_READING] => continue,
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return Err(failed(TimedOut.into()));
+            }
+            // The frame's length within the time left; the rest as it comes.
+            let stream = self.r.get_ref();
+            stream.set_read_timeout(Some(left)).map_err(failed)?;
+            let len = wire::read_frame_len(&mut self.r);
+            self.r.get_ref().set_read_timeout(Some(timeout)).map_err(failed)?;
+            let frame = match len.map_err(failed)? {
+                Some(len) => wire::read_payload(&mut self.r, len, max).map(Some),
+                None => Ok(None),
+            };
+            match frame {
+                Ok(Some(frame)) if frame.first() == Some(&wire::STILL_READING) => {
+                    if !keep_alives {
+                        return Err("a keep-alive where none is due: not a feeder's answer".into());
+                    }
+                    let progress = wire::parse_still_reading(&frame).map_err(|e| format!("a bad keep-alive: {e}"))?;
+                    if reported.is_none_or(|before| progress > before) {
+                        deadline = std::time::Instant::now() + timeout;
+                    }
+                    reported = Some(reported.map_or(progress, |before| before.max(progress)));
+                }
                 // The answer follows over UCX.
                 Ok(Some(frame)) if frame.first() == Some(&wire::VIA_UCX) => {
-                    let (len, tag) = wire::parse_via_ucx(&frame)?;
+                    let (len, tag) = wire::parse_via_ucx(&frame, max)?;
                     let link = self.link.as_ref().ok_or("an answer over UCX on a connection without UCX")?;
                     let stream = self.r.get_ref();
                     let mut quiet = || super::peek(stream) == super::Peeked::Quiet;
@@ -219,9 +258,10 @@ pub fn attach(source: &Source) -> Result<Vec<u8>> {
     Ok(answer)
 }
 
-/// Reads a feeder's welcome ([`attach`]): the headers of the files it serves and the
-/// address of the feeder rank serving each.
-pub fn welcome(source: &Source, welcome: &[u8]) -> Result<(Vec<FileInfo>, Vec<String>)> {
+/// Reads a feeder's welcome ([`attach`]): the headers of the files it serves, the
+/// address of the feeder rank serving each, and the generator's manifest where the files
+/// are `meshfeed gen`'s.
+pub fn welcome(source: &Source, welcome: &[u8]) -> Result<(Vec<FileInfo>, Vec<String>, Option<Manifest>)> {
     crate::loader::welcome_from_json(welcome)
         .map_err(|e| Error::Transport(format!("feeder {}: bad file headers: {e}", source.url())))
 }
@@ -234,6 +274,8 @@ pub struct Feed {
     pub source: Source,
     /// `owners[i]`: the address of the feeder rank that serves file `i`.
     pub owners: Vec<String>,
+    /// The generator's manifest, where the feeder serves `meshfeed gen`'s files.
+    pub manifest: Option<Manifest>,
     /// By feeder address: the connection to it, once opened. Each address has a lock of
     /// its own, so that connecting to one feeder rank never waits for another.
     connections: Mutex<HashMap<String, Arc<Mutex<Option<Arc<Mutex<Connection>>>>>>>,
@@ -246,8 +288,8 @@ impl std::fmt::Debug for Feed {
 }
 
 impl Feed {
-    pub fn new(source: Source, owners: Vec<String>) -> Feed {
-        Feed { source, owners, connections: Mutex::new(HashMap::new()) }
+    pub fn new(source: Source, owners: Vec<String>, manifest: Option<Manifest>) -> Feed {
+        Feed { source, owners, manifest, connections: Mutex::new(HashMap::new()) }
     }
 
     /// A reader of file `file` (`info`: its header), on the connection to the feeder rank
@@ -267,7 +309,14 @@ impl Feed {
                 slot.insert(Arc::new(Mutex::new(conn))).clone()
             }
         };
-        Ok(Reader { conn, file: file as u32, fields: info.fields.len(), path })
+        let row_bytes = info.fields.iter().filter_map(|f| f.fixed_bytes()).map(|b| b as u64).sum();
+        // A variable-length field's values in any request are at most all of the file's:
+        // as its header says, or else the file's size.
+        let variable_bytes = (info.fields.iter().enumerate())
+            .filter(|(_, f)| f.fixed_bytes().is_none())
+            .map(|(i, _)| info.value_bytes.get(i).copied().unwrap_or(info.bytes).max(info.bytes))
+            .fold(0, u64::saturating_add);
+        Ok(Reader { conn, file: file as u32, fields: info.fields.len(), row_bytes, variable_bytes, path })
     }
 }
 
@@ -276,6 +325,10 @@ pub struct Reader {
     conn: Arc<Mutex<Connection>>,
     file: u32,
     fields: usize,
+    /// The bytes of a row's fixed-size values, and at most those of the file's
+    /// variable-length ones: what bounds an answer.
+    row_bytes: u64,
+    variable_bytes: u64,
     /// `meshfeed://HOST:PORT/NAME/FILE`, for messages.
     path: PathBuf,
 }
@@ -314,7 +367,11 @@ impl FileReader for Reader {
     fn read_rows(&mut self, rows: &[u64]) -> Result<RowChunk> {
         let mut conn = self.conn.lock().unwrap_or_else(PoisonError::into_inner);
         let request = Request { file: self.file, rows: rows.to_vec(), mapped: conn.peer.is_some() };
-        let answer = conn.call(&request.encode()).map_err(|e| Error::file(&self.path, e))?;
+        // No answer is read past what the rows asked for can hold.
+        let n = rows.len() as u64;
+        let values = self.row_bytes.saturating_mul(n).saturating_add(self.variable_bytes);
+        let max = wire::answer_bound(n, self.fields as u64, values);
+        let answer = conn.call(&request.encode(), max, true).map_err(|e| Error::file(&self.path, e))?;
         if answer[0] == wire::MAPPED {
             if !request.mapped {
                 return Err(Error::file(&self.path, "bad answer: places in memory this process did not map"));
@@ -349,33 +406,53 @@ mod tests {
     use super::*;
     use std::net::TcpListener;
 
-    /// A feeder that welcomes one reader, then answers its one request with `before`
-    /// frames (`STILL_READING` or nothing, each after `every`), then rows (one value).
-    fn fake_feeder(before: usize, every: Duration, still_reading: bool) -> (Source, std::thread::JoinHandle<()>) {
+    type Wire = (BufReader<TcpStream>, BufWriter<TcpStream>);
+
+    /// Whatever listens at an address, speaking to one client as `script` says from the
+    /// moment the client connects (the client's hello not read yet).
+    fn fake_peer(script: impl FnOnce(&mut Wire) + Send + 'static) -> (Source, std::thread::JoinHandle<()>) {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let address = listener.local_addr().unwrap().to_string();
-        let feeder = std::thread::spawn(move || {
+        let peer = std::thread::spawn(move || {
             let (stream, _) = listener.accept().unwrap();
-            let (mut r, mut w) = (BufReader::new(stream.try_clone().unwrap()), BufWriter::new(stream));
-            let hello = wire::read_frame(&mut r, wire::MAX_HELLO).unwrap().unwrap();
-            wire::write_frame(&mut w, &wire::answer(Ok(Vec::new()))).unwrap();
+            let mut wire = (BufReader::new(stream.try_clone().unwrap()), BufWriter::new(stream));
+            script(&mut wire);
+            // Held open until the client has read (or given up).
+            let _ = wire::read_frame(&mut wire.0, 1 << 20);
+        });
+        (Source { address, name: "d".into(), token: "t".into() }, peer)
+    }
+
+    /// A feeder that welcomes one reader, reads its one request, then does as `script` says.
+    fn fake_feeder(script: impl FnOnce(&mut Wire) + Send + 'static) -> (Source, std::thread::JoinHandle<()>) {
+        fake_peer(|(r, w)| {
+            let hello = wire::read_frame(r, wire::MAX_HELLO).unwrap().unwrap();
+            wire::write_frame(w, &wire::answer(Ok(Vec::new()))).unwrap();
             if Hello::decode(&hello).unwrap().ucx {
                 // No UCX offered; the client's (empty) address.
-                wire::write_frame(&mut w, &[]).unwrap();
-                assert_eq!(wire::read_frame(&mut r, wire::MAX_HELLO).unwrap(), Some(Vec::new()));
+                wire::write_frame(w, &[]).unwrap();
+                assert_eq!(wire::read_frame(r, wire::MAX_HELLO).unwrap(), Some(Vec::new()));
             }
-            wire::read_frame(&mut r, wire::MAX_FRAME).unwrap().unwrap();
-            for _ in 0..before {
+            wire::read_frame(r, 1 << 20).unwrap().unwrap();
+            script(&mut (
+                r.get_ref().try_clone().map(BufReader::new).unwrap(),
+                BufWriter::new(w.get_ref().try_clone().unwrap()),
+            ));
+        })
+    }
+
+    /// `count` keep-alives, `every` apart, reporting `progress(i)` bytes read, then an
+    /// answer holding one value, `abc`.
+    fn keep_alives(count: u64, every: Duration, progress: fn(u64) -> u64) -> impl FnOnce(&mut Wire) + Send {
+        move |(_, w)| {
+            for i in 0..count {
                 std::thread::sleep(every);
-                if still_reading {
-                    wire::write_frame(&mut w, &[wire::STILL_READING]).unwrap();
+                if wire::write_frame(w, &wire::still_reading(progress(i))).is_err() {
+                    return;
                 }
             }
-            let _ = wire::write_frame(&mut w, &wire::rows_answer(1, &[b"abc"]));
-            // Held open until the client has read (or given up).
-            let _ = wire::read_frame(&mut r, wire::MAX_FRAME);
-        });
-        (Source { address, name: "d".into(), token: "t".into() }, feeder)
+            let _ = wire::write_frame(w, &wire::rows_answer(1, &[b"abc"]));
+        }
     }
 
     #[test]
@@ -400,7 +477,7 @@ mod tests {
             move || feeder.serve(listener)
         });
         let source = Source { address: address.clone(), name: "d".into(), token: "t".into() };
-        let feed = Feed::new(source, vec![address.clone(); 2]);
+        let feed = Feed::new(source, vec![address.clone(); 2], None);
         let rows = [1, 50, 98];
         let mut reader = feed.reader(1, &ds.files()[1]).unwrap();
         let chunk = reader.read_rows(&rows).unwrap();
@@ -422,7 +499,8 @@ mod tests {
             move || plain.serve(listener)
         });
         let source = Source { address: address.clone(), name: "d".into(), token: "t".into() };
-        let chunk = Feed::new(source, vec![address; 2]).reader(1, &ds.files()[1]).unwrap().read_rows(&rows).unwrap();
+        let chunk =
+            Feed::new(source, vec![address; 2], None).reader(1, &ds.files()[1]).unwrap().read_rows(&rows).unwrap();
         assert_eq!(chunk.value(2, 0), want.value(2, 0));
         assert_eq!((plain.stats().bytes_mapped, plain.stats().bytes_sent > 300), (0, true));
     }
@@ -456,28 +534,113 @@ mod tests {
         assert!(Peer::probe(&Share { pid: u32::MAX - 1, ..share }).is_none());
     }
 
+    /// The client's request for row 0 of file 0, and the most its answer may hold.
+    fn one_row() -> (Vec<u8>, u64) {
+        (Request { file: 0, rows: vec![0], mapped: false }.encode(), wire::answer_bound(1, 1, 3))
+    }
+
     #[test]
     fn a_feeder_still_reading_keeps_the_answer_timeout_alive_and_a_silent_one_fails_it() {
-        let request = Request { file: 0, rows: vec![0], mapped: false }.encode();
-        // Told five times over 1.5 s that the file is being read: a 1 s timeout holds.
-        let (source, feeder) = fake_feeder(5, Duration::from_millis(300), true);
+        let (request, max) = one_row();
+        // Told five times over 1.5 s that the file is being read, more of it each time: a
+        // 1 s timeout holds.
+        let (source, feeder) = fake_feeder(keep_alives(5, Duration::from_millis(300), |i| 1000 * (i + 1)));
         let (mut conn, _) = Connection::open(&source, &source.address, false, Duration::from_secs(1)).unwrap();
-        let answer = conn.call(&request).unwrap();
+        let answer = conn.call(&request, max, true).unwrap();
         assert_eq!(&answer[answer.len() - 3..], b"abc");
         drop(conn);
         feeder.join().unwrap();
         // Silent for 1.5 s: the read fails after 1 s, saying why.
-        let (source, feeder) = fake_feeder(1, Duration::from_millis(1500), false);
+        let (source, feeder) = fake_feeder(|(_, w)| {
+            std::thread::sleep(Duration::from_millis(1500));
+            let _ = wire::write_frame(w, &wire::rows_answer(1, &[b"abc"]));
+        });
         let (mut conn, _) = Connection::open(&source, &source.address, false, Duration::from_secs(1)).unwrap();
         let start = std::time::Instant::now();
-        let err = conn.call(&request).unwrap_err();
+        let err = conn.call(&request, max, true).unwrap_err();
         assert!(err.contains("no answer within 1s"), "{err}");
         assert!(start.elapsed() < Duration::from_millis(1400), "it waited {:?}", start.elapsed());
         // The late answer arrives; the next call must not take it for its own.
         std::thread::sleep(Duration::from_millis(800));
-        let again = conn.call(&request).unwrap_err();
+        let again = conn.call(&request, max, true).unwrap_err();
         assert_eq!(again, err, "a connection that failed is not used again");
         drop(conn);
         feeder.join().unwrap();
+    }
+
+    #[test]
+    fn keep_alives_without_progress_hold_no_read_past_two_timeouts() {
+        let (request, max) = one_row();
+        // A feeder stuck on its storage (or a squatter on its port) says "still reading"
+        // every 200 ms for 5 s, never having read more: a 1 s timeout fails the read
+        // after the first report's one restart.
+        let (source, feeder) = fake_feeder(keep_alives(25, Duration::from_millis(200), |_| 7));
+        let (mut conn, _) = Connection::open(&source, &source.address, false, Duration::from_secs(1)).unwrap();
+        let start = std::time::Instant::now();
+        let err = conn.call(&request, max, true).unwrap_err();
+        assert!(err.contains("no answer within 1s"), "{err}");
+        let waited = start.elapsed();
+        assert!(waited >= Duration::from_secs(1) && waited < Duration::from_millis(2000), "waited {waited:?}");
+        drop(conn);
+        feeder.join().unwrap();
+    }
+
+    #[test]
+    fn a_keep_alive_before_the_welcome_is_refused_at_once() {
+        // Whatever holds a dead feeder's port answers every hello with keep-alives.
+        let (source, peer) = fake_peer(|(r, w)| {
+            wire::read_frame(r, wire::MAX_HELLO).unwrap();
+            for i in 0..10 {
+                if wire::write_frame(w, &wire::still_reading(i)).is_err() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(300));
+            }
+        });
+        let start = std::time::Instant::now();
+        let err = Connection::open(&source, &source.address, false, Duration::from_secs(2)).err().unwrap().to_string();
+        assert!(err.contains("refused: a keep-alive where none is due: not a feeder's answer"), "{err}");
+        assert!(err.contains(&format!("feeder meshfeed://{}/d", source.address)), "{err}");
+        assert!(start.elapsed() < Duration::from_secs(1), "{:?}", start.elapsed());
+        peer.join().unwrap();
+    }
+
+    #[test]
+    fn an_answer_longer_than_the_rows_asked_for_is_refused_before_it_is_allocated() {
+        let (request, max) = one_row();
+        // 2^36 bytes announced for one row of 3 bytes: refused on its length alone.
+        let (source, feeder) = fake_feeder(|(_, w)| {
+            use std::io::Write;
+            let _ = w.write_all(&(1u64 << 36).to_le_bytes()).and_then(|()| w.flush());
+        });
+        let (mut conn, _) = Connection::open(&source, &source.address, false, Duration::from_secs(5)).unwrap();
+        let err = conn.call(&request, max, true).unwrap_err();
+        assert_eq!(err, format!("a bad answer: a frame of 68719476736 bytes (at most {max} here)"));
+        drop(conn);
+        feeder.join().unwrap();
+        // The same over UCX's announcement.
+        let (source, feeder) = fake_feeder(move |(_, w)| {
+            let _ = wire::write_frame(w, &wire::via_ucx(1 << 36, 1));
+        });
+        let (mut conn, _) = Connection::open(&source, &source.address, false, Duration::from_secs(5)).unwrap();
+        let err = conn.call(&request, max, true).unwrap_err();
+        assert!(err.starts_with("an answer of 68719476736 bytes announced, at most"), "{err}");
+        drop(conn);
+        feeder.join().unwrap();
+        // And a welcome: a job attaching to whatever answers there gets an error, not an abort.
+        let (source, peer) = fake_peer(|(r, w)| {
+            use std::io::Write;
+            wire::read_frame(r, wire::MAX_HELLO).unwrap();
+            let _ = w.write_all(&(1u64 << 36).to_le_bytes()).and_then(|()| w.flush());
+        });
+        let err = attach(&source).unwrap_err().to_string();
+        assert!(
+            err.contains(&format!(
+                "refused: a bad answer: a frame of 68719476736 bytes (at most {} here)",
+                wire::MAX_WELCOME
+            )),
+            "{err}"
+        );
+        peer.join().unwrap();
     }
 }

@@ -22,6 +22,7 @@
 //! closes its connections and disturbs no other; a feeder that dies fails its clients'
 //! reads with an error naming it (agreed on every rank, as any read error is).
 
+pub mod admission;
 pub mod cache;
 pub mod client;
 pub mod server;
@@ -41,6 +42,9 @@ pub const TOKEN_VAR: &str = "MESHFEED_FEEDER_TOKEN";
 
 /// The ending of a rendezvous file's name.
 pub const RENDEZVOUS_SUFFIX: &str = ".feeder.json";
+
+/// The most bytes a rendezvous file holds (an address, a name and a token).
+pub const MAX_RENDEZVOUS: u64 = 64 << 10;
 
 /// Where a feeder listens, what it serves and the token it asks for: what a rendezvous
 /// file holds.
@@ -100,29 +104,51 @@ impl Source {
         Ok(Source { address: address.into(), name: name.into(), token })
     }
 
-    /// Reads a rendezvous file.
+    /// Reads a rendezvous file: a regular file of at most [`MAX_RENDEZVOUS`] bytes (a FIFO
+    /// or a device in its place is refused, never waited on).
     pub fn read(path: &Path) -> Result<Source> {
-        let text = std::fs::read(path).map_err(|e| Error::io(path, e))?;
-        serde_json::from_slice(&text)
+        let text = crate::config::read_small_file(path, MAX_RENDEZVOUS)?;
+        serde_json::from_str(&text)
             .map_err(|e| Error::file(path, format!("not a feeder's rendezvous file (address, name, token): {e}")))
     }
 
-    /// Writes the rendezvous file, readable by its owner only (it holds the token).
+    /// Writes the rendezvous file, readable by its owner only (it holds the token): into a
+    /// new file of an unpredictable name beside it, created only if nothing has that name
+    /// (a file or link planted there is never opened, let alone followed), mode 0600 whatever
+    /// the umask, then renamed over `path` (whole or absent: clients may be polling for it;
+    /// a link at `path` is replaced, not followed).
     pub fn write(&self, path: &Path) -> Result<()> {
         use std::io::Write;
-        use std::os::unix::fs::OpenOptionsExt;
-        let tmp = path.with_extension("tmp");
+        use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+        let dir = match path.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d,
+            _ => Path::new("."),
+        };
+        let is_dir = std::fs::metadata(dir).map_err(|e| Error::io(dir, e))?.is_dir();
+        if !is_dir {
+            return Err(Error::file(dir, "not a directory: the rendezvous file cannot be written there"));
+        }
+        let name = path.file_name().ok_or_else(|| Error::file(path, "no file name for the rendezvous file"))?;
+        let suffix: String = random_bytes::<8>()?.iter().map(|b| format!("{b:02x}")).collect();
+        let tmp = dir.join(format!(".{}.{suffix}.tmp", name.to_string_lossy()));
         let mut f = std::fs::OpenOptions::new()
             .write(true)
-            .create(true)
-            .truncate(true)
+            .create_new(true) // O_CREAT | O_EXCL
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
             .mode(0o600)
             .open(&tmp)
             .map_err(|e| Error::io(&tmp, e))?;
-        let text = serde_json::to_vec(self).map_err(|e| Error::Internal(format!("rendezvous: {e}")))?;
-        f.write_all(&text).and_then(|()| f.sync_all()).map_err(|e| Error::io(&tmp, e))?;
-        // Whole or absent: clients may be polling for it.
-        std::fs::rename(&tmp, path).map_err(|e| Error::io(path, e))
+        let written = (|| {
+            f.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+            let text = serde_json::to_vec(self).map_err(std::io::Error::other)?;
+            f.write_all(&text)?;
+            f.sync_all()?;
+            std::fs::rename(&tmp, path)
+        })();
+        written.map_err(|e| {
+            let _ = std::fs::remove_file(&tmp);
+            Error::io(path, e)
+        })
     }
 
     /// `meshfeed://HOST:PORT/NAME`.
@@ -205,6 +231,61 @@ mod tests {
         std::fs::write(&file, "{}").unwrap();
         let err = Source::from_paths(&[file]).unwrap_err().to_string();
         assert!(err.contains("imagenet.feeder.json: not a feeder's rendezvous file"), "{err}");
+    }
+
+    #[test]
+    fn the_rendezvous_file_is_never_written_through_a_planted_file_or_link() {
+        use std::os::unix::fs::PermissionsExt;
+        let s = Source { address: "h:1".into(), name: "d".into(), token: "0123456789abcdef".into() };
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("d.feeder.json");
+        // What an older meshfeed wrote to, planted world-readable, and a link in its place
+        // to a file the attacker wants overwritten.
+        let victim = dir.path().join("victim");
+        std::fs::write(&victim, "keep").unwrap();
+        let planted = dir.path().join("d.feeder.tmp");
+        std::fs::write(&planted, "").unwrap();
+        std::fs::set_permissions(&planted, std::fs::Permissions::from_mode(0o644)).unwrap();
+        std::os::unix::fs::symlink(&victim, dir.path().join("d.feeder.json.tmp")).unwrap();
+        // A link at the rendezvous path itself is replaced, not followed.
+        std::os::unix::fs::symlink(&victim, &file).unwrap();
+        // SAFETY: umask only changes this process's file creation mask (restored below).
+        let old = unsafe { libc::umask(0) };
+        let written = s.write(&file);
+        // SAFETY: as above.
+        unsafe { libc::umask(old) };
+        written.unwrap();
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "keep");
+        assert_eq!(std::fs::read_to_string(&planted).unwrap(), "");
+        let meta = std::fs::symlink_metadata(&file).unwrap();
+        assert!(meta.is_file(), "the rendezvous file is a file, not a link");
+        assert_eq!(meta.permissions().mode() & 0o777, 0o600, "owner-only, whatever the umask");
+        assert_eq!(Source::read(&file).unwrap(), s);
+        // Nothing left behind but what was there.
+        let mut names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+        names.sort();
+        assert_eq!(names, ["d.feeder.json", "d.feeder.json.tmp", "d.feeder.tmp", "victim"]);
+        // A missing directory is named as the problem.
+        let err = s.write(&dir.path().join("no/such/d.feeder.json")).unwrap_err().to_string();
+        assert!(err.contains("no/such") && err.contains("No such file or directory"), "{err}");
+        assert!(!err.contains("d.feeder.json"), "the directory is the problem, not a file in it: {err}");
+    }
+
+    #[test]
+    fn a_rendezvous_file_that_is_a_fifo_or_too_long_is_refused_without_waiting() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("d.feeder.json");
+        let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: a NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let start = std::time::Instant::now();
+        let err = Source::from_paths(std::slice::from_ref(&fifo)).unwrap_err().to_string();
+        assert!(err.contains("not a regular file (a FIFO)"), "{err}");
+        assert!(start.elapsed() < std::time::Duration::from_secs(1));
+        let long = dir.path().join("e.feeder.json");
+        std::fs::write(&long, vec![b' '; MAX_RENDEZVOUS as usize + 1]).unwrap();
+        let err = Source::read(&long).unwrap_err().to_string();
+        assert!(err.contains("65537 bytes: a file of this kind is at most 65536 bytes"), "{err}");
     }
 
     #[test]

@@ -10,13 +10,15 @@
 
 use std::io::{BufReader, BufWriter};
 use std::net::{TcpListener, TcpStream};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
+use super::admission::{accept_passes, before_hello, Admitted, ByDeadline, Limits, Throttled, Ticket};
 use super::cache::{Claim, RowCache, Values};
 use super::ucx::Link;
 use super::wire::{self, Hello, Request};
+use crate::dataset::gen::Manifest;
 use crate::dataset::{Dataset, Field, FileInfo, FileReader, RowChunk};
 use crate::error::{Error, Result};
 use crate::runtime::memory::MemoryLimits;
@@ -29,6 +31,13 @@ const KEEP_ALIVE: Duration = if cfg!(test) { Duration::from_millis(20) } else { 
 
 /// Bytes a held value costs besides its own (its place in the chunk's index).
 const VALUE_OVERHEAD: u64 = 24;
+
+/// How long writing to a client that presented the token may block: a client reads its
+/// answers as they come, and one that stops reading gives its thread back after this.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// The least time a read waits (a socket timeout of zero would mean no timeout).
+const MIN_WAIT: Duration = Duration::from_millis(1);
 
 /// The feeder rank that serves file `file`, of a feeder of `ranks` ranks.
 pub fn owner(file: usize, ranks: usize) -> usize {
@@ -144,6 +153,11 @@ pub struct FeederStats {
     /// Bytes of answers sent over UCX (`--client-transport ucx`), not over the
     /// connections (`bytes_sent` counts those).
     pub bytes_ucx: u64,
+    /// Connections closed as soon as they were accepted, [`Limits::connections`] being
+    /// open, and connections closed while waiting for their hello to make room for newer
+    /// ones ([`Limits::unauthenticated`]).
+    pub turned_away: u64,
+    pub evicted: u64,
 }
 
 /// A dataset held in memory for its clients: the files one feeder rank serves. It serves
@@ -168,6 +182,16 @@ pub struct Feeder {
     share: Option<(Region, [u8; 16])>,
     /// Whether clients are offered UCX for large answers ([`Feeder::offer_ucx`]).
     ucx: bool,
+    /// What peers may hold ([`Feeder::set_limits`]), and what they hold now.
+    limits: Limits,
+    admitted: Arc<Admitted>,
+    /// The most bytes a request may hold: one for every row of the largest file.
+    max_request: u64,
+    /// The thread reading the held files while [`Feeder::load`] runs (0: none), whose
+    /// reads from storage tell waiting clients that loading makes progress.
+    loader: AtomicI32,
+    /// The most progress reported so far ([`Feeder::progress`]).
+    progress: AtomicU64,
     /// How long reading the held files took ([`Feeder::load`]).
     load_time: Mutex<Duration>,
     bytes_loaded: AtomicU64,
@@ -178,6 +202,7 @@ pub struct Feeder {
     bytes_sent: AtomicU64,
     bytes_mapped: AtomicU64,
     bytes_ucx: AtomicU64,
+    turned_away: AtomicU64,
 }
 
 impl Feeder {
@@ -203,8 +228,9 @@ impl Feeder {
                 (true, false) => Slot::Storage,
             })
             .collect();
+        let max_rows = dataset.files().iter().map(|f| f.samples).max().unwrap_or(0);
         Ok(Feeder {
-            dataset,
+            max_request: wire::request_bound(max_rows),
             name: name.into(),
             token,
             welcome: Vec::new(),
@@ -214,6 +240,11 @@ impl Feeder {
             cache: RowCache::new(cache),
             share: None,
             ucx: false,
+            limits: Limits::default(),
+            admitted: Arc::default(),
+            loader: AtomicI32::new(0),
+            progress: AtomicU64::new(0),
+            dataset,
             load_time: Mutex::new(Duration::ZERO),
             bytes_loaded: AtomicU64::new(0),
             storage_bytes: AtomicU64::new(0),
@@ -223,7 +254,27 @@ impl Feeder {
             bytes_sent: AtomicU64::new(0),
             bytes_mapped: AtomicU64::new(0),
             bytes_ucx: AtomicU64::new(0),
+            turned_away: AtomicU64::new(0),
         })
+    }
+
+    /// Sets what peers may hold ([`Limits`]; the defaults otherwise).
+    pub fn set_limits(&mut self, limits: Limits) {
+        self.limits = limits;
+    }
+
+    /// Bytes this rank has read from storage so far: the files held and the rows read on
+    /// request, and, while the held files are read, what the reading thread has read of
+    /// the file it is on (the kernel's count, so that one long read shows progress too).
+    /// Never less than it said before.
+    fn progress(&self) -> u64 {
+        let done = self.bytes_loaded.load(Ordering::Relaxed) + self.storage_bytes.load(Ordering::Relaxed);
+        let reading = match self.loader.load(Ordering::Relaxed) {
+            0 => 0,
+            tid => crate::runtime::thread_read_bytes(tid),
+        };
+        let now = done.saturating_add(reading);
+        self.progress.fetch_max(now, Ordering::Relaxed).max(now)
     }
 
     /// Offers clients UCX for answers of at least [`super::ucx::MIN_BYTES`]: each
@@ -243,7 +294,8 @@ impl Feeder {
     pub fn share_memory(&mut self) -> Result<bool> {
         let nonce: [u8; 16] = super::random_bytes()?;
         let shared =
-            Region::create(c"meshfeed-feeder", nonce.len()).ok().filter(|probe| probe.fd().is_some()).map(|probe| {
+            // (Unsealed, where the kernel has no seals, clients would refuse to map it.)
+            Region::create(c"meshfeed-feeder", nonce.len()).ok().filter(|probe| probe.sealed()).map(|probe| {
                 // SAFETY: nobody sees the probe before this function returns.
                 unsafe { probe.bytes_to_fill(0..nonce.len()) }.copy_from_slice(&nonce);
                 (probe, nonce)
@@ -257,6 +309,15 @@ impl Feeder {
     /// refusal of every request for it.
     pub fn load(&self) -> Result<()> {
         let start = Instant::now();
+        self.loader.store(crate::runtime::thread_id(), Ordering::Relaxed);
+        let loaded = self.load_held();
+        self.loader.store(0, Ordering::Relaxed);
+        *self.load_time.lock().unwrap_or_else(PoisonError::into_inner) = start.elapsed();
+        loaded
+    }
+
+    /// [`Feeder::load`]'s reads.
+    fn load_held(&self) -> Result<()> {
         let mut arena = None;
         for (i, info) in self.dataset.files().iter().enumerate() {
             if !matches!(self.slots()[i], Slot::Loading) {
@@ -278,7 +339,6 @@ impl Feeder {
             self.read.notify_all();
             result?;
         }
-        *self.load_time.lock().unwrap_or_else(PoisonError::into_inner) = start.elapsed();
         Ok(())
     }
 
@@ -287,10 +347,16 @@ impl Feeder {
     }
 
     /// Tells clients where each file is served: `addresses[r]` (`HOST:PORT`) is feeder rank
-    /// `r`'s; `files` are the dataset's headers.
-    pub fn set_addresses(&mut self, files: &[FileInfo], addresses: &[String]) -> Result<()> {
+    /// `r`'s; `files` are the dataset's headers, and `manifest` the generator's where the
+    /// files are `meshfeed gen`'s (clients' `--verify` then checks contents).
+    pub fn set_addresses(
+        &mut self,
+        files: &[FileInfo],
+        addresses: &[String],
+        manifest: Option<Manifest>,
+    ) -> Result<()> {
         let owners = (0..files.len()).map(|i| addresses[owner(i, addresses.len())].clone()).collect();
-        self.welcome = crate::loader::welcome_json(files, owners)?;
+        self.welcome = crate::loader::welcome_json(files, owners, manifest)?;
         Ok(())
     }
 
@@ -325,44 +391,113 @@ impl Feeder {
             bytes_sent: self.bytes_sent.load(Ordering::Relaxed),
             bytes_mapped: self.bytes_mapped.load(Ordering::Relaxed),
             bytes_ucx: self.bytes_ucx.load(Ordering::Relaxed),
+            turned_away: self.turned_away.load(Ordering::Relaxed),
+            evicted: self.admitted.evicted(),
         }
     }
 
-    /// Accepts clients on `listener` until it fails, a thread per connection. A
-    /// connection's failure (a client that dies, a stranger) ends that connection only.
+    /// Accepts clients on `listener` until it fails, a thread per connection, within the
+    /// [`Limits`]: a connection past them is closed at once, and a failure to accept that
+    /// passes (descriptors or memory running out, a peer that left before it was accepted)
+    /// is logged and waited out, never the end of the feeder. A connection's failure (a
+    /// client that dies, a stranger) ends that connection only.
     pub fn serve(self: Arc<Self>, listener: TcpListener) -> Result<()> {
+        let mut backoff = Duration::ZERO;
+        let (mut accept_log, mut busy_log) = (Throttled::default(), Throttled::default());
         loop {
-            let (stream, peer) = listener.accept().map_err(|e| Error::Transport(format!("accept: {e}")))?;
+            let (stream, peer) = match listener.accept() {
+                Ok(accepted) => {
+                    backoff = Duration::ZERO;
+                    accepted
+                }
+                Err(e) if accept_passes(&e) => {
+                    backoff = (backoff * 2).clamp(Duration::from_millis(5), Duration::from_secs(1));
+                    accept_log.log(|| format!("meshfeed serve: {}: accept: {e}; serving on", self.name));
+                    std::thread::sleep(backoff);
+                    continue;
+                }
+                Err(e) => return Err(Error::Transport(format!("accept: {e}"))),
+            };
+            // A handle to close it by, should a newer connection need its place.
+            let handle = match stream.try_clone() {
+                Ok(handle) => handle,
+                Err(e) => {
+                    accept_log.log(|| format!("meshfeed serve: {}: accept: {e}; serving on", self.name));
+                    continue;
+                }
+            };
+            let Some(ticket) = Ticket::take(&self.admitted, &self.limits, handle) else {
+                self.turned_away.fetch_add(1, Ordering::Relaxed);
+                busy_log.log(|| {
+                    let (open, waiting) = self.admitted.counts();
+                    format!(
+                        "meshfeed serve: {}: closing a connection from {peer}: {open} open (at most {}), {waiting} of \
+                         them before their token",
+                        self.name, self.limits.connections
+                    )
+                });
+                continue;
+            };
             let feeder = self.clone();
-            std::thread::spawn(move || {
-                if let Err(e) = feeder.connection(stream) {
+            let spawned = std::thread::Builder::new().name("meshfeed-client".into()).spawn(move || {
+                if let Err(e) = feeder.connection(stream, ticket) {
                     eprintln!("meshfeed serve: {}: client {peer}: {e}", feeder.name);
                 }
             });
+            if let Err(e) = spawned {
+                // The connection (moved into the closure) is closed; the feeder serves on.
+                accept_log.log(|| format!("meshfeed serve: {}: no thread for a client ({e}); serving on", self.name));
+            }
         }
     }
 
-    /// One client connection: the hello, then requests until the client closes.
-    fn connection(&self, stream: TcpStream) -> std::io::Result<()> {
+    /// One client connection: the hello (within [`Limits::hello_timeout`], or it is
+    /// closed), then requests until the client closes.
+    fn connection(&self, stream: TcpStream, mut ticket: Ticket) -> std::io::Result<()> {
         stream.set_nodelay(true)?;
-        let mut r = BufReader::new(stream.try_clone()?);
-        let mut w = BufWriter::new(stream);
-        let Some(hello) = wire::read_frame(&mut r, wire::MAX_HELLO)? else { return Ok(()) };
+        let hello_by = Instant::now() + self.limits.hello_timeout;
+        stream.set_write_timeout(Some(self.limits.hello_timeout))?;
+        let hello = wire::read_frame(&mut ByDeadline { stream: &stream, deadline: hello_by }, wire::MAX_HELLO);
+        let Some(hello) = hello.map_err(|e| before_hello(e, self.limits.hello_timeout))? else { return Ok(()) };
         let welcome = self.welcome(&hello);
         let refused = welcome.as_ref().err().cloned();
+        let mut r = BufReader::new(stream.try_clone()?);
+        let mut w = BufWriter::new(stream);
         wire::write_frame(&mut w, &wire::answer(welcome))?;
         if let Some(reason) = refused {
             return Err(std::io::Error::other(format!("refused: {reason}")));
         }
         self.connections.fetch_add(1, Ordering::Relaxed);
         let mut link = match Hello::decode(&hello) {
-            Ok(hello) if hello.ucx => self.ucx_handshake(&mut r, &mut w)?,
+            Ok(hello) if hello.ucx => {
+                r.get_ref().set_read_timeout(Some(hello_by.saturating_duration_since(Instant::now()).max(MIN_WAIT)))?;
+                self.ucx_handshake(&mut r, &mut w).map_err(|e| before_hello(e, self.limits.hello_timeout))?
+            }
             _ => None,
         };
+        // From here on the client holds the token: it may stay idle between epochs, and
+        // reads its answers as they come.
+        ticket.authenticated();
+        r.get_ref().set_read_timeout(None)?;
+        w.get_ref().set_write_timeout(Some(WRITE_TIMEOUT))?;
         // Tags no stranger can guess: a UCX message is matched by its tag alone.
         let mut tag = u64::from_le_bytes(super::random_bytes().map_err(std::io::Error::other)?);
-        while let Some(frame) = wire::read_frame(&mut r, wire::MAX_FRAME)? {
-            let mut still_reading = || wire::write_frame(&mut w, &[wire::STILL_READING]).is_ok();
+        loop {
+            let Some(len) = wire::read_frame_len(&mut r)? else { return Ok(()) };
+            let frame = match wire::read_payload(&mut r, len, self.max_request) {
+                Ok(frame) => frame,
+                Err(e) if e.kind() == std::io::ErrorKind::InvalidData => {
+                    // Nothing allocated: the connection ends with the reason, the feeder serves on.
+                    let reason = format!(
+                        "a request of {len} bytes; a request for rows of this dataset holds at most {}",
+                        self.max_request
+                    );
+                    let _ = wire::write_frame(&mut w, &wire::answer(Err(reason.clone())));
+                    return Err(std::io::Error::other(format!("bad request: {reason}")));
+                }
+                Err(e) => return Err(e),
+            };
+            let mut still_reading = || wire::write_frame(&mut w, &wire::still_reading(self.progress())).is_ok();
             match Request::decode(&frame).and_then(|request| self.rows(&request, &mut still_reading)) {
                 Ok(answer) => {
                     self.requests.fetch_add(1, Ordering::Relaxed);
@@ -389,7 +524,6 @@ impl Feeder {
                 }
             }
         }
-        Ok(())
     }
 
     /// Sends `values` (an answer) over `ucx` tagged `tag`, announced on the connection
@@ -812,13 +946,145 @@ pub(crate) mod tests {
         assert!(plain.welcome(&reader).unwrap().is_empty());
     }
 
+    /// A feeder of `ds` serving on a loopback port within `limits`: it and its address.
+    fn serving(ds: &Dataset, limits: Limits) -> (Arc<Feeder>, String) {
+        let mut feeder = Feeder::new(ds.clone(), 0, 1, "d", "t".into(), u64::MAX).unwrap();
+        feeder.set_limits(limits);
+        feeder.load().unwrap();
+        let feeder = Arc::new(feeder);
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let address = listener.local_addr().unwrap().to_string();
+        std::thread::spawn({
+            let feeder = feeder.clone();
+            move || feeder.serve(listener)
+        });
+        (feeder, address)
+    }
+
+    /// A reader's connection that presented the token: (reader, writer).
+    fn authenticated(address: &str) -> (BufReader<TcpStream>, BufWriter<TcpStream>) {
+        let stream = TcpStream::connect(address).unwrap();
+        stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let (mut r, mut w) = (BufReader::new(stream.try_clone().unwrap()), BufWriter::new(stream));
+        let hello = Hello { token: "t".into(), name: "d".into(), headers: false, ucx: false };
+        wire::write_frame(&mut w, &hello.encode()).unwrap();
+        let welcome = wire::read_frame(&mut r, wire::MAX_HELLO).unwrap().unwrap();
+        assert_eq!(wire::parse_answer(&welcome), Ok(&[][..]));
+        (r, w)
+    }
+
+    /// Rows 0 and 99 of file 2, asked for on `conn`, are the file's.
+    fn still_serves(ds: &Dataset, conn: &mut (BufReader<TcpStream>, BufWriter<TcpStream>)) {
+        let request = Request { file: 2, rows: vec![0, 99], mapped: false };
+        wire::write_frame(&mut conn.1, &request.encode()).unwrap();
+        let answer = wire::read_frame(&mut conn.0, 1 << 20).unwrap().unwrap();
+        assert_eq!(answered_values(&answer, 2), file_values(ds, 2, &[0, 99]));
+    }
+
+    #[test]
+    fn strangers_idle_slow_or_many_are_closed_and_clients_still_get_in() {
+        let (_dir, ds) = five_files(Format::Npy);
+        let limits = Limits { hello_timeout: Duration::from_millis(400), unauthenticated: 4, connections: 64 };
+        let (feeder, address) = serving(&ds, limits);
+        let eof_within = |s: &mut TcpStream, limit: Duration| {
+            s.set_read_timeout(Some(limit)).unwrap();
+            let start = Instant::now();
+            let got = std::io::Read::read(s, &mut [0u8; 64]);
+            assert!(matches!(got, Ok(0)) || got.is_err(), "{got:?}");
+            start.elapsed()
+        };
+        // A stranger that sends 3 bytes and waits, and one that drips its hello a byte at
+        // a time: each closed once the hello's deadline has passed, however it drips.
+        let mut idle = TcpStream::connect(&address).unwrap();
+        std::io::Write::write_all(&mut idle, b"abc").unwrap();
+        let mut slow = TcpStream::connect(&address).unwrap();
+        let dripping = std::thread::spawn({
+            let mut slow = slow.try_clone().unwrap();
+            move || {
+                (0..30).all(|_| {
+                    std::thread::sleep(Duration::from_millis(50));
+                    std::io::Write::write_all(&mut slow, &[1]).is_ok()
+                })
+            }
+        });
+        assert!(eof_within(&mut idle, Duration::from_secs(5)) < Duration::from_secs(2));
+        assert!(eof_within(&mut slow, Duration::from_secs(5)) < Duration::from_secs(2));
+        assert!(!dripping.join().unwrap(), "the dripping stranger was cut off");
+        // Garbage before the token: refused and closed.
+        let mut garbage = TcpStream::connect(&address).unwrap();
+        wire::write_frame(&mut garbage, b"GET / HTTP/1.1\r\n\r\n").unwrap();
+        let refusal = wire::read_frame(&mut garbage, wire::MAX_HELLO).unwrap().unwrap();
+        assert!(wire::parse_answer(&refusal).unwrap_err().contains("not a meshfeed client"));
+        // 100 strangers that never send their hello hold 4 places at most; a client
+        // connecting after them gets in at once, and so does one already in.
+        let mut inside = authenticated(&address);
+        let strangers: Vec<TcpStream> = (0..100).map(|_| TcpStream::connect(&address).unwrap()).collect();
+        let start = Instant::now();
+        while feeder.admitted.evicted() < 96 {
+            assert!(start.elapsed() < Duration::from_secs(10), "{:?}", feeder.admitted.counts());
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(feeder.admitted.counts().1 <= 4, "{:?}", feeder.admitted.counts());
+        let mut late = authenticated(&address);
+        still_serves(&ds, &mut late);
+        still_serves(&ds, &mut inside);
+        drop(strangers);
+    }
+
+    #[test]
+    fn an_oversize_request_closes_its_connection_and_the_feeder_serves_on() {
+        let (_dir, ds) = five_files(Format::Npy);
+        let (feeder, address) = serving(&ds, Limits::default());
+        // A token holder announcing a request of 2^36 bytes: nothing is allocated for it,
+        // it is told why, and its connection ends.
+        let (mut r, mut w) = authenticated(&address);
+        std::io::Write::write_all(&mut w, &(1u64 << 36).to_le_bytes()).unwrap();
+        std::io::Write::flush(&mut w).unwrap();
+        let answer = wire::read_frame(&mut r, wire::MAX_HELLO).unwrap().unwrap();
+        let reason = wire::parse_answer(&answer).unwrap_err();
+        assert_eq!(
+            reason,
+            format!(
+                "a request of 68719476736 bytes; a request for rows of this dataset holds at most {}",
+                13 + 8 * 100
+            )
+        );
+        assert_eq!(wire::read_frame(&mut r, wire::MAX_HELLO).unwrap(), None, "the connection is closed");
+        // A request just within the bound (every row of a file) is answered; the feeder serves on.
+        let mut conn = authenticated(&address);
+        let all = Request { file: 1, rows: (0..100).collect(), mapped: false };
+        assert_eq!(all.encode().len() as u64, feeder.max_request);
+        wire::write_frame(&mut conn.1, &all.encode()).unwrap();
+        let answer = wire::read_frame(&mut conn.0, 1 << 20).unwrap().unwrap();
+        assert_eq!(answered_values(&answer, 100), file_values(&ds, 1, &all.rows));
+        still_serves(&ds, &mut conn);
+    }
+
+    #[test]
+    fn a_waiting_client_is_told_how_much_has_been_read_and_it_grows() {
+        let (_dir, ds) = five_files(Format::Npy);
+        let feeder = Arc::new(Feeder::new(ds.clone(), 0, 1, "d", "t".into(), u64::MAX).unwrap());
+        assert_eq!(feeder.progress(), 0);
+        feeder.load().unwrap();
+        let after = feeder.progress();
+        assert!(after >= 5 * 100 * 14, "{after}");
+        assert_eq!(feeder.progress(), after, "no reading, no progress");
+        // A thread's reads count while it is the loader's.
+        feeder.loader.store(crate::runtime::thread_id(), Ordering::Relaxed);
+        let before = feeder.progress();
+        std::fs::read(&ds.files()[0].path).unwrap();
+        assert!(feeder.progress() >= before + ds.files()[0].bytes, "{before} {}", feeder.progress());
+        feeder.loader.store(0, Ordering::Relaxed);
+        assert!(feeder.progress() >= before + ds.files()[0].bytes, "never less than said before");
+    }
+
     #[test]
     fn a_feeder_rank_holds_every_fth_file_and_answers_only_for_them() {
         let (_dir, ds) = five_files(Format::Npy);
         let mut feeder = Feeder::new(ds.clone(), 1, 2, "d", "secret".into(), u64::MAX).unwrap();
         assert_eq!(feeder.files(), 2, "files 1 and 3");
         let addresses = ["a:1".to_string(), "b:2".to_string()];
-        feeder.set_addresses(ds.files(), &addresses).unwrap();
+        feeder.set_addresses(ds.files(), &addresses, None).unwrap();
         // A request before the file is read waits for it.
         let feeder = Arc::new(feeder);
         let early = std::thread::spawn({
@@ -841,9 +1107,10 @@ pub(crate) mod tests {
         let hello = |token: &str, name: &str| {
             Hello { token: token.into(), name: name.into(), headers: true, ucx: false }.encode()
         };
-        let (files, owners) =
+        let (files, owners, manifest) =
             crate::loader::welcome_from_json(&feeder.welcome(&hello("secret", "d")).unwrap()).unwrap();
         assert_eq!(files, ds.files());
+        assert_eq!(manifest, None);
         assert_eq!(owners, ["a:1", "b:2", "a:1", "b:2", "a:1"]);
         let reader = Hello { token: "secret".into(), name: "d".into(), headers: false, ucx: false };
         assert!(feeder.welcome(&reader.encode()).unwrap().is_empty(), "a reader's connection gets no headers");

@@ -13,14 +13,33 @@
 use std::io::{Read, Write};
 
 /// First bytes of a hello: the protocol and its version.
-pub const MAGIC: &[u8; 8] = b"MFEED\x003\n";
+pub const MAGIC: &[u8; 8] = b"MFEED\x004\n";
 
-/// The most bytes a request or an answer may hold (a window's rows of one file travel in
-/// one frame).
-pub const MAX_FRAME: u64 = 1 << 36;
-
-/// The most bytes a hello may hold: what a stranger can make the feeder allocate.
+/// The most bytes a hello may hold: what a stranger can make the feeder allocate. Also
+/// the bound of the other small frames: a reader's welcome, a UCX worker address, an
+/// error message.
 pub const MAX_HELLO: u64 = 64 << 10;
+
+/// The most bytes a welcome holding the file headers may hold (JSON, a few hundred bytes
+/// a file): what whoever answers at a feeder's address can make a client allocate before
+/// it knows the dataset.
+pub const MAX_WELCOME: u64 = 256 << 20;
+
+/// The most bytes a request for `max_rows` rows of one file holds: no frame from a client
+/// is read past the rows of the dataset's largest file.
+pub fn request_bound(max_rows: u64) -> u64 {
+    13u64.saturating_add(max_rows.saturating_mul(8))
+}
+
+/// The most bytes an answer to a request for `rows` rows of `fields` fields holds, where
+/// their values hold at most `value_bytes`: the values with their lengths, or their
+/// places ([`Mapped`]), or a message. No answer is read past what its request asked for.
+pub fn answer_bound(rows: u64, fields: u64, value_bytes: u64) -> u64 {
+    let values = rows.saturating_mul(fields);
+    let with_values = 13u64.saturating_add(values.saturating_mul(8)).saturating_add(value_bytes);
+    let with_places = 25u64.saturating_add(values.saturating_mul(16));
+    with_values.max(with_places).max(MAX_HELLO)
+}
 
 /// What a client says first.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -69,13 +88,13 @@ pub fn via_ucx(len: usize, tag: u64) -> Vec<u8> {
     [&[VIA_UCX][..], &(len as u64).to_le_bytes(), &tag.to_le_bytes()].concat()
 }
 
-/// Reads a [`via_ucx`] frame: the answer's length and tag.
-pub fn parse_via_ucx(frame: &[u8]) -> Result<(usize, u64), String> {
+/// Reads a [`via_ucx`] frame: the answer's length (at most `max`) and tag.
+pub fn parse_via_ucx(frame: &[u8], max: u64) -> Result<(usize, u64), String> {
     let mut at = Cursor(frame.strip_prefix(&[VIA_UCX]).ok_or("not a UCX announcement")?);
     let (len, tag) = (at.u64()?, at.u64()?);
     at.end()?;
-    if len > MAX_FRAME {
-        return Err(format!("an answer of {len} bytes (at most {MAX_FRAME})"));
+    if len > max {
+        return Err(format!("an answer of {len} bytes announced, at most {max} for the rows asked for"));
     }
     Ok((len as usize, tag))
 }
@@ -110,13 +129,26 @@ pub fn write_frame(w: &mut impl Write, payload: &[u8]) -> std::io::Result<()> {
 /// Reads one frame of at most `max` bytes; `Ok(None)` where the peer closed the connection
 /// before a frame began.
 pub fn read_frame(r: &mut impl Read, max: u64) -> std::io::Result<Option<Vec<u8>>> {
+    match read_frame_len(r)? {
+        Some(len) => read_payload(r, len, max).map(Some),
+        None => Ok(None),
+    }
+}
+
+/// Reads a frame's length, its first 8 bytes; `Ok(None)` where the peer closed the
+/// connection before a frame began.
+pub fn read_frame_len(r: &mut impl Read) -> std::io::Result<Option<u64>> {
     let mut len = [0u8; 8];
     match r.read_exact(&mut len) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
-        Err(e) => return Err(e),
+        Ok(()) => Ok(Some(u64::from_le_bytes(len))),
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => Ok(None),
+        Err(e) => Err(e),
     }
-    let len = u64::from_le_bytes(len);
+}
+
+/// Reads the `len` bytes of a frame past its length, refusing (an error of kind
+/// `InvalidData`, before anything is allocated) a length past `max`.
+pub fn read_payload(r: &mut impl Read, len: u64, max: u64) -> std::io::Result<Vec<u8>> {
     if len > max {
         return Err(std::io::Error::new(
             std::io::ErrorKind::InvalidData,
@@ -125,12 +157,26 @@ pub fn read_frame(r: &mut impl Read, max: u64) -> std::io::Result<Option<Vec<u8>
     }
     let mut payload = vec![0u8; len as usize];
     r.read_exact(&mut payload)?;
-    Ok(Some(payload))
+    Ok(payload)
 }
 
-/// A frame the feeder sends, as often as it needs to, before the answer to a request
-/// for a file it has not read yet: the client waits on.
+/// The first byte of a frame the feeder sends, every half second, while the answer to a
+/// request waits for its file to be read: then the bytes this feeder rank has read from
+/// storage so far (u64). A client waits on only while that number grows.
 pub const STILL_READING: u8 = 2;
+
+/// A [`STILL_READING`] frame reporting `progress` bytes read.
+pub fn still_reading(progress: u64) -> Vec<u8> {
+    [&[STILL_READING][..], &progress.to_le_bytes()].concat()
+}
+
+/// Reads a [`still_reading`] frame: the bytes read it reports.
+pub fn parse_still_reading(frame: &[u8]) -> Result<u64, String> {
+    let mut at = Cursor(frame.strip_prefix(&[STILL_READING]).ok_or("not a keep-alive")?);
+    let progress = at.u64()?;
+    at.end()?;
+    Ok(progress)
+}
 
 /// An answer: `Ok` with its payload, or the other side's error message.
 pub fn answer(result: Result<Vec<u8>, String>) -> Vec<u8> {
@@ -344,7 +390,8 @@ mod tests {
             let hello = Hello { token: "0123abcd".into(), name: "imagenet".into(), headers, ucx };
             assert_eq!(Hello::decode(&hello.encode()).unwrap(), hello);
         }
-        assert_eq!(parse_via_ucx(&via_ucx(1 << 20, 42)), Ok((1 << 20, 42)));
+        assert_eq!(parse_via_ucx(&via_ucx(1 << 20, 42), 1 << 20), Ok((1 << 20, 42)));
+        assert_eq!(parse_still_reading(&still_reading(1 << 33)), Ok(1 << 33));
         for mapped in [false, true] {
             let request = Request { file: 3, rows: vec![0, 7, 1 << 40], mapped };
             assert_eq!(Request::decode(&request.encode()).unwrap(), request);
@@ -395,13 +442,35 @@ mod tests {
         assert!(Mapped::decode(&bad(vec![(u64::MAX, 2)])[1..], 1).unwrap_err().contains("past the region"));
         assert!(Mapped::decode(&bad(vec![(0, 1)])[1..], 2).unwrap_err().contains("1 values for 2 rows"));
         assert!(Share::decode(&[0; 23]).unwrap_err().contains("cut short"));
-        assert!(parse_via_ucx(&via_ucx(1, 2)[..16]).unwrap_err().contains("cut short"));
-        assert!(parse_via_ucx(&via_ucx(usize::MAX, 2)).unwrap_err().contains("an answer of"));
+        assert!(parse_via_ucx(&via_ucx(1, 2)[..16], 1).unwrap_err().contains("cut short"));
+        // An announced answer is no longer than the rows asked for can be.
+        let err = parse_via_ucx(&via_ucx(1 << 36, 2), 1 << 20).unwrap_err();
+        assert_eq!(err, "an answer of 68719476736 bytes announced, at most 1048576 for the rows asked for");
+        assert!(parse_still_reading(&[STILL_READING]).unwrap_err().contains("cut short"));
+        assert!(parse_still_reading(&[STILL_READING; 10]).unwrap_err().contains("past the end"));
         let mut wire = 10u64.to_le_bytes().to_vec();
         wire.extend_from_slice(b"short");
         assert!(read_frame(&mut wire.as_slice(), MAX_HELLO).is_err());
         // A stranger's huge length is refused before anything is allocated.
         let err = read_frame(&mut (MAX_HELLO + 1).to_le_bytes().as_slice(), MAX_HELLO).unwrap_err();
         assert!(err.to_string().contains("a frame of 65537 bytes"), "{err}");
+        assert_eq!(err.kind(), std::io::ErrorKind::InvalidData);
+    }
+
+    #[test]
+    fn frames_are_bounded_by_what_was_asked() {
+        // A request: its file, its count, 8 bytes a row, its flag.
+        let request = Request { file: 1, rows: (0..1000).collect(), mapped: true }.encode();
+        assert_eq!(request.len() as u64, request_bound(1000));
+        assert_eq!(request_bound(u64::MAX), u64::MAX, "saturates, never wraps");
+        // An answer: the values with their lengths, or their places, or a message.
+        let values: Vec<&[u8]> = vec![b"abcd"; 6];
+        let answer = rows_answer(2, &values);
+        assert_eq!(answer.len() as u64, 13 + 6 * 8 + 24);
+        assert!(answer.len() as u64 <= answer_bound(3, 2, 24));
+        let places = Mapped { fields: 2, fd: 3, len: 1 << 30, places: vec![(0, 4); 6000] }.encode();
+        assert_eq!(places.len() as u64, answer_bound(3000, 2, 0));
+        assert_eq!(answer_bound(1, 1, 1), MAX_HELLO, "a message fits any answer");
+        assert_eq!(answer_bound(u64::MAX, 3, u64::MAX), u64::MAX);
     }
 }

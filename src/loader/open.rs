@@ -6,6 +6,7 @@ use std::ffi::OsString;
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::PathBuf;
 
+use crate::dataset::gen::Manifest;
 use crate::dataset::{self, Dataset, DatasetOptions, Field, FileInfo, FileStamp, Format};
 use crate::error::{Error, ErrorKind, Result, ResultExt};
 use crate::transport::{agree, ReduceOp, Transport};
@@ -57,27 +58,33 @@ impl From<WireInfo> for FileInfo {
     }
 }
 
-/// What a feeder tells a client that presented its token (JSON): the files' headers, and
-/// the address of the feeder rank that serves each file.
+/// What a feeder tells a client that presented its token (JSON): the files' headers, the
+/// address of the feeder rank that serves each file, and the generator's manifest where
+/// the files are `meshfeed gen`'s (so that `--verify` checks contents through a feeder as
+/// it does on the files).
 #[derive(serde::Serialize, serde::Deserialize)]
 struct Welcome {
     files: Vec<WireInfo>,
     owners: Vec<String>,
+    #[serde(default)]
+    manifest: Option<Manifest>,
 }
 
 /// A feeder's [`Welcome`]: `files`, file `i` served at `owners[i]`.
-pub(crate) fn welcome_json(files: &[FileInfo], owners: Vec<String>) -> Result<Vec<u8>> {
-    let welcome = Welcome { files: files.iter().cloned().map(WireInfo::from).collect(), owners };
+pub(crate) fn welcome_json(files: &[FileInfo], owners: Vec<String>, manifest: Option<Manifest>) -> Result<Vec<u8>> {
+    let welcome = Welcome { files: files.iter().cloned().map(WireInfo::from).collect(), owners, manifest };
     serde_json::to_vec(&welcome).context(ErrorKind::Internal, "file headers do not serialise")
 }
 
-/// Reads [`welcome_json`]: the files, and each one's feeder address.
-pub(crate) fn welcome_from_json(bytes: &[u8]) -> std::result::Result<(Vec<FileInfo>, Vec<String>), String> {
+/// Reads [`welcome_json`]: the files, each one's feeder address, and the manifest.
+pub(crate) fn welcome_from_json(
+    bytes: &[u8],
+) -> std::result::Result<(Vec<FileInfo>, Vec<String>, Option<Manifest>), String> {
     let w: Welcome = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
     if w.owners.len() != w.files.len() {
         return Err(format!("{} files but {} addresses", w.files.len(), w.owners.len()));
     }
-    Ok((w.files.into_iter().map(FileInfo::from).collect(), w.owners))
+    Ok((w.files.into_iter().map(FileInfo::from).collect(), w.owners, w.manifest))
 }
 
 /// Opens the dataset at `paths` on every rank of `transport` (collective). Where `paths`
@@ -96,8 +103,8 @@ pub fn open_dataset(transport: &dyn Transport, paths: &[PathBuf], options: Datas
         let welcome = agree(transport, if transport.rank().0 == 0 { client::attach(&source) } else { Ok(Vec::new()) })?;
         let welcome = transport.all_gather(&welcome)?.swap_remove(0);
         let served = client::welcome(&source, &welcome)
-            .and_then(|(files, owners)| Dataset::from_files(files, options).map(|d| (d, owners)))
-            .and_then(|(d, owners)| d.served_by(source, owners));
+            .and_then(|(files, owners, manifest)| Dataset::from_files(files, options).map(|d| (d, owners, manifest)))
+            .and_then(|(d, owners, manifest)| d.served_by(source, owners, manifest));
         return agree(transport, served);
     }
     let files = agree(transport, dataset::resolve_paths(paths))?;

@@ -445,7 +445,7 @@ mod tests {
         let info = npy_info(1000, 2000);
         let source = crate::feed::Source { address: "f:1".into(), name: "d".into(), token: "t".into() };
         let dataset = Dataset::from_files(vec![info], Default::default()).unwrap();
-        let dataset = Arc::new(dataset.served_by(source, vec!["f:1".into()]).unwrap());
+        let dataset = Arc::new(dataset.served_by(source, vec!["f:1".into()], None).unwrap());
         let mut options = LoaderOptions { batch_size: 10, ..Default::default() };
         options.layout.mesh = Some(mesh.parse().unwrap());
         Stream::build(Rank(0), 2, vec![0, 1], dataset, options, IoPlan::direct(2)).unwrap()

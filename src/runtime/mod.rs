@@ -271,6 +271,25 @@ pub fn peak_rss_bytes() -> u64 {
     (usage.ru_maxrss as u64).saturating_mul(1024) // Linux reports kilobytes
 }
 
+/// The calling thread's id, as `/proc/self/task` names it.
+pub fn thread_id() -> i32 {
+    // SAFETY: gettid takes no arguments and cannot fail.
+    unsafe { libc::gettid() }
+}
+
+/// Bytes thread `tid` of this process has read so far: what its reads returned (`rchar`)
+/// and what it made the kernel fetch from storage for them (`read_bytes`, counted as the
+/// fetch is issued, so that it grows during one long read). 0 where the kernel does not
+/// tell (`/proc/self/task/TID/io` missing or unreadable).
+pub fn thread_read_bytes(tid: i32) -> u64 {
+    let Ok(io) = std::fs::read_to_string(format!("/proc/self/task/{tid}/io")) else { return 0 };
+    io.lines()
+        .filter_map(|line| line.split_once(':'))
+        .filter(|(key, _)| matches!(*key, "rchar" | "read_bytes"))
+        .filter_map(|(_, n)| n.trim().parse::<u64>().ok())
+        .fold(0, u64::saturating_add)
+}
+
 #[cfg(feature = "mpi")]
 mod mpi_session {
     use crate::error::{Error, Result};

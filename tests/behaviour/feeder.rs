@@ -473,6 +473,128 @@ fn a_feeder_offering_ucx_sends_large_answers_over_it_and_its_death_still_fails_i
     assert!(root.contains(&url) && root.contains("the feeder closed the connection"), "{root}");
 }
 
+/// A stranger on the network, a buggy job holding the token and a process of the same
+/// user try to end, starve or change a feeder: idle and dripping connections by the
+/// hundred, descriptors run out, a request of 2^36 bytes, writes and truncation through
+/// `/proc/PID/fd` of the memory jobs map. The feeder serves on, its threads bounded, and
+/// a job afterwards gets its exact stream, its contents verified through the feeder.
+#[test]
+fn a_hostile_neighbour_neither_ends_nor_starves_the_feeder_nor_changes_its_rows() {
+    use std::io::{Read, Write};
+    use std::net::TcpStream;
+    let out = tempdir();
+    let data = Dataset::gen("npy", 1200).files(3).field("x:u8:64").field("y:i64").write(&out.path().join("npy"));
+    let options = ["--hello-timeout", "2", "--max-unauthenticated", "8"];
+    let serving = serve_with(&data, out.path(), 1, false, &options);
+    let pid = serving.child.id();
+    let url = serving.started["url"].as_str().unwrap().to_string();
+    let address = url.strip_prefix("meshfeed://").unwrap().strip_suffix("/d").unwrap().to_string();
+    serving.line("loaded");
+    let status = |key: &str| -> u64 {
+        let text = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+        let line = text.lines().find(|l| l.starts_with(key)).unwrap();
+        line[key.len()..].trim().parse().unwrap()
+    };
+    let threads = status("Threads:");
+
+    // 200 strangers that send 3 bytes and wait: the feeder holds 8 of them at most, a
+    // thread each, and closes each within the hello's 2 s.
+    let strangers: Vec<TcpStream> = (0..200)
+        .map(|_| {
+            let mut s = TcpStream::connect(&address).unwrap();
+            s.write_all(b"abc").unwrap();
+            s
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(status("Threads:") <= threads + 8, "{} threads, {threads} before", status("Threads:"));
+    for mut s in strangers {
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        assert!(matches!(s.read(&mut [0u8; 16]), Ok(0) | Err(_)), "a stranger was held past its hello's deadline");
+    }
+
+    // A job's process holding the token announces a request of 2^36 bytes: told why, its
+    // connection closed, nothing allocated.
+    let token: serde_json::Value = serde_json::from_slice(&std::fs::read(&serving.rendezvous).unwrap()).unwrap();
+    let token = token["token"].as_str().unwrap();
+    let mut buggy = TcpStream::connect(&address).unwrap();
+    let frame = |payload: &[u8]| [&(payload.len() as u64).to_le_bytes()[..], payload].concat();
+    let text = |s: &str| [&(s.len() as u64).to_le_bytes()[..], s.as_bytes()].concat();
+    let hello = [&b"MFEED\x004\n"[..], &text(token), &text("d"), &[0, 0]].concat();
+    buggy.write_all(&frame(&hello)).unwrap();
+    buggy.write_all(&(1u64 << 36).to_le_bytes()).unwrap();
+    buggy.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut answers = Vec::new();
+    buggy.read_to_end(&mut answers).unwrap();
+    let answers = String::from_utf8_lossy(&answers);
+    assert!(
+        answers.contains("a request of 68719476736 bytes; a request for rows of this dataset holds at most"),
+        "{answers}"
+    );
+
+    // Its memory, as a process of the same user (root here) reaches it: every region the
+    // jobs map is sealed, so no write, no truncation, no writable mapping.
+    let mut regions = 0;
+    for entry in std::fs::read_dir(format!("/proc/{pid}/fd")).unwrap() {
+        let path = entry.unwrap().path();
+        if !std::fs::read_link(&path).is_ok_and(|l| l.to_string_lossy().starts_with("/memfd:meshfeed-feeder")) {
+            continue;
+        }
+        regions += 1;
+        let file = std::fs::OpenOptions::new().read(true).write(true).open(&path).unwrap();
+        let err = std::os::unix::fs::FileExt::write_at(&file, &[0xff; 64], 0).unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::EPERM), "{}: {err}", path.display());
+        let err = file.set_len(0).unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::EPERM), "{}: {err}", path.display());
+    }
+    assert!(regions >= 2, "the probe and a region holding the files: {regions}");
+
+    // Descriptors run out: accept fails, the feeder says so and serves on.
+    let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).unwrap().count();
+    let prlimit = |n: usize| {
+        let limit = format!("--nofile={n}:{n}");
+        let run = Command::new("prlimit").args(["--pid", &pid.to_string(), &limit]).output().unwrap();
+        assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    };
+    prlimit(fds);
+    let crowd: Vec<TcpStream> = (0..20).map(|_| TcpStream::connect(&address).unwrap()).collect();
+    let log = out.path().join("serve.err");
+    let start = Instant::now();
+    while !std::fs::read_to_string(&log).unwrap().contains("accept: Too many open files (os error 24); serving on") {
+        assert!(start.elapsed() < Duration::from_secs(20), "{}", std::fs::read_to_string(&log).unwrap());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    drop(crowd);
+    prlimit(4096);
+
+    // A job now: its exact stream, and through the feeder its contents are checked.
+    let (served, files) = (out.path().join("served"), out.path().join("files"));
+    let run = Job::new(&serving.rendezvous).batch(40).seed(5).epochs(2).args(["--verify"]).dump(&served).mpirun(2);
+    ok(&run);
+    assert!(run.stdout.contains("contents match the generator"), "{}", run.stdout);
+    ok(&Job::new(&data).batch(40).seed(5).epochs(2).dump(&files).mpirun(2));
+    assert!(dump_bytes(&served, 2) == dump_bytes(&files, 2), "the stream after the attacks differs from the files'");
+    let stopped = serving.stop(1);
+    assert!(stopped[0]["evicted"].as_u64().unwrap() >= 150, "{stopped:?}");
+}
+
+/// A rendezvous file that is a FIFO (or anything but a regular file) is refused at once,
+/// on every rank, never waited on.
+#[test]
+fn a_rendezvous_file_that_is_a_fifo_fails_the_job_at_once() {
+    let out = tempdir();
+    let fifo = out.path().join("d.feeder.json");
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: a NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let start = Instant::now();
+    let run = Job::new(&fifo).batch(8).mpirun(2);
+    assert_ne!(run.code, 0, "{}", run.stderr);
+    let root = agreed_failure(&run, 2);
+    assert!(root.contains("d.feeder.json") && root.contains("not a regular file (a FIFO)"), "{root}");
+    assert!(start.elapsed() < Duration::from_secs(60), "{:?}", start.elapsed());
+}
+
 /// `mpirun -np NP meshfeed <job>` started in the background (stdout discarded).
 fn spawn_mpirun(np: usize, job: &Job) -> Child {
     Command::new("mpirun")
