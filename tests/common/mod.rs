@@ -744,3 +744,39 @@ fn proc_net_address(text: &str) -> std::net::SocketAddr {
     };
     std::net::SocketAddr::new(ip, port)
 }
+
+/// `meshfeed ARGS` in one process, as user `nobody` when the tests run as root: root
+/// passes every permission check, so a path it must be denied is tried by someone else.
+/// What it reads must be readable by all (`chmod a+rX`, its directories included).
+pub fn meshfeed_unprivileged(args: &[&str]) -> Run {
+    use std::os::unix::process::CommandExt;
+    let mut cmd = Command::new(bin());
+    cmd.args(args);
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    if unsafe { libc::geteuid() } == 0 {
+        // (std drops root's supplementary groups along with its uid.)
+        cmd.uid(65534).gid(65534);
+    }
+    wait_bounded(cmd, &format!("meshfeed {} (unprivileged)", args.join(" ")))
+}
+
+/// A directory no one but root may enter (mode 000), under `parent`, holding `files`
+/// copied in by name; `parent` is opened to all. Returns the directory.
+pub fn locked_dir(parent: &Path, files: &[(&str, &Path)]) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(parent, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let dir = parent.join("locked");
+    std::fs::create_dir(&dir).unwrap();
+    for (name, from) in files {
+        std::fs::copy(from, dir.join(name)).unwrap();
+    }
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o000)).unwrap();
+    dir
+}
+
+/// Opens a [`locked_dir`] again (for its owner), so that its temporary parent can be
+/// removed by a user other than root.
+pub fn unlock(dir: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+}
