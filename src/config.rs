@@ -32,6 +32,10 @@ pub fn read_small_file(path: &Path, limit: u64) -> Result<String> {
         .open(path)
         .map_err(|e| Error::io(path, e))?;
     let meta = file.metadata().map_err(|e| Error::io(path, e))?;
+    if meta.is_dir() {
+        // Opening a directory read-only succeeds; reading it is what fails, and how.
+        return Err(Error::io(path, std::io::Error::from_raw_os_error(libc::EISDIR)));
+    }
     if !meta.is_file() {
         return Err(Error::file(path, format!("not a regular file ({}): only regular files are read", kind(&meta))));
     }

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use meshfeed::config::Job;
 use meshfeed::dataset::gen;
+use meshfeed::error::ErrorKind;
 use meshfeed::loader::{open_dataset, Loader, LoaderState, Position, MAX_EPOCH};
 use meshfeed::runtime::{signal_name, Runtime, StopCheck, StopSignal, EXIT_STOPPED};
 use meshfeed::transport::{agree, agree_settings, Transport};
@@ -62,7 +63,14 @@ impl RunArgs {
     /// ranks see is an error naming the difference, not a split job).
     fn with_checkpoint(mut self) -> Result<RunArgs> {
         if let Some(file) = self.checkpoint.take() {
-            if std::fs::symlink_metadata(&file).is_ok() {
+            // Resumed from when there is anything at the path: a link that leads nowhere is
+            // then an error naming the file, and so is a path that cannot be looked at.
+            let present = match std::fs::symlink_metadata(&file) {
+                Ok(_) => true,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => false,
+                Err(e) => return Err(Error::file_caused(&file, format!("--checkpoint: {e}"), e)),
+            };
+            if present {
                 let path = file
                     .to_str()
                     .ok_or_else(|| Error::Config(format!("--checkpoint {}: the path is not UTF-8", file.display())))?;
@@ -111,8 +119,13 @@ fn resume_state(loader: &Loader, s: &str) -> Result<LoaderState> {
             return Err(Error::Config(format!("--resume-from {s}: step {k} does not fit 64 bits")));
         }
     }
-    if !Path::new(s).exists() {
-        return Err(Error::Config(format!("--resume-from '{s}': expected EPOCH:STEP or a state file (no such file)")));
+    // Only a path that is not there is taken for a mistyped EPOCH:STEP; any other failure
+    // (a symbolic link loop, a denied directory) is the file's, as reading it reports it.
+    if let Err(e) = std::fs::metadata(s) {
+        if e.kind() == std::io::ErrorKind::NotFound {
+            let message = format!("--resume-from '{s}': expected EPOCH:STEP or a state file ({e})");
+            return Err(Error::caused(ErrorKind::Config, message, e));
+        }
     }
     // A state of this dataset is its own state's size (the fingerprint names every file);
     // twice that, and a page, bounds what is read.
@@ -147,7 +160,7 @@ fn check_state_path(path: &Path) -> Result<()> {
     let probe = dir.join(format!(".meshfeed-state-check-{}", std::process::id()));
     std::fs::write(&probe, b"")
         .and_then(|()| std::fs::remove_file(&probe))
-        .map_err(|e| Error::file(path, format!("the state file cannot be written ({e})")))
+        .map_err(|e| Error::file_caused(path, format!("the state file cannot be written ({e})"), e))
 }
 
 /// Rank 0 saves the state to `path`, if given; every rank learns whether it could.
@@ -165,7 +178,7 @@ fn write_state(path: &Path, state: &LoaderState) -> Result<()> {
     let tmp = dir.join(format!(".meshfeed-state-{}", std::process::id()));
     std::fs::write(&tmp, state.to_json())
         .and_then(|()| std::fs::rename(&tmp, path))
-        .map_err(|e| Error::file(path, format!("cannot write the state: {e}")))
+        .map_err(|e| Error::file_caused(path, format!("cannot write the state: {e}"), e))
 }
 
 /// A simulated training step of `ms` milliseconds; returns how long it took.

@@ -272,7 +272,7 @@ def test_an_error_reaches_every_rank_as_meshfeed_error(datasets, tmp_path):
                 "; echo exit=$?")
     r = ok(run(MPIRUN + keep + ["-np", 2, "sh", "-c", uncaught]))
     assert r.stdout.count("exit=1") == 2, r.stdout + r.stderr
-    assert r.stderr.count("/nonexistent/data: no such file or directory") == 2, r.stderr
+    assert r.stderr.count("/nonexistent/data: No such file or directory (os error 2)") == 2, r.stderr
 
 
 def test_batches_are_read_only_views_that_outlive_the_loader(datasets):

@@ -297,7 +297,7 @@ def test_python_api_edges(npy, tmp_path):
     assert "refused mesh_order mesh_order=5: expected a list of names or a comma-separated string" in out, out
     assert "refused shard shard='x=dp': expected a mapping" in out, out
     assert "refused batch_size batch_size=True: expected an integer, not a bool" in out, out
-    assert "refused data rank 0: /nonexistent/data: no such file or directory" in out, out
+    assert "refused data rank 0: /nonexistent/data: No such file or directory (os error 2)" in out, out
     assert "refused seed invalid configuration: cannot resume: the state contradicts itself: seed 99, but its " \
            "fingerprint says seed 4" in out, out
     assert "position kept True" in out, out

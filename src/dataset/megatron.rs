@@ -115,7 +115,7 @@ fn bin_len(idx: &Path) -> Result<u64> {
     let bin = bin_path(idx);
     std::fs::metadata(&bin)
         .map(|m| m.len())
-        .map_err(|e| Error::file(&bin, format!("the tokens of {} cannot be read: {e}", idx.display())))
+        .map_err(|e| Error::file_caused(&bin, format!("the tokens of {} cannot be read: {e}", idx.display()), e))
 }
 
 /// Reads an index: sequence count, fields, and the bytes of all tokens.
@@ -256,7 +256,7 @@ mod tests {
         assert!(scan(&dir.path().join("x.idx")).unwrap_err().to_string().contains("no MMIDIDX header"));
         std::fs::write(dir.path().join("y.idx"), std::fs::read(&idx).unwrap()).unwrap();
         let e = scan(&dir.path().join("y.idx")).unwrap_err().to_string();
-        assert!(e.contains("y.bin") && e.contains("cannot be read"), "{e}");
+        assert!(e.contains("y.bin") && e.contains("cannot be read: No such file or directory"), "{e}");
         let mut short = std::fs::read(&idx).unwrap();
         short.truncate(short.len() - 8);
         std::fs::write(dir.path().join("x.idx"), &short).unwrap();

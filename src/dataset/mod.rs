@@ -287,19 +287,16 @@ fn walk(dir: &Path, seen: &mut Vec<(u64, u64)>, found: &mut Vec<(PathBuf, Format
     Ok(())
 }
 
-/// Why `path` cannot be used, from the error of `stat` (which follows symbolic links).
+/// Why `path` cannot be used, from the error of `stat` (which follows symbolic links): the
+/// OS's error, kept as the cause and in the text, after what it means for a link.
 fn unusable(path: &Path, e: std::io::Error) -> Error {
     let is_link = std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink());
-    match e.kind() {
-        std::io::ErrorKind::NotFound if is_link => {
-            Error::file(path, "dangling symbolic link (its target does not exist)")
-        }
-        std::io::ErrorKind::NotFound => Error::file(path, "no such file or directory"),
-        _ if e.raw_os_error() == Some(libc::ELOOP) => {
-            Error::file(path, "symbolic link loop (too many levels of symbolic links)")
-        }
-        _ => Error::io(path, e),
-    }
+    let link = match e.kind() {
+        std::io::ErrorKind::NotFound if is_link => "dangling symbolic link (its target does not exist)",
+        _ if e.raw_os_error() == Some(libc::ELOOP) => "symbolic link loop",
+        _ => return Error::io(path, e),
+    };
+    Error::file_caused(path, format!("{link}: {e}"), e)
 }
 
 /// Refuses anything but a regular file (after following symbolic links), naming what it is.
@@ -911,7 +908,7 @@ mod tests {
     #[test]
     fn missing_path_and_unknown_format_are_errors() {
         let err = resolve_paths(&["/nonexistent/meshfeed".into()]).unwrap_err().to_string();
-        assert!(err.contains("/nonexistent/meshfeed") && err.contains("no such file"), "{err}");
+        assert!(err.contains("/nonexistent/meshfeed: No such file or directory (os error 2)"), "{err}");
         let dir = tempfile::tempdir().unwrap();
         let odd = dir.path().join("x.csv");
         std::fs::write(&odd, "1").unwrap();

@@ -33,7 +33,7 @@ pub type MetaCache = std::sync::OnceLock<ArrowReaderMetadata>;
 fn load(file: &File, path: &Path) -> Result<ArrowReaderMetadata> {
     let options = ArrowReaderOptions::new().with_page_index_policy(parquet::file::metadata::PageIndexPolicy::Optional);
     let loaded = unpanicked(path, "the footer", || ArrowReaderMetadata::load(file, options))?;
-    loaded.map_err(|e| Error::file(path, format!("not a readable Parquet file: {e}")))
+    loaded.map_err(|e| Error::file_caused(path, format!("not a readable Parquet file: {e}"), e))
 }
 
 /// Runs `decode`, turning a panic of the `parquet` crate into an error naming the file. The

@@ -260,6 +260,43 @@ fn launcher_sizes_from(var: impl Fn(&str) -> Option<String>) -> Vec<(&'static st
     size("SLURM_STEP_NUM_TASKS").into_iter().collect()
 }
 
+/// Variables by which an MPI launcher hands a process its place in a job: Open MPI's
+/// `mpirun` (`OMPI_COMM_WORLD_SIZE`, and PMIx's), `srun --mpi=pmix` (PMIx's), `srun
+/// --mpi=pmi2` and MPICH's Hydra (PMI's). A process with none of them initialises MPI as a
+/// singleton: a job of one process, started without a launcher.
+const MPI_LAUNCHER_VARS: [&str; 7] =
+    ["OMPI_COMM_WORLD_SIZE", "PMIX_NAMESPACE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE", "PMI_FD", "PMI_PORT"];
+
+/// Open MPI parameters that keep a singleton from listening on the network, with why.
+/// Measured with Open MPI 4.1.4 (`ss -ltnp` on a singleton; docs/launching.md): without
+/// them the process listens on `0.0.0.0:1024` and `[::]:1024` (the TCP BTL, bound at
+/// `MPI_Init` whether or not a peer ever connects), and `MPI_Init` forks an `orted` that
+/// listens on all addresses (ORTE's out-of-band TCP) and on 127.0.0.1 (PMIx). A job of
+/// one process talks to itself only: the `self` BTL over the `ob1` PML is all it needs.
+const SINGLETON_MCA: [(&str, &str); 3] = [
+    // Only the loopback-to-self BTL: no TCP BTL listener (nor one of the `ofi` BTL's
+    // providers, which listened on eth0 when only `tcp` was left out).
+    ("OMPI_MCA_btl", "self"),
+    // ob1 uses the BTLs: the `ucx` and `cm` PMLs would bring their own network transports
+    // (where the host has InfiniBand or the like; not measured here, where ob1 is chosen).
+    ("OMPI_MCA_pml", "ob1"),
+    // No supporting `orted` (it serves only MPI_Comm_spawn and the like, which meshfeed
+    // does not call). Open MPI 5 has no such daemon and ignores the variable.
+    ("OMPI_MCA_ess_singleton_isolated", "1"),
+];
+
+/// The environment variables to set before `MPI_Init` so that a singleton opens no
+/// network listener ([`SINGLETON_MCA`]): none under a launcher (what its ranks open is
+/// the launcher's business, and its settings rule), and none that the user set (`var`
+/// tells whether a variable is set, even empty): `OMPI_MCA_btl=self,vader,tcp` gives a
+/// singleton its TCP BTL back. MPICH ignores these variables.
+fn singleton_settings(var: impl Fn(&str) -> Option<()>) -> Vec<(&'static str, &'static str)> {
+    if MPI_LAUNCHER_VARS.iter().any(|v| var(v).is_some()) {
+        return Vec::new();
+    }
+    SINGLETON_MCA.into_iter().filter(|(name, _)| var(name).is_none()).collect()
+}
+
 /// Peak resident set size of this process, in bytes (0 where unknown).
 pub fn peak_rss_bytes() -> u64 {
     // SAFETY: getrusage fills the zeroed struct it is given.
@@ -308,6 +345,13 @@ mod mpi_session {
             if ::mpi::environment::is_initialized() {
                 return Ok(MpiSession { _universe: None });
             }
+            // A singleton listens on no network: issue 41, item 7 (`super::singleton_settings`).
+            for (name, value) in super::singleton_settings(|v| std::env::var_os(v).map(|_| ())) {
+                // Before MPI reads its parameters. Changing the environment races only with
+                // another thread reading or changing it at this moment: meshfeed starts none
+                // before its runtime; a host program's (Python's) threads are its own.
+                std::env::set_var(name, value);
+            }
             match ::mpi::initialize_with_threading(::mpi::Threading::Multiple) {
                 Some((universe, _provided)) => Ok(MpiSession { _universe: Some(universe) }),
                 // Another thread initialised MPI between the check and the call: adopt it.
@@ -320,6 +364,24 @@ mod mpi_session {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_singleton_is_kept_off_the_network_unless_launched_or_told_otherwise() {
+        let env = |set: &'static [&'static str]| singleton_settings(move |v| set.contains(&v).then_some(()));
+        let all: Vec<(&str, &str)> = SINGLETON_MCA.to_vec();
+        assert_eq!(env(&[]), all);
+        // Unrelated variables change nothing; Slurm's alone is no MPI launcher (srun
+        // --mpi=none starts singletons).
+        assert_eq!(env(&["OMPI_ALLOW_RUN_AS_ROOT", "SLURM_STEP_NUM_TASKS"]), all);
+        // Under any MPI launcher: nothing.
+        for launcher in MPI_LAUNCHER_VARS {
+            let set: &'static [&'static str] = Box::leak(Box::new([launcher]));
+            assert_eq!(env(set), vec![], "{launcher}");
+        }
+        // The user's own setting stays theirs; the others still apply.
+        assert_eq!(env(&["OMPI_MCA_btl"]), vec![("OMPI_MCA_pml", "ob1"), ("OMPI_MCA_ess_singleton_isolated", "1")]);
+        assert_eq!(env(&["OMPI_MCA_btl", "OMPI_MCA_pml", "OMPI_MCA_ess_singleton_isolated"]), vec![]);
+    }
 
     #[test]
     fn launcher_sizes_prefer_the_mpi_launchers_over_slurms() {

@@ -31,7 +31,7 @@ over_transports! {
             t,
             2,
             &["run", "--data", "/nonexistent/meshfeed-data", "--batch-size", "2"],
-            &["/nonexistent/meshfeed-data", "no such file or directory"],
+            &["/nonexistent/meshfeed-data: No such file or directory (os error 2)"],
         );
     }
 
@@ -180,7 +180,36 @@ fn gen_and_inspect_errors_are_clear() {
     assert!(r.stderr.contains("unknown dtype 'f33'"), "{}", r.stderr);
     let r = meshfeed(&["inspect", "--data", "/nonexistent/x.npy"]);
     assert_eq!(r.code, 1);
-    assert!(r.stderr.contains("/nonexistent/x.npy: no such file"), "{}", r.stderr);
+    assert!(r.stderr.contains("/nonexistent/x.npy: No such file or directory (os error 2)"), "{}", r.stderr);
+}
+
+/// Issue 41, item 8: a data path that the OS refuses is reported with the OS's own error,
+/// kind and text (a symbolic link loop was once "no such file"), by `run` and `inspect`.
+/// The cases fail as root too: a loop, a file where a directory is expected, a path under
+/// a directory the process may not enter (tried as `nobody` by root).
+#[test]
+fn data_paths_the_os_refuses_are_named_with_its_error() {
+    let dir = tempdir();
+    let generated = Dataset::gen("npy", 60).files(1).field("x:u8").write(&dir.path().join("d"));
+    let file = generated.join("part-00000.npy");
+    let looping = dir.path().join("loop.npy");
+    std::os::unix::fs::symlink(&looping, &looping).unwrap();
+    let locked = locked_dir(dir.path(), &[("a.npy", &file)]);
+    let cases = [
+        (looping.clone(), "loop.npy: symbolic link loop: Too many levels of symbolic links (os error 40)"),
+        (file.join("x.npy"), "part-00000.npy/x.npy: Not a directory (os error 20)"),
+        (locked.join("a.npy"), "locked/a.npy: Permission denied (os error 13)"),
+    ];
+    for (path, needle) in cases {
+        let path = data(&path);
+        for args in [&["run", "--data", path, "--batch-size", "2"][..], &["inspect", "--data", path]] {
+            let r = meshfeed_unprivileged(args);
+            assert_ne!(r.code, 0, "{args:?}: {}", r.stdout);
+            assert!(r.stderr.contains(needle), "{args:?}: the error lacks '{needle}':\n{}", r.stderr);
+            assert!(!r.stderr.contains("panicked"), "{}", r.stderr);
+        }
+    }
+    unlock(&locked);
 }
 
 #[test]

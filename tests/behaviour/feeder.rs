@@ -90,6 +90,13 @@ fn serve(data: &Path, dir: &Path, ranks: usize) -> Serving {
 /// [`serve`], with more of `meshfeed serve`'s options; `ucx`: under `meshfeed launch`, its
 /// ranks meeting over UCX.
 fn serve_with(data: &Path, dir: &Path, ranks: usize, ucx: bool, options: &[&str]) -> Serving {
+    serve_env(data, dir, ranks, ucx, options, &[])
+}
+
+/// [`serve_with`], with `env` added to its environment. A feeder of one rank (a singleton)
+/// starts without meshfeed's own settings for singletons in its environment, unless `env`
+/// sets them: the test's environment must not decide what it checks.
+fn serve_env(data: &Path, dir: &Path, ranks: usize, ucx: bool, options: &[&str], env: &[(&str, &str)]) -> Serving {
     let rendezvous = dir.join("d.feeder.json");
     let (out, err) = (dir.join("serve.out"), dir.join("serve.err"));
     let mut cmd = if ucx {
@@ -104,15 +111,21 @@ fn serve_with(data: &Path, dir: &Path, ranks: usize, ucx: bool, options: &[&str]
     } else {
         Command::new(bin())
     };
-    let child = cmd
-        .args(["serve", "--name", "d", "--json", "--data"])
+    cmd.args(["serve", "--name", "d", "--json", "--data"])
         .arg(data)
         .arg("--rendezvous")
         .arg(&rendezvous)
         .args(options)
         .args(if ucx { &["--transport", "ucx"][..] } else { &[] })
         .env("HDF5_USE_FILE_LOCKING", "FALSE")
-        .env("UCX_NET_DEVICES", "lo")
+        .env("UCX_NET_DEVICES", "lo");
+    if ranks == 1 && !ucx {
+        for var in SINGLETON_MCA_VARS {
+            cmd.env_remove(var);
+        }
+    }
+    let child = cmd
+        .envs(env.iter().copied())
         .stdin(Stdio::null())
         .stdout(std::fs::File::create(&out).unwrap())
         .stderr(std::fs::File::create(&err).unwrap())
@@ -596,6 +609,88 @@ fn a_rendezvous_file_that_is_a_fifo_fails_the_job_at_once() {
 }
 
 /// `mpirun -np NP meshfeed <job>` started in the background (stdout discarded).
+/// Issue 41, item 7: started without a launcher, a feeder listens on its documented
+/// socket only (`--listen`'s default: 127.0.0.1, a free port), and a job of one process
+/// reading from it on none: Open MPI's singleton would add its TCP transport on all
+/// addresses (`0.0.0.0:1024`, `[::]:1024`) and a daemon listening on all addresses too.
+#[test]
+fn a_lone_feeder_and_a_lone_job_listen_on_nothing_but_the_feeders_socket() {
+    let out = tempdir();
+    let data = Dataset::gen("npy", 2400).files(2).field("x:u8:200").write(&out.path().join("npy"));
+    let serving = serve(&data, out.path(), 1);
+    let url = serving.started["url"].as_str().unwrap();
+    let host_port = url.strip_prefix("meshfeed://").and_then(|u| u.strip_suffix("/d")).unwrap();
+    let address: std::net::SocketAddr = host_port.parse().unwrap();
+    assert_eq!(address.ip(), std::net::Ipv4Addr::LOCALHOST, "{url}");
+    let feeder = serving.child.id();
+    let only = |pid: u32, want: Vec<std::net::SocketAddr>, what: &str| {
+        let found = listeners(pid);
+        let got: Vec<(&str, std::net::SocketAddr, u32)> =
+            found.iter().map(|l| (l.protocol, l.address, l.pid)).collect();
+        let want: Vec<(&str, std::net::SocketAddr, u32)> = want.into_iter().map(|a| ("tcp", a, pid)).collect();
+        assert_eq!(got, want, "{what} listens on: {found:#?}");
+        assert_eq!(process_tree(pid), vec![pid], "{what} started no other process (an orted)");
+    };
+    only(feeder, vec![address], "the feeder");
+
+    // A job of one process reading from it, looked at once it has delivered an epoch (MPI
+    // is initialised) and while it still runs.
+    let (job_out, job_err) = (out.path().join("job.out"), out.path().join("job.err"));
+    let mut cmd = Command::new(bin());
+    cmd.args(Job::new(&serving.rendezvous).batch(48).epochs(3).opt("--compute-ms", 40).argv()).arg("--json");
+    for var in SINGLETON_MCA_VARS {
+        cmd.env_remove(var);
+    }
+    let mut job = cmd
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(&job_out).unwrap())
+        .stderr(std::fs::File::create(&job_err).unwrap())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    while std::fs::read_to_string(&job_out).unwrap().lines().next().is_none() {
+        assert!(
+            job.try_wait().unwrap().is_none(),
+            "the job ended early:\n{}",
+            std::fs::read_to_string(&job_err).unwrap()
+        );
+        assert!(start.elapsed() < HANG_LIMIT, "the job delivered no epoch within {HANG_LIMIT:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    only(job.id(), vec![], "the job");
+    only(feeder, vec![address], "the feeder, serving a job");
+    assert!(job.try_wait().unwrap().is_none(), "the job still ran when looked at: make its epochs longer");
+    let status = finish_child(&mut job).expect("the job ended");
+    let text = std::fs::read_to_string(&job_out).unwrap();
+    assert!(
+        status.success() && text.lines().count() == 3,
+        "{status}: {text}{}",
+        std::fs::read_to_string(&job_err).unwrap()
+    );
+    assert_eq!(serving.stop(1)[0]["jobs"], 1);
+}
+
+/// A user's own Open MPI settings win over meshfeed's for singletons: with the TCP
+/// transport asked for, a lone feeder listens on it too (which also shows that the
+/// listing above sees MPI's listeners).
+#[test]
+fn a_lone_feeder_keeps_the_users_own_mpi_settings() {
+    let out = tempdir();
+    let data = Dataset::gen("npy", 200).files(1).field("x:u8:8").write(&out.path().join("npy"));
+    // The TCP transport on loopback (bound to all addresses all the same), so that a host
+    // with no other network still has it.
+    let env = [("OMPI_MCA_btl", "self,tcp"), ("OMPI_MCA_btl_tcp_if_include", "lo")];
+    let serving = serve_env(&data, out.path(), 1, false, &[], &env);
+    let feeder = serving.child.id();
+    let found = listeners(feeder);
+    assert!(
+        found.iter().any(|l| l.protocol == "tcp" && l.address.ip().is_unspecified() && l.pid == feeder),
+        "{found:#?}"
+    );
+    assert!(found.iter().any(|l| l.address.ip().is_loopback()), "and its own socket: {found:#?}");
+    serving.stop(1);
+}
+
 fn spawn_mpirun(np: usize, job: &Job) -> Child {
     Command::new("mpirun")
         .args(MPIRUN_FLAGS)

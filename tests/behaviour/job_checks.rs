@@ -249,3 +249,43 @@ fn a_checkpoint_file_resumes_the_stream_where_the_last_run_left_it() {
     assert_eq!(r.code, 2, "{}", r.stderr);
     assert!(r.stderr.contains("--checkpoint") && r.stderr.contains("cannot be used with"), "{}", r.stderr);
 }
+
+/// Issue 41, item 8: a state file the OS refuses is named with its error, kind and text —
+/// a symbolic link loop given to `--resume-from` was once "no such file" — and only a path
+/// that is not there reads as a mistyped `EPOCH:STEP`. The cases fail as root too (a path
+/// under a directory it may not enter is tried as `nobody`).
+#[test]
+fn state_files_the_os_refuses_are_named_with_its_error() {
+    let dir = tempdir();
+    let data = Dataset::gen("npy", 60).files(1).field("x:u8").write(&dir.path().join("d"));
+    let data = data.to_str().unwrap();
+    let state = dir.path().join("state.json");
+    ok(&meshfeed(&["run", "--data", data, "--batch-size", "6", "--state", state.to_str().unwrap()]));
+    let looping = dir.path().join("loop.json");
+    std::os::unix::fs::symlink(&looping, &looping).unwrap();
+    let locked = locked_dir(dir.path(), &[("state.json", &state)]);
+    let path = |p: &Path| p.to_str().unwrap().to_string();
+    let cases = [
+        (path(&looping), "loop.json: Too many levels of symbolic links (os error 40)".to_string()),
+        (path(dir.path()), format!("{}: Is a directory (os error 21)", dir.path().display())),
+        (path(&state.join("x.json")), "state.json/x.json: Not a directory (os error 20)".into()),
+        (path(&locked.join("state.json")), "locked/state.json: Permission denied (os error 13)".into()),
+        (
+            path(&dir.path().join("gone.json")),
+            "gone.json': expected EPOCH:STEP or a state file (No such file or directory (os error 2))".into(),
+        ),
+    ];
+    for (from, needle) in &cases {
+        let r = meshfeed_unprivileged(&["run", "--data", data, "--batch-size", "6", "--resume-from", from]);
+        assert_ne!(r.code, 0, "--resume-from {from}: {}", r.stdout);
+        assert!(!r.stdout.contains("epoch 0:"), "nothing delivered: {}", r.stdout);
+        assert!(r.stderr.contains(needle.as_str()), "--resume-from {from}: the error lacks '{needle}':\n{}", r.stderr);
+    }
+    // `--checkpoint` resumes from what is there: a path it cannot look at is an error, not
+    // a fresh start.
+    let denied = path(&locked.join("state.json"));
+    let r = meshfeed_unprivileged(&["run", "--data", data, "--batch-size", "6", "--checkpoint", &denied]);
+    assert_ne!(r.code, 0, "{}", r.stdout);
+    assert!(r.stderr.contains("locked/state.json: --checkpoint: Permission denied (os error 13)"), "{}", r.stderr);
+    unlock(&locked);
+}

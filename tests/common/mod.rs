@@ -665,3 +665,118 @@ impl Drop for MemoryCgroup {
         }
     }
 }
+
+/// The environment variables by which meshfeed keeps an MPI singleton off the network
+/// (`src/runtime/mod.rs`, `SINGLETON_MCA`): a test that starts a singleton removes them,
+/// so that a value in the tests' own environment does not decide what it checks.
+pub const SINGLETON_MCA_VARS: [&str; 3] = ["OMPI_MCA_btl", "OMPI_MCA_pml", "OMPI_MCA_ess_singleton_isolated"];
+
+/// A process `pid` and all its descendants (an MPI singleton's `orted` is its child).
+pub fn process_tree(pid: u32) -> Vec<u32> {
+    let mut tree = vec![pid];
+    let mut at = 0;
+    while at < tree.len() {
+        let p = tree[at];
+        for task in std::fs::read_dir(format!("/proc/{p}/task")).into_iter().flatten().flatten() {
+            let children = std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
+            tree.extend(children.split_whitespace().map(|c| c.parse::<u32>().unwrap()));
+        }
+        at += 1;
+    }
+    tree
+}
+
+/// A socket that accepts connections or datagrams from the network: a TCP socket in state
+/// LISTEN, or a UDP socket bound to a port and connected to no peer.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Listener {
+    pub protocol: &'static str,
+    pub address: std::net::SocketAddr,
+    /// The process holding it, and its command name.
+    pub pid: u32,
+    pub command: String,
+}
+
+/// The listening sockets of process `pid` and its descendants, from `/proc`: the socket
+/// inodes among each process's open files, looked up in its network namespace's
+/// `net/tcp`, `tcp6`, `udp` and `udp6` (what `ss -ltunp` shows). A process that has ended
+/// meanwhile holds none.
+pub fn listeners(pid: u32) -> Vec<Listener> {
+    let mut found = Vec::new();
+    for p in process_tree(pid) {
+        let Ok(fds) = std::fs::read_dir(format!("/proc/{p}/fd")) else { continue };
+        let inodes: std::collections::BTreeSet<u64> = fds
+            .flatten()
+            .filter_map(|fd| std::fs::read_link(fd.path()).ok())
+            .filter_map(|l| l.to_str()?.strip_prefix("socket:[")?.strip_suffix(']')?.parse().ok())
+            .collect();
+        let command = std::fs::read_to_string(format!("/proc/{p}/comm")).unwrap_or_default().trim().to_string();
+        for (protocol, table) in [("tcp", "tcp"), ("tcp", "tcp6"), ("udp", "udp"), ("udp", "udp6")] {
+            let text = std::fs::read_to_string(format!("/proc/{p}/net/{table}")).unwrap_or_default();
+            for line in text.lines().skip(1) {
+                let f: Vec<&str> = line.split_whitespace().collect();
+                let (local, remote, state, inode) = (f[1], f[2], f[3], f[9].parse::<u64>().unwrap());
+                let listening = match protocol {
+                    "tcp" => state == "0A",
+                    _ => proc_net_address(remote).port() == 0 && proc_net_address(local).port() != 0,
+                };
+                if listening && inodes.contains(&inode) {
+                    let address = proc_net_address(local);
+                    found.push(Listener { protocol, address, pid: p, command: command.clone() });
+                }
+            }
+        }
+    }
+    found.sort();
+    found
+}
+
+/// An address of `/proc/net/tcp{,6}`: the IP as 32-bit words in host byte order (one for
+/// IPv4, four for IPv6), in hex, then `:` and the port in hex.
+fn proc_net_address(text: &str) -> std::net::SocketAddr {
+    let (ip, port) = text.split_once(':').expect("ADDRESS:PORT");
+    let port = u16::from_str_radix(port, 16).unwrap();
+    let bytes: Vec<u8> =
+        (0..ip.len() / 8).flat_map(|w| u32::from_str_radix(&ip[8 * w..8 * w + 8], 16).unwrap().to_ne_bytes()).collect();
+    let ip = match bytes.len() {
+        4 => std::net::IpAddr::from(<[u8; 4]>::try_from(bytes).unwrap()),
+        _ => std::net::IpAddr::from(<[u8; 16]>::try_from(bytes).unwrap()),
+    };
+    std::net::SocketAddr::new(ip, port)
+}
+
+/// `meshfeed ARGS` in one process, as user `nobody` when the tests run as root: root
+/// passes every permission check, so a path it must be denied is tried by someone else.
+/// What it reads must be readable by all (`chmod a+rX`, its directories included).
+pub fn meshfeed_unprivileged(args: &[&str]) -> Run {
+    use std::os::unix::process::CommandExt;
+    let mut cmd = Command::new(bin());
+    cmd.args(args);
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    if unsafe { libc::geteuid() } == 0 {
+        // (std drops root's supplementary groups along with its uid.)
+        cmd.uid(65534).gid(65534);
+    }
+    wait_bounded(cmd, &format!("meshfeed {} (unprivileged)", args.join(" ")))
+}
+
+/// A directory no one but root may enter (mode 000), under `parent`, holding `files`
+/// copied in by name; `parent` is opened to all. Returns the directory.
+pub fn locked_dir(parent: &Path, files: &[(&str, &Path)]) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(parent, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let dir = parent.join("locked");
+    std::fs::create_dir(&dir).unwrap();
+    for (name, from) in files {
+        std::fs::copy(from, dir.join(name)).unwrap();
+    }
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o000)).unwrap();
+    dir
+}
+
+/// Opens a [`locked_dir`] again (for its owner), so that its temporary parent can be
+/// removed by a user other than root.
+pub fn unlock(dir: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+}
