@@ -565,7 +565,8 @@ fn a_hostile_neighbour_neither_ends_nor_starves_the_feeder_nor_changes_its_rows(
     // Descriptors run out: accept fails, the feeder says so and serves on.
     let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).unwrap().count();
     let prlimit = |n: usize| {
-        let limit = format!("--nofile={n}:{n}");
+        // (The soft limit only: the hard one cannot be raised again here.)
+        let limit = format!("--nofile={n}:");
         let run = Command::new("prlimit").args(["--pid", &pid.to_string(), &limit]).output().unwrap();
         assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
     };
