@@ -54,7 +54,7 @@ mod tests {
         let err = read_small(&fifo, SMALL_LIMIT).unwrap_err().to_string();
         assert!(err.contains("rank-0.jsonl: not a regular file (a FIFO)"), "{err}");
         let err = read_small(dir.path(), SMALL_LIMIT).unwrap_err().to_string();
-        assert!(err.contains("not a regular file (a directory)"), "{err}");
+        assert!(err.contains("Is a directory (os error 21)"), "{err}");
         let long = dir.path().join("run.json");
         std::fs::write(&long, "x".repeat(101)).unwrap();
         let err = read_small(&long, 100).unwrap_err().to_string();

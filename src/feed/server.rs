@@ -39,6 +39,9 @@ const WRITE_TIMEOUT: Duration = Duration::from_secs(300);
 /// The least time a read waits (a socket timeout of zero would mean no timeout).
 const MIN_WAIT: Duration = Duration::from_millis(1);
 
+/// A connection past its hello: its halves, and its UCX link where it has one.
+type Greeted = (BufReader<TcpStream>, BufWriter<TcpStream>, Option<Link>);
+
 /// The feeder rank that serves file `file`, of a feeder of `ranks` ranks.
 pub fn owner(file: usize, ranks: usize) -> usize {
     file % ranks.max(1)
@@ -192,6 +195,8 @@ pub struct Feeder {
     loader: AtomicI32,
     /// The most progress reported so far ([`Feeder::progress`]).
     progress: AtomicU64,
+    /// Why connections ended before their token, logged at most every ten seconds.
+    strangers: Mutex<Throttled>,
     /// How long reading the held files took ([`Feeder::load`]).
     load_time: Mutex<Duration>,
     bytes_loaded: AtomicU64,
@@ -244,6 +249,7 @@ impl Feeder {
             admitted: Arc::default(),
             loader: AtomicI32::new(0),
             progress: AtomicU64::new(0),
+            strangers: Mutex::default(),
             dataset,
             load_time: Mutex::new(Duration::ZERO),
             bytes_loaded: AtomicU64::new(0),
@@ -439,11 +445,9 @@ impl Feeder {
                 continue;
             };
             let feeder = self.clone();
-            let spawned = std::thread::Builder::new().name("meshfeed-client".into()).spawn(move || {
-                if let Err(e) = feeder.connection(stream, ticket) {
-                    eprintln!("meshfeed serve: {}: client {peer}: {e}", feeder.name);
-                }
-            });
+            let spawned = std::thread::Builder::new()
+                .name("meshfeed-client".into())
+                .spawn(move || feeder.connection(stream, peer, ticket));
             if let Err(e) = spawned {
                 // The connection (moved into the closure) is closed; the feeder serves on.
                 accept_log.log(|| format!("meshfeed serve: {}: no thread for a client ({e}); serving on", self.name));
@@ -451,14 +455,37 @@ impl Feeder {
         }
     }
 
-    /// One client connection: the hello (within [`Limits::hello_timeout`], or it is
-    /// closed), then requests until the client closes.
-    fn connection(&self, stream: TcpStream, mut ticket: Ticket) -> std::io::Result<()> {
+    /// One client connection from `peer`: the hello (within [`Limits::hello_timeout`], or
+    /// it is closed), then requests until the client closes. Why a connection ended before
+    /// the token is logged at most every ten seconds (strangers could flood the log);
+    /// after it, always.
+    fn connection(&self, stream: TcpStream, peer: std::net::SocketAddr, mut ticket: Ticket) {
+        let (r, w, link) = match self.greet(stream) {
+            Ok(Some(greeted)) => greeted,
+            Ok(None) => return,
+            Err(e) => {
+                let mut log = self.strangers.lock().unwrap_or_else(PoisonError::into_inner);
+                log.log(|| format!("meshfeed serve: {}: client {peer}: {e}", self.name));
+                return;
+            }
+        };
+        // From here on the client holds the token: it may stay idle between epochs, and
+        // reads its answers as they come.
+        ticket.authenticated();
+        if let Err(e) = self.requests(r, w, link) {
+            eprintln!("meshfeed serve: {}: client {peer}: {e}", self.name);
+        }
+    }
+
+    /// A connection's hello, the answer to it, and the UCX handshake where the client asks
+    /// for one, all within [`Limits::hello_timeout`]: the connection's two halves and its
+    /// UCX link, once the client presented the token; `None` where it closed first.
+    fn greet(&self, stream: TcpStream) -> std::io::Result<Option<Greeted>> {
         stream.set_nodelay(true)?;
         let hello_by = Instant::now() + self.limits.hello_timeout;
         stream.set_write_timeout(Some(self.limits.hello_timeout))?;
         let hello = wire::read_frame(&mut ByDeadline { stream: &stream, deadline: hello_by }, wire::MAX_HELLO);
-        let Some(hello) = hello.map_err(|e| before_hello(e, self.limits.hello_timeout))? else { return Ok(()) };
+        let Some(hello) = hello.map_err(|e| before_hello(e, self.limits.hello_timeout))? else { return Ok(None) };
         let welcome = self.welcome(&hello);
         let refused = welcome.as_ref().err().cloned();
         let mut r = BufReader::new(stream.try_clone()?);
@@ -468,16 +495,23 @@ impl Feeder {
             return Err(std::io::Error::other(format!("refused: {reason}")));
         }
         self.connections.fetch_add(1, Ordering::Relaxed);
-        let mut link = match Hello::decode(&hello) {
+        let link = match Hello::decode(&hello) {
             Ok(hello) if hello.ucx => {
                 r.get_ref().set_read_timeout(Some(hello_by.saturating_duration_since(Instant::now()).max(MIN_WAIT)))?;
                 self.ucx_handshake(&mut r, &mut w).map_err(|e| before_hello(e, self.limits.hello_timeout))?
             }
             _ => None,
         };
-        // From here on the client holds the token: it may stay idle between epochs, and
-        // reads its answers as they come.
-        ticket.authenticated();
+        Ok(Some((r, w, link)))
+    }
+
+    /// A client's requests, each answered, until it closes the connection.
+    fn requests(
+        &self,
+        mut r: BufReader<TcpStream>,
+        mut w: BufWriter<TcpStream>,
+        mut link: Option<Link>,
+    ) -> std::io::Result<()> {
         r.get_ref().set_read_timeout(None)?;
         w.get_ref().set_write_timeout(Some(WRITE_TIMEOUT))?;
         // Tags no stranger can guess: a UCX message is matched by its tag alone.
