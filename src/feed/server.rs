@@ -460,7 +460,7 @@ impl Feeder {
     /// the token is logged at most every ten seconds (strangers could flood the log);
     /// after it, always.
     fn connection(&self, stream: TcpStream, peer: std::net::SocketAddr, mut ticket: Ticket) {
-        let (r, w, link) = match self.greet(stream) {
+        let (r, w, link) = match self.greet(stream, &mut ticket) {
             Ok(Some(greeted)) => greeted,
             Ok(None) => return,
             Err(e) => {
@@ -469,9 +469,6 @@ impl Feeder {
                 return;
             }
         };
-        // From here on the client holds the token: it may stay idle between epochs, and
-        // reads its answers as they come.
-        ticket.authenticated();
         if let Err(e) = self.requests(r, w, link) {
             eprintln!("meshfeed serve: {}: client {peer}: {e}", self.name);
         }
@@ -479,8 +476,9 @@ impl Feeder {
 
     /// A connection's hello, the answer to it, and the UCX handshake where the client asks
     /// for one, all within [`Limits::hello_timeout`]: the connection's two halves and its
-    /// UCX link, once the client presented the token; `None` where it closed first.
-    fn greet(&self, stream: TcpStream) -> std::io::Result<Option<Greeted>> {
+    /// UCX link, once the client presented the token (from then on, `ticket` no longer
+    /// waits: the connection is never closed to make room); `None` where it closed first.
+    fn greet(&self, stream: TcpStream, ticket: &mut Ticket) -> std::io::Result<Option<Greeted>> {
         stream.set_nodelay(true)?;
         let hello_by = Instant::now() + self.limits.hello_timeout;
         stream.set_write_timeout(Some(self.limits.hello_timeout))?;
@@ -488,6 +486,10 @@ impl Feeder {
         let Some(hello) = hello.map_err(|e| before_hello(e, self.limits.hello_timeout))? else { return Ok(None) };
         let welcome = self.welcome(&hello);
         let refused = welcome.as_ref().err().cloned();
+        if refused.is_none() {
+            // Before the client hears it is welcome, and may rely on the connection.
+            ticket.authenticated();
+        }
         let mut r = BufReader::new(stream.try_clone()?);
         let mut w = BufWriter::new(stream);
         wire::write_frame(&mut w, &wire::answer(welcome))?;
@@ -505,7 +507,9 @@ impl Feeder {
         Ok(Some((r, w, link)))
     }
 
-    /// A client's requests, each answered, until it closes the connection.
+    /// A client's requests, each answered, until it closes the connection. The client holds
+    /// the token: it may stay idle between epochs (no read timeout), and reads its answers
+    /// as they come (a write blocked for [`WRITE_TIMEOUT`] ends the connection).
     fn requests(
         &self,
         mut r: BufReader<TcpStream>,
