@@ -5,7 +5,9 @@
 //! their large variants) → variable-length bytes. Nulls, dictionaries, booleans
 //! (bit-packed) and big-endian files are rejected with a clear error. Compressed batches
 //! (LZ4 frame or ZSTD buffers, what `pandas.DataFrame.to_feather` writes) are read a
-//! column's buffers at a time and decompressed, not in place.
+//! column's buffers at a time and decompressed, not in place; their rows are checked
+//! against the buffers' uncompressed lengths (read at open, each at most what its codec
+//! can expand it to), not against the compressed body, which 100 000 zeros fit in 56 bytes.
 //!
 //! Only the footer and each record batch's message header are read to open a file (a
 //! stream, which has no footer, has its messages walked once: each header, not the
@@ -49,11 +51,15 @@ pub fn decoding_untrusted_input() -> bool {
     false
 }
 
-/// A byte range of the file.
+/// A buffer's byte range of the file, and the bytes it holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct FileSpan {
     start: u64,
     len: u64,
+    /// The bytes the buffer holds: `len` where stored as is; a compressed buffer's
+    /// uncompressed length, as its first 8 bytes say (bounded by what its codec can expand
+    /// `len` bytes to, and checked when it is decompressed).
+    bytes: u64,
 }
 
 /// Where one column's values lie in the file, in one record batch.
@@ -82,6 +88,17 @@ struct BatchLayout {
 enum Codec {
     Lz4,
     Zstd,
+}
+
+impl Codec {
+    /// The most bytes one byte of this codec's data can decode to: a Zstandard RLE block
+    /// is 4 bytes for 128 KiB; an LZ4 sequence extends a match by 255 bytes per byte.
+    fn max_ratio(self) -> u64 {
+        match self {
+            Codec::Lz4 => 256,
+            Codec::Zstd => 32768,
+        }
+    }
 }
 
 /// The bytes of a compressed buffer, at most `cap` of them (more is corrupt: it also stops
@@ -161,18 +178,14 @@ impl From<&str> for ColumnError {
 }
 
 /// Where the values of a column of type `dt` lie, consuming its field nodes and buffers
-/// (depth first, as the IPC format lays them out). `rows` is how many values the column
-/// must hold at this level (`compressed`: the buffers hold compressed bytes, so their
-/// lengths say nothing of the rows); `body` is the batch body's file offset and length (every
-/// buffer was checked to lie inside it).
+/// (depth first, as the IPC format lays them out; every buffer checked to lie inside the
+/// batch body). `rows` is how many values the column must hold at this level.
 fn column_layout<'a>(
     dt: &DataType,
     rows: u64,
     top: bool,
-    compressed: bool,
     nodes: &mut impl Iterator<Item = &'a arrow_ipc::FieldNode>,
-    buffers: &mut impl Iterator<Item = &'a arrow_ipc::Buffer>,
-    body: FileSpan,
+    buffers: &mut impl Iterator<Item = FileSpan>,
 ) -> std::result::Result<Column, ColumnError> {
     let node = nodes.next().ok_or("the header lists too few field nodes")?;
     let length = u64::try_from(node.length()).map_err(|_| "a field node has a negative length")?;
@@ -183,16 +196,14 @@ fn column_layout<'a>(
         return Err(ColumnError::Nulls);
     }
     let mut buffer = || -> std::result::Result<FileSpan, ColumnError> {
-        let b = buffers.next().ok_or("the header lists too few buffers")?;
-        // Checked against the body by `read_footer`: non-negative and inside it.
-        Ok(FileSpan { start: body.start + b.offset() as u64, len: b.length() as u64 })
+        Ok(buffers.next().ok_or("the header lists too few buffers")?)
     };
     let _validity = buffer()?;
     let column = match dt {
         DataType::FixedSizeList(child, n) => {
             let n = u64::try_from(*n).map_err(|_| "bad list size")?;
             let inner = rows.checked_mul(n).ok_or("list values overflow")?;
-            match column_layout(child.data_type(), inner, false, compressed, nodes, buffers, body)? {
+            match column_layout(child.data_type(), inner, false, nodes, buffers)? {
                 Column::Fixed { values, width } => {
                     Column::Fixed { values, width: width.checked_mul(n).ok_or("list values overflow")? }
                 }
@@ -202,7 +213,7 @@ fn column_layout<'a>(
         DataType::List(child) | DataType::LargeList(child) => {
             let offsets = buffer()?;
             // The child holds every row's elements (its length is the offsets' business).
-            match column_layout(child.data_type(), 0, false, compressed, nodes, buffers, body)? {
+            match column_layout(child.data_type(), 0, false, nodes, buffers)? {
                 Column::Fixed { values, width } => {
                     Column::Var { offsets, values, wide: matches!(dt, DataType::LargeList(_)), elem: width }
                 }
@@ -223,17 +234,17 @@ fn column_layout<'a>(
             Column::Fixed { values: buffer()?, width: size }
         }
     };
-    if top && !compressed {
-        // The rows addressed must lie inside the buffers (compressed ones: checked once
-        // decompressed).
+    if top {
+        // The rows addressed must lie inside the buffers (compressed ones: inside what
+        // they decompress to, checked again when they are).
         let (buf, need) = match column {
             Column::Fixed { values, width } => (values, rows.checked_mul(width)),
             Column::Var { offsets, wide, .. } => {
                 (offsets, rows.checked_add(1).and_then(|n| n.checked_mul(width_of(wide))))
             }
         };
-        if need.is_none_or(|need| need > buf.len) {
-            return Err(ColumnError::Corrupt(format!("a buffer of {} bytes is too short for {rows} rows", buf.len)));
+        if need.is_none_or(|need| need > buf.bytes) {
+            return Err(ColumnError::Corrupt(format!("a buffer of {} bytes is too short for {rows} rows", buf.bytes)));
         }
     }
     Ok(column)
@@ -296,7 +307,7 @@ fn read_footer(file: &File, path: &Path) -> Result<Footer> {
         let body_len =
             u64::try_from(block.bodyLength()).map_err(|_| corrupt(format!("batch {i}: negative body length")))?;
         let body_start = offset.checked_add(meta_len);
-        batches.push(batch_layout(path, file_len, &schema, i, rb, body_start, body_len)?);
+        batches.push(batch_layout(file, path, file_len, &schema, i, rb, body_start, body_len)?);
     }
     Ok(Footer { fields, batches })
 }
@@ -362,7 +373,7 @@ fn read_stream(file: &File, path: &Path, file_len: u64) -> Result<Footer> {
             (Some((s, _)), arrow_ipc::MessageHeader::RecordBatch) => {
                 let rb = msg.header_as_record_batch().ok_or_else(|| corrupt("empty record batch header".into()))?;
                 let i = batches.len();
-                batches.push(batch_layout(path, file_len, s, i, rb, Some(body_start), body_len)?);
+                batches.push(batch_layout(file, path, file_len, s, i, rb, Some(body_start), body_len)?);
             }
             (Some(_), other) => return Err(corrupt(format!("unexpected {other:?} message at byte {at}"))),
         }
@@ -392,7 +403,10 @@ fn check_schema(path: &Path, fb: arrow_ipc::Schema<'_>, version: MetadataVersion
 
 /// The layout of record batch `i`, from its header `rb` and its body (`body_len` bytes
 /// from `body_start`, `None` where that overflows), every range checked to lie inside it.
+/// A compressed batch's buffers' first 8 bytes (their uncompressed lengths) are read here.
+#[allow(clippy::too_many_arguments)]
 fn batch_layout(
+    file: &File,
     path: &Path,
     file_len: u64,
     schema: &Schema,
@@ -404,17 +418,9 @@ fn batch_layout(
     let corrupt = |r: String| Error::file(path, format!("{CORRUPT}: {r}"));
     let rows = u64::try_from(rb.length()).map_err(|_| corrupt(format!("batch {i}: negative length")))?;
     let body_start = body_start.filter(|s| s.checked_add(body_len).is_some_and(|e| e <= file_len));
-    let body = FileSpan {
-        start: body_start.ok_or_else(|| {
-            corrupt(format!("batch {i}: its body ({body_len} bytes) lies past the end of the file ({file_len} bytes)"))
-        })?,
-        len: body_len,
-    };
-    // Never trust a row count beyond what the body could hold (every column takes at
-    // least one bit per row): it sizes the id space and the verifier's bitmap.
-    if rows > body_len.saturating_mul(8).max(64) {
-        return Err(corrupt(format!("batch {i} claims {rows} rows in a {body_len}-byte body")));
-    }
+    let body = body_start.ok_or_else(|| {
+        corrupt(format!("batch {i}: its body ({body_len} bytes) lies past the end of the file ({file_len} bytes)"))
+    })?;
     let codec = match rb.compression().map(|c| c.codec()) {
         None => None,
         Some(arrow_ipc::CompressionType::LZ4_FRAME) => Some(Codec::Lz4),
@@ -422,6 +428,7 @@ fn batch_layout(
         Some(other) => return Err(corrupt(format!("batch {i}: unknown compression {other:?}"))),
     };
     // Every buffer must lie inside the body: the reads below trust these ranges.
+    let mut spans = Vec::new();
     for (k, buf) in rb.buffers().into_iter().flatten().enumerate() {
         let end = buf.offset().checked_add(buf.length());
         if buf.offset() < 0 || buf.length() < 0 || end.is_none_or(|e| e as u64 > body_len) {
@@ -431,27 +438,77 @@ fn batch_layout(
                 buf.offset()
             )));
         }
+        let (start, len) = (body + buf.offset() as u64, buf.length() as u64);
+        spans.push(FileSpan { start, len, bytes: len });
+    }
+    if let Some(codec) = codec {
+        uncompressed_lengths(file, path, i, codec, &mut spans)?;
+    }
+    // Never trust a row count beyond what the buffers could hold (every column takes at
+    // least one bit per row): it sizes the id space and the verifier's bitmap. Compressed
+    // buffers hold what they decompress to (a column of zeros compresses a thousandfold).
+    let held = match codec {
+        None => body_len,
+        Some(_) => spans.iter().fold(0u64, |n, s| n.saturating_add(s.bytes)),
+    };
+    if rows > held.saturating_mul(8).max(64) {
+        let what = if codec.is_some() { "buffers of" } else { "a body of" };
+        return Err(corrupt(format!("batch {i} claims {rows} rows in {what} {held} bytes")));
     }
     let nodes_fb = rb.nodes();
-    let buffers_fb = rb.buffers();
     let mut nodes = nodes_fb.iter().flat_map(|v| v.iter());
-    let mut buffers = buffers_fb.iter().flat_map(|v| v.iter());
+    let mut buffers = spans.into_iter();
     let mut columns = Vec::with_capacity(schema.fields().len());
     for f in schema.fields() {
-        let compressed = codec.is_some();
-        let c =
-            column_layout(f.data_type(), rows, true, compressed, &mut nodes, &mut buffers, body).map_err(
-                |e| match e {
-                    ColumnError::Nulls => Error::file(
-                        path,
-                        format!("column '{}' has nulls in record batch {i}; nulls are not supported", f.name()),
-                    ),
-                    ColumnError::Corrupt(r) => corrupt(format!("batch {i}, column '{}': {r}", f.name())),
-                },
-            )?;
+        let c = column_layout(f.data_type(), rows, true, &mut nodes, &mut buffers).map_err(|e| match e {
+            ColumnError::Nulls => Error::file(
+                path,
+                format!("column '{}' has nulls in record batch {i}; nulls are not supported", f.name()),
+            ),
+            ColumnError::Corrupt(r) => corrupt(format!("batch {i}, column '{}': {r}", f.name())),
+        })?;
         columns.push(c);
     }
     Ok(BatchLayout { rows, columns, codec })
+}
+
+/// Sets the bytes each buffer of compressed batch `i` holds from its first 8 bytes (its
+/// uncompressed length; -1: stored as is), read in a few reads (the buffers lie one after
+/// another). A length more than the codec can expand the buffer to is corrupt.
+fn uncompressed_lengths(file: &File, path: &Path, i: usize, codec: Codec, spans: &mut [FileSpan]) -> Result<()> {
+    let corrupt = |r: String| Error::file(path, format!("{CORRUPT}: batch {i} {r}"));
+    if let Some((k, s)) = spans.iter().enumerate().find(|(_, s)| (1..8).contains(&s.len)) {
+        return Err(corrupt(format!("buffer {k}: {} bytes, too short for a compressed buffer", s.len)));
+    }
+    // Empty buffers (validity bitmaps without nulls) hold nothing and have no length.
+    let heads: Vec<usize> = (0..spans.len()).filter(|&k| spans[k].len > 0).collect();
+    let ranges: Vec<Range<u64>> = heads.iter().map(|&k| spans[k].start..spans[k].start + 8).collect();
+    let mut at = 0;
+    for (g, n) in group_ranges(&ranges, RECORD_GAP_BYTES) {
+        let bytes = read_exact(file, path, g.start, g.end - g.start, &format!("batch {i} buffer lengths"))?;
+        for &k in &heads[at..at + n] {
+            let span = &mut spans[k];
+            let from = (span.start - g.start) as usize;
+            let head: [u8; 8] = bytes[from..from + 8].try_into().expect("8 bytes");
+            let stored = span.len - 8;
+            span.bytes = match i64::from_le_bytes(head) {
+                -1 => stored,
+                n => {
+                    let n = u64::try_from(n).map_err(|_| corrupt(format!("buffer {k}: uncompressed length {n}")))?;
+                    if n > stored.saturating_mul(codec.max_ratio()) {
+                        return Err(corrupt(format!(
+                            "buffer {k}: {n} bytes uncompressed from {stored} bytes of {codec:?} data, which holds at \
+                             most {}",
+                            stored.saturating_mul(codec.max_ratio())
+                        )));
+                    }
+                    n
+                }
+            };
+        }
+        at += n;
+    }
+    Ok(())
 }
 
 fn primitive(dt: &DataType) -> Option<DType> {
@@ -530,24 +587,11 @@ pub fn scan(path: &Path) -> Result<(u64, Vec<Field>, Vec<u64>, bool)> {
     let footer = read_footer(&file, path)?;
     let samples = footer.batches.iter().try_fold(0u64, |a, b| a.checked_add(b.rows));
     let mut value_bytes = vec![0u64; footer.fields.len()];
-    for (i, batch) in footer.batches.iter().enumerate() {
+    for batch in &footer.batches {
         for (total, column) in value_bytes.iter_mut().zip(&batch.columns) {
             if let Column::Var { values, .. } = column {
-                // A compressed buffer starts with its uncompressed length (-1: stored): the
-                // window budget needs the values' real size.
-                let len = match batch.codec {
-                    Some(_) if values.len >= 8 => {
-                        let head = read_exact(&file, path, values.start, 8, &format!("batch {i} values"))?;
-                        match i64::from_le_bytes(head.try_into().expect("8 bytes")) {
-                            -1 => values.len - 8,
-                            n => u64::try_from(n).map_err(|_| {
-                                Error::file(path, format!("{CORRUPT}: batch {i}: uncompressed length {n}"))
-                            })?,
-                        }
-                    }
-                    _ => values.len,
-                };
-                *total = total.saturating_add(len);
+                // Compressed: the values' real size, which the window budget needs.
+                *total = total.saturating_add(values.bytes);
             }
         }
     }

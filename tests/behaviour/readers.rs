@@ -4,6 +4,7 @@
 //!
 //! * A WebDataset shard cut exactly between two members (no end-of-archive blocks) is
 //!   refused naming the shard; one cut inside the padding after the marker reads whole.
+//! * Compressed Arrow IPC whose column compresses a thousandfold (100 000 zeros) reads.
 
 use std::path::Path;
 
@@ -68,4 +69,42 @@ print(cut, end)
     let line = agreed_failure(&run, 2);
     let want = format!("truncated: the shard ends at byte {cut} after member '000019.txt' without the end-of-archive");
     assert!(line.contains("shard-0.tar") && line.contains(&want), "{line}");
+}
+
+/// 100 000 zeros compress to a 56-byte body: pyarrow's `feather.write_feather` with zstd
+/// and lz4, an IPC stream with zstd and `pandas.DataFrame.to_feather` (lz4, two record
+/// batches) read whole, every value eight zero bytes (it was refused as "corrupt … claims
+/// 100000 rows in a 56-byte body").
+#[test]
+fn compressed_arrow_whose_column_compresses_well_reads() {
+    let out = tempdir();
+    let crc = py(
+        out.path(),
+        r#"
+import os, sys, zlib
+import numpy as np, pandas as pd, pyarrow as pa, pyarrow.feather as feather
+d = sys.argv[1]
+table = pa.table({"x": np.zeros(100_000, "i8")})
+for codec in ("zstd", "lz4"):
+    os.makedirs(f"{d}/{codec}")
+    feather.write_feather(table, f"{d}/{codec}/part-0.arrow", compression=codec)
+os.makedirs(f"{d}/stream")
+options = pa.ipc.IpcWriteOptions(compression="zstd")
+with pa.ipc.new_stream(f"{d}/stream/part-0.arrow", table.schema, options=options) as w:
+    w.write_table(table)
+os.makedirs(f"{d}/pandas")
+pd.DataFrame({"x": np.zeros(100_000, "i8")}).to_feather(f"{d}/pandas/part-0.feather")
+print(zlib.crc32(bytes(8)))
+"#,
+    );
+    let zero_crc: u32 = crc.trim().parse().unwrap();
+    for dir in ["zstd", "lz4", "stream", "pandas"] {
+        let dump = out.path().join(format!("dump-{dir}"));
+        let run = Job::new(out.path().join(dir)).batch(1000).dump(&dump).mpirun(2);
+        ok(&run);
+        let lines = read_dump(&dump, 2);
+        let rows: Vec<u32> = lines.iter().flatten().flat_map(|l| l.crc32[0].1.clone()).collect();
+        assert_eq!(rows.len(), 100_000, "{dir}: rows delivered");
+        assert!(rows.iter().all(|&c| c == zero_crc), "{dir}: every value is eight zero bytes");
+    }
 }
