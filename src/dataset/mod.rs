@@ -20,6 +20,7 @@ pub mod npy;
 pub mod npy_header;
 pub mod pack;
 pub mod parquet;
+mod parquet_pages;
 pub mod raw;
 pub mod rows;
 pub mod schema;
@@ -103,6 +104,26 @@ pub struct DatasetOptions {
     /// Sequence packing of a token field ([`pack`]): the samples are then the packed ones.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pack: Option<pack::PackSpec>,
+    /// The most bytes a reader decodes at once where it cannot decode less than a whole
+    /// unit of the file (a Parquet page): a larger unit is refused, so that memory follows
+    /// the window, not the file. A job sets it to its window budget (`--window-bytes`);
+    /// `None`: [`crate::config::DEFAULT_WINDOW_BYTES`]. Never less than
+    /// [`MIN_DECODE_LIMIT`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decode_limit: Option<u64>,
+}
+
+/// The least [`DatasetOptions::decode_limit`]: 1 MiB, the data page size Parquet writers
+/// aim at by default (pyarrow, Spark's parquet-mr, arrow-rs), so that files written with
+/// the defaults read at any window budget (a window holds one step at least, whatever its
+/// budget, and a small one is exceeded by it anyway).
+pub const MIN_DECODE_LIMIT: u64 = 1 << 20;
+
+impl DatasetOptions {
+    /// [`DatasetOptions::decode_limit`], or its default; at least [`MIN_DECODE_LIMIT`].
+    pub fn decode_limit(&self) -> u64 {
+        self.decode_limit.unwrap_or(crate::config::DEFAULT_WINDOW_BYTES).max(MIN_DECODE_LIMIT)
+    }
 }
 
 /// What the header of one file says.
@@ -414,7 +435,9 @@ fn open_format(
         Format::Arrow => Box::new(arrow::ArrowReader::open_cached(&info.path, fields, &parsed.arrow)?),
         Format::WebDataset => Box::new(wds::WdsReader::open_cached(&info.path, fields, &parsed.tar)?),
         Format::Megatron => Box::new(megatron::MegatronReader::open_cached(&info.path, fields, &parsed.megatron)?),
-        Format::Parquet => Box::new(parquet::ParquetReader::open_cached(&info.path, fields, &parsed.parquet)?),
+        Format::Parquet => {
+            Box::new(parquet::ParquetReader::open_cached(&info.path, fields, &parsed.parquet, options.decode_limit())?)
+        }
     })
 }
 

@@ -5,6 +5,8 @@
 //! * A WebDataset shard cut exactly between two members (no end-of-archive blocks) is
 //!   refused naming the shard; one cut inside the padding after the marker reads whole.
 //! * Compressed Arrow IPC whose column compresses a thousandfold (100 000 zeros) reads.
+//! * A Parquet page larger than the window budget is refused before it is decoded, naming
+//!   the file, row group, column and page with the sizes, within a small memory limit.
 
 use std::path::Path;
 
@@ -107,4 +109,40 @@ print(zlib.crc32(bytes(8)))
         assert_eq!(rows.len(), 100_000, "{dir}: rows delivered");
         assert!(rows.iter().all(|&c| c == zero_crc), "{dir}: every value is eight zero bytes");
     }
+}
+
+/// The issue's file: 8 KB of Parquet holding one zstd page of 256 MiB of zeros. Read at a
+/// 1 MiB window it is refused before the page is decoded (each window decoded the page: a
+/// rank reached 292 MB here, 553 MB in the issue's run), naming the file, row group, column
+/// and page with the sizes, and the job stays within 192 MiB (a cgroup limit: `mpirun` and
+/// one rank take about 40 MB here).
+#[test]
+fn a_parquet_page_larger_than_the_window_is_refused_within_a_small_limit() {
+    let out = tempdir();
+    py(
+        out.path(),
+        r#"
+import sys
+import numpy as np, pyarrow as pa, pyarrow.parquet as pq
+pq.write_table(pa.table({"x": np.zeros(1 << 25, "i8")}), sys.argv[1] + "/zeros.parquet", compression="zstd",
+               use_dictionary=False, data_page_size=1 << 30, row_group_size=1 << 26, max_rows_per_page=1 << 26)
+"#,
+    );
+    let limit = 192u64 << 20;
+    let cg = MemoryCgroup::new(limit);
+    let args = ["run", "--data", s(out.path()), "--batch-size", "2", "--window-bytes", "1M", "--prefetch", "0"];
+    let run = cg.mpirun(1, &args);
+    assert_eq!(cg.oom_kills(), 0, "OOM-killed under {limit} bytes:\n{}", run.stderr);
+    assert_ne!(run.code, 0, "{}", run.stdout);
+    assert!(!run.stderr.contains("panicked"), "{}", run.stderr);
+    let line = error_line(&run, 0);
+    for want in [
+        "zeros.parquet",
+        // 256 MiB of values and 9 bytes of levels.
+        "row group 0, column 'x': page 0 (data page) holds 268435465 bytes uncompressed (",
+        "more than the 1048576 bytes a read may decode",
+    ] {
+        assert!(line.contains(want), "the error lacks '{want}': {line}");
+    }
+    assert!(cg.peak() < limit, "peak {} bytes", cg.peak());
 }
