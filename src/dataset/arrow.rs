@@ -801,6 +801,59 @@ impl super::FileReader for ArrowReader {
         Ok(lengths)
     }
 
+    /// Only the pieces' elements, where the batches they lie in are uncompressed: each
+    /// row's two offsets, then the elements asked for. Compressed batches are decompressed
+    /// a column at a time, and read as whole rows.
+    fn read_list_pieces(
+        &mut self,
+        field: usize,
+        elem: usize,
+        pieces: &[(u64, Range<u64>)],
+    ) -> Result<(RowChunk, Vec<u64>)> {
+        let batches = &self.layout.footer.batches;
+        if batches.iter().any(|b| b.codec.is_some()) {
+            return super::pieces_by_reading(self, field, elem, pieces);
+        }
+        let elem = elem.max(1) as u64;
+        let mut chunk = RowChunk::new(1);
+        let (mut ranges, mut lengths) = (Vec::with_capacity(pieces.len()), Vec::with_capacity(pieces.len()));
+        let mut i = 0;
+        while i < pieces.len() {
+            let b = self.layout.starts.partition_point(|&s| s <= pieces[i].0) - 1;
+            let batch = batches
+                .get(b)
+                .ok_or_else(|| Error::file(&self.path, format!("row {} is past the end of the file", pieces[i].0)))?;
+            let j = i + pieces[i..].partition_point(|(r, _)| *r < self.layout.starts[b + 1]);
+            let mut local: Vec<u64> = pieces[i..j].iter().map(|(r, _)| r - self.layout.starts[b]).collect();
+            local.dedup();
+            let column = *batch.columns.get(field).ok_or_else(|| Error::Internal(format!("no column {field}")))?;
+            let Column::Var { values, .. } = column else {
+                return Err(Error::Internal(format!("list pieces of fixed-size column {field}")));
+            };
+            let name = &self.layout.footer.fields[field].name;
+            let whole = self.value_ranges(&mut chunk, &format!("record batch {b}, column '{name}'"), column, &local)?;
+            let mut k = 0;
+            for (row, range) in &pieces[i..j] {
+                while local[k] != row - self.layout.starts[b] {
+                    k += 1;
+                }
+                let value = &whole[k];
+                let len = (value.end - value.start) / elem;
+                let end = range.end.min(len);
+                let start = value.start + range.start.min(end) * elem;
+                ranges.push(values.start + start..values.start + value.start + end * elem);
+                lengths.push(len);
+            }
+            i = j;
+        }
+        for (b, offset, len) in read_grouped(&mut chunk, &ranges, |g, _| {
+            read_exact(&self.file, &self.path, g.start, g.end - g.start, "list values")
+        })? {
+            chunk.push_value(b, offset, len);
+        }
+        Ok((chunk, lengths))
+    }
+
     /// Values of fixed-size columns (primitives, fixed-size lists and binaries) sit at
     /// fixed offsets of their record batch's buffer, uncompressed and without nulls (both
     /// refused at open): they can be read in place. Variable-length values cannot.
