@@ -4,7 +4,8 @@
 //!
 //! * A WebDataset shard cut exactly between two members (no end-of-archive blocks) is
 //!   refused naming the shard; one cut inside the padding after the marker reads whole.
-//! * Compressed Arrow IPC whose column compresses a thousandfold (100 000 zeros) reads.
+//! * Compressed Arrow IPC whose column compresses a thousandfold (100 000 zeros) reads, and
+//!   a compressed record batch is decoded as a stream: memory follows the window.
 //! * A Parquet page larger than the window budget is refused before it is decoded, naming
 //!   the file, row group, column and page with the sizes, within a small memory limit.
 //! * Packing a 10M-token document reads the tokens each packed sample holds, not the
@@ -111,6 +112,39 @@ print(zlib.crc32(bytes(8)))
         assert_eq!(rows.len(), 100_000, "{dir}: rows delivered");
         assert!(rows.iter().all(|&c| c == zero_crc), "{dir}: every value is eight zero bytes");
     }
+}
+
+/// A compressed record batch's column is decoded as a stream, keeping only the rows a
+/// window reads: one zstd batch of 600 000 `i64` rows (4.8 MB decoded) written by pyarrow reads
+/// at a 1 MiB window within the window bound above a run over a small file of the same
+/// kind (every window used to decompress the whole column and keep it while copying out).
+#[test]
+fn compressed_arrow_memory_follows_the_window_not_the_record_batch() {
+    let out = tempdir();
+    py(
+        out.path(),
+        r#"
+import os, sys
+import numpy as np, pyarrow as pa, pyarrow.feather as feather
+d = sys.argv[1]
+for name, n in (("small", 20_000), ("big", 600_000)):
+    os.makedirs(f"{d}/{name}")
+    table = pa.table({"x": (np.arange(n) * 7919 % 100_003).astype("i8")})
+    feather.write_feather(table, f"{d}/{name}/part-0.arrow", compression="zstd", chunksize=1 << 22)
+"#,
+    );
+    let epoch = |dir: &str| {
+        let data = out.path().join(dir);
+        let mut args = vec!["run", "--data", s(&data), "--batch-size", "64", "--window-bytes", "1M", "--prefetch"];
+        args.extend(["0", "--json", "--memory-budget", "0", "--read-strategy", "random"]);
+        let last = summary(&mpirun(1, &args));
+        (last["samples"].as_u64().unwrap(), last["max_rss_bytes"].as_u64().unwrap())
+    };
+    let (_, base) = epoch("small");
+    let (samples, rss) = epoch("big");
+    assert_eq!(samples, 600_000 / 64 * 64);
+    let bound = base + (1 << 20) * 3 / 2 + (2 << 20);
+    assert!(rss <= bound, "peak RSS {rss} exceeds {bound} (a small file: {base})");
 }
 
 /// The issue's file: 8 KB of Parquet holding one zstd page of 256 MiB of zeros. Read at a
