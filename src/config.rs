@@ -1066,14 +1066,21 @@ impl JobFile {
         if self.storage_bandwidth.is_some_and(|b| b.0 == 0) || self.storage_iops == Some(0) {
             return Err(Error::Config("storage_bandwidth and storage_iops must be positive".into()));
         }
+        let window_bytes = self.window_bytes.map_or(DEFAULT_WINDOW_BYTES, |b| b.0);
         Ok(Job {
             data: self.data,
-            dataset: DatasetOptions { hdf5_group: self.group, fields: self.fields, pack: self.pack },
+            dataset: DatasetOptions {
+                hdf5_group: self.group,
+                fields: self.fields,
+                pack: self.pack,
+                // A reader decodes no more than a window at once (a Parquet page).
+                decode_limit: Some(window_bytes),
+            },
             loader: LoaderOptions {
                 batch_size,
                 seed: self.seed.unwrap_or(0),
                 shared_order: self.shared_order,
-                window_bytes: self.window_bytes.map_or(DEFAULT_WINDOW_BYTES, |b| b.0),
+                window_bytes,
                 prefetch: self.prefetch.unwrap_or(DEFAULT_PREFETCH),
                 layout: Layout {
                     mesh: self.mesh,

@@ -4,8 +4,11 @@
 //! give more dimensions) → tensor; fixed-size binary → `u8` tensor; binary / utf8 (and
 //! their large variants) → variable-length bytes. Nulls, dictionaries, booleans
 //! (bit-packed) and big-endian files are rejected with a clear error. Compressed batches
-//! (LZ4 frame or ZSTD buffers, what `pandas.DataFrame.to_feather` writes) are read a
-//! column's buffers at a time and decompressed, not in place.
+//! (LZ4 frame or ZSTD buffers, what `pandas.DataFrame.to_feather` writes) cannot be read
+//! in place: a column's buffers are decoded as a stream and only the rows' values kept,
+//! so memory follows the rows, not the batch. Their rows are checked against the
+//! buffers' uncompressed lengths (read at open, each at most what its codec can expand it
+//! to), not against the compressed body, which 100 000 zeros fit in 56 bytes.
 //!
 //! Only the footer and each record batch's message header are read to open a file (a
 //! stream, which has no footer, has its messages walked once: each header, not the
@@ -49,11 +52,15 @@ pub fn decoding_untrusted_input() -> bool {
     false
 }
 
-/// A byte range of the file.
+/// A buffer's byte range of the file, and the bytes it holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct FileSpan {
     start: u64,
     len: u64,
+    /// The bytes the buffer holds: `len` where stored as is; a compressed buffer's
+    /// uncompressed length, as its first 8 bytes say (bounded by what its codec can expand
+    /// `len` bytes to, and checked when it is decompressed).
+    bytes: u64,
 }
 
 /// Where one column's values lie in the file, in one record batch.
@@ -84,31 +91,121 @@ enum Codec {
     Zstd,
 }
 
-/// The bytes of a compressed buffer, at most `cap` of them (more is corrupt: it also stops
-/// a small buffer from claiming gigabytes).
-fn decompress(codec: Codec, buf: &[u8], cap: u64) -> std::result::Result<Vec<u8>, String> {
+impl Codec {
+    /// The most bytes one byte of this codec's data can decode to: a Zstandard RLE block
+    /// is 4 bytes for 128 KiB; an LZ4 sequence extends a match by 255 bytes per byte.
+    fn max_ratio(self) -> u64 {
+        match self {
+            Codec::Lz4 => 256,
+            Codec::Zstd => 32768,
+        }
+    }
+}
+
+/// Why a compressed buffer could not be decoded.
+enum Undecodable {
+    /// Its data is not what its header says.
+    Corrupt(String),
+    /// The file could not be read (or ended first).
+    Io(std::io::Error),
+}
+
+/// Bytes `at..end` of a file as a stream (for a decoder to pull from).
+struct FileStream<'a> {
+    file: &'a File,
+    at: u64,
+    end: u64,
+}
+
+impl std::io::Read for FileStream<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = buf.len().min(usize::try_from(self.end - self.at).unwrap_or(usize::MAX));
+        if n == 0 {
+            return Ok(0);
+        }
+        let got = self.file.read_at(&mut buf[..n], self.at)?;
+        if got == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        self.at += got as u64;
+        Ok(got)
+    }
+}
+
+/// The bytes `ranges` (sorted by start; they may overlap) of compressed buffer `span` of
+/// `file` once decompressed, one after another, decoded as a stream: memory is what the
+/// ranges hold plus the decoder's window, never the whole buffer. The buffer must decode
+/// to exactly the length its first 8 bytes say (which [`uncompressed_lengths`] bounded at
+/// open).
+fn decompressed_ranges(
+    codec: Codec,
+    file: &File,
+    span: FileSpan,
+    ranges: &[Range<u64>],
+) -> std::result::Result<Vec<u8>, Undecodable> {
     use std::io::Read;
-    let Some((len, data)) = buf.split_first_chunk::<8>() else {
-        return if buf.is_empty() { Ok(Vec::new()) } else { Err(format!("a {}-byte compressed buffer", buf.len())) };
-    };
-    let len = i64::from_le_bytes(*len);
-    if len == -1 {
-        return Ok(data.to_vec());
+    if span.len == 0 {
+        return match ranges.iter().find(|r| r.end > 0) {
+            Some(r) => Err(Undecodable::Corrupt(format!("bytes {r:?} of an empty buffer"))),
+            None => Ok(vec![]),
+        };
     }
-    let len = u64::try_from(len).map_err(|_| format!("uncompressed length {len}"))?;
-    if len > cap {
-        return Err(format!("uncompressed length {len} where at most {cap} bytes are expected"));
-    }
-    let mut out = Vec::with_capacity(len as usize);
-    let read = match codec {
-        Codec::Lz4 => lz4_flex::frame::FrameDecoder::new(data).take(len + 1).read_to_end(&mut out),
-        Codec::Zstd => ruzstd::decoding::StreamingDecoder::new(data)
-            .map_err(|e| std::io::Error::other(e.to_string()))
-            .and_then(|d| d.take(len + 1).read_to_end(&mut out)),
+    let mut head = [0u8; 8];
+    file.read_exact_at(&mut head, span.start).map_err(Undecodable::Io)?;
+    let data = FileStream { file, at: span.start + 8, end: span.start + span.len };
+    let mut stream: Box<dyn Read + '_> = match (i64::from_le_bytes(head), codec) {
+        (-1, _) => Box::new(data),
+        (_, Codec::Lz4) => Box::new(lz4_flex::frame::FrameDecoder::new(std::io::BufReader::new(data))),
+        (_, Codec::Zstd) => Box::new(
+            ruzstd::decoding::StreamingDecoder::new(std::io::BufReader::new(data))
+                .map_err(|e| Undecodable::Corrupt(format!("{codec:?} data does not decode: {e}")))?,
+        ),
     };
-    read.map_err(|e| format!("{codec:?} data does not decode: {e}"))?;
-    if out.len() as u64 != len {
-        return Err(format!("{codec:?} data decodes to {} bytes, its header says {len}", out.len()));
+    // Bytes `start..start + buf.len()` of the decoded stream are in `buf`.
+    let (mut buf, mut start) = (Vec::new(), 0u64);
+    // A file that ends first is the file's error; anything else the data's.
+    let short = |e: std::io::Error| match e.kind() {
+        std::io::ErrorKind::UnexpectedEof => Undecodable::Io(e),
+        _ => Undecodable::Corrupt(format!("{codec:?} data does not decode: {e}")),
+    };
+    let pull = |stream: &mut Box<dyn Read + '_>, into: &mut Vec<u8>, n: u64| {
+        stream.take(n).read_to_end(into).map(|got| got as u64).map_err(short)
+    };
+    let mut out = Vec::new();
+    for r in ranges {
+        if r.start > start {
+            let drop = (r.start - start).min(buf.len() as u64);
+            buf.drain(..drop as usize);
+            start += drop;
+            let skip = r.start - start;
+            let skipped = std::io::copy(&mut (&mut stream).take(skip), &mut std::io::sink()).map_err(short)?;
+            if skipped < skip {
+                let why = format!("{codec:?} data decodes to {} bytes, byte {} is needed", start + skipped, r.end);
+                return Err(Undecodable::Corrupt(why));
+            }
+            start = r.start;
+        }
+        let need = r.end.saturating_sub(start);
+        if (buf.len() as u64) < need {
+            let have = buf.len() as u64;
+            if pull(&mut stream, &mut buf, need - have)? < need - have {
+                let why =
+                    format!("{codec:?} data decodes to {} bytes, byte {} is needed", start + buf.len() as u64, r.end);
+                return Err(Undecodable::Corrupt(why));
+            }
+        }
+        out.extend_from_slice(&buf[(r.start - start) as usize..(r.end - start) as usize]);
+    }
+    // The rest, to check the length the buffer declares (and no more).
+    let so_far = start + buf.len() as u64;
+    let left = (span.bytes + 1).saturating_sub(so_far);
+    let total = so_far + std::io::copy(&mut (&mut stream).take(left), &mut std::io::sink()).map_err(short)?;
+    if total != span.bytes {
+        let got = if total > span.bytes { format!("more than {}", span.bytes) } else { total.to_string() };
+        return Err(Undecodable::Corrupt(format!(
+            "{codec:?} data decodes to {got} bytes, its header says {}",
+            span.bytes
+        )));
     }
     Ok(out)
 }
@@ -161,18 +258,14 @@ impl From<&str> for ColumnError {
 }
 
 /// Where the values of a column of type `dt` lie, consuming its field nodes and buffers
-/// (depth first, as the IPC format lays them out). `rows` is how many values the column
-/// must hold at this level (`compressed`: the buffers hold compressed bytes, so their
-/// lengths say nothing of the rows); `body` is the batch body's file offset and length (every
-/// buffer was checked to lie inside it).
+/// (depth first, as the IPC format lays them out; every buffer checked to lie inside the
+/// batch body). `rows` is how many values the column must hold at this level.
 fn column_layout<'a>(
     dt: &DataType,
     rows: u64,
     top: bool,
-    compressed: bool,
     nodes: &mut impl Iterator<Item = &'a arrow_ipc::FieldNode>,
-    buffers: &mut impl Iterator<Item = &'a arrow_ipc::Buffer>,
-    body: FileSpan,
+    buffers: &mut impl Iterator<Item = FileSpan>,
 ) -> std::result::Result<Column, ColumnError> {
     let node = nodes.next().ok_or("the header lists too few field nodes")?;
     let length = u64::try_from(node.length()).map_err(|_| "a field node has a negative length")?;
@@ -183,16 +276,14 @@ fn column_layout<'a>(
         return Err(ColumnError::Nulls);
     }
     let mut buffer = || -> std::result::Result<FileSpan, ColumnError> {
-        let b = buffers.next().ok_or("the header lists too few buffers")?;
-        // Checked against the body by `read_footer`: non-negative and inside it.
-        Ok(FileSpan { start: body.start + b.offset() as u64, len: b.length() as u64 })
+        Ok(buffers.next().ok_or("the header lists too few buffers")?)
     };
     let _validity = buffer()?;
     let column = match dt {
         DataType::FixedSizeList(child, n) => {
             let n = u64::try_from(*n).map_err(|_| "bad list size")?;
             let inner = rows.checked_mul(n).ok_or("list values overflow")?;
-            match column_layout(child.data_type(), inner, false, compressed, nodes, buffers, body)? {
+            match column_layout(child.data_type(), inner, false, nodes, buffers)? {
                 Column::Fixed { values, width } => {
                     Column::Fixed { values, width: width.checked_mul(n).ok_or("list values overflow")? }
                 }
@@ -202,7 +293,7 @@ fn column_layout<'a>(
         DataType::List(child) | DataType::LargeList(child) => {
             let offsets = buffer()?;
             // The child holds every row's elements (its length is the offsets' business).
-            match column_layout(child.data_type(), 0, false, compressed, nodes, buffers, body)? {
+            match column_layout(child.data_type(), 0, false, nodes, buffers)? {
                 Column::Fixed { values, width } => {
                     Column::Var { offsets, values, wide: matches!(dt, DataType::LargeList(_)), elem: width }
                 }
@@ -223,17 +314,17 @@ fn column_layout<'a>(
             Column::Fixed { values: buffer()?, width: size }
         }
     };
-    if top && !compressed {
-        // The rows addressed must lie inside the buffers (compressed ones: checked once
-        // decompressed).
+    if top {
+        // The rows addressed must lie inside the buffers (compressed ones: inside what
+        // they decompress to, checked again when they are).
         let (buf, need) = match column {
             Column::Fixed { values, width } => (values, rows.checked_mul(width)),
             Column::Var { offsets, wide, .. } => {
                 (offsets, rows.checked_add(1).and_then(|n| n.checked_mul(width_of(wide))))
             }
         };
-        if need.is_none_or(|need| need > buf.len) {
-            return Err(ColumnError::Corrupt(format!("a buffer of {} bytes is too short for {rows} rows", buf.len)));
+        if need.is_none_or(|need| need > buf.bytes) {
+            return Err(ColumnError::Corrupt(format!("a buffer of {} bytes is too short for {rows} rows", buf.bytes)));
         }
     }
     Ok(column)
@@ -296,7 +387,7 @@ fn read_footer(file: &File, path: &Path) -> Result<Footer> {
         let body_len =
             u64::try_from(block.bodyLength()).map_err(|_| corrupt(format!("batch {i}: negative body length")))?;
         let body_start = offset.checked_add(meta_len);
-        batches.push(batch_layout(path, file_len, &schema, i, rb, body_start, body_len)?);
+        batches.push(batch_layout(file, path, file_len, &schema, i, rb, body_start, body_len)?);
     }
     Ok(Footer { fields, batches })
 }
@@ -362,7 +453,7 @@ fn read_stream(file: &File, path: &Path, file_len: u64) -> Result<Footer> {
             (Some((s, _)), arrow_ipc::MessageHeader::RecordBatch) => {
                 let rb = msg.header_as_record_batch().ok_or_else(|| corrupt("empty record batch header".into()))?;
                 let i = batches.len();
-                batches.push(batch_layout(path, file_len, s, i, rb, Some(body_start), body_len)?);
+                batches.push(batch_layout(file, path, file_len, s, i, rb, Some(body_start), body_len)?);
             }
             (Some(_), other) => return Err(corrupt(format!("unexpected {other:?} message at byte {at}"))),
         }
@@ -392,7 +483,10 @@ fn check_schema(path: &Path, fb: arrow_ipc::Schema<'_>, version: MetadataVersion
 
 /// The layout of record batch `i`, from its header `rb` and its body (`body_len` bytes
 /// from `body_start`, `None` where that overflows), every range checked to lie inside it.
+/// A compressed batch's buffers' first 8 bytes (their uncompressed lengths) are read here.
+#[allow(clippy::too_many_arguments)]
 fn batch_layout(
+    file: &File,
     path: &Path,
     file_len: u64,
     schema: &Schema,
@@ -404,17 +498,9 @@ fn batch_layout(
     let corrupt = |r: String| Error::file(path, format!("{CORRUPT}: {r}"));
     let rows = u64::try_from(rb.length()).map_err(|_| corrupt(format!("batch {i}: negative length")))?;
     let body_start = body_start.filter(|s| s.checked_add(body_len).is_some_and(|e| e <= file_len));
-    let body = FileSpan {
-        start: body_start.ok_or_else(|| {
-            corrupt(format!("batch {i}: its body ({body_len} bytes) lies past the end of the file ({file_len} bytes)"))
-        })?,
-        len: body_len,
-    };
-    // Never trust a row count beyond what the body could hold (every column takes at
-    // least one bit per row): it sizes the id space and the verifier's bitmap.
-    if rows > body_len.saturating_mul(8).max(64) {
-        return Err(corrupt(format!("batch {i} claims {rows} rows in a {body_len}-byte body")));
-    }
+    let body = body_start.ok_or_else(|| {
+        corrupt(format!("batch {i}: its body ({body_len} bytes) lies past the end of the file ({file_len} bytes)"))
+    })?;
     let codec = match rb.compression().map(|c| c.codec()) {
         None => None,
         Some(arrow_ipc::CompressionType::LZ4_FRAME) => Some(Codec::Lz4),
@@ -422,6 +508,7 @@ fn batch_layout(
         Some(other) => return Err(corrupt(format!("batch {i}: unknown compression {other:?}"))),
     };
     // Every buffer must lie inside the body: the reads below trust these ranges.
+    let mut spans = Vec::new();
     for (k, buf) in rb.buffers().into_iter().flatten().enumerate() {
         let end = buf.offset().checked_add(buf.length());
         if buf.offset() < 0 || buf.length() < 0 || end.is_none_or(|e| e as u64 > body_len) {
@@ -431,27 +518,77 @@ fn batch_layout(
                 buf.offset()
             )));
         }
+        let (start, len) = (body + buf.offset() as u64, buf.length() as u64);
+        spans.push(FileSpan { start, len, bytes: len });
+    }
+    if let Some(codec) = codec {
+        uncompressed_lengths(file, path, i, codec, &mut spans)?;
+    }
+    // Never trust a row count beyond what the buffers could hold (every column takes at
+    // least one bit per row): it sizes the id space and the verifier's bitmap. Compressed
+    // buffers hold what they decompress to (a column of zeros compresses a thousandfold).
+    let held = match codec {
+        None => body_len,
+        Some(_) => spans.iter().fold(0u64, |n, s| n.saturating_add(s.bytes)),
+    };
+    if rows > held.saturating_mul(8).max(64) {
+        let what = if codec.is_some() { "buffers of" } else { "a body of" };
+        return Err(corrupt(format!("batch {i} claims {rows} rows in {what} {held} bytes")));
     }
     let nodes_fb = rb.nodes();
-    let buffers_fb = rb.buffers();
     let mut nodes = nodes_fb.iter().flat_map(|v| v.iter());
-    let mut buffers = buffers_fb.iter().flat_map(|v| v.iter());
+    let mut buffers = spans.into_iter();
     let mut columns = Vec::with_capacity(schema.fields().len());
     for f in schema.fields() {
-        let compressed = codec.is_some();
-        let c =
-            column_layout(f.data_type(), rows, true, compressed, &mut nodes, &mut buffers, body).map_err(
-                |e| match e {
-                    ColumnError::Nulls => Error::file(
-                        path,
-                        format!("column '{}' has nulls in record batch {i}; nulls are not supported", f.name()),
-                    ),
-                    ColumnError::Corrupt(r) => corrupt(format!("batch {i}, column '{}': {r}", f.name())),
-                },
-            )?;
+        let c = column_layout(f.data_type(), rows, true, &mut nodes, &mut buffers).map_err(|e| match e {
+            ColumnError::Nulls => Error::file(
+                path,
+                format!("column '{}' has nulls in record batch {i}; nulls are not supported", f.name()),
+            ),
+            ColumnError::Corrupt(r) => corrupt(format!("batch {i}, column '{}': {r}", f.name())),
+        })?;
         columns.push(c);
     }
     Ok(BatchLayout { rows, columns, codec })
+}
+
+/// Sets the bytes each buffer of compressed batch `i` holds from its first 8 bytes (its
+/// uncompressed length; -1: stored as is), read in a few reads (the buffers lie one after
+/// another). A length more than the codec can expand the buffer to is corrupt.
+fn uncompressed_lengths(file: &File, path: &Path, i: usize, codec: Codec, spans: &mut [FileSpan]) -> Result<()> {
+    let corrupt = |r: String| Error::file(path, format!("{CORRUPT}: batch {i} {r}"));
+    if let Some((k, s)) = spans.iter().enumerate().find(|(_, s)| (1..8).contains(&s.len)) {
+        return Err(corrupt(format!("buffer {k}: {} bytes, too short for a compressed buffer", s.len)));
+    }
+    // Empty buffers (validity bitmaps without nulls) hold nothing and have no length.
+    let heads: Vec<usize> = (0..spans.len()).filter(|&k| spans[k].len > 0).collect();
+    let ranges: Vec<Range<u64>> = heads.iter().map(|&k| spans[k].start..spans[k].start + 8).collect();
+    let mut at = 0;
+    for (g, n) in group_ranges(&ranges, RECORD_GAP_BYTES) {
+        let bytes = read_exact(file, path, g.start, g.end - g.start, &format!("batch {i} buffer lengths"))?;
+        for &k in &heads[at..at + n] {
+            let span = &mut spans[k];
+            let from = (span.start - g.start) as usize;
+            let head: [u8; 8] = bytes[from..from + 8].try_into().expect("8 bytes");
+            let stored = span.len - 8;
+            span.bytes = match i64::from_le_bytes(head) {
+                -1 => stored,
+                n => {
+                    let n = u64::try_from(n).map_err(|_| corrupt(format!("buffer {k}: uncompressed length {n}")))?;
+                    if n > stored.saturating_mul(codec.max_ratio()) {
+                        return Err(corrupt(format!(
+                            "buffer {k}: {n} bytes uncompressed from {stored} bytes of {codec:?} data, which holds at \
+                             most {}",
+                            stored.saturating_mul(codec.max_ratio())
+                        )));
+                    }
+                    n
+                }
+            };
+        }
+        at += n;
+    }
+    Ok(())
 }
 
 fn primitive(dt: &DataType) -> Option<DType> {
@@ -530,24 +667,11 @@ pub fn scan(path: &Path) -> Result<(u64, Vec<Field>, Vec<u64>, bool)> {
     let footer = read_footer(&file, path)?;
     let samples = footer.batches.iter().try_fold(0u64, |a, b| a.checked_add(b.rows));
     let mut value_bytes = vec![0u64; footer.fields.len()];
-    for (i, batch) in footer.batches.iter().enumerate() {
+    for batch in &footer.batches {
         for (total, column) in value_bytes.iter_mut().zip(&batch.columns) {
             if let Column::Var { values, .. } = column {
-                // A compressed buffer starts with its uncompressed length (-1: stored): the
-                // window budget needs the values' real size.
-                let len = match batch.codec {
-                    Some(_) if values.len >= 8 => {
-                        let head = read_exact(&file, path, values.start, 8, &format!("batch {i} values"))?;
-                        match i64::from_le_bytes(head.try_into().expect("8 bytes")) {
-                            -1 => values.len - 8,
-                            n => u64::try_from(n).map_err(|_| {
-                                Error::file(path, format!("{CORRUPT}: batch {i}: uncompressed length {n}"))
-                            })?,
-                        }
-                    }
-                    _ => values.len,
-                };
-                *total = total.saturating_add(len);
+                // Compressed: the values' real size, which the window budget needs.
+                *total = total.saturating_add(values.bytes);
             }
         }
     }
@@ -611,10 +735,10 @@ impl ArrowReader {
     }
 
     /// The values of rows `local` (of batch `b`; window rows `first..`) of `columns`, from a
-    /// compressed batch: each column's buffers are read whole and decompressed (at most
-    /// what the batch's rows can hold), and the rows' values copied out, so that a window
-    /// holds its values and one column of one batch at a time, not every batch its rows
-    /// touch. Values cannot be read in place here.
+    /// compressed batch: each column's buffers are decompressed as a stream and only the
+    /// rows' values kept (a variable-length column's offsets of the rows, then their
+    /// values), so that a window holds its values and a decoder's window, not the columns
+    /// of the batches its rows touch. Values cannot be read in place here.
     #[allow(clippy::too_many_arguments)]
     fn read_compressed(
         &self,
@@ -628,64 +752,60 @@ impl ArrowReader {
     ) -> Result<()> {
         let batch = &self.layout.footer.batches[b];
         let fields = columns.len();
-        // Buffers are padded to 8 (often 64) bytes.
-        let cap = |need: u64| need.saturating_add(63) / 64 * 64 + 64;
         for (c, &col) in columns.iter().enumerate() {
             let name = &self.layout.footer.fields[col].name;
             let bad =
                 |why: String| Error::file(&self.path, format!("{CORRUPT}: record batch {b}, column '{name}': {why}"));
-            let fetch = |span: FileSpan, need: u64| -> Result<Vec<u8>> {
-                let raw = read_exact(&self.file, &self.path, span.start, span.len, &format!("column '{name}'"))?;
-                let out = decompress(codec, &raw, cap(need)).map_err(bad)?;
-                if (out.len() as u64) < need {
-                    return Err(bad(format!("a buffer of {} bytes where {need} are needed", out.len())));
-                }
-                Ok(out)
+            // The compressed bytes come from the file as the decoder pulls them.
+            let fetch = |span: FileSpan, ranges: &[Range<u64>]| -> Result<Vec<u8>> {
+                decompressed_ranges(codec, &self.file, span, ranges).map_err(|e| match e {
+                    Undecodable::Corrupt(why) => bad(why),
+                    Undecodable::Io(e) => read_error(&self.path, e, span.start, span.len as usize),
+                })
             };
             match batch.columns.get(col).copied() {
                 Some(Column::Fixed { values, width }) => {
-                    let v = fetch(values, batch.rows.saturating_mul(width))?;
+                    // Inside the buffer: rows × width ≤ its uncompressed length (checked at open).
+                    let ranges: Vec<Range<u64>> = local.iter().map(|&r| r * width..(r + 1) * width).collect();
+                    let kept = fetch(values, &ranges)?;
+                    chunk.add_bytes_read(values.len);
+                    let buffer = chunk.add_made_buffer(Buffer::from_vec(kept));
                     let w = width as usize;
-                    let mut kept = Vec::with_capacity(local.len() * w);
-                    for &r in local {
-                        kept.extend_from_slice(&v[r as usize * w..(r as usize + 1) * w]);
-                    }
-                    chunk.add_bytes_read((v.len() - kept.len()) as u64);
-                    let buffer = chunk.add_buffer(Buffer::from_vec(kept));
                     for k in 0..local.len() {
                         locs[(first + k) * fields + c] = (buffer, k * w, w);
                     }
                 }
                 Some(Column::Var { offsets, values, wide, elem }) => {
+                    // Offsets `r` and `r + 1` of every row (inside the buffer: checked at open).
                     let w = width_of(wide);
-                    let o = fetch(offsets, (batch.rows + 1).saturating_mul(w))?;
-                    chunk.add_bytes_read(o.len() as u64);
-                    let offset = |r: u64| -> i64 {
-                        let i = (r * w) as usize;
+                    let o = fetch(offsets, &local.iter().map(|&r| r * w..(r + 2) * w).collect::<Vec<_>>())?;
+                    chunk.add_bytes_read(offsets.len + values.len);
+                    let offset = |i: usize| -> i64 {
                         if wide {
-                            i64::from_le_bytes(o[i..i + 8].try_into().expect("8 bytes"))
+                            i64::from_le_bytes(o[8 * i..8 * i + 8].try_into().expect("8 bytes"))
                         } else {
-                            i64::from(i32::from_le_bytes(o[i..i + 4].try_into().expect("4 bytes")))
+                            i64::from(i32::from_le_bytes(o[4 * i..4 * i + 4].try_into().expect("4 bytes")))
                         }
                     };
                     let elem = elem as i64;
-                    let end = offset(batch.rows).checked_mul(elem).and_then(|e| u64::try_from(e).ok());
-                    let end = end.ok_or_else(|| bad("bad offsets".into()))?;
-                    let v = fetch(values, end)?;
-                    let mut kept = Vec::new();
-                    let mut at = Vec::with_capacity(local.len());
-                    for &r in local {
-                        let (s, e) = (offset(r).saturating_mul(elem), offset(r + 1).saturating_mul(elem));
-                        if !(0 <= s && s <= e && e as u64 <= end) {
+                    // Each row's values, checked against the buffer, read in file order.
+                    let mut wanted = Vec::with_capacity(local.len());
+                    for (k, &r) in local.iter().enumerate() {
+                        let (s, e) = (offset(2 * k).saturating_mul(elem), offset(2 * k + 1).saturating_mul(elem));
+                        if !(0 <= s && s <= e && e as u64 <= values.bytes) {
                             return Err(bad(format!("bad offsets {s}..{e} for row {r}")));
                         }
-                        at.push((kept.len(), (e - s) as usize));
-                        kept.extend_from_slice(&v[s as usize..e as usize]);
+                        wanted.push((s as u64..e as u64, k));
                     }
-                    chunk.add_bytes_read((v.len() - kept.len()) as u64);
-                    let buffer = chunk.add_buffer(Buffer::from_vec(kept));
-                    for (k, (offset, len)) in at.into_iter().enumerate() {
-                        locs[(first + k) * fields + c] = (buffer, offset, len);
+                    wanted.sort_by_key(|(r, _)| r.start);
+                    let ranges: Vec<Range<u64>> = wanted.iter().map(|(r, _)| r.clone()).collect();
+                    let kept = fetch(values, &ranges)?;
+                    let buffer = chunk.add_made_buffer(Buffer::from_vec(kept));
+                    let mut at = 0;
+                    for (r, k) in wanted {
+                        let len = (r.end - r.start) as usize;
+                        locs[(first + k) * fields + c] = (buffer, at, len);
+                        at += len;
                     }
                 }
                 None => return Err(Error::Internal(format!("column {col} of a batch of {}", batch.columns.len()))),
@@ -755,6 +875,59 @@ impl super::FileReader for ArrowReader {
             lengths.extend(ranges.iter().map(|r| (r.end - r.start) / elem.max(1) as u64));
         }
         Ok(lengths)
+    }
+
+    /// Only the pieces' elements, where the batches they lie in are uncompressed: each
+    /// row's two offsets, then the elements asked for. Compressed batches are decompressed
+    /// a column at a time, and read as whole rows.
+    fn read_list_pieces(
+        &mut self,
+        field: usize,
+        elem: usize,
+        pieces: &[(u64, Range<u64>)],
+    ) -> Result<(RowChunk, Vec<u64>)> {
+        let batches = &self.layout.footer.batches;
+        if batches.iter().any(|b| b.codec.is_some()) {
+            return super::pieces_by_reading(self, field, elem, pieces);
+        }
+        let elem = elem.max(1) as u64;
+        let mut chunk = RowChunk::new(1);
+        let (mut ranges, mut lengths) = (Vec::with_capacity(pieces.len()), Vec::with_capacity(pieces.len()));
+        let mut i = 0;
+        while i < pieces.len() {
+            let b = self.layout.starts.partition_point(|&s| s <= pieces[i].0) - 1;
+            let batch = batches
+                .get(b)
+                .ok_or_else(|| Error::file(&self.path, format!("row {} is past the end of the file", pieces[i].0)))?;
+            let j = i + pieces[i..].partition_point(|(r, _)| *r < self.layout.starts[b + 1]);
+            let mut local: Vec<u64> = pieces[i..j].iter().map(|(r, _)| r - self.layout.starts[b]).collect();
+            local.dedup();
+            let column = *batch.columns.get(field).ok_or_else(|| Error::Internal(format!("no column {field}")))?;
+            let Column::Var { values, .. } = column else {
+                return Err(Error::Internal(format!("list pieces of fixed-size column {field}")));
+            };
+            let name = &self.layout.footer.fields[field].name;
+            let whole = self.value_ranges(&mut chunk, &format!("record batch {b}, column '{name}'"), column, &local)?;
+            let mut k = 0;
+            for (row, range) in &pieces[i..j] {
+                while local[k] != row - self.layout.starts[b] {
+                    k += 1;
+                }
+                let value = &whole[k];
+                let len = (value.end - value.start) / elem;
+                let end = range.end.min(len);
+                let start = value.start + range.start.min(end) * elem;
+                ranges.push(values.start + start..values.start + value.start + end * elem);
+                lengths.push(len);
+            }
+            i = j;
+        }
+        for (b, offset, len) in read_grouped(&mut chunk, &ranges, |g, _| {
+            read_exact(&self.file, &self.path, g.start, g.end - g.start, "list values")
+        })? {
+            chunk.push_value(b, offset, len);
+        }
+        Ok((chunk, lengths))
     }
 
     /// Values of fixed-size columns (primitives, fixed-size lists and binaries) sit at
@@ -1114,8 +1287,9 @@ mod tests {
         assert!(e.contains("not an Arrow IPC file or stream"), "{e}");
     }
 
-    /// Compressed IPC buffers (LZ4 frame, ZSTD, or stored) decode; a length past what the
-    /// batch holds, a length the data does not match and data of another codec are errors.
+    /// Compressed IPC buffers (LZ4 frame, ZSTD, or stored) decode as streams, only the
+    /// ranges asked for kept; a length past what the codec can expand the buffer to, a
+    /// length the data does not match, a range past it and data of another codec are errors.
     #[test]
     fn compressed_buffers_decode_and_bad_ones_are_errors() {
         use std::io::Write;
@@ -1124,16 +1298,43 @@ mod tests {
         let mut e = lz4_flex::frame::FrameEncoder::new(&mut lz);
         e.write_all(&data).unwrap();
         e.finish().unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("b");
         let framed = |len: i64, body: &[u8]| [len.to_le_bytes().as_slice(), body].concat();
-        assert_eq!(decompress(Codec::Lz4, &framed(4000, &lz), 4000).unwrap(), data);
-        assert_eq!(decompress(Codec::Zstd, &framed(-1, b"abc"), 3).unwrap(), b"abc");
-        assert_eq!(decompress(Codec::Lz4, &[], 0).unwrap(), Vec::<u8>::new());
-        let e = decompress(Codec::Lz4, &framed(1 << 40, &lz), 4000).unwrap_err();
-        assert!(e.contains("at most 4000"), "{e}");
-        let e = decompress(Codec::Lz4, &framed(3000, &lz), 4000).unwrap_err();
-        assert!(e.contains("its header says 3000"), "{e}");
-        let e = decompress(Codec::Zstd, &framed(4000, &lz), 4000).unwrap_err();
+        let decode = |codec: Codec, buf: Vec<u8>, bytes: u64, ranges: &[Range<u64>]| {
+            std::fs::write(&path, &buf).unwrap();
+            let span = FileSpan { start: 0, len: buf.len() as u64, bytes };
+            decompressed_ranges(codec, &File::open(&path).unwrap(), span, ranges).map_err(|e| match e {
+                Undecodable::Corrupt(why) => why,
+                Undecodable::Io(e) => e.to_string(),
+            })
+        };
+        assert_eq!(decode(Codec::Lz4, framed(4000, &lz), 4000, &[0..4000]).unwrap(), data);
+        // Overlapping and apart, in order: the decoder runs once, through.
+        let want = [&data[0..8], &data[4..12], &data[3992..4000]].concat();
+        assert_eq!(decode(Codec::Lz4, framed(4000, &lz), 4000, &[0..8, 4..12, 3992..4000]).unwrap(), want);
+        assert_eq!(decode(Codec::Zstd, framed(-1, b"abc"), 3, &[1..3]).unwrap(), b"bc");
+        assert_eq!(decode(Codec::Lz4, vec![], 0, &[0..0]).unwrap(), Vec::<u8>::new());
+        let e = decode(Codec::Lz4, framed(3000, &lz), 3000, &[0..8]).unwrap_err();
+        assert!(e.contains("decodes to more than 3000 bytes, its header says 3000"), "{e}");
+        let e = decode(Codec::Lz4, framed(5000, &lz), 5000, &[0..8]).unwrap_err();
+        assert!(e.contains("decodes to 4000 bytes, its header says 5000"), "{e}");
+        let e = decode(Codec::Lz4, framed(4000, &lz), 4000, &[3990..4010]).unwrap_err();
+        assert!(e.contains("decodes to 4000 bytes, byte 4010 is needed"), "{e}");
+        let e = decode(Codec::Zstd, framed(4000, &lz), 4000, &[0..8]).unwrap_err();
         assert!(e.contains("does not decode"), "{e}");
+        // At open: a length past what the codec can expand the buffer to, a short buffer.
+        std::fs::write(&path, framed(1 << 40, &lz)).unwrap();
+        let mut spans = [FileSpan { start: 0, len: 8 + lz.len() as u64, bytes: 0 }];
+        let e = uncompressed_lengths(&File::open(&path).unwrap(), &path, 3, Codec::Lz4, &mut spans).unwrap_err();
+        assert!(e.to_string().contains("batch 3 buffer 0: 1099511627776 bytes uncompressed from"), "{e}");
+        let mut spans = [FileSpan { start: 0, len: 8 + lz.len() as u64, bytes: 0 }];
+        std::fs::write(&path, framed(4000, &lz)).unwrap();
+        uncompressed_lengths(&File::open(&path).unwrap(), &path, 3, Codec::Lz4, &mut spans).unwrap();
+        assert_eq!(spans[0].bytes, 4000);
+        let mut spans = [FileSpan { start: 0, len: 5, bytes: 0 }];
+        let e = uncompressed_lengths(&File::open(&path).unwrap(), &path, 3, Codec::Zstd, &mut spans).unwrap_err();
+        assert!(e.to_string().contains("buffer 0: 5 bytes, too short"), "{e}");
     }
 
     #[test]

@@ -173,6 +173,33 @@ impl super::FileReader for MegatronReader {
         Ok(chunk)
     }
 
+    /// Only the pieces' tokens, from where the index puts each sequence in the `.bin`.
+    fn read_list_pieces(
+        &mut self,
+        _field: usize,
+        _elem: usize,
+        pieces: &[(u64, Range<u64>)],
+    ) -> Result<(RowChunk, Vec<u64>)> {
+        let n = self.index.sequences.len() as u64;
+        if let Some((last, _)) = pieces.iter().find(|(r, _)| *r >= n) {
+            return Err(Error::file(&self.path, format!("row {last} is past the end of the dataset ({n} sequences)")));
+        }
+        let size = self.index.dtype.size() as u64;
+        let (mut ranges, mut lengths) = (Vec::with_capacity(pieces.len()), Vec::with_capacity(pieces.len()));
+        for (row, range) in pieces {
+            // Inside the .bin: checked against its size when the index was read.
+            let (at, len) = self.index.sequences[*row as usize];
+            let end = range.end.min(len);
+            ranges.push(at + range.start.min(end) * size..at + end * size);
+            lengths.push(len);
+        }
+        let mut chunk = RowChunk::new(1);
+        for (b, offset, len) in read_grouped(&mut chunk, &ranges, |g, _| read_span(&self.bin, &self.path, g))? {
+            chunk.push_value(b, offset, len);
+        }
+        Ok((chunk, lengths))
+    }
+
     /// From the index: no token is read.
     fn list_lengths(&mut self, _rows: u64, _field: usize, _elem: usize) -> Result<Vec<u64>> {
         Ok(self.index.sequences.iter().map(|&(_, n)| n).collect())
@@ -257,6 +284,16 @@ mod tests {
         std::fs::write(dir.path().join("y.idx"), std::fs::read(&idx).unwrap()).unwrap();
         let e = scan(&dir.path().join("y.idx")).unwrap_err().to_string();
         assert!(e.contains("y.bin") && e.contains("cannot be read: No such file or directory"), "{e}");
+        // Pieces of sequences read only their tokens (clamped to the sequence), with each
+        // sequence's length.
+        let mut r = MegatronReader::open_cached(&idx, &f, &IndexCache::new()).unwrap();
+        let (chunk, lengths) = r.read_list_pieces(0, 4, &[(0, 1..3), (2, 10..12), (2, 998..1200), (3, 5..9)]).unwrap();
+        assert_eq!(lengths, [3, 1000, 1000, 1]);
+        let tokens = |k: usize| -> Vec<i32> {
+            chunk.value(k, 0).chunks(4).map(|c| i32::from_le_bytes(c.try_into().unwrap())).collect()
+        };
+        assert_eq!((tokens(0), tokens(1), tokens(2), tokens(3)), (vec![2, 3], vec![7; 2], vec![7; 2], vec![]));
+        assert!(chunk.bytes_read() < 100, "{}", chunk.bytes_read());
         let mut short = std::fs::read(&idx).unwrap();
         short.truncate(short.len() - 8);
         std::fs::write(dir.path().join("x.idx"), &short).unwrap();

@@ -20,6 +20,7 @@ pub mod npy;
 pub mod npy_header;
 pub mod pack;
 pub mod parquet;
+mod parquet_pages;
 pub mod raw;
 pub mod rows;
 pub mod schema;
@@ -103,6 +104,26 @@ pub struct DatasetOptions {
     /// Sequence packing of a token field ([`pack`]): the samples are then the packed ones.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pack: Option<pack::PackSpec>,
+    /// The most bytes a reader decodes at once where it cannot decode less than a whole
+    /// unit of the file (a Parquet page): a larger unit is refused, so that memory follows
+    /// the window, not the file. A job sets it to its window budget (`--window-bytes`);
+    /// `None`: [`crate::config::DEFAULT_WINDOW_BYTES`]. Never less than
+    /// [`MIN_DECODE_LIMIT`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decode_limit: Option<u64>,
+}
+
+/// The least [`DatasetOptions::decode_limit`]: 1 MiB, the data page size Parquet writers
+/// aim at by default (pyarrow, Spark's parquet-mr, arrow-rs), so that files written with
+/// the defaults read at any window budget (a window holds one step at least, whatever its
+/// budget, and a small one is exceeded by it anyway).
+pub const MIN_DECODE_LIMIT: u64 = 1 << 20;
+
+impl DatasetOptions {
+    /// [`DatasetOptions::decode_limit`], or its default; at least [`MIN_DECODE_LIMIT`].
+    pub fn decode_limit(&self) -> u64 {
+        self.decode_limit.unwrap_or(crate::config::DEFAULT_WINDOW_BYTES).max(MIN_DECODE_LIMIT)
+    }
 }
 
 /// What the header of one file says.
@@ -411,7 +432,9 @@ fn open_format(
         Format::Arrow => Box::new(arrow::ArrowReader::open_cached(&info.path, fields, &parsed.arrow)?),
         Format::WebDataset => Box::new(wds::WdsReader::open_cached(&info.path, fields, &parsed.tar)?),
         Format::Megatron => Box::new(megatron::MegatronReader::open_cached(&info.path, fields, &parsed.megatron)?),
-        Format::Parquet => Box::new(parquet::ParquetReader::open_cached(&info.path, fields, &parsed.parquet)?),
+        Format::Parquet => {
+            Box::new(parquet::ParquetReader::open_cached(&info.path, fields, &parsed.parquet, options.decode_limit())?)
+        }
     })
 }
 
@@ -433,6 +456,33 @@ fn lengths_by_reading<R: FileReader + ?Sized>(
     Ok(lengths)
 }
 
+/// [`FileReader::read_list_pieces`] by reading the rows' whole values.
+fn pieces_by_reading<R: FileReader + ?Sized>(
+    reader: &mut R,
+    field: usize,
+    elem: usize,
+    pieces: &[(u64, std::ops::Range<u64>)],
+) -> Result<(RowChunk, Vec<u64>)> {
+    let mut rows: Vec<u64> = pieces.iter().map(|(r, _)| *r).collect();
+    rows.dedup();
+    let whole = reader.read_columns(&rows, &[field])?;
+    let elem = elem.max(1);
+    let (mut parts, mut lengths) = (Vec::with_capacity(pieces.len()), Vec::with_capacity(pieces.len()));
+    let mut k = 0;
+    for (row, range) in pieces {
+        k += rows[k..]
+            .iter()
+            .position(|r| r == row)
+            .ok_or_else(|| Error::Internal(format!("list pieces not sorted by row (row {row})")))?;
+        let len = whole.value(k, 0).len() / elem;
+        lengths.push(len as u64);
+        let end = usize::try_from(range.end).unwrap_or(usize::MAX).min(len);
+        let start = usize::try_from(range.start).unwrap_or(usize::MAX).min(end);
+        parts.push((k, start * elem..end * elem));
+    }
+    Ok((whole.slices(0, &parts), lengths))
+}
+
 /// Reads rows of one file.
 pub trait FileReader: Send {
     /// Reads the given rows of this file: local row indices, sorted ascending, unique.
@@ -452,6 +502,23 @@ pub trait FileReader: Send {
     /// (Megatron's index) answer without reading values.
     fn list_lengths(&mut self, rows: u64, field: usize, elem: usize) -> Result<Vec<u64>> {
         lengths_by_reading(self, rows, field, elem)
+    }
+
+    /// Parts of list values: for each `(row, range)` of `pieces` (sorted by row, then by
+    /// the start of the range), elements `range` of the value of list field `field` of that
+    /// row (elements of `elem` bytes), clamped to the value, as the one field of row `k` of
+    /// the chunk; and per piece, how many elements its row's whole value has (for the
+    /// caller to check against what it expects). What sequence packing reads, so that a
+    /// packed sample of a long document reads its own tokens, not the document. The
+    /// default reads the rows' whole values; formats that know where each element lies
+    /// (Megatron's `.bin`, uncompressed Arrow) read only the pieces.
+    fn read_list_pieces(
+        &mut self,
+        field: usize,
+        elem: usize,
+        pieces: &[(u64, std::ops::Range<u64>)],
+    ) -> Result<(RowChunk, Vec<u64>)> {
+        pieces_by_reading(self, field, elem, pieces)
     }
 
     /// Where field `field` of local row `row` lies in the file, for formats that store
@@ -770,6 +837,15 @@ impl FileReader for Selected {
         self.inner.list_lengths(rows, self.columns[field], elem)
     }
 
+    fn read_list_pieces(
+        &mut self,
+        field: usize,
+        elem: usize,
+        pieces: &[(u64, std::ops::Range<u64>)],
+    ) -> Result<(RowChunk, Vec<u64>)> {
+        self.inner.read_list_pieces(self.columns[field], elem, pieces)
+    }
+
     fn read_at(&mut self, offset: u64, out: &mut [u8]) -> Result<()> {
         self.inner.read_at(offset, out)
     }
@@ -827,6 +903,16 @@ impl FileReader for CheckedReader {
     fn list_lengths(&mut self, rows: u64, field: usize, elem: usize) -> Result<Vec<u64>> {
         let lengths = self.inner.list_lengths(rows, field, elem);
         unchanged_then(&self.info, lengths)
+    }
+
+    fn read_list_pieces(
+        &mut self,
+        field: usize,
+        elem: usize,
+        pieces: &[(u64, std::ops::Range<u64>)],
+    ) -> Result<(RowChunk, Vec<u64>)> {
+        let read = self.inner.read_list_pieces(field, elem, pieces);
+        unchanged_then(&self.info, read)
     }
 
     fn value_range(&self, row: u64, field: usize) -> Option<std::ops::Range<u64>> {

@@ -14,7 +14,10 @@
 //! The plan of a file ([`Plan`]) is where each document starts in its stream: one `u64` per
 //! document, computed from the documents' lengths ([`super::FileReader::list_lengths`]:
 //! Megatron's index holds them, other formats read their offsets or values once), never by
-//! reading tokens twice a window. A packed sample reads only the documents it overlaps.
+//! reading tokens twice a window. A packed sample reads only its own tokens of the
+//! documents it overlaps ([`super::FileReader::read_list_pieces`]: Megatron's `.bin` and
+//! uncompressed Arrow give any range of a document; other readers read whole documents), so
+//! reads and memory follow the window, not the longest document.
 //!
 //! Optional fields, for attention that must not cross documents: `position_ids` (`i64`,
 //! `[S]`: each input's position in its document, from 0) and `cu_seqlens` (`i32`, variable
@@ -278,10 +281,18 @@ impl PackedReader {
         Ok(PackedReader { inner, packing, plan, path: path.to_path_buf() })
     }
 
+    /// The tokens of document `d` inside stream range `window`, as a range of the
+    /// document's tokens (empty where only its end-of-document token is inside).
+    fn tokens_in(&self, d: usize, window: &Range<u64>) -> Range<u64> {
+        let (start, len) = (self.plan.starts[d], self.plan.len(d));
+        let from = window.start.saturating_sub(start).min(len);
+        from..window.end.saturating_sub(start).min(len).max(from)
+    }
+
     /// Appends one packed sample's bytes to `out` and returns where each of its values lies
     /// there (offset, length), in field order. The S + 1 tokens are written once: the inputs
-    /// are their first S, the labels their last S.
-    fn pack(&self, j: u64, docs: &RowChunk, first_doc: usize, out: &mut Vec<u8>) -> Result<Vec<(usize, usize)>> {
+    /// are their first S, the labels their last S, from the documents' tokens in `read`.
+    fn pack(&self, j: u64, read: &Pieces, out: &mut Vec<u8>) -> Result<Vec<(usize, usize)>> {
         let s = self.packing.spec.seq_len;
         let size = self.packing.dtype.size();
         let window = j * s..j * s + s + 1;
@@ -289,19 +300,10 @@ impl PackedReader {
         let mut positions: Vec<i64> = Vec::new();
         let mut cu: Vec<i32> = vec![0];
         for d in self.plan.documents(&window) {
-            let value = docs.value(d - first_doc, 0);
-            let len = self.plan.len(d);
-            if value.len() as u64 != len * size as u64 {
-                return Err(Error::file(
-                    &self.path,
-                    format!("document {d} holds {} bytes, {len} tokens when it was indexed: it changed", value.len()),
-                ));
-            }
+            let tokens = self.tokens_in(d, &window);
+            out.extend_from_slice(read.tokens(self, d, tokens)?);
             let doc = self.plan.starts[d]..self.plan.starts[d + 1];
             let (from, to) = (doc.start.max(window.start), doc.end.min(window.end));
-            // Tokens of the document inside the window, then its end-of-document token.
-            let (t0, t1) = ((from - doc.start).min(len), (to - doc.start).min(len));
-            out.extend_from_slice(&value[t0 as usize * size..t1 as usize * size]);
             if let Some(eos) = self.packing.eos.as_deref().filter(|_| to == doc.end) {
                 out.extend_from_slice(eos);
             }
@@ -328,6 +330,42 @@ impl PackedReader {
             out.extend(cu.iter().flat_map(|c| c.to_le_bytes()));
         }
         Ok(values)
+    }
+}
+
+/// The parts of documents read for some packed samples: `pieces[k]` (document, token
+/// range) is row `k` of `chunk`, and its document held `lengths[k]` tokens.
+struct Pieces {
+    pieces: Vec<(u64, Range<u64>)>,
+    chunk: RowChunk,
+    lengths: Vec<u64>,
+}
+
+impl Pieces {
+    /// The bytes of tokens `tokens` of document `d`, from the piece holding them; a
+    /// document whose length is not the plan's is an error (the file changed).
+    fn tokens(&self, reader: &PackedReader, d: usize, tokens: Range<u64>) -> Result<&[u8]> {
+        let size = reader.packing.dtype.size() as u64;
+        let d64 = d as u64;
+        let k = self.pieces.partition_point(|(pd, r)| (*pd, r.start) <= (d64, tokens.start));
+        let found = k.checked_sub(1).filter(|&k| {
+            let (pd, r) = &self.pieces[k];
+            *pd == d64 && r.start <= tokens.start && tokens.end <= r.end
+        });
+        let k = found.ok_or_else(|| Error::Internal(format!("tokens {tokens:?} of document {d} were not read")))?;
+        let (len, piece) = (reader.plan.len(d), &self.pieces[k].1);
+        let value = self.chunk.value(k, 0);
+        if self.lengths[k] != len || value.len() as u64 != (piece.end - piece.start) * size {
+            return Err(Error::file(
+                &reader.path,
+                format!(
+                    "document {d} holds {} bytes, {len} tokens when it was indexed: it changed",
+                    self.lengths[k] * size
+                ),
+            ));
+        }
+        let from = ((tokens.start - piece.start) * size) as usize;
+        Ok(&value[from..from + ((tokens.end - tokens.start) * size) as usize])
     }
 }
 
@@ -359,11 +397,25 @@ impl FileReader for PackedReader {
                 span.end = span.end.max(next.end);
                 k += 1;
             }
-            let ids: Vec<u64> = (span.start as u64..span.end as u64).collect();
-            let docs = self.inner.read_columns(&ids, &[self.packing.column])?;
-            chunk.add_bytes_read(docs.bytes_read());
+            // Each sample's tokens of each document it overlaps; one piece per document
+            // where consecutive samples' pieces meet (they share a token).
+            let mut pieces: Vec<(u64, Range<u64>)> = Vec::new();
             for &r in &rows[i..k] {
-                values.extend(self.pack(r, &docs, span.start, &mut bytes)?);
+                let window = r * s..r * s + s + 1;
+                for d in self.plan.documents(&window) {
+                    let t = self.tokens_in(d, &window);
+                    match pieces.last_mut() {
+                        Some((pd, p)) if *pd == d as u64 && t.start <= p.end => p.end = p.end.max(t.end),
+                        _ => pieces.push((d as u64, t)),
+                    }
+                }
+            }
+            let size = self.packing.dtype.size();
+            let (docs, lengths) = self.inner.read_list_pieces(self.packing.column, size, &pieces)?;
+            chunk.add_bytes_read(docs.bytes_read());
+            let read = Pieces { pieces, chunk: docs, lengths };
+            for &r in &rows[i..k] {
+                values.extend(self.pack(r, &read, &mut bytes)?);
             }
             i = k;
         }
@@ -472,6 +524,80 @@ mod tests {
                 }
             }
             assert!(r.read_rows(&[want.len() as u64]).unwrap_err().to_string().contains("past the end"));
+        }
+    }
+
+    /// A packed sample reads its own tokens of the documents it overlaps, not the documents:
+    /// from a Megatron `.bin` and from uncompressed Arrow lists, one document of 1M tokens
+    /// packed into samples of 2048 reads about 8 KiB a sample (and the same samples as the
+    /// whole document would give).
+    #[test]
+    fn packed_samples_of_a_long_document_read_their_tokens_not_the_document() {
+        use arrow_array::{types::Int32Type, ListArray, RecordBatch};
+        let dir = tempfile::tempdir().unwrap();
+        let docs: Vec<Vec<i32>> = vec![(0..1_000_000).map(|t| t * 7 % 50_000).collect(), vec![9; 5000], vec![3]];
+        // Megatron: i32 tokens.
+        let idx = dir.path().join("m.idx");
+        let (mut bin, mut lengths, mut pointers) = (Vec::new(), Vec::new(), Vec::new());
+        for d in &docs {
+            pointers.extend((bin.len() as i64).to_le_bytes());
+            lengths.extend((d.len() as i32).to_le_bytes());
+            bin.extend(d.iter().flat_map(|t| t.to_le_bytes()));
+        }
+        let mut index = b"MMIDIDX\x00\x00".to_vec();
+        index.extend(1u64.to_le_bytes());
+        index.push(4);
+        index.extend((docs.len() as u64).to_le_bytes());
+        index.extend((docs.len() as u64 + 1).to_le_bytes());
+        index.extend(lengths);
+        index.extend(pointers);
+        index.extend((0..=docs.len() as i64).flat_map(|d| d.to_le_bytes()));
+        std::fs::write(dir.path().join("m.bin"), bin).unwrap();
+        std::fs::write(&idx, index).unwrap();
+        // Arrow: a List<Int32> column, one record batch.
+        let arrow = dir.path().join("a.arrow");
+        let list = ListArray::from_iter_primitive::<Int32Type, _, _>(
+            docs.iter().map(|d| Some(d.iter().map(|&t| Some(t)).collect::<Vec<_>>())),
+        );
+        let batch = RecordBatch::try_from_iter([("tokens", Arc::new(list) as arrow_array::ArrayRef)]).unwrap();
+        let mut w =
+            arrow_ipc::writer::FileWriter::try_new(std::fs::File::create(&arrow).unwrap(), &batch.schema()).unwrap();
+        w.write(&batch).unwrap();
+        w.finish().unwrap();
+        let open = |format: crate::dataset::Format, path: &Path| -> (Box<dyn FileReader>, Vec<Field>) {
+            let info = crate::dataset::scan_file(path, format, &Default::default()).unwrap();
+            let f = info.fields.clone();
+            let reader: Box<dyn FileReader> = match format {
+                crate::dataset::Format::Megatron => Box::new(
+                    crate::dataset::megatron::MegatronReader::open_cached(path, &f, &Default::default()).unwrap(),
+                ),
+                _ => Box::new(crate::dataset::arrow::ArrowReader::open(path, &f).unwrap()),
+            };
+            (reader, f)
+        };
+        for (format, path) in [(crate::dataset::Format::Megatron, &idx), (crate::dataset::Format::Arrow, &arrow)] {
+            let (reader, f) = open(format, path);
+            let spec: PackSpec = "tokens:2048,eos=-1,position_ids".parse().unwrap();
+            let packing = Arc::new(Packing::resolve(&spec, &f).unwrap());
+            let lengths: Vec<u64> = docs.iter().map(|d| d.len() as u64).collect();
+            let tokens = packing.stream_tokens(&lengths);
+            let mut r = PackedReader::open(reader, path, 3, packing.clone(), tokens, &PlanCache::new()).unwrap();
+            let want = reference(&docs, 2048, Some(-1));
+            // Samples inside the long document, at its end (with its end-of-document token
+            // and the next documents), and apart.
+            let rows = [0u64, 1, 2, 300, 487, 488, 489, want.len() as u64 - 1];
+            let chunk = r.read_rows(&rows).unwrap();
+            for (k, &j) in rows.iter().enumerate() {
+                let i32s = |b: &[u8]| i32::from_le_bytes(b.try_into().unwrap());
+                assert_eq!(ints(chunk.value(k, 0), 4, i32s), want[j as usize].0[..2048], "{format:?} sample {j}");
+                assert_eq!(ints(chunk.value(k, 1), 4, i32s), want[j as usize].0[1..], "{format:?} sample {j}");
+                let i64s = |b: &[u8]| i64::from_le_bytes(b.try_into().unwrap());
+                assert_eq!(ints(chunk.value(k, 2), 8, i64s), want[j as usize].1, "{format:?} sample {j}");
+            }
+            // 2049 tokens of 4 bytes a sample (less where samples share one), plus two
+            // offsets per piece (Arrow): the 4 MB document is not read.
+            let bound = rows.len() as u64 * (2049 * 4 + 64);
+            assert!(chunk.bytes_read() <= bound, "{format:?}: {} bytes read, at most {bound}", chunk.bytes_read());
         }
     }
 

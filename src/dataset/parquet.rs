@@ -6,8 +6,12 @@
 //! groups they lie in, only the selected columns, and within a row group only the pages
 //! that hold the rows where the file has a page index (a row selection). Pages are
 //! decompressed (snappy, gzip, LZ4, zstd) and decoded by the crate; the rows' values are
-//! copied out, so memory is the rows' values plus the pages being decoded. Nulls are
-//! refused, naming the column and the row group.
+//! copied out, so memory is the rows' values plus the pages being decoded. The crate
+//! decodes a page whole, whatever rows of it are needed: before a column chunk is first
+//! read its page headers are walked ([`super::parquet_pages`]) and a page whose declared
+//! uncompressed size exceeds the reader's decode limit (the window budget) is refused,
+//! naming the file, row group, column and page with the sizes. Nulls are refused, naming
+//! the column and the row group.
 
 use std::fs::File;
 use std::ops::Range;
@@ -23,6 +27,7 @@ use parquet::arrow::arrow_reader::{
 };
 use parquet::arrow::ProjectionMask;
 
+use super::parquet_pages;
 use super::rows::{advise_dontneed, advise_willneed, RowChunk};
 use super::schema::Field;
 use crate::error::{Error, Result};
@@ -90,12 +95,22 @@ pub struct ParquetReader {
     meta: ArrowReaderMetadata,
     /// First row of each row group, plus the total at the end.
     starts: Vec<u64>,
+    /// The most bytes one page may declare uncompressed.
+    max_page_bytes: u64,
+    /// The column chunks (row group, leaf column) whose pages were checked.
+    checked: std::collections::HashSet<(usize, usize)>,
 }
 
 impl ParquetReader {
     /// Opens `path` with the footer in `cache` (read if it is empty), checking that its
-    /// fields are `expected`.
-    pub fn open_cached(path: &Path, expected: &[Field], cache: &MetaCache) -> Result<ParquetReader> {
+    /// fields are `expected`. Reads refuse a page declaring more than `max_page_bytes`
+    /// uncompressed (the crate would decompress and decode it whole).
+    pub fn open_cached(
+        path: &Path,
+        expected: &[Field],
+        cache: &MetaCache,
+        max_page_bytes: u64,
+    ) -> Result<ParquetReader> {
         let file = File::open(path).map_err(|e| Error::io(path, e))?;
         let meta = match cache.get() {
             Some(m) => m.clone(),
@@ -111,7 +126,56 @@ impl ParquetReader {
         for g in meta.metadata().row_groups() {
             starts.push(starts.last().expect("non-empty") + u64::try_from(g.num_rows()).unwrap_or(0));
         }
-        Ok(ParquetReader { file, path: path.to_path_buf(), meta, starts })
+        Ok(ParquetReader { file, path: path.to_path_buf(), meta, starts, max_page_bytes, checked: Default::default() })
+    }
+
+    /// Checks the page headers of the column chunks of row group `g` that `columns` (top-level
+    /// fields) read, once per chunk: no page may declare more than `max_page_bytes`.
+    fn check_pages(&mut self, g: usize, columns: &[usize]) -> Result<()> {
+        let md = self.meta.metadata();
+        let schema = md.file_metadata().schema_descr();
+        let group = &md.row_groups()[g];
+        let file_len = self.file.metadata().map_err(|e| Error::io(&self.path, e))?.len();
+        for (leaf, chunk) in group.columns().iter().enumerate() {
+            let root = schema.get_column_root_idx(leaf);
+            if !columns.contains(&root) || self.checked.contains(&(g, leaf)) {
+                continue;
+            }
+            let name = chunk.column_path().string();
+            let what = format!("row group {g}, column '{name}'");
+            let start = chunk.dictionary_page_offset().unwrap_or(chunk.data_page_offset());
+            let range = u64::try_from(start).ok().zip(u64::try_from(chunk.compressed_size()).ok());
+            let range = range.and_then(|(s, n)| Some(s..s.checked_add(n)?)).filter(|r| r.end <= file_len);
+            let range = range.ok_or_else(|| {
+                Error::file(
+                    &self.path,
+                    format!(
+                        "corrupt Parquet file: {what}: its column chunk ({} bytes at {start}) lies outside the file \
+                         ({file_len} bytes)",
+                        chunk.compressed_size()
+                    ),
+                )
+            })?;
+            let limit = self.max_page_bytes;
+            parquet_pages::walk(&self.file, &self.path, &what, range, limit, |n, page| {
+                if page.uncompressed <= limit {
+                    return Ok(());
+                }
+                Err(Error::file(
+                    &self.path,
+                    format!(
+                        "{what}: page {n} ({}) holds {} bytes uncompressed ({} compressed), more than the {limit} \
+                         bytes a read may decode (the window budget, --window-bytes, or 1 MiB where that is less); \
+                         write smaller pages (pyarrow: data_page_size) or give a larger window",
+                        page.kind_name(),
+                        page.uncompressed,
+                        page.compressed
+                    ),
+                ))
+            })?;
+            self.checked.insert((g, leaf));
+        }
+        Ok(())
     }
 
     /// Values of `local` rows (sorted) of row group `g`, columns `columns`, appended to
@@ -261,6 +325,7 @@ impl super::FileReader for ParquetReader {
             let g = self.starts.partition_point(|&s| s <= rows[i]) - 1;
             let j = i + rows[i..].partition_point(|&r| r < self.starts[g + 1]);
             let local: Vec<u64> = rows[i..j].iter().map(|r| r - self.starts[g]).collect();
+            self.check_pages(g, columns)?;
             let read = || self.read_group(g, &local, columns, &mut values, &mut locs, i);
             unpanicked(&self.path, &format!("row group {g}"), read)??;
             i = j;
@@ -312,7 +377,7 @@ mod tests {
         write(&path, (0..50).map(Some).collect(), texts.iter().map(String::as_str).collect(), 8);
         let (n, fields, _) = scan(&path).unwrap();
         assert_eq!(n, 50);
-        let mut r = ParquetReader::open_cached(&path, &fields, &MetaCache::new()).unwrap();
+        let mut r = ParquetReader::open_cached(&path, &fields, &MetaCache::new(), 1 << 20).unwrap();
         let rows = [0u64, 7, 8, 9, 31, 49];
         let chunk = r.read_rows(&rows).unwrap();
         for (k, &id) in rows.iter().enumerate() {
@@ -332,6 +397,45 @@ mod tests {
         std::fs::write(&path, &bytes[..bytes.len() / 2]).unwrap();
         let e = scan(&path).unwrap_err().to_string();
         assert!(e.contains("a.parquet") && e.contains("not a readable Parquet file"), "{e}");
+    }
+
+    /// A page is decoded whole (the crate cannot decode part of one): one declaring more
+    /// than the reader's limit is refused before it is read, naming the row group, column
+    /// and page with its sizes, whatever rows are asked for; within the limit it reads.
+    #[test]
+    fn a_page_larger_than_the_decode_limit_is_refused_naming_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("z.parquet");
+        // 4 MiB of zeros in one zstd page of a few hundred bytes, after a small column.
+        let batch = RecordBatch::try_from_iter([
+            ("s", Arc::new(StringArray::from(vec!["a"; 1 << 19])) as ArrayRef),
+            ("y", Arc::new(Int64Array::from(vec![0i64; 1 << 19])) as ArrayRef),
+        ])
+        .unwrap();
+        let props = parquet::file::properties::WriterProperties::builder()
+            .set_compression(parquet::basic::Compression::ZSTD(Default::default()))
+            .set_dictionary_enabled(false)
+            .set_data_page_size_limit(64 << 20)
+            .set_data_page_row_count_limit(1 << 20)
+            .set_write_batch_size(1 << 20)
+            .build();
+        let mut w =
+            parquet::arrow::ArrowWriter::try_new(File::create(&path).unwrap(), batch.schema(), Some(props)).unwrap();
+        w.write(&batch).unwrap();
+        w.close().unwrap();
+        assert!(std::fs::metadata(&path).unwrap().len() < 64 << 10);
+        let (_, fields, _) = scan(&path).unwrap();
+        let mut r = ParquetReader::open_cached(&path, &fields, &MetaCache::new(), 1 << 20).unwrap();
+        let e = r.read_rows(&[0, 1]).unwrap_err().to_string();
+        assert!(e.contains("z.parquet") && e.contains("row group 0, column 's': page 0 (data page) holds"), "{e}");
+        assert!(e.contains(&format!("holds {} bytes uncompressed", 5 << 19)), "{e}");
+        assert!(e.contains("more than the 1048576 bytes a read may decode"), "{e}");
+        // The column asked for is the one checked: 'y' alone is refused on its own page.
+        let e = r.read_columns(&[5], &[1]).unwrap_err().to_string();
+        assert!(e.contains("column 'y': page 0 (data page) holds 4194304 bytes uncompressed"), "{e}");
+        let mut r = ParquetReader::open_cached(&path, &fields, &MetaCache::new(), 8 << 20).unwrap();
+        let chunk = r.read_rows(&[0, 1]).unwrap();
+        assert_eq!((chunk.value(1, 0), chunk.value(1, 1)), (&b"a"[..], &[0u8; 8][..]));
     }
 
     #[test]
@@ -357,7 +461,7 @@ mod tests {
             std::fs::write(&path, bytes).unwrap();
             let (n, fields, _) = scan(&path)?;
             let rows: Vec<u64> = (0..n.min(64)).collect();
-            let chunk = ParquetReader::open_cached(&path, &fields, &MetaCache::new())?.read_rows(&rows)?;
+            let chunk = ParquetReader::open_cached(&path, &fields, &MetaCache::new(), 1 << 20)?.read_rows(&rows)?;
             Ok((0..rows.len()).map(|k| chunk.value(k, 0).to_vec()).collect())
         };
         let values = read(&good).unwrap();

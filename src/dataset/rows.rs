@@ -96,6 +96,20 @@ impl RowChunk {
         RowChunk { buffers: self.buffers.clone(), locs, fields: fields.len(), bytes_read: self.bytes_read }
     }
 
+    /// A chunk of one field whose row `k` is bytes `parts[k].1` of this chunk's value
+    /// `(parts[k].0, field)`, sharing its buffers and its count of bytes read.
+    pub fn slices(&self, field: usize, parts: &[(usize, Range<usize>)]) -> RowChunk {
+        let locs = parts
+            .iter()
+            .map(|(row, bytes)| {
+                let loc = self.locs[row * self.fields + field];
+                debug_assert!(bytes.start <= bytes.end && bytes.end <= loc.len);
+                Loc { buffer: loc.buffer, offset: loc.offset + bytes.start, len: bytes.end - bytes.start }
+            })
+            .collect();
+        RowChunk { buffers: self.buffers.clone(), locs, fields: 1, bytes_read: self.bytes_read }
+    }
+
     /// Buffers the chunk's values lie in: for readers that read into buffers of their own,
     /// the reads that brought them in.
     pub fn buffers(&self) -> usize {

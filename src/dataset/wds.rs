@@ -11,7 +11,10 @@
 //! extracted. The members of a sample must be adjacent; every sample must have the fields
 //! of the first one. A member that is not a regular file, a name without an extension, a
 //! key seen again apart from its sample, a header whose checksum is wrong and a member cut
-//! short by the end of the file are errors naming the file, the member and the byte.
+//! short by the end of the file are errors naming the file, the member and the byte. So is
+//! a shard without the end-of-archive marker (two zero blocks), which every writer puts
+//! there: one cut exactly between two members reads like a shorter shard otherwise. After
+//! the marker only zeros may follow (the writers' padding to a record).
 
 use std::fs::File;
 use std::ops::Range;
@@ -130,7 +133,8 @@ fn read_index(file: &File, path: &Path) -> Result<Index> {
         }
         let h = headers.bytes(at, BLOCK)?.to_vec();
         if h.iter().all(|&c| c == 0) {
-            break; // the end-of-archive blocks
+            end_of_archive(&mut headers, at)?;
+            return group(path, members);
         }
         let stored = number(&h[148..156]);
         let sum: u64 =
@@ -174,7 +178,51 @@ fn read_index(file: &File, path: &Path) -> Result<Index> {
         }
         at = data + size.div_ceil(BLOCK) * BLOCK;
     }
-    group(path, members)
+    // Writers end an archive with two zero blocks: a shard without them was cut, maybe
+    // exactly between two members, where every header before the cut still reads.
+    let after = members.last().map_or(String::new(), |(name, _, _)| format!(" after member '{name}'"));
+    Err(Error::file(
+        path,
+        format!(
+            "truncated: the shard ends at byte {len}{after} without the end-of-archive marker (two zero blocks): it \
+             was cut short"
+        ),
+    ))
+}
+
+/// Checks the end of an archive whose first zero block is at `at`: a second zero block
+/// follows, and nothing but zeros after it (GNU tar and Python's `tarfile` pad the archive
+/// to a record of 10 KiB; a file cut inside that padding has lost nothing). A zero block
+/// where a header belongs with data after it is a damaged header (or archives
+/// concatenated, whose later members `tar` itself does not read without `-i`).
+fn end_of_archive(headers: &mut Headers<'_>, at: u64) -> Result<()> {
+    let len = headers.len;
+    if len - at < 2 * BLOCK {
+        return Err(Error::file(
+            headers.path,
+            format!(
+                "truncated: the end-of-archive marker at byte {at} is cut short ({} of {} bytes)",
+                len - at,
+                2 * BLOCK
+            ),
+        ));
+    }
+    let mut from = at + BLOCK;
+    while from < len {
+        let n = WINDOW.min(len - from);
+        if let Some(k) = headers.bytes(from, n)?.iter().position(|&c| c != 0) {
+            return Err(Error::file(
+                headers.path,
+                format!(
+                    "corrupt tar file: a zero block at byte {at} ends the archive, but data follows at byte {} (a \
+                     damaged header, or archives concatenated)",
+                    from + k as u64
+                ),
+            ));
+        }
+        from += n;
+    }
+    Ok(())
 }
 
 /// Groups members into samples by key; the first sample's fields are every sample's.
@@ -412,9 +460,42 @@ mod tests {
             "sample '1' has the fields [cls] where the first sample has [cls, txt]",
         );
         fails(tar(&[("README", b"x")]), "member 'README' has no extension");
+        // Cut exactly between two members, inside a member's padding, inside the marker.
+        let at_member = good.len() - 1024 - 2 * 1024;
+        fails(
+            good[..at_member].to_vec(),
+            "truncated: the shard ends at byte 2048 after member '0.txt' without the end-of-archive marker",
+        );
+        fails(
+            good[..good.len() - 1024 - 100].to_vec(),
+            "ends at byte 3996 after member '1.txt' without the end-of-archive marker",
+        );
+        fails(
+            good[..good.len() - 400].to_vec(),
+            "truncated: the end-of-archive marker at byte 4096 is cut short (624 of 1024 bytes)",
+        );
+        fails(good[..good.len() - 600].to_vec(), "truncated: a tar header at byte 4096 is cut short");
+        fails(Vec::new(), "truncated: the shard ends at byte 0 without the end-of-archive marker");
+        // A zeroed header (or a second archive) before more members.
+        let mut zeroed = good.clone();
+        zeroed[1024..1536].fill(0);
+        fails(zeroed, "a zero block at byte 1024 ends the archive, but data follows at byte 1536");
         let mut link = tar(&[("0.cls", b"1")]);
         link.splice(0..512, header("0.lnk", 0, b'2'));
         fails(link, "a tar entry of type '2'");
+    }
+
+    #[test]
+    fn the_padding_after_the_end_of_archive_marker_may_be_cut() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.tar");
+        let mut t = tar(&[("0.cls", b"1"), ("1.cls", b"2")]);
+        // Padded to a 10 KiB record, as GNU tar and Python's tarfile write it.
+        t.resize(10240, 0);
+        for cut in [t.len(), 2048 + 1024, 2048 + 1024 + 1] {
+            std::fs::write(&path, &t[..cut]).unwrap();
+            assert_eq!(scan(&path).unwrap().0, 2, "cut at {cut}");
+        }
     }
 
     #[test]
@@ -438,6 +519,7 @@ mod tests {
         t.extend(header("short2.cls", 1, b'0'));
         t.push(b'6');
         t.resize(t.len().div_ceil(512) * 512, 0);
+        t.extend([0u8; 1024]);
         std::fs::write(&path, &t).unwrap();
         let index = read_index(&File::open(&path).unwrap(), &path).unwrap();
         assert_eq!(index.rows(), 2, "two samples, keyed by their long names");
