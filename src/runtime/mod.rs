@@ -264,6 +264,7 @@ fn launcher_sizes_from(var: impl Fn(&str) -> Option<String>) -> Vec<(&'static st
 /// `mpirun` (`OMPI_COMM_WORLD_SIZE`, and PMIx's), `srun --mpi=pmix` (PMIx's), `srun
 /// --mpi=pmi2` and MPICH's Hydra (PMI's). A process with none of them initialises MPI as a
 /// singleton: a job of one process, started without a launcher.
+#[cfg(feature = "mpi")]
 const MPI_LAUNCHER_VARS: [&str; 7] =
     ["OMPI_COMM_WORLD_SIZE", "PMIX_NAMESPACE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE", "PMI_FD", "PMI_PORT"];
 
@@ -273,6 +274,7 @@ const MPI_LAUNCHER_VARS: [&str; 7] =
 /// `MPI_Init` whether or not a peer ever connects), and `MPI_Init` forks an `orted` that
 /// listens on all addresses (ORTE's out-of-band TCP) and on 127.0.0.1 (PMIx). A job of
 /// one process talks to itself only: the `self` BTL over the `ob1` PML is all it needs.
+#[cfg(feature = "mpi")]
 const SINGLETON_MCA: [(&str, &str); 3] = [
     // Only the loopback-to-self BTL: no TCP BTL listener (nor one of the `ofi` BTL's
     // providers, which listened on eth0 when only `tcp` was left out).
@@ -290,6 +292,7 @@ const SINGLETON_MCA: [(&str, &str); 3] = [
 /// the launcher's business, and its settings rule), and none that the user set (`var`
 /// tells whether a variable is set, even empty): `OMPI_MCA_btl=self,vader,tcp` gives a
 /// singleton its TCP BTL back. MPICH ignores these variables.
+#[cfg(feature = "mpi")]
 fn singleton_settings(var: impl Fn(&str) -> Option<()>) -> Vec<(&'static str, &'static str)> {
     if MPI_LAUNCHER_VARS.iter().any(|v| var(v).is_some()) {
         return Vec::new();
@@ -366,6 +369,7 @@ mod tests {
     use super::*;
 
     #[test]
+    #[cfg(feature = "mpi")]
     fn a_singleton_is_kept_off_the_network_unless_launched_or_told_otherwise() {
         let env = |set: &'static [&'static str]| singleton_settings(move |v| set.contains(&v).then_some(()));
         let all: Vec<(&str, &str)> = SINGLETON_MCA.to_vec();
