@@ -18,11 +18,25 @@ fn torchrun() -> PathBuf {
 
 /// `torchrun --standalone --no-python --nproc-per-node NP meshfeed ARGS`, with `env` added.
 fn torchrun_job(np: usize, args: &[&str], env: &[(&str, &str)]) -> Run {
+    torchrun_cmd(np, &[&[bin()], args].concat(), env)
+}
+
+/// [`torchrun_job`] for a job every rank of which should refuse: each rank's meshfeed runs
+/// under `sh`, which waits 3 s before passing its exit code on. torchrun stops the other
+/// ranks as soon as one fails, which could cut a slower rank off before it said anything:
+/// the wait lets every rank's own outcome be seen.
+fn torchrun_refusal(np: usize, args: &[&str], env: &[(&str, &str)]) -> Run {
+    let script = format!("{} \"$@\"; code=$?; sleep 3; exit $code", bin());
+    torchrun_cmd(np, &[&["/bin/sh", "-c", script.as_str(), "meshfeed"], args].concat(), env)
+}
+
+/// `torchrun --standalone --no-python --nproc-per-node NP PROGRAM ARGS...` (`program`).
+fn torchrun_cmd(np: usize, program: &[&str], env: &[(&str, &str)]) -> Run {
     let mut cmd = Command::new(torchrun());
-    cmd.args(["--standalone", "--no-python", "--nproc-per-node", &np.to_string(), bin()]).args(args);
+    cmd.args(["--standalone", "--no-python", "--nproc-per-node", &np.to_string()]).args(program);
     cmd.env("HDF5_USE_FILE_LOCKING", "FALSE").env("UCX_NET_DEVICES", "lo").env_remove("MESHFEED_JOB_TOKEN");
     cmd.env_remove("MESHFEED_MASTER_PORT").envs(env.iter().copied());
-    wait_bounded(cmd, &format!("torchrun --nproc-per-node {np} meshfeed {}", args.join(" ")))
+    wait_bounded(cmd, &format!("torchrun --nproc-per-node {np} {}", program.join(" ")))
 }
 
 /// The job every test runs, with default options (no `--transport`).
@@ -83,10 +97,10 @@ fn torchrun_with_default_options_delivers_the_two_rank_stream_or_is_refused() {
     assert!(dump_bytes(&dir, 2) == expected, "torchrun's dumps differ from mpirun -np 2's");
     // Without the token: refused, saying why auto picked the rendezvous and what to set.
     let dir = out.path().join("no-token");
-    let run = torchrun_job(2, &job(&data).dump(&dir).argv(), &[]);
+    let run = torchrun_refusal(2, &job(&data).dump(&dir).argv(), &[]);
     refused(&run, &dir, &[0, 1], &["WORLD_SIZE=2 is set", "MESHFEED_JOB_TOKEN", "MESHFEED_MASTER_PORT", "mpirun"]);
     // With the token but torchrun's own MASTER_PORT: refused, naming the port to set.
-    let run = torchrun_job(2, &job(&data).dump(&dir).argv(), &env[..1]);
+    let run = torchrun_refusal(2, &job(&data).dump(&dir).argv(), &env[..1]);
     refused(&run, &dir, &[0, 1], &["TORCHELASTIC_RUN_ID", "MESHFEED_MASTER_PORT is not set"]);
 }
 
@@ -98,7 +112,7 @@ fn an_explicit_mpi_transport_under_a_launcher_without_mpi_is_refused_naming_both
     let mpi = job(&data).dump(&dir).args(["--transport", "mpi"]);
     let needles = ["WORLD_SIZE=2 but MPI_COMM_WORLD has 1 rank(s)", "--transport auto", "unset WORLD_SIZE"];
     refused(&launch(2, &mpi.argv()), &dir, &[0, 1], &needles);
-    let run = torchrun_job(2, &mpi.argv(), &[]);
+    let run = torchrun_refusal(2, &mpi.argv(), &[]);
     refused(&run, &dir, &[0, 1], &needles);
     // Under mpirun, a WORLD_SIZE that agrees (as scripts set it for torch.distributed)
     // changes nothing; one that disagrees is refused the same way.
