@@ -87,7 +87,11 @@ pub fn choose_transport(
         if !ucx_built {
             return Err(Error::feature_disabled(
                 "ucx",
-                format!("{why}; or start the job with mpirun/srun and --transport mpi"),
+                format!(
+                    "the TCP rendezvous + UCX, which --transport auto picks because {set}={value} is set and \
+                     no MPI launcher's variables are (torchrun, meshfeed launch, Ray, Kubernetes); or start \
+                     the job with mpirun/srun and --transport mpi"
+                ),
             ));
         }
         let fix = "or start the job with mpirun or srun (MPI). Running each process alone instead would \
