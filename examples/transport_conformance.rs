@@ -173,15 +173,11 @@ fn run(runtime: &Runtime) -> Result<Vec<String>> {
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let kind: TransportKind = args.first().map_or(Ok(TransportKind::Mpi), |k| k.parse()).unwrap_or_else(|e| {
-        eprintln!("usage: transport_conformance [mpi|ucx] [MAX_ROUND_BYTES]: {e}");
+        eprintln!("usage: transport_conformance [mpi|ucx|auto] [MAX_ROUND_BYTES]: {e}");
         std::process::exit(2);
     });
     let cap: Option<usize> = args.get(1).and_then(|c| c.parse().ok());
-    let runtime = match kind {
-        TransportKind::Mpi => Runtime::mpi(cap),
-        TransportKind::Ucx => Runtime::ucx_from_env(),
-    };
-    let runtime = runtime.unwrap_or_else(|e| {
+    let runtime = Runtime::join(kind, cap).unwrap_or_else(|e| {
         eprintln!("transport_conformance: {e}");
         std::process::exit(1);
     });

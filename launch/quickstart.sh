@@ -15,7 +15,7 @@ echo "== generate 40000 samples (image u8[3,32,32] + label i64) in 8 .npy files"
 
 echo "== 4-rank global shuffle, 3 epochs, verified, dumped to $work/dump"
 # As root OpenMPI needs --allow-run-as-root; 4 ranks on fewer cores need
-# --oversubscribe and yield-when-idle (see README, "Running under MPI").
+# --oversubscribe and yield-when-idle (README, "Running under MPI": the same as variables).
 mpirun --allow-run-as-root --oversubscribe --mca mpi_yield_when_idle 1 -np 4 \
     "$bin" run --data "$work/data" --batch-size 256 --epochs 3 --seed 42 --verify --dump "$work/dump"
 echo "== first line of rank 0's dump:"

@@ -521,6 +521,11 @@ impl Default for ReadOptions {
 named_enum!(
     /// How the ranks of a job talk.
     TransportKind, "transport" {
+        /// The launcher's: MPI under an MPI launcher (mpirun, srun with an MPI plugin), the
+        /// TCP rendezvous + UCX where `WORLD_SIZE`/`RANK` are set without one (torchrun,
+        /// `meshfeed launch`, Ray, Kubernetes), one process alone otherwise
+        /// ([`crate::runtime::choose_transport`], issue 42).
+        Auto => "auto",
         /// MPI (launch with mpirun or srun).
         Mpi => "mpi",
         /// UCX, bootstrapped by the TCP rendezvous (`RANK`, `WORLD_SIZE`, `MASTER_ADDR`,
@@ -530,8 +535,10 @@ named_enum!(
 );
 
 impl Default for TransportKind {
+    /// The launcher's transport: defaulting to MPI made each process of a torchrun or
+    /// `meshfeed launch` job a world of its own, each loading every batch (issue 42).
     fn default() -> Self {
-        TransportKind::Mpi
+        TransportKind::Auto
     }
 }
 
@@ -855,8 +862,10 @@ pub struct JobFile {
     /// partial (a short batch) [default: drop].
     #[cfg_attr(feature = "clap", arg(long, value_parser = named::<TailPolicy>()))]
     pub tail: Option<TailPolicy>,
-    /// Transport: mpi (launch with mpirun/srun) or ucx (launch with `meshfeed launch`, Ray or
-    /// Kubernetes: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, MESHFEED_JOB_TOKEN) [default: mpi].
+    /// Transport: auto (the launcher's: mpi under mpirun/srun, ucx where WORLD_SIZE/RANK are
+    /// set without an MPI launcher, one process alone otherwise), mpi (launch with
+    /// mpirun/srun) or ucx (launch with `meshfeed launch`, torchrun, Ray or Kubernetes: RANK,
+    /// WORLD_SIZE, MASTER_ADDR, MASTER_PORT, MESHFEED_JOB_TOKEN) [default: auto].
     #[cfg_attr(feature = "clap", arg(long, value_parser = named::<TransportKind>()))]
     pub transport: Option<TransportKind>,
     /// Device mesh, e.g. dp=2,tp=2,pp=2 (product = number of ranks) [default: dp over all ranks].

@@ -89,8 +89,12 @@ expect_missing() { # FEATURE COMMAND...: the command fails naming the feature
     echo "without $feature: '$*' names the feature: OK"
 }
 bin=target/debug/meshfeed
-expect_missing mpi "$bin" run --data x --batch-size 1
+expect_missing mpi "$bin" run --transport mpi --data x --batch-size 1
+# --transport auto (the default) names the feature it would need: MPI under mpirun's
+# variables, UCX under torchrun's / meshfeed launch's.
+expect_missing mpi env OMPI_COMM_WORLD_SIZE=2 "$bin" run --data x --batch-size 1
 expect_missing hdf5 "$bin" gen --format hdf5 --samples 4 --field x:u8 --out "$(mktemp -d)"
 expect_missing ucx env RANK=0 WORLD_SIZE=1 "$bin" run --transport ucx --data x --batch-size 1
+expect_missing ucx env RANK=0 WORLD_SIZE=2 "$bin" run --data x --batch-size 1
 echo "feature checks: OK"
 stage "done"

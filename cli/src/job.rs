@@ -62,10 +62,7 @@ pub fn with_runtime(
     max_round_bytes: Option<u64>,
     job: impl FnOnce(&Runtime) -> Result<i32>,
 ) -> i32 {
-    let runtime = match kind {
-        TransportKind::Mpi => Runtime::mpi(max_round_bytes.map(|b| b.clamp(1, i32::MAX as u64) as usize)),
-        TransportKind::Ucx => Runtime::ucx_from_env(),
-    };
+    let runtime = Runtime::join(kind, max_round_bytes.map(|b| b.clamp(1, i32::MAX as u64) as usize));
     let runtime = match runtime {
         Ok(r) => r,
         Err(e) => {

@@ -1,4 +1,5 @@
-//! `meshfeed launch -n N -- run --transport ucx ...`: the local launcher. Starts N copies
+//! `meshfeed launch -n N -- run ...`: the local launcher (`run`'s default `--transport
+//! auto` joins over UCX under it). Starts N copies
 //! of this binary (or of `--exe PROGRAM`) on this host with `RANK`, `WORLD_SIZE`,
 //! `MASTER_ADDR=127.0.0.1`, a free `MASTER_PORT`, a fresh `MESHFEED_JOB_TOKEN` (the
 //! convention Ray and Kubernetes launchers follow too) and a fresh `MESHFEED_JOB_ID`, and

@@ -46,7 +46,8 @@ enum Command {
     /// overlap with a simulated training step; `bench report` draws the suite's table and
     /// plots from the results (bench/run.sh runs the whole suite).
     Bench(bench::BenchArgs),
-    /// Start N ranks on this host with the rendezvous environment (for --transport ucx).
+    /// Start N ranks on this host with the rendezvous environment (UCX: `run`'s default
+    /// --transport auto picks it there).
     Launch(launch::LaunchArgs),
     /// Summarise runs' telemetry (`run --telemetry DIR`): per run and epoch, time per
     /// phase, skew between ranks, the slowest ranks and hosts and why, and what the epoch

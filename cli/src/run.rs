@@ -194,7 +194,8 @@ fn compute(ms: f64) -> Duration {
 fn run(args: &RunArgs, job: Result<Job>, rt: &Runtime, stop: &StopSignal) -> Result<i32> {
     let world = rt.world();
     let rank = rt.rank();
-    let job = agree(world, job)?;
+    // `auto` as it resolved (what the settings check and the telemetry record).
+    let job = Job { transport: rt.transport_kind(), ..agree(world, job)? };
     // Every rank must run the same job: all differences are named before anything starts.
     let mut settings = job.settings();
     settings.extend(job.loader.settings());

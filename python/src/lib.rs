@@ -104,7 +104,8 @@ fn with_runtime<T>(
         RUNTIME_PID.store(std::process::id(), Ordering::Release);
     }
     let runtime = runtime.as_ref().expect("made above");
-    if runtime.transport_kind() != kind {
+    // `auto` takes the runtime as the first loader's choice made it.
+    if kind != TransportKind::Auto && runtime.transport_kind() != kind {
         return Err(meshfeed::Error::Config(format!(
             "this process already joined its job over {}: every loader of a process uses one transport",
             runtime.transport_kind()

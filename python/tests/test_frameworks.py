@@ -66,7 +66,7 @@ def test_jax_global_arrays_equal_one_rank_per_device(npy, tmp_path, procs, k, me
 TORCHRUN = [Path(sys.executable).with_name("torchrun")]
 
 
-@pytest.mark.parametrize("mode", ["store", "env"])
+@pytest.mark.parametrize("mode", ["store", "env", "auto"])
 def test_torchrun_joins_over_ucx_without_taking_its_port(npy, tmp_path, mode):
     cli = tmp_path / "cli"
     ok(run(MPIRUN + ["-np", 2, BIN, "run", "--data", npy, "--batch-size", "12", "--epochs", "2", "--seed", "5",
@@ -74,12 +74,42 @@ def test_torchrun_joins_over_ucx_without_taking_its_port(npy, tmp_path, mode):
     out = tmp_path / "torch"
     options = {"data": [str(npy)], "batch_size": 12, "seed": 5, "window_bytes": "2K"}
     env = dict(ENV, UCX_NET_DEVICES="lo")
-    if mode == "env":
+    if mode in ("env", "auto"):
         env.update(MESHFEED_MASTER_PORT=str(free_port()), MESHFEED_JOB_TOKEN="torchrun-test")
     r = ok(run(TORCHRUN + ["--standalone", "--nproc-per-node", 2, HERE / "torch_job.py", json.dumps(options), out, 2,
                            mode], env=env))
     assert sorted(re.findall(r"ok rank (\d) local (\d)", r.stdout)) == [("0", "0"), ("1", "1")], r.stdout + r.stderr
     assert read_dump(out, 2) == read_dump(cli, 2)
+
+
+# A refusing rank waits 3 s before it exits: torchrun stops the other ranks as soon as one
+# fails, which could cut a slower rank off before it said anything.
+REFUSED_JOB = """
+import os, sys, time, meshfeed
+try:
+    meshfeed.Loader(sys.argv[1], batch_size=12, **({"transport": sys.argv[2]} if len(sys.argv) > 2 else {}))
+except meshfeed.Error as e:
+    print(f"refused rank {os.environ['RANK']}: {type(e).__name__}: {e}", flush=True)
+    time.sleep(3)
+    sys.exit(3)
+print(f"loaded rank {os.environ['RANK']}", flush=True)
+"""
+
+
+def test_torchrun_never_runs_two_one_rank_loaders(npy, tmp_path):
+    """Issue 42: under torchrun the default transport="mpi" made each process a world of
+    its own, loading every batch; it is refused on every rank, naming both sizes, and
+    transport="auto" without meshfeed's token is refused naming it."""
+    script = tmp_path / "job.py"
+    script.write_text(REFUSED_JOB)
+    env = {k: v for k, v in ENV.items() if k not in ("MESHFEED_JOB_TOKEN", "MESHFEED_MASTER_PORT")}
+    for extra, needles in [([], ["TransportError", "WORLD_SIZE=2 but MPI_COMM_WORLD has 1 rank(s)"]),
+                           (["auto"], ["ConfigError", "WORLD_SIZE=2 is set", "MESHFEED_JOB_TOKEN"])]:
+        r = run(TORCHRUN + ["--standalone", "--nproc-per-node", 2, script, npy] + extra, env=dict(env))
+        assert r.returncode != 0 and "loaded rank" not in r.stdout, r.stdout + r.stderr
+        for rank in (0, 1):
+            line = re.search(rf"refused rank {rank}: .*", r.stdout)
+            assert line and all(n in line.group(0) for n in needles), r.stdout + r.stderr
 
 
 @pytest.fixture(scope="module")

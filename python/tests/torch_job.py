@@ -6,6 +6,7 @@ rank received — through ``Batch.to_torch`` — in the command line's ``--dump`
 MODE ``store``: a gloo process group is initialised first and UCX joins through its store.
 MODE ``env``: no process group; UCX joins on MESHFEED_MASTER_PORT (torchrun's store holds
 MASTER_PORT) with MESHFEED_JOB_TOKEN from the environment.
+MODE ``auto``: as ``env``, with ``transport="auto"``, which picks UCX under torchrun.
 """
 
 import json
@@ -24,7 +25,8 @@ def main() -> None:
     if mode == "store":
         dist.init_process_group("gloo")
     data = options.pop("data")
-    loader = meshfeed.Loader(data, transport="ucx", bootstrap="torch" if mode == "store" else "env", **options)
+    transport = "auto" if mode == "auto" else "ucx"
+    loader = meshfeed.Loader(data, transport=transport, bootstrap="torch" if mode == "store" else "env", **options)
     assert loader.rank == int(os.environ["RANK"]) and loader.local_rank == int(os.environ["LOCAL_RANK"])
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, f"rank-{loader.rank}.jsonl"), "w") as dump:

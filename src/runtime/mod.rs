@@ -18,6 +18,7 @@
 //! The environment is read here, in the `from_env` constructors, and nowhere below: the
 //! transports take configuration values.
 
+mod launcher;
 pub mod memory;
 pub(crate) mod shared_memory;
 mod signals;
@@ -25,6 +26,8 @@ mod signals;
 use crate::config::TransportKind;
 use crate::error::{Error, Result};
 use crate::transport::Transport;
+use launcher::MPI_LAUNCHER_VARS;
+pub use launcher::{choose_transport, launcher_mismatch, launcher_sizes, Choice};
 pub use signals::{signal_name, StopCheck, StopHandlers, StopSignal};
 
 /// Exit code of a job stopped by SIGTERM/SIGINT at a step boundary (EX_TEMPFAIL: resume
@@ -64,9 +67,20 @@ impl Drop for Runtime {
 impl Runtime {
     /// Joins the job over `kind`, configured from the environment.
     pub fn from_env(kind: TransportKind) -> Result<Runtime> {
-        match kind {
-            TransportKind::Mpi => Runtime::mpi(None),
-            TransportKind::Ucx => Runtime::ucx_from_env(),
+        Runtime::join(kind, None)
+    }
+
+    /// Joins the job over `kind` (`auto`: the launcher's, [`choose_transport`]),
+    /// configured from the environment; `max_round_bytes` as in [`Runtime::mpi`].
+    pub fn join(kind: TransportKind, max_round_bytes: Option<usize>) -> Result<Runtime> {
+        let env = |name: &str| std::env::var(name).ok();
+        match choose_transport(kind, env, cfg!(feature = "ucx"))? {
+            Choice::Mpi => Runtime::mpi(max_round_bytes),
+            Choice::Ucx => Runtime::ucx_from_env(),
+            // A singleton, as before `auto` (MPI keeps it off the network); without MPI
+            // built in, a world of one needs no transport at all.
+            Choice::Alone if cfg!(feature = "mpi") => Runtime::mpi(max_round_bytes),
+            Choice::Alone => Ok(Runtime::local()),
         }
     }
 
@@ -240,34 +254,6 @@ pub fn env_var(name: &str) -> Result<Option<String>> {
     }
 }
 
-/// What the launcher's environment says about the number of processes it started: Open
-/// MPI's `mpirun` sets `OMPI_COMM_WORLD_SIZE`; MPICH's and PMI-2 `srun`, `PMI_SIZE`; `srun`,
-/// `SLURM_STEP_NUM_TASKS` (the step's tasks), so that a wrong `--mpi` plugin that starts
-/// N singletons is refused.
-pub fn launcher_sizes() -> Vec<(&'static str, usize)> {
-    launcher_sizes_from(|var| std::env::var(var).ok())
-}
-
-/// [`launcher_sizes`] from `var` (the environment). Slurm's count is used only when no MPI
-/// launcher's is: `mpirun` inside an allocation starts its daemons as an `srun` step (one
-/// task per node), and its ranks inherit that step's variables.
-fn launcher_sizes_from(var: impl Fn(&str) -> Option<String>) -> Vec<(&'static str, usize)> {
-    let size = |name: &'static str| var(name)?.trim().parse().ok().map(|n| (name, n));
-    let mpi: Vec<(&'static str, usize)> = ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE"].into_iter().filter_map(size).collect();
-    if !mpi.is_empty() {
-        return mpi;
-    }
-    size("SLURM_STEP_NUM_TASKS").into_iter().collect()
-}
-
-/// Variables by which an MPI launcher hands a process its place in a job: Open MPI's
-/// `mpirun` (`OMPI_COMM_WORLD_SIZE`, and PMIx's), `srun --mpi=pmix` (PMIx's), `srun
-/// --mpi=pmi2` and MPICH's Hydra (PMI's). A process with none of them initialises MPI as a
-/// singleton: a job of one process, started without a launcher.
-#[cfg(feature = "mpi")]
-const MPI_LAUNCHER_VARS: [&str; 7] =
-    ["OMPI_COMM_WORLD_SIZE", "PMIX_NAMESPACE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE", "PMI_FD", "PMI_PORT"];
-
 /// Open MPI parameters that keep a singleton from listening on the network, with why.
 /// Measured with Open MPI 4.1.4 (`ss -ltnp` on a singleton; docs/launching.md): without
 /// them the process listens on `0.0.0.0:1024` and `[::]:1024` (the TCP BTL, bound at
@@ -385,21 +371,5 @@ mod tests {
         // The user's own setting stays theirs; the others still apply.
         assert_eq!(env(&["OMPI_MCA_btl"]), vec![("OMPI_MCA_pml", "ob1"), ("OMPI_MCA_ess_singleton_isolated", "1")]);
         assert_eq!(env(&["OMPI_MCA_btl", "OMPI_MCA_pml", "OMPI_MCA_ess_singleton_isolated"]), vec![]);
-    }
-
-    #[test]
-    fn launcher_sizes_prefer_the_mpi_launchers_over_slurms() {
-        let env = |pairs: &'static [(&'static str, &'static str)]| {
-            launcher_sizes_from(move |v| pairs.iter().find(|(k, _)| *k == v).map(|(_, x)| x.to_string()))
-        };
-        // srun --mpi=pmix: only Slurm's count.
-        assert_eq!(env(&[("SLURM_STEP_NUM_TASKS", "4")]), vec![("SLURM_STEP_NUM_TASKS", 4)]);
-        // mpirun -np 4 inside a 2-node allocation: the ranks inherit the daemons' step.
-        assert_eq!(
-            env(&[("OMPI_COMM_WORLD_SIZE", "4"), ("SLURM_STEP_NUM_TASKS", "2")]),
-            vec![("OMPI_COMM_WORLD_SIZE", 4)]
-        );
-        assert_eq!(env(&[("PMI_SIZE", "3"), ("SLURM_STEP_NUM_TASKS", "3")]), vec![("PMI_SIZE", 3)]);
-        assert!(env(&[]).is_empty());
     }
 }

@@ -47,16 +47,13 @@ impl MpiTransport {
     /// MPI world has — `launched` is what the launcher's environment says (variable, count;
     /// read at the edge, see `runtime`). A binary built against one MPI and started by
     /// another MPI's `mpirun`, or srun with the wrong PMI plugin, runs as N separate worlds
-    /// of one rank each, which would silently repeat the whole job N times.
+    /// of one rank each, which would silently repeat the whole job N times; so does
+    /// `--transport mpi` under torchrun or `meshfeed launch` (`WORLD_SIZE`, issue 42).
     pub fn check_launcher(&self, launched: &[(&str, usize)]) -> Result<()> {
         let size = self.size();
         for &(var, n) in launched {
             if n != size {
-                return Err(Error::Transport(format!(
-                    "the launcher started {n} processes ({var}) but MPI_COMM_WORLD has {size} rank(s): \
-                     meshfeed was built against a different MPI than the launcher that started it, or srun \
-                     used the wrong --mpi plugin"
-                )));
+                return Err(Error::Transport(crate::runtime::launcher_mismatch(var, n, size)));
             }
         }
         Ok(())

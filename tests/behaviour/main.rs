@@ -14,6 +14,7 @@ mod common;
 mod bad_input;
 mod bench_suite;
 mod data_faults;
+mod default_transport;
 mod examples;
 mod feeder;
 mod hostile;

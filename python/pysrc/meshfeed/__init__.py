@@ -406,8 +406,12 @@ class Loader:
             ``all``).
         mesh_order: the order of the mesh's axes over ranks.
         pipeline_axis: the mesh axis of pipeline stages.
-        transport: ``"mpi"`` (launch with mpirun or srun) or ``"ucx"`` (RANK, WORLD_SIZE,
-            MASTER_ADDR, MASTER_PORT and MESHFEED_JOB_TOKEN in the environment).
+        transport: ``"mpi"`` (default; launch with mpirun or srun; refused when WORLD_SIZE
+            disagrees with MPI's world, as under torchrun), ``"ucx"`` (RANK, WORLD_SIZE,
+            MASTER_ADDR, MASTER_PORT and MESHFEED_JOB_TOKEN in the environment) or
+            ``"auto"`` (the launcher's, joining through the environment: MPI under an MPI
+            launcher, else UCX where WORLD_SIZE or RANK is set, else one process; the
+            command line's default, see docs/launching.md).
         window_bytes: buffer budget of one exchange window per rank (``"64M"``).
         prefetch: windows the background producer runs ahead (0: none).
         tail: the last incomplete batch of an epoch: ``drop``, ``pad`` or ``partial``.
@@ -560,7 +564,7 @@ class Loader:
     @classmethod
     def from_config(cls, path: PathArg, *, bootstrap: Bootstrap = "auto") -> Loader:
         """A loader from a TOML job file (the command line's ``--config``)."""
-        transport = "mpi"
+        transport = "auto"  # a job file's default, as on the command line
         try:
             import stat
             import tomllib
@@ -569,7 +573,7 @@ class Loader:
             info = os.stat(path)
             if stat.S_ISREG(info.st_mode) and info.st_size <= 1 << 20:
                 with open(path, "rb") as f:
-                    transport = str(tomllib.load(f).get("transport", "mpi"))
+                    transport = str(tomllib.load(f).get("transport", "auto"))
         except (ImportError, OSError, ValueError, TypeError):
             pass  # the extension reports an unreadable job file
         self = cls.__new__(cls)

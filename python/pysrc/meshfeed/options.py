@@ -32,8 +32,9 @@ __all__ = [
     "Metrics",
 ]
 
-#: How the ranks communicate: MPI (mpirun, srun) or UCX (torchrun, Ray, ``meshfeed launch``).
-Transport = Literal["mpi", "ucx"]
+#: How the ranks communicate: MPI (mpirun, srun), UCX (torchrun, Ray, ``meshfeed launch``),
+#: or the launcher's (``auto``: docs/launching.md, "Which transport").
+Transport = Literal["mpi", "ucx", "auto"]
 #: How ``transport="ucx"`` finds the other ranks (see :class:`meshfeed.Loader`).
 Bootstrap = Literal["auto", "env", "torch", "jax"]
 #: The last incomplete batch of an epoch.
