@@ -43,7 +43,8 @@ pub enum Choice {
 /// 1. an MPI launcher's variable ([`MPI_LAUNCHER_VARS`]) → MPI, unless `WORLD_SIZE` is
 ///    set and disagrees with the MPI launcher's size: refused, naming both (two launchers
 ///    nested, e.g. `srun --mpi=pmix torchrun`, cannot both be right);
-/// 2. else `WORLD_SIZE` or `RANK` → the rendezvous + UCX, refused up front when it cannot
+/// 2. else `WORLD_SIZE=1` → alone (a world of one needs no rendezvous, nor its token);
+///    else `WORLD_SIZE` or `RANK` → the rendezvous + UCX, refused up front when it cannot
 ///    work: UCX not built in, no `MESHFEED_JOB_TOKEN`, or under torchrun (its
 ///    `TORCHELASTIC_RUN_ID`) no `MESHFEED_MASTER_PORT` (torchrun's store holds
 ///    `MASTER_PORT`);
@@ -76,6 +77,10 @@ pub fn choose_transport(
             }
         }
         return Ok(Choice::Mpi);
+    }
+    // A world of one (torchrun --nproc-per-node 1, a lone pod) needs no rendezvous.
+    if world_size.as_deref().is_some_and(|w| w.trim() == "1") {
+        return Ok(Choice::Alone);
     }
     if let Some(set) = RENDEZVOUS_VARS.iter().find(|v| var(v).is_some()) {
         let value = var(set).unwrap_or_default();
@@ -204,6 +209,8 @@ mod tests {
         );
         // srun --mpi=none without WORLD_SIZE: MPI, whose world check refuses N singletons.
         assert_eq!(auto(&[("SLURM_STEP_NUM_TASKS", "2")]).unwrap(), Choice::Mpi);
+        // A world of one under torchrun or a lone pod, with no token: alone.
+        assert_eq!(auto(&[("RANK", "0"), ("WORLD_SIZE", "1"), ("TORCHELASTIC_RUN_ID", "x")]).unwrap(), Choice::Alone);
         // Nothing: alone. Unrelated variables change nothing.
         assert_eq!(auto(&[]).unwrap(), Choice::Alone);
         assert_eq!(auto(&[("MASTER_ADDR", "h"), ("OMPI_ALLOW_RUN_AS_ROOT", "1")]).unwrap(), Choice::Alone);
