@@ -915,9 +915,8 @@ impl super::FileReader for ArrowReader {
                 }
                 let value = &whole[k];
                 let len = (value.end - value.start) / elem;
-                let end = range.end.min(len);
-                let start = value.start + range.start.min(end) * elem;
-                ranges.push(values.start + start..values.start + value.start + end * elem);
+                let (at, bytes) = (values.start + value.start, super::piece_bytes(range, len, elem));
+                ranges.push(at + bytes.start..at + bytes.end);
                 lengths.push(len);
             }
             i = j;

@@ -189,8 +189,8 @@ impl super::FileReader for MegatronReader {
         for (row, range) in pieces {
             // Inside the .bin: checked against its size when the index was read.
             let (at, len) = self.index.sequences[*row as usize];
-            let end = range.end.min(len);
-            ranges.push(at + range.start.min(end) * size..at + end * size);
+            let bytes = super::piece_bytes(range, len, size);
+            ranges.push(at + bytes.start..at + bytes.end);
             lengths.push(len);
         }
         let mut chunk = RowChunk::new(1);
@@ -229,12 +229,12 @@ impl super::FileReader for MegatronReader {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::dataset::FileReader;
 
     /// Writes `seqs` as an indexed dataset of i32 tokens at `dir/d.{idx,bin}`.
-    fn write(dir: &Path, seqs: &[Vec<i32>]) -> PathBuf {
+    pub(crate) fn write(dir: &Path, seqs: &[Vec<i32>]) -> PathBuf {
         let mut bin = Vec::new();
         let (mut lengths, mut pointers) = (Vec::new(), Vec::new());
         for s in seqs {

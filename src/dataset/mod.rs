@@ -457,6 +457,14 @@ fn lengths_by_reading<R: FileReader + ?Sized>(
 }
 
 /// [`FileReader::read_list_pieces`] by reading the rows' whole values.
+/// The bytes, within a list value of `len` elements of `elem` bytes each, of its elements
+/// `range` clamped to the value: what every [`FileReader::read_list_pieces`] delivers of a
+/// piece, so that all formats cut pieces alike.
+pub(crate) fn piece_bytes(range: &std::ops::Range<u64>, len: u64, elem: u64) -> std::ops::Range<u64> {
+    let end = range.end.min(len);
+    range.start.min(end) * elem..end * elem
+}
+
 fn pieces_by_reading<R: FileReader + ?Sized>(
     reader: &mut R,
     field: usize,
@@ -474,11 +482,11 @@ fn pieces_by_reading<R: FileReader + ?Sized>(
             .iter()
             .position(|r| r == row)
             .ok_or_else(|| Error::Internal(format!("list pieces not sorted by row (row {row})")))?;
-        let len = whole.value(k, 0).len() / elem;
-        lengths.push(len as u64);
-        let end = usize::try_from(range.end).unwrap_or(usize::MAX).min(len);
-        let start = usize::try_from(range.start).unwrap_or(usize::MAX).min(end);
-        parts.push((k, start * elem..end * elem));
+        let len = (whole.value(k, 0).len() / elem) as u64;
+        lengths.push(len);
+        // Within a value held in memory: the bounds fit a usize.
+        let bytes = piece_bytes(range, len, elem as u64);
+        parts.push((k, bytes.start as usize..bytes.end as usize));
     }
     Ok((whole.slices(0, &parts), lengths))
 }

@@ -537,23 +537,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let docs: Vec<Vec<i32>> = vec![(0..1_000_000).map(|t| t * 7 % 50_000).collect(), vec![9; 5000], vec![3]];
         // Megatron: i32 tokens.
-        let idx = dir.path().join("m.idx");
-        let (mut bin, mut lengths, mut pointers) = (Vec::new(), Vec::new(), Vec::new());
-        for d in &docs {
-            pointers.extend((bin.len() as i64).to_le_bytes());
-            lengths.extend((d.len() as i32).to_le_bytes());
-            bin.extend(d.iter().flat_map(|t| t.to_le_bytes()));
-        }
-        let mut index = b"MMIDIDX\x00\x00".to_vec();
-        index.extend(1u64.to_le_bytes());
-        index.push(4);
-        index.extend((docs.len() as u64).to_le_bytes());
-        index.extend((docs.len() as u64 + 1).to_le_bytes());
-        index.extend(lengths);
-        index.extend(pointers);
-        index.extend((0..=docs.len() as i64).flat_map(|d| d.to_le_bytes()));
-        std::fs::write(dir.path().join("m.bin"), bin).unwrap();
-        std::fs::write(&idx, index).unwrap();
+        let idx = crate::dataset::megatron::tests::write(dir.path(), &docs);
         // Arrow: a List<Int32> column, one record batch.
         let arrow = dir.path().join("a.arrow");
         let list = ListArray::from_iter_primitive::<Int32Type, _, _>(
