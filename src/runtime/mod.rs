@@ -26,7 +26,6 @@ mod signals;
 use crate::config::TransportKind;
 use crate::error::{Error, Result};
 use crate::transport::Transport;
-use launcher::MPI_LAUNCHER_VARS;
 pub use launcher::{choose_transport, launcher_mismatch, launcher_sizes, Choice};
 pub use signals::{signal_name, StopCheck, StopHandlers, StopSignal};
 
@@ -280,7 +279,7 @@ const SINGLETON_MCA: [(&str, &str); 3] = [
 /// singleton its TCP BTL back. MPICH ignores these variables.
 #[cfg(feature = "mpi")]
 fn singleton_settings(var: impl Fn(&str) -> Option<()>) -> Vec<(&'static str, &'static str)> {
-    if MPI_LAUNCHER_VARS.iter().any(|v| var(v).is_some()) {
+    if launcher::MPI_LAUNCHER_VARS.iter().any(|v| var(v).is_some()) {
         return Vec::new();
     }
     SINGLETON_MCA.into_iter().filter(|(name, _)| var(name).is_none()).collect()
@@ -364,9 +363,9 @@ mod tests {
         // --mpi=none starts singletons).
         assert_eq!(env(&["OMPI_ALLOW_RUN_AS_ROOT", "SLURM_STEP_NUM_TASKS"]), all);
         // Under any MPI launcher: nothing.
-        for launcher in MPI_LAUNCHER_VARS {
-            let set: &'static [&'static str] = Box::leak(Box::new([launcher]));
-            assert_eq!(env(set), vec![], "{launcher}");
+        for var in launcher::MPI_LAUNCHER_VARS {
+            let set: &'static [&'static str] = Box::leak(Box::new([var]));
+            assert_eq!(env(set), vec![], "{var}");
         }
         // The user's own setting stays theirs; the others still apply.
         assert_eq!(env(&["OMPI_MCA_btl"]), vec![("OMPI_MCA_pml", "ob1"), ("OMPI_MCA_ess_singleton_isolated", "1")]);
