@@ -5,9 +5,11 @@ all its local devices, data parallel over every device of the job.
     XLA_FLAGS=--xla_force_host_platform_device_count=2 \\
         mpirun -np 4 -x XLA_FLAGS python examples/python/jax_train.py /tmp/mf-data
 
+Needs, beside meshfeed and numpy: jax (``launch/setup.sh --test``'s venv has them).
+
 JAX meets at MESHFEED_JAX_COORDINATOR (default 127.0.0.1:12355; rank 0's host across
 nodes) with Open MPI's rank and size (or JAX's own detection under Slurm); meshfeed
-uses MPI (``--transport ucx``: UCX through JAX's key-value store). Each process receives
+uses MPI under mpirun (``--transport ucx``: UCX through JAX's key-value store). Each process receives
 the union of its devices' shards (``devices_per_process``) and
 ``meshfeed.jax.make_global`` assembles the global batch. Each epoch the example checks
 that the global batches held every sample once, and process 0 prints the mean loss,
@@ -31,7 +33,7 @@ def main() -> None:
     p.add_argument("data")
     p.add_argument("--epochs", type=int, default=5)
     p.add_argument("--batch-size", type=int, default=128, help="global batch size")
-    p.add_argument("--transport", default="mpi", choices=["mpi", "ucx"])
+    p.add_argument("--transport", default="auto", choices=["auto", "mpi", "ucx"])
     a = p.parse_args()
     jax.config.update("jax_enable_x64", True)  # int64 labels and ids as they are
     if "OMPI_COMM_WORLD_RANK" in os.environ:

@@ -2,12 +2,14 @@
 
     python examples/python/make_data.py /tmp/mf-data
     mpirun -np 4 python examples/python/torch_ddp.py /tmp/mf-data
-    torchrun --standalone --nproc-per-node 4 examples/python/torch_ddp.py /tmp/mf-data --transport ucx
+    torchrun --standalone --nproc-per-node 4 examples/python/torch_ddp.py /tmp/mf-data
+
+Needs, beside meshfeed and numpy: torch (``launch/setup.sh --test``'s venv has them).
 
 Under mpirun, torch.distributed takes its rank and size from Open MPI's variables and
 meets at MASTER_ADDR:MASTER_PORT (default 127.0.0.1:29500; set MASTER_ADDR to rank 0's
-host across nodes), and meshfeed uses MPI. Under torchrun, meshfeed's UCX transport
-joins through torch.distributed's store. Each epoch the example checks that the ranks
+host across nodes), and meshfeed's default transport ("auto") uses MPI. Under torchrun it
+joins over UCX through torch.distributed's store. Each epoch the example checks that the ranks
 together received every sample once, and rank 0 prints the mean loss, which falls.
 
 Preemption: with ``--state PATH`` (or ``$MESHFEED_STATE``: under
@@ -26,7 +28,7 @@ reads ``meshfeed run``'s. ``--device cuda`` trains on each rank's GPU
 ``DistributedSampler`` over the same files (``--workers`` processes,
 pinned memory on a GPU), to compare the two:
 
-    torchrun --nproc-per-node 4 torch_ddp.py DATA --transport ucx --device cuda
+    torchrun --nproc-per-node 4 torch_ddp.py DATA --device cuda
     torchrun --nproc-per-node 4 torch_ddp.py DATA --loader dataloader --workers 4 --device cuda
 """
 
@@ -82,7 +84,7 @@ def main() -> None:
     p.add_argument("data")
     p.add_argument("--epochs", type=int, default=5)
     p.add_argument("--batch-size", type=int, default=128, help="global batch size")
-    p.add_argument("--transport", default="mpi", choices=["mpi", "ucx"])
+    p.add_argument("--transport", default="auto", choices=["auto", "mpi", "ucx"])
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--loader", default="meshfeed", choices=["meshfeed", "dataloader"])
     p.add_argument("--workers", type=int, default=2, help="DataLoader worker processes (baseline)")

@@ -90,15 +90,20 @@ fn with_runtime<T>(
     let mut runtime = RUNTIME.lock().unwrap_or_else(|p| p.into_inner());
     if runtime.is_none() {
         *runtime = Some(match (kind, bootstrap) {
-            (TransportKind::Ucx, Some((rank, world, all_gather))) => Runtime::ucx_with(rank, world, |payload| {
-                Python::with_gil(|py| {
-                    let all: Vec<Vec<u8>> =
-                        all_gather.call1(py, (PyBytes::new(py, &payload),)).and_then(|v| v.extract(py)).map_err(
-                            |e| meshfeed::Error::Transport(format!("exchanging UCX addresses through the store: {e}")),
-                        )?;
-                    Ok(all)
-                })
-            })?,
+            // `auto` is given a store only where no MPI launcher started the process.
+            (TransportKind::Ucx | TransportKind::Auto, Some((rank, world, all_gather))) => {
+                Runtime::ucx_with(rank, world, |payload| {
+                    Python::with_gil(|py| {
+                        let all: Vec<Vec<u8>> = all_gather
+                            .call1(py, (PyBytes::new(py, &payload),))
+                            .and_then(|v| v.extract(py))
+                            .map_err(|e| {
+                                meshfeed::Error::Transport(format!("exchanging UCX addresses through the store: {e}"))
+                            })?;
+                        Ok(all)
+                    })
+                })?
+            }
             _ => Runtime::from_env(kind)?,
         });
         RUNTIME_PID.store(std::process::id(), Ordering::Release);
@@ -654,6 +659,13 @@ fn shutdown(py: Python<'_>) {
     py.allow_threads(|| drop(runtime));
 }
 
+/// Whether an MPI launcher started this process (`transport="auto"` then joins over MPI,
+/// not through a framework's store).
+#[pyfunction]
+fn launched_by_mpi() -> bool {
+    meshfeed::runtime::launched_by_mpi(|v| std::env::var(v).ok())
+}
+
 /// Every key of a job file, sorted ([`JobFile::keys`]): what `Loader`'s keyword
 /// arguments are checked against.
 #[pyfunction]
@@ -667,6 +679,7 @@ fn _meshfeed(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Batch>()?;
     m.add_class::<FieldBuffer>()?;
     m.add_function(wrap_pyfunction!(job_keys, m)?)?;
+    m.add_function(wrap_pyfunction!(launched_by_mpi, m)?)?;
     m.add_function(wrap_pyfunction!(shutdown, m)?)?;
     m.add_function(wrap_pyfunction!(check_epoch, m)?)?;
     m.add("Error", m.py().get_type::<Error>())?;

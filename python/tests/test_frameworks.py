@@ -66,7 +66,7 @@ def test_jax_global_arrays_equal_one_rank_per_device(npy, tmp_path, procs, k, me
 TORCHRUN = [Path(sys.executable).with_name("torchrun")]
 
 
-@pytest.mark.parametrize("mode", ["store", "env", "auto"])
+@pytest.mark.parametrize("mode", ["store", "env", "auto", "default"])
 def test_torchrun_joins_over_ucx_without_taking_its_port(npy, tmp_path, mode):
     cli = tmp_path / "cli"
     ok(run(MPIRUN + ["-np", 2, BIN, "run", "--data", npy, "--batch-size", "12", "--epochs", "2", "--seed", "5",
@@ -97,14 +97,16 @@ print(f"loaded rank {os.environ['RANK']}", flush=True)
 
 
 def test_torchrun_never_runs_two_one_rank_loaders(npy, tmp_path):
-    """Issue 42: under torchrun the default transport="mpi" made each process a world of
-    its own, loading every batch; it is refused on every rank, naming both sizes, and
-    transport="auto" without meshfeed's token is refused naming it."""
+    """Issue 42: under torchrun a transport="mpi" loader made each process a world of its
+    own, loading every batch; it is refused on every rank, naming both sizes. The default
+    ("auto") without a process group and without meshfeed's token is refused naming it
+    (with a process group it joins through torch's store:
+    test_torchrun_joins_over_ucx_without_taking_its_port[default])."""
     script = tmp_path / "job.py"
     script.write_text(REFUSED_JOB)
     env = {k: v for k, v in ENV.items() if k not in ("MESHFEED_JOB_TOKEN", "MESHFEED_MASTER_PORT")}
-    for extra, needles in [([], ["TransportError", "WORLD_SIZE=2 but MPI_COMM_WORLD has 1 rank(s)"]),
-                           (["auto"], ["ConfigError", "WORLD_SIZE=2 is set", "MESHFEED_JOB_TOKEN"])]:
+    for extra, needles in [(["mpi"], ["TransportError", "WORLD_SIZE=2 but MPI_COMM_WORLD has 1 rank(s)"]),
+                           ([], ["ConfigError", "WORLD_SIZE=2 is set", "MESHFEED_JOB_TOKEN"])]:
         r = run(TORCHRUN + ["--standalone", "--nproc-per-node", 2, script, npy] + extra, env=dict(env))
         assert r.returncode != 0 and "loaded rank" not in r.stdout, r.stdout + r.stderr
         for rank in (0, 1):

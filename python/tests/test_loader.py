@@ -198,6 +198,11 @@ def test_the_ucx_launcher_delivers_the_same_batches(datasets, tmp_path):
     py = tmp_path / "py"
     ok(python_job(2, {"data": [str(data)], "batch_size": 12, "seed": 5, "transport": "ucx"}, py, 1, transport="ucx"))
     assert read_dump(py, 2) == read_dump(cli, 2)
+    # The default transport ("auto") takes the launcher's: the 2-rank stream again, never
+    # two 1-rank loaders each delivering every batch.
+    default = tmp_path / "default"
+    ok(python_job(2, {"data": [str(data)], "batch_size": 12, "seed": 5}, default, 1, transport="ucx"))
+    assert read_dump(default, 2) == read_dump(cli, 2)
 
 
 def global_batches(dump):

@@ -22,11 +22,14 @@ import meshfeed
 
 def main() -> None:
     options, out, epochs, mode = json.loads(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4]
-    if mode == "store":
+    if mode in ("store", "default"):
         dist.init_process_group("gloo")
     data = options.pop("data")
-    transport = "auto" if mode == "auto" else "ucx"
-    loader = meshfeed.Loader(data, transport=transport, bootstrap="torch" if mode == "store" else "env", **options)
+    if mode == "default":  # a DDP program's usual loader: no transport, no bootstrap
+        loader = meshfeed.Loader(data, **options)
+    else:
+        transport = "auto" if mode == "auto" else "ucx"
+        loader = meshfeed.Loader(data, transport=transport, bootstrap="torch" if mode == "store" else "env", **options)
     assert loader.rank == int(os.environ["RANK"]) and loader.local_rank == int(os.environ["LOCAL_RANK"])
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, f"rank-{loader.rank}.jsonl"), "w") as dump:
@@ -41,7 +44,7 @@ def main() -> None:
                 line = {"epoch": batch.epoch, "step": batch.step, "ids": tensors["ids"].tolist(), "crc32": crc}
                 dump.write(json.dumps(line, separators=(",", ":")) + "\n")
     loader.close()
-    if mode == "store":
+    if mode in ("store", "default"):
         dist.barrier()  # the process group still works after the loader used its store
         dist.destroy_process_group()
     print(f"ok rank {loader.rank} local {loader.local_rank}", flush=True)

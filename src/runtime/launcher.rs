@@ -20,6 +20,12 @@ use crate::error::{Error, Result};
 pub(crate) const MPI_LAUNCHER_VARS: [&str; 7] =
     ["OMPI_COMM_WORLD_SIZE", "PMIX_NAMESPACE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE", "PMI_FD", "PMI_PORT"];
 
+/// Whether an MPI launcher (mpirun, srun with an MPI plugin) started this process: one of
+/// [`MPI_LAUNCHER_VARS`] is set. (`--transport auto` then joins over MPI.)
+pub fn launched_by_mpi(var: impl Fn(&str) -> Option<String>) -> bool {
+    MPI_LAUNCHER_VARS.iter().any(|v| var(v).is_some())
+}
+
 /// Variables by which a launcher without MPI (torchrun, `meshfeed launch`, Ray, a
 /// Kubernetes entrypoint) hands a process its place in a job.
 const RENDEZVOUS_VARS: [&str; 2] = ["WORLD_SIZE", "RANK"];
@@ -62,7 +68,7 @@ pub fn choose_transport(
         TransportKind::Auto => {}
     }
     let world_size = var("WORLD_SIZE");
-    if MPI_LAUNCHER_VARS.iter().any(|v| var(v).is_some()) {
+    if launched_by_mpi(&var) {
         if let Some(ws) = world_size.as_deref().and_then(|w| w.trim().parse::<usize>().ok()) {
             if let Some((name, n)) =
                 launcher_sizes_from(&var).into_iter().find(|&(name, n)| name != "WORLD_SIZE" && n != ws)

@@ -26,7 +26,7 @@ mod signals;
 use crate::config::TransportKind;
 use crate::error::{Error, Result};
 use crate::transport::Transport;
-pub use launcher::{choose_transport, launcher_mismatch, launcher_sizes, Choice};
+pub use launcher::{choose_transport, launched_by_mpi, launcher_mismatch, launcher_sizes, Choice};
 pub use signals::{signal_name, StopCheck, StopHandlers, StopSignal};
 
 /// Exit code of a job stopped by SIGTERM/SIGINT at a step boundary (EX_TEMPFAIL: resume

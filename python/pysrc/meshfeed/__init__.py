@@ -275,10 +275,17 @@ def _store_all_gather(
 
 
 def _bootstrap(transport: str, bootstrap: str) -> Optional[tuple[int, int, AllGather]]:
-    """(rank, world, all_gather) over a framework's store, or None for the environment."""
+    """(rank, world, all_gather) over a framework's store, or None for the environment.
+
+    ``transport="auto"`` joins over UCX through a framework's store when one is initialised
+    and no MPI launcher started the process; otherwise the extension chooses from the
+    environment (MPI under an MPI launcher, the rendezvous where WORLD_SIZE or RANK is
+    set, else one process)."""
     if bootstrap not in ("auto", "env", "torch", "jax"):
         raise ConfigError(f"bootstrap='{bootstrap}': expected auto, env, torch or jax")
-    if transport != "ucx" or bootstrap == "env":
+    if transport == "auto" and _meshfeed.launched_by_mpi():
+        return None
+    if transport not in ("ucx", "auto") or bootstrap == "env":
         return None
     from datetime import timedelta
 
@@ -386,8 +393,11 @@ class Loader:
     error naming the option and the ranks, on every rank).
 
     Args:
-        data: dataset files or directories (``.npy``, ``.h5``/``.hdf5``, ``.arrow``/
-            ``.feather``/``.ipc``, ``.raw`` with ``schema.json``).
+        data: dataset files or directories, the format from the extension: NumPy
+            ``.npy``, HDF5 ``.h5``/``.hdf5``, Arrow IPC ``.arrow``/``.feather``/``.ipc``
+            (files and streams: Hugging Face ``save_to_disk``), Parquet ``.parquet``,
+            Megatron ``.idx`` + ``.bin``, WebDataset ``.tar`` shards, ``.raw`` with
+            ``schema.json`` (docs/formats.md).
         batch_size: global batch size B (all ranks together).
         source: instead of ``data``, a shared feeder (``meshfeed serve``) to read the
             dataset from: ``"meshfeed://HOST:PORT/NAME"`` (the token in
@@ -406,12 +416,15 @@ class Loader:
             ``all``).
         mesh_order: the order of the mesh's axes over ranks.
         pipeline_axis: the mesh axis of pipeline stages.
-        transport: ``"mpi"`` (default; launch with mpirun or srun; refused when WORLD_SIZE
-            disagrees with MPI's world, as under torchrun), ``"ucx"`` (RANK, WORLD_SIZE,
-            MASTER_ADDR, MASTER_PORT and MESHFEED_JOB_TOKEN in the environment) or
-            ``"auto"`` (the launcher's, joining through the environment: MPI under an MPI
-            launcher, else UCX where WORLD_SIZE or RANK is set, else one process; the
-            command line's default, see docs/launching.md).
+        transport: ``"auto"`` (default: the launcher's. MPI under mpirun or srun; else UCX
+            through torch.distributed's or JAX's store when one is initialised in the
+            process (torchrun, Ray Train, ``jax.distributed``); else UCX through the
+            environment where WORLD_SIZE or RANK is set (``meshfeed launch``; torchrun
+            without a process group needs MESHFEED_JOB_TOKEN and MESHFEED_MASTER_PORT);
+            else one process. See docs/launching.md), ``"mpi"`` (refused when WORLD_SIZE
+            disagrees with MPI's world, as under torchrun) or ``"ucx"`` (RANK,
+            WORLD_SIZE, MASTER_ADDR, MASTER_PORT and MESHFEED_JOB_TOKEN in the
+            environment, or a framework's store).
         window_bytes: buffer budget of one exchange window per rank (``"64M"``).
         prefetch: windows the background producer runs ahead (0: none).
         tail: the last incomplete batch of an epoch: ``drop``, ``pad`` or ``partial``.
@@ -462,7 +475,8 @@ class Loader:
             when the loader is closed.
         heartbeat: rank 0 writes a JSON line to stderr this often (seconds): epoch, step,
             samples per second, the part of the time spent waiting for data.
-        bootstrap: how ``transport="ucx"`` finds the other ranks: ``"auto"`` (default)
+        bootstrap: how ``transport="ucx"`` (or ``"auto"`` outside an MPI launcher) finds
+            the other ranks: ``"auto"`` (default)
             uses torch.distributed's store when a process group is initialised, else
             JAX's key-value store when ``jax.distributed`` is initialised, else the
             environment; ``"torch"``, ``"jax"`` or ``"env"`` force one. The environment's
@@ -486,7 +500,7 @@ class Loader:
         stages: Optional[Mapping[str, Stage]] = None,
         mesh_order: Union[str, Sequence[str], None] = None,
         pipeline_axis: Optional[str] = None,
-        transport: Transport = "mpi",
+        transport: Transport = "auto",
         window_bytes: Optional[Size] = None,
         prefetch: Optional[SupportsIndex] = None,
         tail: Optional[Tail] = None,
