@@ -74,8 +74,9 @@ pub struct ServeArgs {
     #[arg(long)]
     pub json: bool,
     /// How the feeder's ranks meet (`mpirun -np F meshfeed serve`: F ranks, each holding
-    /// every F-th file, on the nodes that hold the data).
-    #[arg(long, default_value = "mpi", value_parser = meshfeed::config::named::<TransportKind>())]
+    /// every F-th file, on the nodes that hold the data); `auto` takes the launcher's, as
+    /// `run` does (MPI under mpirun/srun, UCX under `meshfeed launch`, else one rank).
+    #[arg(long, default_value = "auto", value_parser = meshfeed::config::named::<TransportKind>())]
     pub transport: TransportKind,
 }
 

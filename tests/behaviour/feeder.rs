@@ -116,7 +116,8 @@ fn serve_env(data: &Path, dir: &Path, ranks: usize, ucx: bool, options: &[&str],
         .arg("--rendezvous")
         .arg(&rendezvous)
         .args(options)
-        .args(if ucx { &["--transport", "ucx"][..] } else { &[] })
+        // (Under `meshfeed launch` the default `--transport auto` joins the feeder's ranks
+        // over UCX: no flag, as a person would start it.)
         .env("HDF5_USE_FILE_LOCKING", "FALSE")
         .env("UCX_NET_DEVICES", "lo");
     if ranks == 1 && !ucx {
