@@ -39,7 +39,10 @@ for a in "$@"; do if [[ $a == --no-build ]]; then build=0; else args+=("$a"); fi
 set -- "${args[@]}"
 build_cli() {
     ((build)) || return 0
-    cargo build --release -p meshfeed-cli 2>&1 | grep -E "^(error|warning: unused)|Finished" || true
+    # The workspace's default members (the library and the command line), as the quickstart
+    # builds them: after `cargo build --release --workspace` this compiles nothing, where
+    # `-p meshfeed-cli` alone would unify dependencies' features differently and rebuild.
+    cargo build --release 2>&1 | grep -E "^(error|warning: unused)|Finished" || true
 }
 if [[ "${1:-}" == "--cold" ]]; then
     # The cold-storage benchmark: throttled loop devices, memory cgroups, PyTorch's two
@@ -124,7 +127,7 @@ if ((torch)); then
         bench/.venv/bin/pip install -q --disable-pip-version-check torch numpy h5py pyarrow
     fi
 fi
-((build)) && step "build: cargo build --release -p meshfeed-cli"
+((build)) && step "build: cargo build --release"
 build_cli
 bin=$root/target/release/meshfeed
 [[ -x "$bin" ]] || { echo "bench/run.sh: the build did not produce $bin" >&2; exit 1; }

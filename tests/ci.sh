@@ -43,6 +43,11 @@ cargo test --release --workspace --no-fail-fast --doc -- --test-threads=2
 # the command line.
 stage "stage 1: the Python package"
 .venv/bin/python -m pytest -q -p no:cacheprovider python/tests
+# Every command the documentation tells people to run, as written (README.md, python/README.md,
+# docs/*.md, the examples' docstrings; only dataset paths and sizes are substituted:
+# tests/docs/README.md), and every relative link of the documents.
+stage "stage 1: the documented commands"
+.venv/bin/python tests/docs/run.py
 # The benchmark suite's smoke version (seconds, tiny data, no PyTorch, no ratios asserted):
 # every measurement mode and the report's table and plots, so that the suite cannot rot.
 # (--no-build: the binary built above, with the workspace's features; building the

@@ -4,6 +4,9 @@ meshfeed.
     python examples/python/make_corpus.py /tmp/mf-corpus --format megatron
     mpirun -np 4 python examples/python/gpt_packed.py /tmp/mf-corpus --mesh dp=2,cp=2
 
+Needs, beside meshfeed and numpy: torch; its corpus (make_corpus.py) megatron-core, or
+pyarrow for Parquet (``launch/setup.sh --test``'s venv has them).
+
 meshfeed packs the corpus's documents into sequences (``--pack
 tokens:SEQ,eos=0,position_ids,cu_seqlens``: SEQ inputs, their labels, each input's position
 in its document and where the documents start) and hands each rank its dp block of every

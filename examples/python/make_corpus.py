@@ -6,6 +6,9 @@ megatron.core's ``IndexedDatasetBuilder``) or as Parquet with a ``List<int32>`` 
 
     python examples/python/make_corpus.py OUT_DIR [--format megatron|parquet] [--documents N]
 
+Needs, beside numpy: megatron-core and torch (``--format megatron``), or pyarrow
+(``--format parquet``); ``launch/setup.sh --test``'s venv has them.
+
 Token 0 is kept free for the end-of-document token the example packs with
 (``--pack tokens:SEQ,eos=0``).
 """

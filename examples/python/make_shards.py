@@ -4,6 +4,9 @@ that encodes its class) and ``{key}.cls`` (the class, 0-9), as LAION and ImageNe
 lay out image and label.
 
     python examples/python/make_shards.py OUT_DIR [--samples N] [--shards S]
+
+Needs, beside numpy: webdataset, Pillow (``launch/setup.sh --test``'s venv has them).
+
 """
 
 import argparse

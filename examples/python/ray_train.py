@@ -5,6 +5,9 @@
     python examples/python/ray_train.py /tmp/mf-data --address auto --placement-strategy SPREAD
                                                                 # a running cluster, one worker a node
 
+Needs, beside meshfeed and numpy: ray[train], torch (``launch/setup.sh --test``'s venv has
+them).
+
 Ray Train starts one worker per rank and initialises torch.distributed (gloo) among
 them; meshfeed's UCX transport joins through that process group's store, so no port or
 token has to be arranged. The dataset path must be readable on every node (shared

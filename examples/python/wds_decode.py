@@ -1,7 +1,11 @@
 """WebDataset shards through meshfeed, JPEGs decoded after delivery.
 
     python examples/python/make_shards.py /tmp/mf-shards
-    mpirun -np 4 python examples/python/wds_decode.py /tmp/mf-shards [--device cuda]
+    mpirun -np 4 python examples/python/wds_decode.py /tmp/mf-shards
+    mpirun -np 4 python examples/python/wds_decode.py /tmp/mf-shards --device cuda   # on GPUs
+
+Needs, beside meshfeed and numpy: torch, Pillow (torchvision on GPUs); its shards
+(make_shards.py) webdataset, Pillow (``launch/setup.sh --test``'s venv has them).
 
 meshfeed reads the shards' members in place (no extraction), shuffles the samples globally
 and hands each rank its part of every batch: ``jpg`` and ``cls`` arrive as bytes, one per
