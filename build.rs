@@ -50,7 +50,7 @@ fn git_revision() -> Option<String> {
             watch(&path);
         }
     }
-    watch("src");
+    watch(&dir.join("src").to_string_lossy());
     let described = git(&["show", "-s", "--format=%h %cd", "--date=short", "HEAD"])?;
     let (hash, date) = described.split_once(' ')?;
     let dirty = git(&["status", "--porcelain", "--untracked-files=no"]).is_some_and(|s| !s.is_empty());
