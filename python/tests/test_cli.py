@@ -143,14 +143,27 @@ def catches(pid: int, sig: int) -> bool:
     return bool(mask >> (sig - 1) & 1)
 
 
-def stopped_by(program, sig, data):
+def children(pid: int) -> list:
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+def stopped_by(program, sig, data, launch=()):
     # A slow job (many epochs of 20 ms steps): it ends only when stopped.
-    child = subprocess.Popen([str(program), "run", "--data", str(data), "--batch-size", "24", "--epochs", "1000",
-                              "--compute-ms", "20"], env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    child = subprocess.Popen([str(program), *launch, "run", "--data", str(data), "--batch-size", "24", "--epochs",
+                              "1000", "--compute-ms", "20"], env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              text=True)
-    # Running once the command handles SIGTERM (Python itself never does), then a moment in.
+    # Running once the command (and under `launch` each rank) handles SIGTERM (Python itself
+    # never does), then a moment in.
     deadline = time.monotonic() + 60
-    while not catches(child.pid, signal.SIGTERM):
+
+    def started():
+        ranks = children(child.pid) if launch else []
+        return catches(child.pid, signal.SIGTERM) and len(ranks) == (2 if launch else 0) and all(
+            catches(r, signal.SIGTERM) for r in ranks)
+    while not started():
         assert child.poll() is None and time.monotonic() < deadline, f"{program} never started its job"
         time.sleep(0.05)
     time.sleep(1.0)
@@ -164,11 +177,12 @@ def stopped_by(program, sig, data):
     return child.returncode, err
 
 
+@pytest.mark.parametrize("launch", [(), ("launch", "-n", "2", "--")], ids=["run", "launch"])
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
-def test_a_stop_signal_stops_a_run_as_it_stops_the_binary(data, sig):
-    native_code, native_err = stopped_by(BIN, sig, data)
+def test_a_stop_signal_stops_a_run_as_it_stops_the_binary(data, sig, launch):
+    native_code, native_err = stopped_by(BIN, sig, data, launch)
     assert native_code == 75, native_err
-    code, err = stopped_by(SCRIPT, sig, data)
+    code, err = stopped_by(SCRIPT, sig, data, launch)
     assert code == native_code, err
     assert f"stopped by {sig.name}" in err and f"stopped by {sig.name}" in native_err, err
     assert "KeyboardInterrupt" not in err and "Traceback" not in err, err
