@@ -33,8 +33,9 @@ WORKDIR /src
 COPY launch/setup.sh launch/setup.sh
 RUN bash launch/setup.sh
 COPY . .
-# Read by build.rs for `meshfeed --version` ("unknown" when not given).
-ARG MESHFEED_GIT_REV=unknown
+# Read by build.rs for `meshfeed --version`; when empty (the build context holds no .git),
+# the version says it was not built from a git checkout.
+ARG MESHFEED_GIT_REV=
 RUN cargo build --release --locked
 # Debug info out (the release profile's line tables are most of the file); the symbols
 # stay, for backtraces.

@@ -1,6 +1,7 @@
 //! `meshfeed launch -n N -- run ...`: the local launcher (`run`'s default `--transport
 //! auto` joins over UCX under it). Starts N copies
-//! of this binary (or of `--exe PROGRAM`) on this host with `RANK`, `WORLD_SIZE`,
+//! of this command line (this binary, or the Python package's `meshfeed` console script
+//! run as `python -m meshfeed`; or `--exe PROGRAM`) on this host with `RANK`, `WORLD_SIZE`,
 //! `MASTER_ADDR=127.0.0.1`, a free `MASTER_PORT`, a fresh `MESHFEED_JOB_TOKEN` (the
 //! convention Ray and Kubernetes launchers follow too) and a fresh `MESHFEED_JOB_ID`, and
 //! supervises them:
@@ -23,6 +24,7 @@
 //!   the processes the launcher starts; a rank program that starts processes of its own
 //!   (a shell script that does not `exec`) must stop them itself.
 
+use std::ffi::OsString;
 use std::os::unix::process::ExitStatusExt;
 use std::process::{Child, Command, ExitStatus};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -46,8 +48,9 @@ pub struct LaunchArgs {
     /// a forwarded SIGTERM/SIGINT) before SIGKILL.
     #[arg(long, default_value = "5", value_name = "SECONDS", value_parser = parse_grace, allow_negative_numbers = true)]
     pub grace: Duration,
-    /// The program every rank runs (default: this meshfeed binary), e.g. a training script's
-    /// interpreter or a program built on the library.
+    /// The program every rank runs (default: this meshfeed command: the binary, or the
+    /// Python package's console script), e.g. a training script's interpreter or a program
+    /// built on the library.
     #[arg(long, value_name = "PROGRAM")]
     pub exe: Option<std::path::PathBuf>,
     /// The arguments every rank runs the program with, e.g. `run --transport ucx --data ...`.
@@ -304,14 +307,21 @@ fn spawn(
     command.spawn()
 }
 
-pub fn run(args: LaunchArgs) -> Result<i32> {
+/// Launches the ranks. `relaunch` is the command that runs this command line again when
+/// the process is not the `meshfeed` binary (the Python console script: the interpreter is
+/// the current executable there); `None` means the current executable.
+pub fn run(args: LaunchArgs, relaunch: Option<&[OsString]>) -> Result<i32> {
     if args.ranks == 0 || args.ranks > MAX_WORLD {
         return Err(Error::Config(format!("-n {}: expected 1 to {MAX_WORLD} ranks", args.ranks)));
     }
     let grace = args.grace;
-    let exe = match args.exe {
-        Some(exe) => exe,
-        None => std::env::current_exe().context(ErrorKind::Config, "cannot find the meshfeed binary")?,
+    let (exe, exe_args): (OsString, &[OsString]) = match (args.exe, relaunch) {
+        (Some(exe), _) => (exe.into_os_string(), &[]),
+        (None, Some([program, before @ ..])) => (program.clone(), before),
+        (None, _) => {
+            let exe = std::env::current_exe().context(ErrorKind::Config, "cannot find the meshfeed binary")?;
+            (exe.into_os_string(), &[])
+        }
     };
     let token = job_token()?;
     // This launch's identity: rank 0 refuses ranks of other jobs that share the token and
@@ -326,7 +336,8 @@ pub fn run(args: LaunchArgs) -> Result<i32> {
     let mut children: Vec<(usize, Child)> = Vec::new();
     for rank in 0..args.ranks {
         let mut cmd = Command::new(&exe);
-        cmd.args(&args.command)
+        cmd.args(exe_args)
+            .args(&args.command)
             .env("RANK", rank.to_string())
             .env("WORLD_SIZE", args.ranks.to_string())
             .env("MASTER_ADDR", "127.0.0.1")

@@ -6,7 +6,7 @@
 //! with their element format and shape (so numpy needs no dtype table). The mapping,
 //! the framework hand-offs and the exceptions' use are Python in `pysrc/meshfeed`.
 
-use std::ffi::{c_int, c_void, CStr};
+use std::ffi::{c_int, c_void, CStr, OsString};
 use std::path::Path;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
@@ -673,6 +673,15 @@ fn job_keys() -> Vec<String> {
     JobFile::keys()
 }
 
+/// The `meshfeed` command line (the package's console script, `python -m meshfeed`): runs
+/// `argv` (the program's name first) with the GIL released and returns the exit code.
+/// `relaunch` is the command that starts the command line again (`launch`'s ranks): the
+/// current executable is the interpreter here, not a `meshfeed` binary.
+#[pyfunction]
+fn cli_main(py: Python<'_>, argv: Vec<OsString>, relaunch: Vec<OsString>) -> i32 {
+    py.allow_threads(|| meshfeed_cli::main_relaunched_by(argv, Some(relaunch)))
+}
+
 #[pymodule]
 fn _meshfeed(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Loader>()?;
@@ -682,6 +691,7 @@ fn _meshfeed(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(launched_by_mpi, m)?)?;
     m.add_function(wrap_pyfunction!(shutdown, m)?)?;
     m.add_function(wrap_pyfunction!(check_epoch, m)?)?;
+    m.add_function(wrap_pyfunction!(cli_main, m)?)?;
     m.add("Error", m.py().get_type::<Error>())?;
     m.add("DataError", m.py().get_type::<DataError>())?;
     m.add("ConfigError", m.py().get_type::<ConfigError>())?;

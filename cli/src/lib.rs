@@ -1,7 +1,8 @@
 //! The `meshfeed` command line: `gen`, `inspect`, `run`, `bench`, `launch`, `report` and `serve`.
 //!
-//! `main` is thin: parse (clap), run the command, print the error chain in one place and
-//! pick the exit code. Parsing the command line and validating it into a job (the
+//! [`main_with_args`] (the `meshfeed` binary's `main`, and the Python package's `meshfeed`
+//! console script) is thin: parse (clap), run the command, print the error chain in one
+//! place and pick the exit code. Parsing the command line and validating it into a job (the
 //! library's typed [`meshfeed::config::Job`]) are two steps ([`job`]); everything a
 //! loading job does beyond presenting results is the library's.
 
@@ -22,6 +23,8 @@ mod launch;
 mod report;
 mod run;
 mod serve;
+
+use std::ffi::OsString;
 
 use clap::{Parser, Subcommand};
 
@@ -58,22 +61,39 @@ enum Command {
     Serve(serve::ServeArgs),
 }
 
-fn main() {
-    let cli = match Cli::try_parse() {
+/// Runs the command line on `args` (the program's name first, as `std::env::args_os` gives
+/// them) and returns the process's exit code.
+pub fn main_with_args(args: Vec<OsString>) -> i32 {
+    main_relaunched_by(args, None)
+}
+
+/// [`main_with_args`] for a host process that is not the `meshfeed` binary (the Python
+/// package's console script, where the current executable is the interpreter): `relaunch`
+/// is the command that runs this command line again (e.g. `[python, -m, meshfeed]`), which
+/// `launch` starts for each rank. Stdout and stderr are flushed before it returns: the
+/// host's exit does not flush Rust's buffers.
+pub fn main_relaunched_by(args: Vec<OsString>, relaunch: Option<Vec<OsString>>) -> i32 {
+    let code = command_line(args, relaunch.as_deref());
+    let _ = std::io::Write::flush(&mut std::io::stdout());
+    let _ = std::io::Write::flush(&mut std::io::stderr());
+    code
+}
+
+fn command_line(args: Vec<OsString>, relaunch: Option<&[OsString]>) -> i32 {
+    let cli = match Cli::try_parse_from(args) {
         Ok(cli) => cli,
         Err(e) => {
             let _ = e.print();
-            std::process::exit(e.exit_code());
+            return e.exit_code();
         }
     };
-    let code = match cli.command {
+    match cli.command {
         Command::Gen(a) => report::exit_code(None, gen::run(a).map(|()| 0)),
         Command::Inspect(a) => report::exit_code(None, inspect::run(a).map(|()| 0)),
         Command::Run(a) => run::main(a),
         Command::Bench(a) => bench::main(a),
-        Command::Launch(a) => report::exit_code(None, launch::run(a)),
+        Command::Launch(a) => report::exit_code(None, launch::run(a, relaunch)),
         Command::Report(a) => report::exit_code(None, analysis::run(a).map(|()| 0)),
         Command::Serve(a) => serve::main(a),
-    };
-    std::process::exit(code);
+    }
 }

@@ -1,0 +1,5 @@
+"""``python -m meshfeed ...``: the ``meshfeed`` command line (as the console script)."""
+
+from ._cli import main
+
+main()
