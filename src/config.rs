@@ -783,151 +783,290 @@ impl Default for LoaderOptions {
     }
 }
 
+/// The headings the command line's `--help` groups options under (clap's `help_heading`),
+/// shared by the job description's flags and the commands' own.
+#[cfg(feature = "clap")]
+pub mod heading {
+    /// What to read: the data and the job file.
+    pub const DATA: &str = "Data";
+    /// The stream: batch, epochs, order, tail.
+    pub const BATCHES: &str = "Batches and epochs";
+    /// Who receives what: mesh, sharding, stages.
+    pub const MESH: &str = "Mesh and placement";
+    /// How ranks read and what they hold.
+    pub const READING: &str = "Reading and memory";
+    /// How ranks talk and exchange.
+    pub const TRANSPORT: &str = "Transport and exchange";
+    /// Checking the stream, and what is printed or written.
+    pub const OUTPUT: &str = "Checking and output";
+    /// Stopping and resuming a stream.
+    pub const RESUMPTION: &str = "Resumption";
+}
+
 /// The job description: every option of a job, declared once. A job file's keys (TOML),
 /// the command line's flags (`--batch-size` for `batch_size`, derived from this struct
-/// with the `clap` feature, the field docs as help), the Python package's keyword
-/// arguments and the documentation's option table are these fields (tests fail when one
-/// drifts: [`JobFile::keys`]); the loader's options reach the cross-rank settings
-/// agreement from their serde form ([`LoaderOptions::settings`]). Every key is optional;
-/// an edge overlays its own flags ([`JobFile::overlay`]) and calls [`JobFile::into_job`].
+/// with the `clap` feature, the field docs as help: the first paragraph is `-h`'s line,
+/// the whole `--help`'s text), the Python package's keyword arguments and the
+/// documentation's option table are these fields (tests fail when one drifts:
+/// [`JobFile::keys`]); the loader's options reach the cross-rank settings agreement from
+/// their serde form ([`LoaderOptions::settings`]). Every key is optional; an edge overlays
+/// its own flags ([`JobFile::overlay`]) and calls [`JobFile::into_job`]. Options a first
+/// run rarely needs are `hide_short_help`: listed by `--help`, not by `-h`.
 #[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 #[cfg_attr(feature = "clap", derive(clap::Args))]
 #[serde(default, deny_unknown_fields)]
 pub struct JobFile {
-    /// Dataset files or directories (all supported files in a directory and its
-    /// subdirectories, in path order).
-    #[cfg_attr(feature = "clap", arg(long, num_args = 1.., value_name = "PATH"))]
+    /// Dataset files or directories.
+    ///
+    /// A directory stands for its supported files and its subdirectories', in path order.
+    #[cfg_attr(feature = "clap", arg(long, num_args = 1.., value_name = "PATH", help_heading = heading::DATA))]
     pub data: Vec<PathBuf>,
     /// HDF5 group that holds the datasets [default: the file root].
-    #[cfg_attr(feature = "clap", arg(long, value_name = "GROUP"))]
+    #[cfg_attr(
+        feature = "clap",
+        arg(long, value_name = "GROUP", help_heading = heading::DATA, hide_short_help = true)
+    )]
     pub group: Option<String>,
-    /// Only these fields, in this order (comma-separated); formats that store fields
-    /// apart (HDF5, Arrow) read only these [default: every field].
-    #[cfg_attr(feature = "clap", arg(long, value_delimiter = ',', num_args = 1.., value_name = "NAME"))]
+    /// Only these fields, in this order (comma-separated) [default: every field].
+    ///
+    /// Formats that store fields apart (HDF5, Arrow) read only these.
+    #[cfg_attr(
+        feature = "clap",
+        arg(long, value_delimiter = ',', num_args = 1.., value_name = "NAME", help_heading = heading::DATA)
+    )]
     pub fields: Option<Vec<String>>,
-    /// Pack the documents of a token field into samples of SEQ_LEN inputs and their labels:
+    /// Pack a token field's documents into samples of SEQ_LEN.
+    ///
+    /// Each sample holds SEQ_LEN inputs and their labels:
     /// `FIELD:SEQ_LEN[,eos=ID][,position_ids][,cu_seqlens]` [default: no packing].
-    #[cfg_attr(feature = "clap", arg(long, value_name = "SPEC"))]
+    #[cfg_attr(
+        feature = "clap",
+        arg(long, value_name = "SPEC", help_heading = heading::DATA, hide_short_help = true)
+    )]
     pub pack: Option<crate::dataset::pack::PackSpec>,
-    /// Global batch size B (must be divisible by the batch dimension's split).
-    #[cfg_attr(feature = "clap", arg(long))]
+    /// Global batch size B.
+    ///
+    /// B must be divisible by the batch dimension's split.
+    #[cfg_attr(feature = "clap", arg(long, value_name = "B", help_heading = heading::BATCHES))]
     pub batch_size: Option<usize>,
     /// Number of epochs [default: 1].
-    #[cfg_attr(feature = "clap", arg(long))]
+    #[cfg_attr(feature = "clap", arg(long, value_name = "E", help_heading = heading::BATCHES))]
     pub epochs: Option<u64>,
     /// Seed of the shuffle [default: 0].
-    #[cfg_attr(feature = "clap", arg(long))]
+    #[cfg_attr(feature = "clap", arg(long, value_name = "S", help_heading = heading::BATCHES))]
     pub seed: Option<u64>,
-    /// Jobs of a sweep reading one feeder whose memory cannot hold the data: derive this
-    /// job's order from the sweep's common SEED, reordered by --seed only within blocks of
+    /// Derive the order from a sweep's common SEED, blockwise.
+    ///
+    /// For jobs of a sweep reading one feeder whose memory cannot hold the data: this
+    /// job's order is the sweep's common SEED's, reordered by --seed only within blocks of
     /// N positions, so that the jobs ask for the same rows at about the same time and the
     /// feeder reads each from storage once for all. Each job's order is still a uniform
     /// random permutation of every epoch: `SEED` or `SEED,block=N` [default: the job's own
     /// order; N: 1024].
-    #[cfg_attr(feature = "clap", arg(long, value_name = "SEED[,block=N]"))]
+    #[cfg_attr(
+        feature = "clap",
+        arg(long, value_name = "SEED[,block=N]", help_heading = heading::BATCHES, hide_short_help = true)
+    )]
     pub shared_order: Option<crate::plan::SharedOrder>,
-    /// Budget for one exchange window's buffers per rank (K/M/G suffixes); memory stays
-    /// within (prefetch + 1) × this [default: 64M].
-    #[cfg_attr(feature = "clap", arg(long, value_name = "BYTES"))]
+    /// Exchange buffers per rank and window [default: 64M].
+    ///
+    /// The budget of one exchange window's buffers per rank (K/M/G suffixes); memory stays
+    /// within (prefetch + 1) × this.
+    #[cfg_attr(feature = "clap", arg(long, value_name = "BYTES", help_heading = heading::READING))]
     pub window_bytes: Option<ByteSize>,
-    /// Windows the background producer runs ahead of the consumer; 0: no producer thread,
-    /// each window is made when asked for [default: 2].
-    #[cfg_attr(feature = "clap", arg(long))]
+    /// Windows the producer runs ahead [default: 2].
+    ///
+    /// The background producer runs this many windows ahead of the consumer; 0: no
+    /// producer thread, each window is made when asked for.
+    #[cfg_attr(feature = "clap", arg(long, value_name = "N", help_heading = heading::READING))]
     pub prefetch: Option<usize>,
-    /// How ranks read their home ranges: auto (resident when the data fits the memory
-    /// budget, else the cheaper of passes and random by the storage's speed), resident
-    /// (stream once, keep in memory), passes (K sequential passes per epoch), random (keep
-    /// what fits, read the rest where needed) [default: auto].
-    #[cfg_attr(feature = "clap", arg(long, value_parser = named::<ReadStrategy>()))]
+    /// How ranks read their home ranges [default: auto].
+    ///
+    /// auto: resident when the data fits the memory budget, else the cheaper of passes and
+    /// random by the storage's speed; resident: stream once, keep in memory; passes: K
+    /// sequential passes per epoch; random: keep what fits, read the rest where needed.
+    #[cfg_attr(
+        feature = "clap",
+        arg(long, value_parser = named::<ReadStrategy>(), help_heading = heading::READING, hide_short_help = true)
+    )]
     pub read_strategy: Option<ReadStrategy>,
-    /// Memory the ranks of one host may hold for data together (K/M/G) [default: 3/4 of
-    /// the cgroup limit's or the host's headroom, less the pipelines].
-    #[cfg_attr(feature = "clap", arg(long, value_name = "BYTES"))]
+    /// Memory the ranks of one host may hold for data.
+    ///
+    /// The ranks of a host together (K/M/G) [default: 3/4 of the cgroup limit's or the
+    /// host's headroom, less the pipelines].
+    #[cfg_attr(
+        feature = "clap",
+        arg(long, value_name = "BYTES", help_heading = heading::READING, hide_short_help = true)
+    )]
     pub memory_budget: Option<ByteSize>,
-    /// The storage's sequential bandwidth per host in bytes/s (K/M/G) [default: probed
-    /// when the choice depends on it].
-    #[cfg_attr(feature = "clap", arg(long, value_name = "BYTES"))]
+    /// The storage's sequential bandwidth per host in bytes/s (K/M/G).
+    ///
+    /// [default: probed when the choice depends on it]
+    #[cfg_attr(
+        feature = "clap",
+        arg(long, value_name = "BYTES", help_heading = heading::READING, hide_short_help = true)
+    )]
     pub storage_bandwidth: Option<ByteSize>,
     /// The storage's random reads per second per host [default: probed when needed].
-    #[cfg_attr(feature = "clap", arg(long, value_name = "READS"))]
+    #[cfg_attr(
+        feature = "clap",
+        arg(long, value_name = "READS", help_heading = heading::READING, hide_short_help = true)
+    )]
     pub storage_iops: Option<u64>,
-    /// Node-local directory (NVMe scratch) where what does not fit in memory is streamed
-    /// once and read back from.
-    #[cfg_attr(feature = "clap", arg(long, value_name = "DIR"))]
+    /// Node-local directory for what does not fit in memory.
+    ///
+    /// Node-local scratch (NVMe) where what does not fit in memory is streamed once and
+    /// read back from.
+    #[cfg_attr(
+        feature = "clap",
+        arg(long, value_name = "DIR", help_heading = heading::READING, hide_short_help = true)
+    )]
     pub spill_dir: Option<PathBuf>,
     /// Reads in flight per rank when reading samples at random [default: 16].
-    #[cfg_attr(feature = "clap", arg(long, value_name = "N"))]
+    #[cfg_attr(
+        feature = "clap",
+        arg(long, value_name = "N", help_heading = heading::READING, hide_short_help = true)
+    )]
     pub read_queue_depth: Option<usize>,
-    /// Last incomplete batch of an epoch: drop, pad (with the epoch's first samples) or
-    /// partial (a short batch) [default: drop].
-    #[cfg_attr(feature = "clap", arg(long, value_parser = named::<TailPolicy>()))]
+    /// The last, incomplete batch of an epoch [default: drop].
+    ///
+    /// drop it, pad it (with the epoch's first samples) or deliver it partial (a short
+    /// batch).
+    #[cfg_attr(
+        feature = "clap",
+        arg(long, value_parser = named::<TailPolicy>(), help_heading = heading::BATCHES, hide_short_help = true)
+    )]
     pub tail: Option<TailPolicy>,
-    /// Transport: auto (the launcher's: mpi under mpirun/srun, ucx where WORLD_SIZE/RANK are
-    /// set without an MPI launcher, one process alone otherwise), mpi (launch with
-    /// mpirun/srun) or ucx (launch with `meshfeed launch`, torchrun, Ray or Kubernetes: RANK,
-    /// WORLD_SIZE, MASTER_ADDR, MASTER_PORT, MESHFEED_JOB_TOKEN) [default: auto].
-    #[cfg_attr(feature = "clap", arg(long, value_parser = named::<TransportKind>()))]
+    /// How the ranks talk [default: auto, the launcher's].
+    ///
+    /// auto: mpi under mpirun/srun, ucx where WORLD_SIZE/RANK are set without an MPI
+    /// launcher, one process alone otherwise; mpi: launch with mpirun/srun; ucx: launch
+    /// with `meshfeed launch`, torchrun, Ray or Kubernetes (RANK, WORLD_SIZE, MASTER_ADDR,
+    /// MASTER_PORT, MESHFEED_JOB_TOKEN).
+    #[cfg_attr(
+        feature = "clap",
+        arg(long, value_parser = named::<TransportKind>(), help_heading = heading::TRANSPORT)
+    )]
     pub transport: Option<TransportKind>,
-    /// Device mesh, e.g. dp=2,tp=2,pp=2 (product = number of ranks) [default: dp over all ranks].
-    #[cfg_attr(feature = "clap", arg(long))]
+    /// Device mesh, e.g. dp=2,tp=2,pp=2 [default: dp over all ranks].
+    ///
+    /// The product of the sizes is the number of devices (ranks × --devices-per-process).
+    #[cfg_attr(feature = "clap", arg(long, value_name = "AXIS=SIZE,...", help_heading = heading::MESH))]
     pub mesh: Option<MeshSpec>,
     /// Mesh axes from slowest to fastest varying in the rank numbering [default: as written].
-    #[cfg_attr(feature = "clap", arg(long, value_delimiter = ','))]
+    #[cfg_attr(
+        feature = "clap",
+        arg(long, value_delimiter = ',', value_name = "AXES", help_heading = heading::MESH, hide_short_help = true)
+    )]
     pub mesh_order: Vec<String>,
     /// The pipeline axis [default: pp].
-    #[cfg_attr(feature = "clap", arg(long))]
+    #[cfg_attr(
+        feature = "clap",
+        arg(long, value_name = "AXIS", help_heading = heading::MESH, hide_short_help = true)
+    )]
     pub pipeline_axis: Option<String>,
-    /// Sharding of a field, per dimension of [batch, *shape]: mesh axis, axes joined by +, -, or
-    /// zigzag:AXIS (context parallelism: chunks i and 2·size−1−i of 2·size).
-    #[cfg_attr(feature = "clap", arg(long, value_name = "FIELD=SPEC", value_parser = parse_pair::<ShardSpec>))]
+    /// Sharding of a field, per dimension of [batch, *shape].
+    ///
+    /// Per dimension: a mesh axis, axes joined by +, - (whole), or zigzag:AXIS (context
+    /// parallelism: chunks i and 2·size−1−i of 2·size), joined by commas.
+    #[cfg_attr(
+        feature = "clap",
+        arg(long, value_name = "FIELD=SPEC", value_parser = parse_pair::<ShardSpec>, help_heading = heading::MESH)
+    )]
     #[serde(with = "field_map")]
     pub shard: Vec<(String, ShardSpec)>,
     /// Pipeline stages that receive a field.
-    #[cfg_attr(feature = "clap", arg(long, value_name = "FIELD=first|last|all", value_parser = parse_pair::<Stage>))]
+    #[cfg_attr(
+        feature = "clap",
+        arg(long, value_name = "FIELD=first|last|all", value_parser = parse_pair::<Stage>, help_heading = heading::MESH)
+    )]
     #[serde(with = "field_map")]
     pub stages: Vec<(String, Stage)>,
-    /// Exchange algorithm (auto: the cheaper of fused and two-phase by the cost model;
-    /// broadcast: the single-loader baseline) [default: auto].
-    #[cfg_attr(feature = "clap", arg(long, value_parser = named::<ExchangeMode>()))]
+    /// Exchange algorithm [default: auto].
+    ///
+    /// auto: the cheaper of fused and two-phase by the cost model; broadcast: the
+    /// single-loader baseline.
+    #[cfg_attr(
+        feature = "clap",
+        arg(long, value_parser = named::<ExchangeMode>(), help_heading = heading::TRANSPORT, hide_short_help = true)
+    )]
     pub exchange: Option<ExchangeMode>,
-    /// The all-to-all costs `--exchange auto` decides with: latency per peer (s), bandwidth
-    /// of a rank on its host and of a host's link (bytes/s), e.g.
+    /// The all-to-all costs `--exchange auto` decides with.
+    ///
+    /// The latency per peer (s), the bandwidth of a rank on its host and of a host's link
+    /// (bytes/s), e.g.
     /// latency=5e-6,intra=1e10,inter=1.2e9 (`meshfeed report --predict` fits them)
     /// [default: measured here, see docs/meshes.md on the exchange].
-    #[cfg_attr(feature = "clap", arg(long, value_name = "latency=S,intra=B/S,inter=B/S"))]
+    #[cfg_attr(
+        feature = "clap",
+        arg(
+            long,
+            value_name = "latency=S,intra=B/S,inter=B/S",
+            help_heading = heading::TRANSPORT,
+            hide_short_help = true
+        )
+    )]
     pub exchange_costs: Option<ExchangeCosts>,
+    /// Same-host rows read from the files, not exchanged [default: auto].
+    ///
     /// Ranks on one host read the rows they receive from each other's home ranges straight
     /// from the files (the page cache they share) instead of exchanging them: auto (npy, raw
-    /// and fixed-size Arrow samples of 1 KiB and more, fused exchange) or off [default: auto].
-    #[cfg_attr(feature = "clap", arg(long, value_parser = named::<LocalReads>()))]
+    /// and fixed-size Arrow samples of 1 KiB and more, fused exchange) or off.
+    #[cfg_attr(
+        feature = "clap",
+        arg(long, value_parser = named::<LocalReads>(), help_heading = heading::READING, hide_short_help = true)
+    )]
     pub local_reads: Option<LocalReads>,
-    /// Home ranges follow each rank's measured read speed, agreed at each epoch's first
-    /// window (a slow reader reads less; the stream is unchanged): auto (where nothing is
-    /// kept across epochs and rows are exchanged fused) or off [default: auto].
-    #[cfg_attr(feature = "clap", arg(long, value_parser = named::<Balance>()))]
+    /// Home ranges follow the ranks' read speeds [default: auto].
+    ///
+    /// The lengths are agreed at each epoch's first window from each rank's measured read
+    /// speed (a slow reader reads less; the stream is unchanged): auto (where nothing is
+    /// kept across epochs and rows are exchanged fused) or off.
+    #[cfg_attr(
+        feature = "clap",
+        arg(long, value_parser = named::<Balance>(), help_heading = heading::READING, hide_short_help = true)
+    )]
     pub balance: Option<Balance>,
-    /// Tune the window length, prefetch depth and reads in flight as the job runs, from
-    /// the waiting measured (every rank changes at the same window; the given settings are
-    /// the start, the larger of them and the defaults the memory ceiling): auto or off
-    /// [default: off].
-    #[cfg_attr(feature = "clap", arg(long, value_parser = named::<Tune>()))]
+    /// Tune windows, prefetch and reads in flight as the job runs [default: off].
+    ///
+    /// The window length, prefetch depth and reads in flight follow the waiting measured
+    /// (every rank changes at the same window; the given settings are the start, the
+    /// larger of them and the defaults the memory ceiling): auto or off.
+    #[cfg_attr(
+        feature = "clap",
+        arg(long, value_parser = named::<Tune>(), help_heading = heading::READING, hide_short_help = true)
+    )]
     pub tune: Option<Tune>,
-    /// Mesh devices each rank drives (one process per host with several devices, as JAX
-    /// runs): the mesh has ranks × K devices and a rank receives the union of their devices'
-    /// shards [default: 1].
-    #[cfg_attr(feature = "clap", arg(long, value_name = "K"))]
+    /// Mesh devices each rank drives [default: 1].
+    ///
+    /// One process per host with several devices, as JAX runs: the mesh has ranks × K
+    /// devices and a rank receives the union of its devices' shards.
+    #[cfg_attr(
+        feature = "clap",
+        arg(long, value_name = "K", help_heading = heading::MESH, hide_short_help = true)
+    )]
     pub devices_per_process: Option<usize>,
-    /// Write per-rank telemetry here: `rank-<r>.jsonl` (a JSON line per window: time per
+    /// Write per-rank telemetry here, for `meshfeed report`.
+    ///
+    /// `rank-<r>.jsonl` (a JSON line per window: time per
     /// phase, waiting for the slowest peer, bytes, and each step's waiting for data and
     /// training time; and one per epoch: host, time per phase, waiting, bytes, peak
     /// memory) and `run.json` (the configuration), for `meshfeed report`.
-    #[cfg_attr(feature = "clap", arg(long, value_name = "DIR"))]
+    #[cfg_attr(
+        feature = "clap",
+        arg(long, value_name = "DIR", help_heading = heading::OUTPUT, hide_short_help = true)
+    )]
     pub telemetry: Option<PathBuf>,
-    /// Rank 0 writes a JSON heartbeat line this often: epoch, step, elapsed seconds,
-    /// samples per second, the part of the time spent waiting for data (0: never)
-    /// [default: `meshfeed run`: every 30 s on stdout when no progress bar is shown; a
-    /// Python loader: never; its lines go to stderr].
-    #[cfg_attr(feature = "clap", arg(long, value_name = "SECONDS"))]
+    /// Rank 0's progress line this often, in seconds (0: never).
+    ///
+    /// The line holds the epoch, the step, the seconds elapsed, samples per second and the
+    /// part of the time spent waiting for data [default: `meshfeed run`: every 30 s on
+    /// stdout where no progress bar is drawn, as text, or JSON with --json; a Python
+    /// loader: never; its lines, JSON, go to stderr].
+    #[cfg_attr(
+        feature = "clap",
+        arg(long, value_name = "SECONDS", help_heading = heading::OUTPUT, hide_short_help = true)
+    )]
     pub heartbeat: Option<f64>,
 }
 

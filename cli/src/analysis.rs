@@ -61,7 +61,7 @@ pub struct PredictArgs {
     #[arg(long, requires = "predict", value_name = "BYTES", value_parser = positive_bytes)]
     pub window_bytes: Option<ByteSize>,
     /// Ranks that receive each sample (1: data parallel; the size of the mesh axes the
-    /// batch is replicated over, e.g. tp) [default: 1].
+    /// batch is replicated over, e.g. tp).
     #[arg(long, requires = "predict", default_value_t = 1, value_parser = count(u64::MAX))]
     pub replicas: usize,
     /// The storage's aggregate read bandwidth, bytes/s (K/M/G) [default: fitted, or

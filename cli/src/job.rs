@@ -9,12 +9,14 @@ use meshfeed::{Error, Result};
 
 use meshfeed::config::read_small_file;
 
+use crate::report::ErrorStyle;
+
 /// What to load and how: shared by `run` and `bench`. The flags are the job description's
 /// keys ([`JobFile`], declared once in the library), each overriding the `--config` file's.
 #[derive(clap::Args, Debug)]
 pub struct JobArgs {
     /// TOML job file: dataset, loader options, mesh, specs, stages. Flags override it.
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", help_heading = meshfeed::config::heading::DATA)]
     pub config: Option<PathBuf>,
     #[command(flatten)]
     pub flags: JobFile,
@@ -55,24 +57,34 @@ fn read_job_file(path: &Path) -> Result<JobFile> {
     Ok(file.relative_to(path.parent().unwrap_or(Path::new("."))))
 }
 
-/// Joins the job over `kind`, runs `job` on this rank, prints any error once per rank and
-/// returns the exit code; MPI (if meshfeed initialised it) is finalised after `job`.
+/// Joins the job over `kind`, runs `job` on this rank, prints any error as `style` says
+/// (an agreed failure once per job) and returns the exit code; MPI (if meshfeed initialised
+/// it) is finalised after `job`.
 pub fn with_runtime(
     kind: TransportKind,
     max_round_bytes: Option<u64>,
+    style: ErrorStyle,
     job: impl FnOnce(&Runtime) -> Result<i32>,
 ) -> i32 {
     let runtime = Runtime::join(kind, max_round_bytes.map(|b| b.clamp(1, i32::MAX as u64) as usize));
     let runtime = match runtime {
         Ok(r) => r,
         Err(e) => {
-            crate::report::print_error(std::env::var("RANK").ok().and_then(|r| r.parse().ok()), &e);
+            style.print(std::env::var("RANK").ok().and_then(|r| r.parse().ok()), &e);
             return 1;
         }
     };
     runtime.abort_on_panic();
     let rank = runtime.rank();
-    crate::report::exit_code(Some(rank), job(&runtime))
+    let result = job(&runtime);
+    if let (true, Err(Error::Remote { .. })) = (rank != 0, &result) {
+        // A failure all ranks agreed on is printed by rank 0. The others, quiet, would
+        // exit at once, and a launcher that ends a job at its first failed rank (mpirun)
+        // would put its own report before rank 0's line, or stop rank 0 before it wrote
+        // it: they leave rank 0 a moment to print and exit first. Every rank still exits 1.
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    style.exit_code(Some(rank), result)
 }
 
 #[cfg(test)]

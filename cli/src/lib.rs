@@ -17,9 +17,12 @@ macro_rules! out {
 mod analysis;
 mod bench;
 mod gen;
+#[cfg(test)]
+mod help_checks;
 mod inspect;
 mod job;
 mod launch;
+mod progress;
 mod report;
 mod run;
 mod serve;

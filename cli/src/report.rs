@@ -1,35 +1,77 @@
 //! What the command line prints: errors (once per job), per-epoch summaries (text or JSON
-//! lines), verification reports, and the progress bar.
+//! lines) and verification reports; progress is [`crate::progress`]'s.
 
 use std::collections::BTreeMap;
 
-use indicatif::{ProgressBar, ProgressStyle};
 use meshfeed::loader::{MetricsSummary, Phase};
 use meshfeed::verify::Report;
 use meshfeed::Error;
 
-/// The exit code of a command's result, printing its error (see [`print_error`]).
+/// The exit code of a command's result, printing its error (see [`ErrorStyle::print`]).
 pub fn exit_code(rank: Option<usize>, result: meshfeed::Result<i32>) -> i32 {
-    match result {
-        Ok(code) => code,
-        Err(e) => {
-            print_error(rank, &e);
-            1
+    ErrorStyle::default().exit_code(rank, result)
+}
+
+/// How a ranked command reports a failure: `-v` (every rank says why it stopped) and
+/// `--json` (every rank also writes a JSON object on stdout, where its JSON lines go).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ErrorStyle {
+    pub verbose: bool,
+    pub json: bool,
+}
+
+impl ErrorStyle {
+    /// The exit code of a command's result, printing its error.
+    pub fn exit_code(self, rank: Option<usize>, result: meshfeed::Result<i32>) -> i32 {
+        match result {
+            Ok(code) => code,
+            Err(e) => {
+                self.print(rank, &e);
+                1
+            }
+        }
+    }
+
+    /// Prints an error on stderr, on one line with its source chain: `meshfeed: error on
+    /// rank R: <cause>`, R being the rank where it happened.
+    ///
+    /// A failure all ranks agreed on ([`Error::Remote`]) is printed once, by rank 0: at 4
+    /// ranks the cause is the first line and the only one (issue 42). The other ranks
+    /// print one short line saying why they stop only with `-v` (per-rank logs, as
+    /// Kubernetes keeps them, then explain every exit). An error that was not agreed (a
+    /// rank that found a peer lost, a launch environment it refused) is printed by the
+    /// rank that has it.
+    pub fn print(self, rank: Option<usize>, e: &Error) {
+        let (origin, message) = describe(rank, e);
+        if self.json {
+            let kind = format!("{:?}", e.kind()).to_lowercase();
+            let v = serde_json::json!({
+                "kind": "error", "error": kind, "rank": rank, "failed_rank": origin, "message": message,
+            });
+            line(&v.to_string());
+        }
+        match (rank, e) {
+            (Some(r), Error::Remote { rank: origin, .. }) if r != 0 => {
+                if self.verbose {
+                    write_line(&format!(
+                        "meshfeed: rank {r} stopped: rank {origin} failed (the error is printed by rank 0)\n"
+                    ));
+                }
+            }
+            _ => write_line(&match origin {
+                Some(r) => format!("meshfeed: error on rank {r}: {message}\n"),
+                None => format!("meshfeed: error: {message}\n"),
+            }),
         }
     }
 }
 
-/// Prints an error with its source chain on one line, prefixed by the rank when known.
-///
-/// A failure all ranks agreed on ([`Error::Remote`]) is printed in full once, by rank 0;
-/// the other ranks print one short line saying why they stop (so per-rank logs still
-/// explain every exit) instead of N copies of the same message.
-pub fn print_error(rank: Option<usize>, e: &Error) {
-    if let (Some(r), Error::Remote { rank: origin, .. }) = (rank, e) {
-        if r != 0 {
-            write_line(&format!("meshfeed: rank {r} stopped: rank {origin} failed (the error is printed by rank 0)\n"));
-            return;
-        }
+/// The rank an error happened on (`None`: not known) and its message with its source
+/// chain. An agreed failure's own text names its origin (`rank 0: ...`, as the library's
+/// callers see it): here the origin is the line's rank and the message follows once.
+fn describe(rank: Option<usize>, e: &Error) -> (Option<usize>, String) {
+    if let Error::Remote { rank: origin, message, .. } = e {
+        return (Some(*origin), message.clone());
     }
     let mut msg = e.to_string();
     let mut source = std::error::Error::source(e);
@@ -40,10 +82,7 @@ pub fn print_error(rank: Option<usize>, e: &Error) {
         }
         source = s.source();
     }
-    write_line(&match rank {
-        Some(r) => format!("meshfeed: error on rank {r}: {msg}\n"),
-        None => format!("meshfeed: error: {msg}\n"),
-    });
+    (rank, msg)
 }
 
 /// One write call: ranks share the launcher's stderr pipe, and `eprintln!` would write a
@@ -242,18 +281,4 @@ pub fn print_verify_report(epoch: u64, samples: u64, dataset: u64, r: &Report, c
             first.unwrap_or("-")
         );
     }
-}
-
-/// The progress bar of one epoch (rank 0, text output; hidden when stderr is no terminal).
-pub fn progress_bar(visible: bool, steps: u64, epoch: u64) -> ProgressBar {
-    if !visible {
-        return ProgressBar::hidden();
-    }
-    let bar = ProgressBar::new(steps).with_style(
-        ProgressStyle::with_template("epoch {prefix} [{bar:30}] {pos}/{len} steps {per_sec} eta {eta}")
-            .expect("valid template")
-            .progress_chars("=> "),
-    );
-    bar.set_prefix(epoch.to_string());
-    bar
 }

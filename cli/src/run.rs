@@ -9,7 +9,7 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use meshfeed::config::Job;
+use meshfeed::config::{heading, Job};
 use meshfeed::dataset::gen;
 use meshfeed::error::ErrorKind;
 use meshfeed::loader::{open_dataset, Loader, LoaderState, Position, MAX_EPOCH};
@@ -20,37 +20,63 @@ use meshfeed::verify::Verifier;
 use meshfeed::{Error, Result};
 
 use crate::job::{with_runtime, JobArgs};
-use crate::report::{self, print_verify_report, progress_bar, EpochSummary, EpochTimes};
+use crate::progress::{epoch_bar, heartbeat_text, Screen};
+use crate::report::{self, print_verify_report, EpochSummary, EpochTimes, ErrorStyle};
 
 #[derive(clap::Args, Debug)]
+#[command(after_long_help = "Exit codes: 0 done, 1 failed (every rank), 2 bad command line, 75 stopped by \
+                              SIGTERM/SIGINT (resume it).")]
 pub struct RunArgs {
     #[command(flatten)]
     pub job: JobArgs,
-    /// Check collectively that every sample arrived exactly once (per receiving rank), in
-    /// order, with the right contents (contents: for datasets written by `meshfeed gen`).
-    #[arg(long)]
+    /// Check that every sample arrived exactly once, in order, intact.
+    ///
+    /// Checked collectively, each epoch, per receiving rank; the contents for datasets
+    /// written by `meshfeed gen`.
+    #[arg(long, help_heading = heading::OUTPUT)]
     pub verify: bool,
-    /// Write one `rank-<r>.jsonl` per rank: ids and CRC-32 of every delivered row.
-    #[arg(long, value_name = "DIR")]
+    /// Write the ids and CRC-32 of every delivered row, a file per rank.
+    ///
+    /// One `rank-<r>.jsonl` per rank, a line per step (docs/guarantees.md).
+    #[arg(long, value_name = "DIR", help_heading = heading::OUTPUT)]
     pub dump: Option<PathBuf>,
-    /// Print the per-epoch summary as JSON lines on stdout.
-    #[arg(long)]
+    /// Print JSON lines on stdout: summaries, progress, errors.
+    ///
+    /// The per-epoch summary, the progress lines (--heartbeat; no bar is drawn) and,
+    /// should the job fail, one error object a rank (`{"kind":"error",...}`; the cause is
+    /// still printed on stderr).
+    #[arg(long, help_heading = heading::OUTPUT)]
     pub json: bool,
-    /// Resume a stream: `EPOCH:STEP`, or a state file written by `--state`. The stream
-    /// continues exactly, also on another number of ranks or mesh.
-    #[arg(long, value_name = "EPOCH:STEP|FILE")]
+    /// On a failure, every rank says why it stopped.
+    ///
+    /// Without it, the cause is printed once (by rank 0, naming the rank where it
+    /// happened) and the other ranks print nothing.
+    #[arg(short, long, help_heading = heading::OUTPUT)]
+    pub verbose: bool,
+    /// Resume a stream at EPOCH:STEP, or from a state file.
+    ///
+    /// The state file is one written by `--state`. The stream continues exactly, also on
+    /// another number of ranks or mesh.
+    #[arg(long, value_name = "EPOCH:STEP|FILE", help_heading = heading::RESUMPTION)]
     pub resume_from: Option<String>,
-    /// Write the loader state here (JSON) when stopped by SIGTERM/SIGINT or at the end.
-    #[arg(long, value_name = "FILE")]
+    /// Write the loader state here when stopped or at the end.
+    ///
+    /// The state (JSON) is written when the job is stopped by SIGTERM/SIGINT, and at the
+    /// end.
+    #[arg(long, value_name = "FILE", help_heading = heading::RESUMPTION)]
     pub state: Option<PathBuf>,
-    /// Checkpoint the stream in this file, as a job that may be stopped and started again
-    /// wants: resume from it when it exists, and write the state to it when stopped or at
-    /// the end (`--resume-from FILE --state FILE`, or `--state FILE` before the first run).
-    #[arg(long, value_name = "FILE", conflicts_with_all = ["resume_from", "state"])]
+    /// Checkpoint the stream in this file: resume from it, save to it.
+    ///
+    /// As a job that may be stopped and started again wants: resume from the file when it
+    /// exists, and write the state to it when stopped or at the end (`--resume-from FILE
+    /// --state FILE`, or `--state FILE` before the first run).
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["resume_from", "state"], help_heading = heading::RESUMPTION)]
     pub checkpoint: Option<PathBuf>,
-    /// Simulate a training step: sleep this many milliseconds after each batch (the
-    /// summary then reports time computing and time waiting for data).
-    #[arg(long, default_value_t = 0.0, value_name = "MS")]
+    /// Simulate a training step of MS milliseconds after each batch.
+    ///
+    /// Each rank sleeps this long after each batch; the summary then reports time computing
+    /// and time waiting for data.
+    #[arg(long, default_value_t = 0.0, value_name = "MS", help_heading = heading::BATCHES, hide_short_help = true)]
     pub compute_ms: f64,
     /// Cap on bytes per MPI_Alltoallv round (larger exchanges are chunked); for testing.
     #[arg(long, hide = true, value_name = "BYTES")]
@@ -84,10 +110,11 @@ impl RunArgs {
 
 /// `meshfeed run`.
 pub fn main(args: RunArgs) -> i32 {
+    let style = ErrorStyle { verbose: args.verbose, json: args.json };
     let args = match args.with_checkpoint() {
         Ok(args) => args,
         Err(e) => {
-            crate::report::print_error(None, &e);
+            style.print(None, &e);
             return 1;
         }
     };
@@ -99,11 +126,11 @@ pub fn main(args: RunArgs) -> i32 {
     let stop = match StopSignal::install() {
         Ok(s) => s,
         Err(e) => {
-            crate::report::print_error(None, &e);
+            style.print(None, &e);
             return 1;
         }
     };
-    with_runtime(kind, args.max_round_bytes.map(|b| b.0), |rt| run(&args, job, rt, &stop))
+    with_runtime(kind, args.max_round_bytes.map(|b| b.0), style, |rt| run(&args, job, rt, &stop))
 }
 
 /// Where `--resume-from` says to continue: `EPOCH:STEP`, or a state file.
@@ -206,7 +233,9 @@ fn run(args: &RunArgs, job: Result<Job>, rt: &Runtime, stop: &StopSignal) -> Res
         agree(world, Err::<(), _>(e))?;
     }
     if !(args.compute_ms >= 0.0 && args.compute_ms.is_finite()) {
-        return Err(Error::Config(format!("--compute-ms {}: expected a non-negative number", args.compute_ms)));
+        // Agreed, although every rank finds it: the job's failure is then printed once.
+        let e = Error::Config(format!("--compute-ms {}: expected a non-negative number", args.compute_ms));
+        agree(world, Err::<(), _>(e))?;
     }
     // What rank 0 writes at the end must be writable from the start.
     if let Some(path) = &args.state {
@@ -254,11 +283,17 @@ fn run(args: &RunArgs, job: Result<Job>, rt: &Runtime, stop: &StopSignal) -> Res
         None => None,
     };
     loader.record_telemetry(world, &job)?;
-    // Where no progress bar is shown (stderr is not a terminal: a batch job), rank 0 prints
-    // a heartbeat on stdout, every 30 s unless the job says otherwise.
+    // Rank 0 draws a progress bar where a person is looking; elsewhere (a batch job, a
+    // pipe) it prints a progress line on stdout, every 30 s unless the job says otherwise:
+    // text for a log, JSON with --json.
+    let screen = if rank == 0 && !args.json { Screen::find() } else { None };
     let every = job.heartbeat.unwrap_or(30.0);
-    if every > 0.0 && !std::io::IsTerminal::is_terminal(&std::io::stderr()) {
-        loader.heartbeat(Duration::from_secs_f64(every), report::line);
+    if every > 0.0 && screen.is_none() {
+        let every = Duration::from_secs_f64(every);
+        match args.json {
+            true => loader.heartbeat(every, report::line),
+            false => loader.heartbeat(every, |beat| report::line(&heartbeat_text(beat))),
+        }
     }
     if rank == 0 && !args.json {
         out!(
@@ -283,7 +318,7 @@ fn run(args: &RunArgs, job: Result<Job>, rt: &Runtime, stop: &StopSignal) -> Res
     let mut all_ok = true;
     for e in start_at.epoch.0..job.epochs {
         let first = loader.position().step.0;
-        let bar = progress_bar(rank == 0 && !args.json, steps, e);
+        let bar = epoch_bar(screen, steps, e);
         bar.set_position(first);
         if let Some(v) = verifier.as_mut() {
             v.begin_epoch(n, meshfeed::types::Epoch(e));
@@ -310,6 +345,9 @@ fn run(args: &RunArgs, job: Result<Job>, rt: &Runtime, stop: &StopSignal) -> Res
                 break;
             }
         }
+        // Cleared before anything else is printed: on a terminal, a line printed while the
+        // bar stands would be drawn over, or the bar in the middle of it.
+        bar.finish_and_clear();
         agree(world, local)?;
         // A stop agreed after the very last step changes nothing: the run is complete.
         let stopped = stopped.filter(|_| loader.position() < Position::new(job.epochs, 0));
@@ -327,7 +365,6 @@ fn run(args: &RunArgs, job: Result<Job>, rt: &Runtime, stop: &StopSignal) -> Res
             }
             save_state(world, rank, args.state.as_deref(), &state)?;
         }
-        bar.finish_and_clear();
         let end = match loader.position() {
             p if p.epoch.0 == e => p.step.0,
             _ => steps,
@@ -357,10 +394,10 @@ fn run(args: &RunArgs, job: Result<Job>, rt: &Runtime, stop: &StopSignal) -> Res
                 if rank == 0 && args.json {
                     summary.print_json();
                 }
-                return Err(Error::Verify(format!(
-                    "epoch {e}: {}",
-                    first_problem.unwrap_or_else(|| "see report".into())
-                )));
+                // Every rank holds the collective report: the failure is agreed, so that it
+                // is printed once, not by every rank.
+                let problem = first_problem.unwrap_or_else(|| "see report".into());
+                agree(world, Err::<(), _>(Error::Verify(format!("epoch {e}: {problem}"))))?;
             }
         }
         // The epoch's telemetry is on disk (an error writing it fails the run here).

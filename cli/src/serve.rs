@@ -70,9 +70,14 @@ pub struct ServeArgs {
     pub max_connections: usize,
     /// JSON lines instead of text: one when serving starts (`"kind":"serving"`), one when
     /// the held files are read (`"kind":"loaded"`), and one a rank when it is stopped
-    /// (`"kind":"stopped"`, what it read and served).
+    /// (`"kind":"stopped"`, what it read and served); should it fail, one error object a
+    /// rank (`"kind":"error"`).
     #[arg(long)]
     pub json: bool,
+    /// On a failure, every rank says why it stopped (without it, the cause is printed
+    /// once, by rank 0).
+    #[arg(short, long)]
+    pub verbose: bool,
     /// How the feeder's ranks meet (`mpirun -np F meshfeed serve`: F ranks, each holding
     /// every F-th file, on the nodes that hold the data); `auto` takes the launcher's, as
     /// `run` does (MPI under mpirun/srun, UCX under `meshfeed launch`, else one rank).
@@ -84,7 +89,8 @@ pub struct ServeArgs {
 /// It serves until SIGTERM or SIGINT, then each rank says what it read and served, and
 /// exits 0.
 pub fn main(args: ServeArgs) -> i32 {
-    crate::job::with_runtime(args.transport, None, |rt| serve(&args, rt))
+    let style = crate::report::ErrorStyle { verbose: args.verbose, json: args.json };
+    crate::job::with_runtime(args.transport, None, style, |rt| serve(&args, rt))
 }
 
 fn serve(args: &ServeArgs, rt: &Runtime) -> Result<i32> {

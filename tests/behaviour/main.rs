@@ -13,6 +13,7 @@ mod common;
 
 mod bad_input;
 mod bench_suite;
+mod console;
 mod data_faults;
 mod default_transport;
 mod examples;

@@ -294,7 +294,9 @@ over_transports! {
         let run = Job::new(&data).batch(64).args(["--verify"]).over(t, 2);
         assert_ne!(run.code, 0, "corruption must fail --verify:\n{}", run.stdout);
         assert!(run.stdout.contains("FAILED") && run.stdout.contains("1 wrong contents"), "{}", run.stdout);
-        assert!(run.stderr.contains("sample 40 field 'x'"), "{}", run.stderr);
+        // Found by the collective check on every rank, printed once.
+        let line = agreed_failure(&run, 2);
+        assert!(line.contains("verification failed: epoch 0: ") && line.contains("sample 40 field 'x'"), "{line}");
         assert!(!run.stdout.contains("done:"), "no success line after a failed verification");
     }
 
@@ -791,14 +793,15 @@ over_transports! {
     }
 }
 
-/// Batch jobs (stderr not a terminal, so no progress bar) get rank 0's JSON heartbeat on
-/// stdout every --heartbeat seconds, with the step advancing; 0 turns it off.
+/// Batch jobs (no terminal, so no progress bar) get rank 0's progress line on stdout every
+/// --heartbeat seconds, with the step advancing: text for a log, JSON with --json; 0 turns
+/// it off.
 #[test]
 fn batch_jobs_print_a_heartbeat() {
     let data = fixtures().join("npy_struct");
     let args = ["run", "--data", data.to_str().unwrap(), "--batch-size", "4", "--compute-ms", "20", "--heartbeat"];
     let beats = |interval: &str| -> Vec<serde_json::Value> {
-        let run = mpirun(2, &[&args[..], &[interval]].concat());
+        let run = mpirun(2, &[&args[..], &[interval, "--json"]].concat());
         ok(&run);
         run.stdout
             .lines()
@@ -817,9 +820,25 @@ fn batch_jobs_print_a_heartbeat() {
     assert!(steps.len() >= 20 && steps.windows(2).all(|w| w[1] == w[0] + 1), "{steps:?}");
     assert_eq!(steps.last(), Some(&25), "{steps:?}");
     assert!(every.iter().all(|b| b["epoch"] == 0), "{every:?}");
-    let quiet = mpirun(2, &[&args[..], &["0"]].concat());
-    ok(&quiet);
-    assert!(!quiet.stdout.contains("heartbeat"), "{}", quiet.stdout);
+    // Without --json, the same beats as text: `meshfeed: epoch 0 step K/25, T s, ...`.
+    let text = mpirun(2, &[&args[..], &["0.001"]].concat());
+    ok(&text);
+    assert!(!text.stdout.contains('{'), "no JSON without --json:\n{}", text.stdout);
+    let steps: Vec<u64> = text
+        .stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("meshfeed: epoch 0 step "))
+        .map(|l| {
+            assert!(l.contains(" samples/s, waiting for data ") && l.ends_with("% of the time"), "{l}");
+            l.split_once("/25, ").unwrap_or_else(|| panic!("{l}")).0.parse().unwrap()
+        })
+        .collect();
+    assert!(steps.len() >= 20 && steps.windows(2).all(|w| w[1] == w[0] + 1), "{steps:?}\n{}", text.stdout);
+    assert_eq!(steps.last(), Some(&25), "{steps:?}");
+    for quiet in [mpirun(2, &[&args[..], &["0"]].concat()), mpirun(2, &[&args[..], &["0", "--json"]].concat())] {
+        ok(&quiet);
+        assert!(!quiet.stdout.contains("heartbeat") && !quiet.stdout.contains(" step "), "{}", quiet.stdout);
+    }
 }
 
 /// `--telemetry` writes one record per window per rank, which add up to the rank's epoch

@@ -163,6 +163,8 @@ fn a_rank_killed_mid_epoch_stops_the_others_naming_it() {
         data.to_str().unwrap(),
     ]));
     let port = free_port();
+    // Ranks started apart keep logs apart (as pods do): with -v each log says why its rank
+    // stopped.
     let args = [
         "run",
         "--transport",
@@ -175,6 +177,7 @@ fn a_rank_killed_mid_epoch_stops_the_others_naming_it() {
         "2K",
         "--compute-ms",
         "20",
+        "-v",
     ];
     let env = [("MESHFEED_PEER_TIMEOUT", "4")];
     let mut ranks: Vec<_> = (0..3).map(|r| spawn_rank(r, 3, port, "tok", &args, &env)).collect();

@@ -67,9 +67,14 @@ pub struct BenchArgs {
     /// overlap, 2.0 none.
     #[arg(long, value_name = "MS|auto")]
     pub compute_ms: Option<ComputeMs>,
-    /// Print one JSON object per mode instead of the table.
+    /// Print one JSON object per mode instead of the table (and, should the job fail, one
+    /// error object a rank: `"kind":"error"`).
     #[arg(long)]
     pub json: bool,
+    /// On a failure, every rank says why it stopped (without it, the cause is printed
+    /// once, by rank 0).
+    #[arg(short, long)]
+    pub verbose: bool,
     /// Also append the JSON objects to this file (JSON lines; for `meshfeed bench report`).
     #[arg(long, value_name = "FILE")]
     pub out: Option<PathBuf>,
@@ -121,7 +126,8 @@ pub fn main(args: BenchArgs) -> i32 {
             "bench writes its own report: --telemetry and --heartbeat are for `meshfeed run` and training jobs".into(),
         )),
     });
-    with_runtime(TransportKind::Mpi, None, |rt| bench(&args, job, rt).map(|()| 0))
+    let style = crate::report::ErrorStyle { verbose: args.verbose, json: args.json };
+    with_runtime(TransportKind::Mpi, None, style, |rt| bench(&args, job, rt).map(|()| 0))
 }
 
 /// The transport named on the command line (`None`: MPI's world); UCX ones are
