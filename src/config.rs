@@ -16,6 +16,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
+use crate::dataset::nulls::NullPolicy;
 use crate::dataset::DatasetOptions;
 use crate::error::{Error, ErrorKind, Result, ResultExt};
 
@@ -805,6 +806,12 @@ pub struct JobFile {
     /// apart (HDF5, Arrow) read only these [default: every field].
     #[cfg_attr(feature = "clap", arg(long, value_delimiter = ',', num_args = 1.., value_name = "NAME"))]
     pub fields: Option<Vec<String>>,
+    /// What the nulls of an Arrow or Parquet column are delivered as: mask (zeros, and a
+    /// field FIELD_valid of u8 per row, 1 present, 0 null, right after the field) or
+    /// fill:VALUE [default: nulls in a delivered field are an error].
+    #[cfg_attr(feature = "clap", arg(long, value_name = "FIELD=mask|fill:VALUE", value_parser = parse_pair::<NullPolicy>))]
+    #[serde(with = "field_map")]
+    pub nulls: Vec<(String, NullPolicy)>,
     /// Pack the documents of a token field into samples of SEQ_LEN inputs and their labels:
     /// `FIELD:SEQ_LEN[,eos=ID][,position_ids][,cu_seqlens]` [default: no packing].
     #[cfg_attr(feature = "clap", arg(long, value_name = "SPEC"))]
@@ -980,6 +987,7 @@ impl Job {
             ("data", data.join(", ")),
             ("group", self.dataset.hdf5_group.clone().unwrap_or_default()),
             ("fields", self.dataset.fields.as_ref().map(|f| f.join(",")).unwrap_or_default()),
+            ("nulls", self.dataset.nulls.iter().map(|(f, p)| format!("{f}={p}")).collect::<Vec<_>>().join("; ")),
             ("pack", self.dataset.pack.as_ref().map(ToString::to_string).unwrap_or_default()),
             ("epochs", self.epochs.to_string()),
             ("transport", self.transport.to_string()),
@@ -1084,6 +1092,7 @@ impl JobFile {
                 pack: self.pack,
                 // A reader decodes no more than a window at once (a Parquet page).
                 decode_limit: Some(window_bytes),
+                nulls: self.nulls.into_iter().collect(),
             },
             loader: LoaderOptions {
                 batch_size,
@@ -1293,7 +1302,7 @@ mod tests {
     #[test]
     fn job_file_keys_are_its_fields() {
         let keys = JobFile::keys();
-        assert_eq!(keys.len(), 31, "{keys:?}");
+        assert_eq!(keys.len(), 32, "{keys:?}");
         for k in ["batch_size", "data", "mesh_order", "read_strategy", "shard", "transport"] {
             assert!(keys.iter().any(|x| x == k), "{k} missing from {keys:?}");
         }
