@@ -1579,6 +1579,99 @@ mod tests {
         assert!(e.to_string().contains("buffer 0: 5 bytes, too short"), "{e}");
     }
 
+    /// Hub-style columns beside the ones read (a struct, a list of text, a dictionary, text
+    /// views, a nullable column): a choice of columns passes over the others, whatever
+    /// their types and nulls, in files and streams alike; booleans are one byte a value;
+    /// nulls are refused without a policy, filled or masked with one.
+    #[test]
+    fn only_the_columns_read_are_checked_and_booleans_and_nulls_are_delivered() {
+        use arrow_array::builder::{Int32Builder, ListBuilder, StringBuilder, StructBuilder};
+        use arrow_array::types::Int32Type;
+        use arrow_array::{
+            ArrayRef, BooleanArray, DictionaryArray, Int32Array, Int64Array, RecordBatch, StringViewArray,
+        };
+        let batch = |start: i64| {
+            let n = 10;
+            let ids = start..start + n;
+            let mut st =
+                StructBuilder::from_fields(vec![arrow_schema::Field::new("a", DataType::Int32, true)], n as usize);
+            let mut list = ListBuilder::new(StringBuilder::new());
+            for i in ids.clone() {
+                st.field_builder::<Int32Builder>(0).unwrap().append_value(i as i32);
+                st.append(true);
+                list.values().append_value(format!("t{i}"));
+                list.append(i % 2 == 0);
+            }
+            let dict: DictionaryArray<Int32Type> = ids.clone().map(|i| if i % 2 == 0 { "a" } else { "b" }).collect();
+            RecordBatch::try_from_iter([
+                ("x", Arc::new(Int64Array::from_iter_values(ids.clone())) as ArrayRef),
+                ("s", Arc::new(st.finish())),
+                ("flag", Arc::new(BooleanArray::from_iter(ids.clone().map(|i| Some(i % 3 == 0))))),
+                ("n", Arc::new(Int32Array::from_iter(ids.clone().map(|i| (i % 4 != 1).then_some(i as i32 * 10))))),
+                ("l", Arc::new(list.finish())),
+                ("d", Arc::new(dict)),
+                (
+                    "v",
+                    Arc::new(StringViewArray::from_iter_values(ids.map(|i| format!("a longer text than twelve {i}")))),
+                ),
+            ])
+            .unwrap()
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let (b0, b1) = (batch(0), batch(10));
+        let file = dir.path().join("f.arrow");
+        let mut w = arrow_ipc::writer::FileWriter::try_new(File::create(&file).unwrap(), &b0.schema()).unwrap();
+        w.write(&b0).unwrap();
+        w.write(&b1).unwrap();
+        w.finish().unwrap();
+        let stream = dir.path().join("s.arrow");
+        let mut w = arrow_ipc::writer::StreamWriter::try_new(File::create(&stream).unwrap(), &b0.schema()).unwrap();
+        w.write(&b0).unwrap();
+        w.write(&b1).unwrap();
+        w.finish().unwrap();
+        let choice = |names: &[&str], nulls: &[(&str, &str)]| ColumnChoice {
+            names: Some(names.iter().map(|n| n.to_string()).collect()),
+            nulls: nulls.iter().map(|(k, v)| (k.to_string(), v.parse().unwrap())).collect(),
+        };
+        for path in [&file, &stream] {
+            let e = scan(path, &ColumnChoice::default()).unwrap_err().to_string();
+            assert!(
+                e.contains("column 's' has unsupported type Struct") && e.contains("--fields can leave it out"),
+                "{e}"
+            );
+            // Nulls in a column not read are no error; in one read without a policy they are.
+            let (rows, fields, _, in_place) = scan(path, &choice(&["x"], &[])).unwrap();
+            assert_eq!((rows, fields.len(), in_place), (20, 1, true));
+            let e = scan(path, &choice(&["x", "n"], &[])).unwrap_err().to_string();
+            assert!(e.contains("column 'n' has nulls in record batch 0") && e.contains("--nulls n=mask"), "{e}");
+            for (policy, null) in [("mask", vec![0u8; 4]), ("fill:-1", (-1i32).to_le_bytes().to_vec())] {
+                let c = choice(&["n", "flag", "x"], &[("n", policy)]);
+                let (_, fields, _, in_place) = scan(path, &c).unwrap();
+                let names: Vec<&str> = fields.iter().map(|f| f.name.as_str()).collect();
+                let mask = policy == "mask";
+                assert_eq!(names, if mask { vec!["x", "flag", "n", "n_valid"] } else { vec!["x", "flag", "n"] });
+                assert_eq!(fields[1], Field::tensor("flag", DType::Bool, vec![]));
+                assert!(!in_place, "booleans and nulls are made, not read in place");
+                let mut r = ArrowReader::open_cached(path, &fields, &LayoutCache::new(), &c).unwrap();
+                let rows = [0u64, 1, 5, 9, 10, 13, 19];
+                let chunk = r.read_rows(&rows).unwrap();
+                for (k, &i) in rows.iter().enumerate() {
+                    assert_eq!(chunk.value(k, 0), &(i as i64).to_le_bytes(), "{policy}: x of row {i}");
+                    assert_eq!(chunk.value(k, 1), &[u8::from(i % 3 == 0)], "{policy}: flag of row {i}");
+                    let n = if i % 4 == 1 { null.clone() } else { (i as i32 * 10).to_le_bytes().to_vec() };
+                    assert_eq!(chunk.value(k, 2), &n[..], "{policy}: n of row {i}");
+                    if mask {
+                        assert_eq!(chunk.value(k, 3), &[u8::from(i % 4 != 1)], "row {i}: n_valid");
+                    }
+                }
+                // A field alone, the validity field alone.
+                let only = r.read_columns(&[1, 2], &[fields.len() - 1]).unwrap();
+                let want: [&[u8]; 2] = if mask { [&[0], &[1]] } else { [&null, &20i32.to_le_bytes()] };
+                assert_eq!((only.value(0, 0), only.value(1, 0)), (want[0], want[1]), "{policy}");
+            }
+        }
+    }
+
     #[test]
     fn a_file_shorter_than_its_footer_says_is_an_error_not_zeros() {
         let dir = tempfile::tempdir().unwrap();

@@ -458,6 +458,88 @@ mod tests {
         assert!(e.contains("a.parquet") && e.contains("not a readable Parquet file"), "{e}");
     }
 
+    /// Only the columns read are checked: a struct and a nullable column beside them are
+    /// no error; booleans are one byte; nulls are refused without a policy, filled or
+    /// masked with one, and checked when read where no statistics count them.
+    #[test]
+    fn only_the_columns_read_are_checked_and_booleans_and_nulls_are_delivered() {
+        use arrow_array::builder::{Int32Builder, StructBuilder};
+        use arrow_array::BooleanArray;
+        let dir = tempfile::tempdir().unwrap();
+        let mut st = StructBuilder::from_fields(vec![arrow_schema::Field::new("a", DataType::Int32, true)], 20);
+        for i in 0..20 {
+            st.field_builder::<Int32Builder>(0).unwrap().append_value(i);
+            st.append(true);
+        }
+        let batch = RecordBatch::try_from_iter([
+            ("s", Arc::new(st.finish()) as ArrayRef),
+            ("flag", Arc::new(BooleanArray::from_iter((0..20).map(|i| Some(i % 3 == 0))))),
+            ("y", Arc::new(Int64Array::from_iter((0..20i64).map(|i| (i % 4 != 1).then_some(i * 10))))),
+        ])
+        .unwrap();
+        for stats in [true, false] {
+            let path = dir.path().join(format!("h{stats}.parquet"));
+            let level = if stats {
+                parquet::file::properties::EnabledStatistics::Page
+            } else {
+                parquet::file::properties::EnabledStatistics::None
+            };
+            let props = parquet::file::properties::WriterProperties::builder()
+                .set_max_row_group_row_count(Some(8))
+                .set_statistics_enabled(level)
+                .build();
+            let mut w = parquet::arrow::ArrowWriter::try_new(File::create(&path).unwrap(), batch.schema(), Some(props))
+                .unwrap();
+            w.write(&batch).unwrap();
+            w.close().unwrap();
+            let choice = |names: &[&str], nulls: &[(&str, &str)]| ColumnChoice {
+                names: Some(names.iter().map(|n| n.to_string()).collect()),
+                nulls: nulls.iter().map(|(k, v)| (k.to_string(), v.parse().unwrap())).collect(),
+            };
+            let e = scan(&path, &ColumnChoice::default()).unwrap_err().to_string();
+            assert!(
+                e.contains("column 's' has unsupported type Struct") && e.contains("--fields can leave it out"),
+                "{e}"
+            );
+            let c = choice(&["flag"], &[]);
+            let (n, fields, _) = scan(&path, &c).unwrap();
+            assert_eq!((n, fields.clone()), (20, vec![Field::tensor("flag", super::super::DType::Bool, vec![])]));
+            let mut r = ParquetReader::open_cached(&path, &fields, &MetaCache::new(), 1 << 20, &c).unwrap();
+            let chunk = r.read_rows(&[0, 1, 3, 19]).unwrap();
+            let got: Vec<&[u8]> = (0..4).map(|k| chunk.value(k, 0)).collect();
+            assert_eq!(got, [&[1u8][..], &[0], &[1], &[0]]);
+            // Without a policy: at the scan where statistics count the nulls, else when read.
+            let c = choice(&["y"], &[]);
+            let refused = match scan(&path, &c) {
+                Err(e) => e.to_string(),
+                Ok((_, fields, _)) => {
+                    assert!(!stats, "the statistics count the nulls");
+                    let mut r = ParquetReader::open_cached(&path, &fields, &MetaCache::new(), 1 << 20, &c).unwrap();
+                    r.read_rows(&[0, 1]).unwrap_err().to_string()
+                }
+            };
+            assert!(
+                refused.contains("column 'y' has nulls in row group 0") && refused.contains("--nulls y=mask"),
+                "{refused}"
+            );
+            for (policy, null) in [("mask", 0i64), ("fill:-3", -3)] {
+                let c = choice(&["y"], &[("y", policy)]);
+                let (_, fields, _) = scan(&path, &c).unwrap();
+                assert_eq!(fields.len(), if policy == "mask" { 2 } else { 1 });
+                let mut r = ParquetReader::open_cached(&path, &fields, &MetaCache::new(), 1 << 20, &c).unwrap();
+                let rows = [0u64, 1, 5, 9, 12, 17];
+                let chunk = r.read_rows(&rows).unwrap();
+                for (k, &i) in rows.iter().enumerate() {
+                    let want = if i % 4 == 1 { null } else { i as i64 * 10 };
+                    assert_eq!(chunk.value(k, 0), &want.to_le_bytes(), "{policy}: row {i}");
+                    if policy == "mask" {
+                        assert_eq!(chunk.value(k, 1), &[u8::from(i % 4 != 1)], "row {i}: y_valid");
+                    }
+                }
+            }
+        }
+    }
+
     /// A page is decoded whole (the crate cannot decode part of one): one declaring more
     /// than the reader's limit is refused before it is read, naming the row group, column
     /// and page with its sizes, whatever rows are asked for; within the limit it reads.
