@@ -16,6 +16,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
+use crate::dataset::nulls::NullPolicy;
 use crate::dataset::DatasetOptions;
 use crate::error::{Error, ErrorKind, Result, ResultExt};
 
@@ -835,6 +836,23 @@ pub struct JobFile {
         arg(long, value_delimiter = ',', num_args = 1.., value_name = "NAME", help_heading = heading::DATA)
     )]
     pub fields: Option<Vec<String>>,
+    /// Deliver an Arrow or Parquet column's nulls: FIELD=mask or FIELD=fill:VALUE.
+    ///
+    /// mask delivers zeros and a field FIELD_valid of u8 per row (1 present, 0 null) right
+    /// after the field; fill:VALUE delivers VALUE [default: nulls in a delivered field are
+    /// an error].
+    #[cfg_attr(
+        feature = "clap",
+        arg(
+            long,
+            value_name = "FIELD=mask|fill:VALUE",
+            value_parser = parse_pair::<NullPolicy>,
+            help_heading = heading::DATA,
+            hide_short_help = true
+        )
+    )]
+    #[serde(with = "field_map")]
+    pub nulls: Vec<(String, NullPolicy)>,
     /// Pack a token field's documents into samples of SEQ_LEN.
     ///
     /// Each sample holds SEQ_LEN inputs and their labels:
@@ -1119,6 +1137,7 @@ impl Job {
             ("data", data.join(", ")),
             ("group", self.dataset.hdf5_group.clone().unwrap_or_default()),
             ("fields", self.dataset.fields.as_ref().map(|f| f.join(",")).unwrap_or_default()),
+            ("nulls", self.dataset.nulls.iter().map(|(f, p)| format!("{f}={p}")).collect::<Vec<_>>().join("; ")),
             ("pack", self.dataset.pack.as_ref().map(ToString::to_string).unwrap_or_default()),
             ("epochs", self.epochs.to_string()),
             ("transport", self.transport.to_string()),
@@ -1223,6 +1242,7 @@ impl JobFile {
                 pack: self.pack,
                 // A reader decodes no more than a window at once (a Parquet page).
                 decode_limit: Some(window_bytes),
+                nulls: self.nulls.into_iter().collect(),
             },
             loader: LoaderOptions {
                 batch_size,
@@ -1432,7 +1452,7 @@ mod tests {
     #[test]
     fn job_file_keys_are_its_fields() {
         let keys = JobFile::keys();
-        assert_eq!(keys.len(), 31, "{keys:?}");
+        assert_eq!(keys.len(), 32, "{keys:?}");
         for k in ["batch_size", "data", "mesh_order", "read_strategy", "shard", "transport"] {
             assert!(keys.iter().any(|x| x == k), "{k} missing from {keys:?}");
         }

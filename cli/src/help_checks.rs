@@ -47,13 +47,17 @@ fn written_flags(text: &str) -> BTreeSet<String> {
     flags
 }
 
-/// The synopsis of docs/cli.md (its first `sh` block) by command path (`run`, `bench
+/// The synopsis of docs/cli.md (the `text` block under "## Synopsis": a synopsis, not
+/// commands to run, which tests/docs would run) by command path (`run`, `bench
 /// report`): each entry's text after the command's name, continuation lines joined.
 fn synopsis() -> Vec<(String, String)> {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/cli.md");
     let text = std::fs::read_to_string(&path).unwrap();
-    let block =
-        text.split("```sh\n").nth(1).and_then(|b| b.split("```").next()).expect("docs/cli.md opens with a sh block");
+    let block = text
+        .split("## Synopsis\n\n```text\n")
+        .nth(1)
+        .and_then(|b| b.split("```").next())
+        .expect("docs/cli.md has a synopsis: a text block under ## Synopsis");
     let mut entries: Vec<String> = Vec::new();
     for line in block.lines() {
         match (line.starts_with(' '), entries.last_mut()) {

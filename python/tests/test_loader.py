@@ -385,6 +385,51 @@ def test_lists_of_numbers_arrive_as_values_and_offsets(tmp_path):
     assert r.stdout.count("ok") == 2, r.stdout
 
 
+def test_hub_columns_booleans_and_nulls_reach_python(tmp_path):
+    """A pandas Parquet file with text, lists of text and structs beside the fields asked
+    for loads with ``fields=``; a boolean arrives as numpy ``bool``, a nullable column
+    filled (``fill:-1``) or masked (zeros, and ``score_valid``: 1 present, 0 null)."""
+    import pandas as pd
+
+    d = tmp_path / "hub"
+    d.mkdir()
+    n = 24
+    pd.DataFrame({
+        "y": pd.Series(range(n), dtype="int64"),
+        "flag": pd.Series([i % 3 == 0 for i in range(n)], dtype="bool"),
+        "label": pd.Series([None if i % 4 == 1 else i for i in range(n)], dtype="Int64"),
+        "score": pd.Series([None if i % 5 == 2 else i / 2 for i in range(n)], dtype="Float32"),
+        "text": [f"row {i}" for i in range(n)],
+        "tags": [[f"t{i}"] for i in range(n)],
+        "meta": [{"a": i} for i in range(n)],
+    }).to_parquet(d / "part-0.parquet")
+    script = (
+        "import meshfeed, numpy as np\n"
+        f"l = meshfeed.Loader([{str(d)!r}], batch_size=6, seed=2, fields=['y', 'flag', 'label', 'score'],\n"
+        "                    nulls={'label': 'fill:-1', 'score': 'mask'})\n"
+        "seen = 0\n"
+        "for b in l:\n"
+        "    assert list(b) == ['y', 'flag', 'label', 'score', 'score_valid'], list(b)\n"
+        "    assert b['flag'].dtype == np.bool_ and b['score_valid'].dtype == np.uint8\n"
+        "    for i, id in enumerate(b.ids):\n"
+        "        assert int(b['y'][i]) == id and bool(b['flag'][i]) == (id % 3 == 0), id\n"
+        "        assert int(b['label'][i]) == (-1 if id % 4 == 1 else id), id\n"
+        "        assert int(b['score_valid'][i]) == (id % 5 != 2), id\n"
+        "        assert float(b['score'][i]) == (0.0 if id % 5 == 2 else id / 2), id\n"
+        "    seen += len(b.ids)\n"
+        "assert seen == 12, seen\n"
+        "try:\n"
+        f"    meshfeed.Loader([{str(d)!r}], batch_size=6, fields=['y', 'label'])\n"
+        "except meshfeed.DataError as e:\n"
+        "    assert \"column 'label' has nulls in row group 0\" in str(e) and '--nulls label=mask' in str(e), e\n"
+        "else:\n"
+        "    raise AssertionError('nulls without a policy must be refused')\n"
+        "print('ok')\n"
+    )
+    r = ok(run(MPIRUN + ["-np", 2, sys.executable, "-c", script]))
+    assert r.stdout.count("ok") == 2, r.stdout
+
+
 def test_packed_sequences_arrive_as_inputs_labels_positions_and_document_starts(tmp_path):
     """`pack=` on Parquet token lists: each sample's inputs and labels are the windows of the
     documents concatenated with an end-of-document token (checked against a packing done

@@ -36,6 +36,7 @@ use arrow_buffer::Buffer;
 use arrow_ipc::{Block, MetadataVersion};
 use arrow_schema::{DataType, Schema};
 
+use super::nulls::{Chosen, ColumnChoice, NullPolicy, Source};
 use super::rows::{
     advise_dontneed, advise_willneed, group_ranges, read_error, read_grouped, read_vectored_exact_at, RowChunk,
     RECORD_GAP_BYTES,
@@ -72,13 +73,22 @@ enum Column {
     /// for binary and text; a list's element size); offsets are little-endian `i32` (`i64`
     /// when `wide`).
     Var { offsets: FileSpan, values: FileSpan, wide: bool, elem: u64 },
+    /// Booleans, one bit per row (row `r` is bit `r % 8` of byte `r / 8` of `values`),
+    /// delivered as one byte per row (0 or 1).
+    Bits { values: FileSpan },
+    /// Not in the file: the validity field of a masked column ([`Source::Valid`]).
+    Made,
 }
 
 /// One record batch: its rows and where each column's buffers are.
 #[derive(Debug)]
 struct BatchLayout {
     rows: u64,
+    /// Per field of [`Footer::chosen`].
     columns: Vec<Column>,
+    /// Per field, its validity bitmap where the batch has nulls in it (bit `r` of row `r`:
+    /// 1 present, 0 null).
+    validity: Vec<Option<FileSpan>>,
     /// How the batch's buffers are compressed (`None`: not at all, values read in place).
     codec: Option<Codec>,
 }
@@ -213,8 +223,15 @@ fn decompressed_ranges(
 /// What the footer of an Arrow file and its record batch headers say.
 #[derive(Debug)]
 struct Footer {
-    fields: Vec<Field>,
+    /// The fields delivered: the columns read and the validity fields of masked ones.
+    chosen: Chosen,
     batches: Vec<BatchLayout>,
+}
+
+impl Footer {
+    fn fields(&self) -> &[Field] {
+        &self.chosen.fields
+    }
 }
 
 /// Reads `len` bytes at `offset`, which the caller has checked lie inside the file as it
@@ -248,7 +265,8 @@ fn read_at(file: &File, path: &Path, file_len: u64, offset: u64, len: u64, what:
 /// Why a column of a record batch cannot be read.
 enum ColumnError {
     Corrupt(String),
-    Nulls,
+    /// Nulls inside a column's values (a list's elements), which no policy delivers.
+    NestedNulls,
 }
 
 impl From<&str> for ColumnError {
@@ -257,49 +275,52 @@ impl From<&str> for ColumnError {
     }
 }
 
-/// Where the values of a column of type `dt` lie, consuming its field nodes and buffers
-/// (depth first, as the IPC format lays them out; every buffer checked to lie inside the
-/// batch body). `rows` is how many values the column must hold at this level.
+/// Where the values of a column of type `dt` lie, and its validity bitmap where it has
+/// nulls, consuming its field nodes and buffers (depth first, as the IPC format lays them
+/// out; every buffer checked to lie inside the batch body). `rows` is how many values the
+/// column must hold at this level; nulls below the top level are an error.
 fn column_layout<'a>(
     dt: &DataType,
     rows: u64,
     top: bool,
     nodes: &mut impl Iterator<Item = &'a arrow_ipc::FieldNode>,
     buffers: &mut impl Iterator<Item = FileSpan>,
-) -> std::result::Result<Column, ColumnError> {
+) -> std::result::Result<(Column, Option<FileSpan>), ColumnError> {
     let node = nodes.next().ok_or("the header lists too few field nodes")?;
     let length = u64::try_from(node.length()).map_err(|_| "a field node has a negative length")?;
     if (top && length != rows) || length < rows {
         return Err(ColumnError::Corrupt(format!("a field node holds {length} values where {rows} are needed")));
     }
-    if node.null_count() != 0 {
-        return Err(ColumnError::Nulls);
+    if node.null_count() != 0 && !top {
+        return Err(ColumnError::NestedNulls);
     }
     let mut buffer = || -> std::result::Result<FileSpan, ColumnError> {
         Ok(buffers.next().ok_or("the header lists too few buffers")?)
     };
-    let _validity = buffer()?;
+    let validity = buffer()?;
+    let validity = (node.null_count() != 0).then_some(validity);
     let column = match dt {
         DataType::FixedSizeList(child, n) => {
             let n = u64::try_from(*n).map_err(|_| "bad list size")?;
             let inner = rows.checked_mul(n).ok_or("list values overflow")?;
-            match column_layout(child.data_type(), inner, false, nodes, buffers)? {
+            match column_layout(child.data_type(), inner, false, nodes, buffers)?.0 {
                 Column::Fixed { values, width } => {
                     Column::Fixed { values, width: width.checked_mul(n).ok_or("list values overflow")? }
                 }
-                Column::Var { .. } => return Err("lists of variable-length values are not supported".into()),
+                _ => return Err("lists of variable-length values or booleans are not supported".into()),
             }
         }
         DataType::List(child) | DataType::LargeList(child) => {
             let offsets = buffer()?;
             // The child holds every row's elements (its length is the offsets' business).
-            match column_layout(child.data_type(), 0, false, nodes, buffers)? {
+            match column_layout(child.data_type(), 0, false, nodes, buffers)?.0 {
                 Column::Fixed { values, width } => {
                     Column::Var { offsets, values, wide: matches!(dt, DataType::LargeList(_)), elem: width }
                 }
-                Column::Var { .. } => return Err("lists of variable-length values are not supported".into()),
+                _ => return Err("lists of variable-length values or booleans are not supported".into()),
             }
         }
+        DataType::Boolean => Column::Bits { values: buffer()? },
         DataType::FixedSizeBinary(w) => {
             Column::Fixed { values: buffer()?, width: u64::try_from(*w).map_err(|_| "bad binary width")? }
         }
@@ -322,12 +343,58 @@ fn column_layout<'a>(
             Column::Var { offsets, wide, .. } => {
                 (offsets, rows.checked_add(1).and_then(|n| n.checked_mul(width_of(wide))))
             }
+            Column::Bits { values } => (values, Some(rows.div_ceil(8))),
+            Column::Made => return Err("internal: a made column in a file".into()),
         };
-        if need.is_none_or(|need| need > buf.bytes) {
-            return Err(ColumnError::Corrupt(format!("a buffer of {} bytes is too short for {rows} rows", buf.bytes)));
+        for (buf, need) in [(Some(buf), need), (validity, Some(rows.div_ceil(8)))] {
+            let Some(buf) = buf else { continue };
+            if need.is_none_or(|need| need > buf.bytes) {
+                return Err(ColumnError::Corrupt(format!(
+                    "a buffer of {} bytes is too short for {rows} rows",
+                    buf.bytes
+                )));
+            }
         }
     }
-    Ok(column)
+    Ok((column, validity))
+}
+
+/// The field nodes and buffers a column of type `dt` takes in a record batch (as arrow-ipc's
+/// reader skips a column), so that a column not read is passed over without looking at
+/// its type's details; `variadic` gives the variadic buffer counts of view columns in
+/// order. `None`: a type this version cannot pass over.
+fn node_and_buffer_count(
+    dt: &DataType,
+    version: MetadataVersion,
+    variadic: &mut impl Iterator<Item = i64>,
+) -> Option<(usize, usize)> {
+    let mut count = |nodes: usize, buffers: usize, children: &[&DataType]| {
+        children.iter().try_fold((nodes, buffers), |(n, b), child| {
+            let (cn, cb) = node_and_buffer_count(child, version, variadic)?;
+            Some((n + cn, b + cb))
+        })
+    };
+    match dt {
+        DataType::Null => Some((1, 0)),
+        DataType::Utf8 | DataType::Binary | DataType::LargeUtf8 | DataType::LargeBinary => Some((1, 3)),
+        DataType::Utf8View | DataType::BinaryView => {
+            let extra = usize::try_from(variadic.next()?).ok()?;
+            Some((1, extra.checked_add(2)?))
+        }
+        DataType::List(f) | DataType::LargeList(f) | DataType::Map(f, _) => count(1, 2, &[f.data_type()]),
+        DataType::ListView(f) | DataType::LargeListView(f) => count(1, 3, &[f.data_type()]),
+        DataType::FixedSizeList(f, _) => count(1, 1, &[f.data_type()]),
+        DataType::Struct(fields) => count(1, 1, &fields.iter().map(|f| f.data_type()).collect::<Vec<_>>()),
+        DataType::RunEndEncoded(a, b) => count(1, 0, &[a.data_type(), b.data_type()]),
+        DataType::Dictionary(_, _) => Some((1, 2)),
+        DataType::Union(fields, mode) => {
+            let buffers =
+                usize::from(version < MetadataVersion::V5) + 1 + usize::from(*mode == arrow_schema::UnionMode::Dense);
+            count(1, buffers, &fields.iter().map(|(_, f)| f.data_type()).collect::<Vec<_>>())
+        }
+        dt if dt.is_primitive() || matches!(dt, DataType::Boolean | DataType::FixedSizeBinary(_)) => Some((1, 2)),
+        _ => None,
+    }
 }
 
 /// Bytes per offset.
@@ -342,7 +409,7 @@ fn width_of(wide: bool) -> u64 {
 /// What every error of a footer or batch header that does not parse starts with.
 const CORRUPT: &str = "corrupt Arrow IPC file";
 
-fn read_footer(file: &File, path: &Path) -> Result<Footer> {
+fn read_footer(file: &File, path: &Path, choice: &ColumnChoice) -> Result<Footer> {
     let corrupt = |r: String| Error::file(path, format!("{CORRUPT}: {r}"));
     let file_len = file.metadata().map_err(|e| Error::io(path, e))?.len();
     if file_len < 8 {
@@ -350,7 +417,7 @@ fn read_footer(file: &File, path: &Path) -> Result<Footer> {
     }
     let head = read_at(file, path, file_len, 0, 6, "magic")?;
     if head != b"ARROW1" {
-        return read_stream(file, path, file_len);
+        return read_stream(file, path, file_len, choice);
     }
     if file_len < 18 {
         return Err(corrupt(format!("only {file_len} bytes")));
@@ -365,10 +432,9 @@ fn read_footer(file: &File, path: &Path) -> Result<Footer> {
     let footer = arrow_ipc::root_as_footer(&fbytes).map_err(|e| corrupt(format!("footer: {e}")))?;
     let fb_schema = footer.schema().ok_or_else(|| corrupt("footer has no schema".into()))?;
     let schema = check_schema(path, fb_schema, footer.version())?;
-    if footer.dictionaries().is_some_and(|d| !d.is_empty()) {
-        return Err(Error::file(path, "dictionary-encoded columns are not supported"));
-    }
-    let fields = fields_of(path, &schema)?;
+    // Dictionary-encoded columns are of a type no field has: refused where they are read,
+    // their dictionaries never looked at.
+    let chosen = fields_of(path, &schema, choice)?;
     let blocks: Vec<Block> = footer.recordBatches().map(|b| b.iter().copied().collect()).unwrap_or_default();
     let mut batches = Vec::with_capacity(blocks.len());
     for (i, block) in blocks.iter().enumerate() {
@@ -387,18 +453,19 @@ fn read_footer(file: &File, path: &Path) -> Result<Footer> {
         let body_len =
             u64::try_from(block.bodyLength()).map_err(|_| corrupt(format!("batch {i}: negative body length")))?;
         let body_start = offset.checked_add(meta_len);
-        batches.push(batch_layout(file, path, file_len, &schema, i, rb, body_start, body_len)?);
+        let version = msg.version();
+        batches.push(batch_layout(file, path, file_len, (&schema, &chosen, version), i, rb, body_start, body_len)?);
     }
-    Ok(Footer { fields, batches })
+    Ok(Footer { chosen, batches })
 }
 
 /// Reads the layout of an Arrow IPC *stream* (what `datasets.save_to_disk` and
 /// `pyarrow.ipc.new_stream` write): no footer, so its messages are walked once from the
 /// start — the schema, then each record batch's header, its body skipped — to the
 /// end-of-stream marker or the end of the file.
-fn read_stream(file: &File, path: &Path, file_len: u64) -> Result<Footer> {
+fn read_stream(file: &File, path: &Path, file_len: u64, choice: &ColumnChoice) -> Result<Footer> {
     let corrupt = |r: String| Error::file(path, format!("{CORRUPT} stream: {r}"));
-    let mut schema: Option<(Schema, Vec<Field>)> = None;
+    let mut schema: Option<(Schema, Chosen)> = None;
     let mut batches = Vec::new();
     let mut at = 0u64;
     while at < file_len {
@@ -441,19 +508,20 @@ fn read_stream(file: &File, path: &Path, file_len: u64) -> Result<Footer> {
             (None, arrow_ipc::MessageHeader::Schema) => {
                 let fb = msg.header_as_schema().ok_or_else(|| corrupt("schema message without a schema".into()))?;
                 let s = check_schema(path, fb, msg.version())?;
-                let fields = fields_of(path, &s)?;
-                schema = Some((s, fields));
+                let chosen = fields_of(path, &s, choice)?;
+                schema = Some((s, chosen));
             }
             (None, _) => {
                 return Err(Error::file(path, "not an Arrow IPC file or stream (its first message is not a schema)"));
             }
-            (Some(_), arrow_ipc::MessageHeader::DictionaryBatch) => {
-                return Err(Error::file(path, "dictionary-encoded columns are not supported"));
-            }
-            (Some((s, _)), arrow_ipc::MessageHeader::RecordBatch) => {
+            // Dictionary-encoded columns are of a type no field has: refused where they are
+            // read, their dictionaries passed over.
+            (Some(_), arrow_ipc::MessageHeader::DictionaryBatch) => {}
+            (Some((s, chosen)), arrow_ipc::MessageHeader::RecordBatch) => {
                 let rb = msg.header_as_record_batch().ok_or_else(|| corrupt("empty record batch header".into()))?;
                 let i = batches.len();
-                batches.push(batch_layout(file, path, file_len, s, i, rb, Some(body_start), body_len)?);
+                let schema = (s, chosen, msg.version());
+                batches.push(batch_layout(file, path, file_len, schema, i, rb, Some(body_start), body_len)?);
             }
             (Some(_), other) => return Err(corrupt(format!("unexpected {other:?} message at byte {at}"))),
         }
@@ -463,8 +531,8 @@ fn read_stream(file: &File, path: &Path, file_len: u64) -> Result<Footer> {
             ))
         })?;
     }
-    let (_, fields) = schema.ok_or_else(|| Error::file(path, "not an Arrow IPC file or stream (empty)"))?;
-    Ok(Footer { fields, batches })
+    let (_, chosen) = schema.ok_or_else(|| Error::file(path, "not an Arrow IPC file or stream (empty)"))?;
+    Ok(Footer { chosen, batches })
 }
 
 /// The schema of a file or stream, once checked to be one meshfeed reads.
@@ -483,13 +551,15 @@ fn check_schema(path: &Path, fb: arrow_ipc::Schema<'_>, version: MetadataVersion
 
 /// The layout of record batch `i`, from its header `rb` and its body (`body_len` bytes
 /// from `body_start`, `None` where that overflows), every range checked to lie inside it.
-/// A compressed batch's buffers' first 8 bytes (their uncompressed lengths) are read here.
+/// A compressed batch's buffers' first 8 bytes (their uncompressed lengths) are read here,
+/// those of the columns read. `schema` is the file's schema, the columns read of it, and
+/// the message's metadata version.
 #[allow(clippy::too_many_arguments)]
 fn batch_layout(
     file: &File,
     path: &Path,
     file_len: u64,
-    schema: &Schema,
+    (schema, chosen, version): (&Schema, &Chosen, MetadataVersion),
     i: usize,
     rb: arrow_ipc::RecordBatch<'_>,
     body_start: Option<u64>,
@@ -521,8 +591,39 @@ fn batch_layout(
         let (start, len) = (body + buf.offset() as u64, buf.length() as u64);
         spans.push(FileSpan { start, len, bytes: len });
     }
+    // The nodes and buffers of each column: those of columns not read are passed over.
+    let variadic: Vec<i64> = rb.variadicBufferCounts().map(|v| v.iter().collect()).unwrap_or_default();
+    let mut counts = Vec::with_capacity(schema.fields().len());
+    let mut variadic_left = variadic.into_iter();
+    for (k, f) in schema.fields().iter().enumerate() {
+        let read = chosen.field_of_column(k).is_some();
+        let count = node_and_buffer_count(f.data_type(), version, &mut variadic_left);
+        match count {
+            Some(c) => counts.push((read, c)),
+            // A column after one of a type that cannot be passed over cannot be found.
+            None if chosen.sources.iter().any(|s| matches!(s, Source::Column(c) if *c > k)) => {
+                return Err(Error::file(
+                    path,
+                    format!(
+                        "column '{}' has type {}, which meshfeed cannot pass over to read the columns after it",
+                        f.name(),
+                        f.data_type()
+                    ),
+                ))
+            }
+            None => counts.push((read, (0, 0))),
+        }
+    }
     if let Some(codec) = codec {
-        uncompressed_lengths(file, path, i, codec, &mut spans)?;
+        let mut used = vec![false; spans.len()];
+        let mut at = 0;
+        for &(read, (_, b)) in &counts {
+            if read {
+                used.iter_mut().skip(at).take(b).for_each(|u| *u = true);
+            }
+            at += b;
+        }
+        uncompressed_lengths(file, path, i, codec, &mut spans, &used)?;
     }
     // Never trust a row count beyond what the buffers could hold (every column takes at
     // least one bit per row): it sizes the id space and the verifier's bitmap. Compressed
@@ -538,30 +639,54 @@ fn batch_layout(
     let nodes_fb = rb.nodes();
     let mut nodes = nodes_fb.iter().flat_map(|v| v.iter());
     let mut buffers = spans.into_iter();
-    let mut columns = Vec::with_capacity(schema.fields().len());
-    for f in schema.fields() {
-        let c = column_layout(f.data_type(), rows, true, &mut nodes, &mut buffers).map_err(|e| match e {
-            ColumnError::Nulls => Error::file(
+    let mut columns = vec![Column::Made; chosen.fields.len()];
+    let mut validity = vec![None; chosen.fields.len()];
+    for (k, (f, &(read, (n, b)))) in schema.fields().iter().zip(&counts).enumerate() {
+        let Some(field) = chosen.field_of_column(k).filter(|_| read) else {
+            // Not read: passed over, whatever its type and nulls.
+            if nodes.by_ref().take(n).count() < n || buffers.by_ref().take(b).count() < b {
+                return Err(corrupt(format!("batch {i}: the header lists too few field nodes or buffers")));
+            }
+            continue;
+        };
+        let (c, nulls) = column_layout(f.data_type(), rows, true, &mut nodes, &mut buffers).map_err(|e| match e {
+            ColumnError::NestedNulls => Error::file(
                 path,
-                format!("column '{}' has nulls in record batch {i}; nulls are not supported", f.name()),
+                format!(
+                    "column '{}' has nulls inside its values in record batch {i}; only nulls of whole values are \
+                     delivered (--nulls)",
+                    f.name()
+                ),
             ),
             ColumnError::Corrupt(r) => corrupt(format!("batch {i}, column '{}': {r}", f.name())),
         })?;
-        columns.push(c);
+        if nulls.is_some() && chosen.nulls[field].is_none() {
+            return Err(super::nulls::refused(path, f.name(), &format!("record batch {i}")));
+        }
+        columns[field] = c;
+        validity[field] = nulls;
     }
-    Ok(BatchLayout { rows, columns, codec })
+    Ok(BatchLayout { rows, columns, validity, codec })
 }
 
 /// Sets the bytes each buffer of compressed batch `i` holds from its first 8 bytes (its
 /// uncompressed length; -1: stored as is), read in a few reads (the buffers lie one after
 /// another). A length more than the codec can expand the buffer to is corrupt.
-fn uncompressed_lengths(file: &File, path: &Path, i: usize, codec: Codec, spans: &mut [FileSpan]) -> Result<()> {
+fn uncompressed_lengths(
+    file: &File,
+    path: &Path,
+    i: usize,
+    codec: Codec,
+    spans: &mut [FileSpan],
+    used: &[bool],
+) -> Result<()> {
     let corrupt = |r: String| Error::file(path, format!("{CORRUPT}: batch {i} {r}"));
-    if let Some((k, s)) = spans.iter().enumerate().find(|(_, s)| (1..8).contains(&s.len)) {
+    if let Some((k, s)) = spans.iter().enumerate().find(|(k, s)| used[*k] && (1..8).contains(&s.len)) {
         return Err(corrupt(format!("buffer {k}: {} bytes, too short for a compressed buffer", s.len)));
     }
     // Empty buffers (validity bitmaps without nulls) hold nothing and have no length.
-    let heads: Vec<usize> = (0..spans.len()).filter(|&k| spans[k].len > 0).collect();
+    // Only the buffers of the columns read.
+    let heads: Vec<usize> = (0..spans.len()).filter(|&k| spans[k].len > 0 && used[k]).collect();
     let ranges: Vec<Range<u64>> = heads.iter().map(|&k| spans[k].start..spans[k].start + 8).collect();
     let mut at = 0;
     for (g, n) in group_ranges(&ranges, RECORD_GAP_BYTES) {
@@ -613,6 +738,11 @@ fn field_kind(name: &str, dt: &DataType) -> std::result::Result<FieldKind, Strin
         return Ok(FieldKind::Tensor { dtype: d, shape: vec![] });
     }
     match dt {
+        // One byte per value (0 or 1), as numpy's and torch's bool.
+        DataType::Boolean => Ok(FieldKind::Tensor { dtype: DType::Bool, shape: vec![] }),
+        DataType::FixedSizeList(child, _) if child.data_type() == &DataType::Boolean => {
+            Err(format!("column '{name}': fixed-size lists of booleans are not supported"))
+        }
         DataType::FixedSizeList(child, n) => match field_kind(name, child.data_type())? {
             FieldKind::Tensor { dtype, mut shape } => {
                 shape.insert(0, usize::try_from(*n).map_err(|_| format!("column '{name}': bad list size {n}"))?);
@@ -638,35 +768,22 @@ fn field_kind(name: &str, dt: &DataType) -> std::result::Result<FieldKind, Strin
     }
 }
 
-pub(crate) fn fields_of(path: &Path, schema: &Schema) -> Result<Vec<Field>> {
-    schema
-        .fields()
-        .iter()
-        .map(|f| {
-            field_kind(f.name(), f.data_type())
-                .map(|kind| Field { name: f.name().clone(), kind })
-                .map_err(|r| Error::file(path, r))
-                .and_then(|field| match (&field.kind, field.fixed_bytes()) {
-                    (FieldKind::Tensor { .. }, None) => {
-                        Err(Error::file(path, format!("column '{}' has values too large to address", field.name)))
-                    }
-                    _ => Ok(field),
-                })
-        })
-        .collect()
+/// The fields of a file with `schema` under `choice`: the columns read, checked to be of
+/// types meshfeed delivers, and the validity fields of masked ones ([`super::nulls::choose`]).
+pub(crate) fn fields_of(path: &Path, schema: &Schema, choice: &ColumnChoice) -> Result<Chosen> {
+    super::nulls::choose(path, schema, choice, field_kind)
 }
 
-/// Reads the sample count and fields from the footer, and per field the bytes of its
-/// variable-length values (the value buffers' lengths in the record batch headers; 0 for
-/// fixed-size fields).
-/// Reads an Arrow file's or stream's headers: sample count, fields, the bytes of each
-/// variable-length field's values, and whether values can be read in place (no batch is
-/// compressed).
-pub fn scan(path: &Path) -> Result<(u64, Vec<Field>, Vec<u64>, bool)> {
+/// Reads an Arrow file's or stream's headers: sample count, the fields `choice` reads, the
+/// bytes of each variable-length field's values (the value buffers' lengths in the record
+/// batch headers; 0 for fixed-size fields), and whether values can be read in place (no
+/// batch is compressed, every field is a fixed-size or variable-length column without
+/// nulls: booleans are bits, and nulls and validity fields are made by the reader).
+pub fn scan(path: &Path, choice: &ColumnChoice) -> Result<(u64, Vec<Field>, Vec<u64>, bool)> {
     let file = File::open(path).map_err(|e| Error::io(path, e))?;
-    let footer = read_footer(&file, path)?;
+    let footer = read_footer(&file, path, choice)?;
     let samples = footer.batches.iter().try_fold(0u64, |a, b| a.checked_add(b.rows));
-    let mut value_bytes = vec![0u64; footer.fields.len()];
+    let mut value_bytes = vec![0u64; footer.fields().len()];
     for batch in &footer.batches {
         for (total, column) in value_bytes.iter_mut().zip(&batch.columns) {
             if let Column::Var { values, .. } = column {
@@ -675,8 +792,13 @@ pub fn scan(path: &Path) -> Result<(u64, Vec<Field>, Vec<u64>, bool)> {
             }
         }
     }
-    let in_place = footer.batches.iter().all(|b| b.codec.is_none());
-    Ok((samples.ok_or_else(|| Error::file(path, "row count overflows"))?, footer.fields, value_bytes, in_place))
+    let in_place = footer.batches.iter().all(|b| {
+        b.codec.is_none()
+            && b.validity.iter().all(Option::is_none)
+            && b.columns.iter().all(|c| matches!(c, Column::Fixed { .. } | Column::Var { .. }))
+    });
+    let samples = samples.ok_or_else(|| Error::file(path, "row count overflows"))?;
+    Ok((samples, footer.chosen.fields, value_bytes, in_place))
 }
 
 /// Reads rows of one Arrow IPC file: only the byte ranges of the rows asked for.
@@ -706,19 +828,25 @@ pub type LayoutCache = std::sync::OnceLock<Arc<Layout>>;
 type ValueLoc = (u32, usize, usize);
 
 impl ArrowReader {
-    /// Opens `path`, checking that its columns are `expected`.
+    /// Opens `path`, checking that its columns are `expected` (every column read).
     pub fn open(path: &Path, expected: &[Field]) -> Result<ArrowReader> {
-        ArrowReader::open_cached(path, expected, &LayoutCache::new())
+        ArrowReader::open_cached(path, expected, &LayoutCache::new(), &ColumnChoice::default())
     }
 
     /// Opens `path` with the layout in `cache`, parsing it (and filling the cache) if it
-    /// is empty.
-    pub fn open_cached(path: &Path, expected: &[Field], cache: &LayoutCache) -> Result<ArrowReader> {
+    /// is empty; `choice` says which columns are read (the cache holds the layout of one
+    /// choice: a dataset's).
+    pub fn open_cached(
+        path: &Path,
+        expected: &[Field],
+        cache: &LayoutCache,
+        choice: &ColumnChoice,
+    ) -> Result<ArrowReader> {
         let file = File::open(path).map_err(|e| Error::io(path, e))?;
         let layout = match cache.get() {
             Some(layout) => layout.clone(),
             None => {
-                let footer = read_footer(&file, path)?;
+                let footer = read_footer(&file, path, choice)?;
                 let mut starts = vec![0u64];
                 for b in &footer.batches {
                     let next = starts.last().expect("non-empty").checked_add(b.rows);
@@ -728,7 +856,7 @@ impl ArrowReader {
                 cache.get_or_init(|| Arc::new(Layout { footer, starts })).clone()
             }
         };
-        if layout.footer.fields != expected {
+        if layout.footer.fields() != expected {
             return Err(Error::file(path, "fields changed since the dataset was scanned"));
         }
         Ok(ArrowReader { file, path: path.to_path_buf(), layout })
@@ -753,7 +881,7 @@ impl ArrowReader {
         let batch = &self.layout.footer.batches[b];
         let fields = columns.len();
         for (c, &col) in columns.iter().enumerate() {
-            let name = &self.layout.footer.fields[col].name;
+            let name = &self.layout.footer.fields()[col].name;
             let bad =
                 |why: String| Error::file(&self.path, format!("{CORRUPT}: record batch {b}, column '{name}': {why}"));
             // The compressed bytes come from the file as the decoder pulls them.
@@ -808,7 +936,106 @@ impl ArrowReader {
                         at += len;
                     }
                 }
+                // Made from bits after the values are read ([`ArrowReader::made_values`]).
+                Some(Column::Bits { .. } | Column::Made) => {}
                 None => return Err(Error::Internal(format!("column {col} of a batch of {}", batch.columns.len()))),
+            }
+        }
+        Ok(())
+    }
+
+    /// Bits of bitmap `span` of record batch `b` (a validity bitmap or booleans) for rows
+    /// `local` (sorted): one byte (0 or 1) per row. Only the bytes holding them are read
+    /// (decoded, in a compressed batch); the bitmap holds every row (checked at open).
+    fn bits(&self, chunk: &mut RowChunk, b: usize, name: &str, span: FileSpan, local: &[u64]) -> Result<Vec<u8>> {
+        let mut at: Vec<u64> = local.iter().map(|r| r / 8).collect();
+        at.dedup();
+        let ranges: Vec<Range<u64>> = at.iter().map(|&i| i..i + 1).collect();
+        let bytes = match self.layout.footer.batches[b].codec {
+            Some(codec) => {
+                chunk.add_bytes_read(span.len);
+                decompressed_ranges(codec, &self.file, span, &ranges).map_err(|e| match e {
+                    Undecodable::Corrupt(why) => {
+                        Error::file(&self.path, format!("{CORRUPT}: record batch {b}, column '{name}': {why}"))
+                    }
+                    Undecodable::Io(e) => read_error(&self.path, e, span.start, span.len as usize),
+                })?
+            }
+            None => {
+                let mut out = Vec::with_capacity(ranges.len());
+                let mut k = 0;
+                for (g, n) in group_ranges(&ranges, RECORD_GAP_BYTES) {
+                    let what = format!("the bits of column '{name}'");
+                    let got = read_exact(&self.file, &self.path, span.start + g.start, g.end - g.start, &what)?;
+                    chunk.add_bytes_read(got.len() as u64);
+                    out.extend(ranges[k..k + n].iter().map(|r| got[(r.start - g.start) as usize]));
+                    k += n;
+                }
+                out
+            }
+        };
+        let mut k = 0;
+        Ok(local
+            .iter()
+            .map(|&r| {
+                while at[k] != r / 8 {
+                    k += 1;
+                }
+                (bytes[k] >> (r % 8)) & 1
+            })
+            .collect())
+    }
+
+    /// What the values read leave to make, for rows `local` of batch `b` (window rows
+    /// `first..`) of `columns`: booleans from their bits, validity fields from their
+    /// columns' validity bitmaps, and the value of each null of a column with a null policy
+    /// (its fill value, or zeros where it is masked).
+    #[allow(clippy::too_many_arguments)]
+    fn made_values(
+        &self,
+        chunk: &mut RowChunk,
+        locs: &mut [ValueLoc],
+        b: usize,
+        local: &[u64],
+        first: usize,
+        columns: &[usize],
+    ) -> Result<()> {
+        let batch = &self.layout.footer.batches[b];
+        let chosen = &self.layout.footer.chosen;
+        let fields = columns.len();
+        // One byte per row of field `c`.
+        let put = |chunk: &mut RowChunk, locs: &mut [ValueLoc], c: usize, bytes: Vec<u8>| {
+            let buffer = chunk.add_made_buffer(Buffer::from_vec(bytes));
+            for k in 0..local.len() {
+                locs[(first + k) * fields + c] = (buffer, k, 1);
+            }
+        };
+        for (c, &col) in columns.iter().enumerate() {
+            let name = &chosen.fields[col].name;
+            match (batch.columns[col], chosen.sources[col]) {
+                (Column::Bits { values }, _) => {
+                    let bits = self.bits(chunk, b, name, values, local)?;
+                    put(chunk, locs, c, bits);
+                }
+                (Column::Made, Source::Valid(of)) => {
+                    let bits = match batch.validity[of] {
+                        Some(span) => self.bits(chunk, b, &chosen.fields[of].name, span, local)?,
+                        None => vec![1; local.len()],
+                    };
+                    put(chunk, locs, c, bits);
+                }
+                _ => {}
+            }
+            let (Some(span), Some(policy)) = (batch.validity[col], &chosen.nulls[col]) else { continue };
+            let valid = self.bits(chunk, b, name, span, local)?;
+            let null = match policy {
+                NullPolicy::Fill(v) => super::nulls::fill_bytes(&chosen.fields[col], v)?,
+                NullPolicy::Mask => vec![0; chosen.fields[col].fixed_bytes().unwrap_or(0)],
+            };
+            let len = null.len();
+            let buffer = chunk.add_made_buffer(Buffer::from_vec(null));
+            for (k, _) in valid.iter().enumerate().filter(|(_, v)| **v == 0) {
+                locs[(first + k) * fields + c] = (buffer, 0, len);
             }
         }
         Ok(())
@@ -906,7 +1133,7 @@ impl super::FileReader for ArrowReader {
             let Column::Var { values, .. } = column else {
                 return Err(Error::Internal(format!("list pieces of fixed-size column {field}")));
             };
-            let name = &self.layout.footer.fields[field].name;
+            let name = &self.layout.footer.fields()[field].name;
             let whole = self.value_ranges(&mut chunk, &format!("record batch {b}, column '{name}'"), column, &local)?;
             let mut k = 0;
             for (row, range) in &pieces[i..j] {
@@ -941,7 +1168,7 @@ impl super::FileReader for ArrowReader {
                 let start = values.start + (row - self.layout.starts[b]) * width;
                 Some(start..start + width)
             }
-            Column::Var { .. } => None,
+            Column::Var { .. } | Column::Bits { .. } | Column::Made => None,
         }
     }
 
@@ -971,7 +1198,7 @@ impl super::FileReader for ArrowReader {
     /// a window) come in one read of their batches' byte span, not one read per column
     /// buffer of each batch.
     fn read_rows(&mut self, rows: &[u64]) -> Result<RowChunk> {
-        let all: Vec<usize> = (0..self.layout.footer.fields.len()).collect();
+        let all: Vec<usize> = (0..self.layout.footer.fields().len()).collect();
         self.read_columns(rows, &all)
     }
 
@@ -983,6 +1210,9 @@ impl super::FileReader for ArrowReader {
         // its column.
         let mut wanted: Vec<(Range<u64>, usize, usize)> = Vec::with_capacity(rows.len() * fields);
         let mut locs: Vec<ValueLoc> = vec![(0, 0, 0); rows.len() * fields];
+        // Batches (with their first window row and local rows) with values to make after
+        // the reads: booleans, validity fields, nulls.
+        let mut special = Vec::new();
         let mut i = 0;
         while i < rows.len() {
             let b = self.layout.starts.partition_point(|&s| s <= rows[i]) - 1;
@@ -992,6 +1222,13 @@ impl super::FileReader for ArrowReader {
             let j = i + rows[i..].partition_point(|&r| r < self.layout.starts[b + 1]);
             let local: Vec<u64> = rows[i..j].iter().map(|r| r - self.layout.starts[b]).collect();
             let batch = &self.layout.footer.batches[b];
+            let made = columns.iter().any(|&c| {
+                matches!(batch.columns.get(c), Some(Column::Bits { .. } | Column::Made))
+                    || batch.validity.get(c).is_some_and(Option::is_some)
+            });
+            if made {
+                special.push((b, i, local.clone()));
+            }
             if let Some(codec) = batch.codec {
                 self.read_compressed(&mut chunk, &mut locs, codec, b, &local, i, columns)?;
                 i = j;
@@ -1015,7 +1252,7 @@ impl super::FileReader for ArrowReader {
                         );
                     }
                     Column::Var { values, .. } => {
-                        let name = &self.layout.footer.fields[columns[c]].name;
+                        let name = &self.layout.footer.fields()[columns[c]].name;
                         let context = format!("record batch {b}, column '{name}'");
                         let ranges = self.value_ranges(&mut chunk, &context, column, &local)?;
                         wanted.extend(
@@ -1025,6 +1262,7 @@ impl super::FileReader for ArrowReader {
                                 .map(|(k, r)| (values.start + r.start..values.start + r.end, i + k, c)),
                         );
                     }
+                    Column::Bits { .. } | Column::Made => {}
                 }
             }
             i = j;
@@ -1037,12 +1275,15 @@ impl super::FileReader for ArrowReader {
             served_columns.sort_unstable();
             served_columns.dedup();
             let names: Vec<String> =
-                served_columns.iter().map(|&c| format!("'{}'", self.layout.footer.fields[columns[c]].name)).collect();
+                served_columns.iter().map(|&c| format!("'{}'", self.layout.footer.fields()[columns[c]].name)).collect();
             let what = format!("{} {}", if names.len() == 1 { "column" } else { "columns" }, names.join(", "));
             read_exact(&self.file, &self.path, g.start, g.end - g.start, &what)
         })?;
         for (&(_, k, c), place) in wanted.iter().zip(places) {
             locs[k * fields + c] = place;
+        }
+        for (b, first, local) in special {
+            self.made_values(&mut chunk, &mut locs, b, &local, first, columns)?;
         }
         for (buffer, offset, len) in locs {
             chunk.push_value(buffer, offset, len);
@@ -1255,7 +1496,7 @@ mod tests {
             w.write(&batch(start, n)).unwrap();
         }
         w.finish().unwrap();
-        let (samples, scanned, _, _) = scan(&path).unwrap();
+        let (samples, scanned, _, _) = scan(&path, &ColumnChoice::default()).unwrap();
         assert_eq!((samples, &scanned), (25, &fields));
         let mut r = ArrowReader::open(&path, &fields).unwrap();
         let chunk = r.read_rows(&[0, 9, 10, 24]).unwrap();
@@ -1266,23 +1507,23 @@ mod tests {
         let bytes = std::fs::read(&path).unwrap();
         // Without its end-of-stream marker (8 bytes), a stream still reads whole.
         std::fs::write(&path, &bytes[..bytes.len() - 8]).unwrap();
-        assert_eq!(scan(&path).unwrap().0, 25);
+        assert_eq!(scan(&path, &ColumnChoice::default()).unwrap().0, 25);
         // Cut inside the last batch's body, inside a header, or after a stray byte.
         for (cut, needle) in [(bytes.len() - 20, "lies past the end of the file"), (bytes.len() - 300, "past the end")]
         {
             std::fs::write(&path, &bytes[..cut]).unwrap();
-            let e = scan(&path).unwrap_err().to_string();
+            let e = scan(&path, &ColumnChoice::default()).unwrap_err().to_string();
             assert!(e.contains("corrupt Arrow IPC file") && e.contains(needle), "cut at {cut}: {e}");
         }
         let mut stray = bytes[..bytes.len() - 8].to_vec();
         stray.push(7);
         std::fs::write(&path, &stray).unwrap();
-        assert!(scan(&path).unwrap_err().to_string().contains("1 stray bytes at its end"));
+        assert!(scan(&path, &ColumnChoice::default()).unwrap_err().to_string().contains("1 stray bytes at its end"));
         // Not a stream either.
         let mut junk = bytes.clone();
         junk[7] ^= 0x80;
         std::fs::write(&path, &junk).unwrap();
-        let e = scan(&path).unwrap_err().to_string();
+        let e = scan(&path, &ColumnChoice::default()).unwrap_err().to_string();
         assert!(e.contains("not an Arrow IPC file or stream"), "{e}");
     }
 
@@ -1325,15 +1566,110 @@ mod tests {
         // At open: a length past what the codec can expand the buffer to, a short buffer.
         std::fs::write(&path, framed(1 << 40, &lz)).unwrap();
         let mut spans = [FileSpan { start: 0, len: 8 + lz.len() as u64, bytes: 0 }];
-        let e = uncompressed_lengths(&File::open(&path).unwrap(), &path, 3, Codec::Lz4, &mut spans).unwrap_err();
+        let e =
+            uncompressed_lengths(&File::open(&path).unwrap(), &path, 3, Codec::Lz4, &mut spans, &[true]).unwrap_err();
         assert!(e.to_string().contains("batch 3 buffer 0: 1099511627776 bytes uncompressed from"), "{e}");
         let mut spans = [FileSpan { start: 0, len: 8 + lz.len() as u64, bytes: 0 }];
         std::fs::write(&path, framed(4000, &lz)).unwrap();
-        uncompressed_lengths(&File::open(&path).unwrap(), &path, 3, Codec::Lz4, &mut spans).unwrap();
+        uncompressed_lengths(&File::open(&path).unwrap(), &path, 3, Codec::Lz4, &mut spans, &[true]).unwrap();
         assert_eq!(spans[0].bytes, 4000);
         let mut spans = [FileSpan { start: 0, len: 5, bytes: 0 }];
-        let e = uncompressed_lengths(&File::open(&path).unwrap(), &path, 3, Codec::Zstd, &mut spans).unwrap_err();
+        let e =
+            uncompressed_lengths(&File::open(&path).unwrap(), &path, 3, Codec::Zstd, &mut spans, &[true]).unwrap_err();
         assert!(e.to_string().contains("buffer 0: 5 bytes, too short"), "{e}");
+    }
+
+    /// Hub-style columns beside the ones read (a struct, a list of text, a dictionary, text
+    /// views, a nullable column): a choice of columns passes over the others, whatever
+    /// their types and nulls, in files and streams alike; booleans are one byte a value;
+    /// nulls are refused without a policy, filled or masked with one.
+    #[test]
+    fn only_the_columns_read_are_checked_and_booleans_and_nulls_are_delivered() {
+        use arrow_array::builder::{Int32Builder, ListBuilder, StringBuilder, StructBuilder};
+        use arrow_array::types::Int32Type;
+        use arrow_array::{
+            ArrayRef, BooleanArray, DictionaryArray, Int32Array, Int64Array, RecordBatch, StringViewArray,
+        };
+        let batch = |start: i64| {
+            let n = 10;
+            let ids = start..start + n;
+            let mut st =
+                StructBuilder::from_fields(vec![arrow_schema::Field::new("a", DataType::Int32, true)], n as usize);
+            let mut list = ListBuilder::new(StringBuilder::new());
+            for i in ids.clone() {
+                st.field_builder::<Int32Builder>(0).unwrap().append_value(i as i32);
+                st.append(true);
+                list.values().append_value(format!("t{i}"));
+                list.append(i % 2 == 0);
+            }
+            let dict: DictionaryArray<Int32Type> = ids.clone().map(|i| if i % 2 == 0 { "a" } else { "b" }).collect();
+            RecordBatch::try_from_iter([
+                ("x", Arc::new(Int64Array::from_iter_values(ids.clone())) as ArrayRef),
+                ("s", Arc::new(st.finish())),
+                ("flag", Arc::new(BooleanArray::from_iter(ids.clone().map(|i| Some(i % 3 == 0))))),
+                ("n", Arc::new(Int32Array::from_iter(ids.clone().map(|i| (i % 4 != 1).then_some(i as i32 * 10))))),
+                ("l", Arc::new(list.finish())),
+                ("d", Arc::new(dict)),
+                (
+                    "v",
+                    Arc::new(StringViewArray::from_iter_values(ids.map(|i| format!("a longer text than twelve {i}")))),
+                ),
+            ])
+            .unwrap()
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let (b0, b1) = (batch(0), batch(10));
+        let file = dir.path().join("f.arrow");
+        let mut w = arrow_ipc::writer::FileWriter::try_new(File::create(&file).unwrap(), &b0.schema()).unwrap();
+        w.write(&b0).unwrap();
+        w.write(&b1).unwrap();
+        w.finish().unwrap();
+        let stream = dir.path().join("s.arrow");
+        let mut w = arrow_ipc::writer::StreamWriter::try_new(File::create(&stream).unwrap(), &b0.schema()).unwrap();
+        w.write(&b0).unwrap();
+        w.write(&b1).unwrap();
+        w.finish().unwrap();
+        let choice = |names: &[&str], nulls: &[(&str, &str)]| ColumnChoice {
+            names: Some(names.iter().map(|n| n.to_string()).collect()),
+            nulls: nulls.iter().map(|(k, v)| (k.to_string(), v.parse().unwrap())).collect(),
+        };
+        for path in [&file, &stream] {
+            let e = scan(path, &ColumnChoice::default()).unwrap_err().to_string();
+            assert!(
+                e.contains("column 's' has unsupported type Struct") && e.contains("--fields can leave it out"),
+                "{e}"
+            );
+            // Nulls in a column not read are no error; in one read without a policy they are.
+            let (rows, fields, _, in_place) = scan(path, &choice(&["x"], &[])).unwrap();
+            assert_eq!((rows, fields.len(), in_place), (20, 1, true));
+            let e = scan(path, &choice(&["x", "n"], &[])).unwrap_err().to_string();
+            assert!(e.contains("column 'n' has nulls in record batch 0") && e.contains("--nulls n=mask"), "{e}");
+            for (policy, null) in [("mask", vec![0u8; 4]), ("fill:-1", (-1i32).to_le_bytes().to_vec())] {
+                let c = choice(&["n", "flag", "x"], &[("n", policy)]);
+                let (_, fields, _, in_place) = scan(path, &c).unwrap();
+                let names: Vec<&str> = fields.iter().map(|f| f.name.as_str()).collect();
+                let mask = policy == "mask";
+                assert_eq!(names, if mask { vec!["x", "flag", "n", "n_valid"] } else { vec!["x", "flag", "n"] });
+                assert_eq!(fields[1], Field::tensor("flag", DType::Bool, vec![]));
+                assert!(!in_place, "booleans and nulls are made, not read in place");
+                let mut r = ArrowReader::open_cached(path, &fields, &LayoutCache::new(), &c).unwrap();
+                let rows = [0u64, 1, 5, 9, 10, 13, 19];
+                let chunk = r.read_rows(&rows).unwrap();
+                for (k, &i) in rows.iter().enumerate() {
+                    assert_eq!(chunk.value(k, 0), &(i as i64).to_le_bytes(), "{policy}: x of row {i}");
+                    assert_eq!(chunk.value(k, 1), &[u8::from(i % 3 == 0)], "{policy}: flag of row {i}");
+                    let n = if i % 4 == 1 { null.clone() } else { (i as i32 * 10).to_le_bytes().to_vec() };
+                    assert_eq!(chunk.value(k, 2), &n[..], "{policy}: n of row {i}");
+                    if mask {
+                        assert_eq!(chunk.value(k, 3), &[u8::from(i % 4 != 1)], "row {i}: n_valid");
+                    }
+                }
+                // A field alone, the validity field alone.
+                let only = r.read_columns(&[1, 2], &[fields.len() - 1]).unwrap();
+                let want: [&[u8]; 2] = if mask { [&[0], &[1]] } else { [&null, &20i32.to_le_bytes()] };
+                assert_eq!((only.value(0, 0), only.value(1, 0)), (want[0], want[1]), "{policy}");
+            }
+        }
     }
 
     #[test]

@@ -18,6 +18,7 @@ pub mod hdf5;
 pub mod megatron;
 pub mod npy;
 pub mod npy_header;
+pub mod nulls;
 pub mod pack;
 pub mod parquet;
 mod parquet_pages;
@@ -111,6 +112,10 @@ pub struct DatasetOptions {
     /// [`MIN_DECODE_LIMIT`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub decode_limit: Option<u64>,
+    /// Per field of an Arrow or Parquet file, what its nulls are delivered as
+    /// ([`nulls::NullPolicy`]); a delivered field with nulls and no policy is an error.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub nulls: std::collections::BTreeMap<String, nulls::NullPolicy>,
 }
 
 /// The least [`DatasetOptions::decode_limit`]: 1 MiB, the data page size Parquet writers
@@ -120,6 +125,17 @@ pub struct DatasetOptions {
 pub const MIN_DECODE_LIMIT: u64 = 1 << 20;
 
 impl DatasetOptions {
+    /// The columns of Arrow and Parquet files a dataset reads, and their null policies:
+    /// with sequence packing the token column, else the selected fields (their validity
+    /// fields are made, not read), else every column.
+    pub fn columns(&self) -> nulls::ColumnChoice {
+        let names = match (&self.pack, &self.fields) {
+            (Some(spec), _) => Some(vec![spec.field.clone()]),
+            (None, names) => names.clone(),
+        };
+        nulls::ColumnChoice { names, nulls: self.nulls.clone() }
+    }
+
     /// [`DatasetOptions::decode_limit`], or its default; at least [`MIN_DECODE_LIMIT`].
     pub fn decode_limit(&self) -> u64 {
         self.decode_limit.unwrap_or(crate::config::DEFAULT_WINDOW_BYTES).max(MIN_DECODE_LIMIT)
@@ -370,7 +386,7 @@ pub fn scan_file(path: &Path, format: Format, options: &DatasetOptions) -> Resul
             let _ = options; // only HDF5 files have options (the group)
             return Err(hdf5_disabled(path));
         }
-        Format::Arrow => arrow::scan(path)?,
+        Format::Arrow => arrow::scan(path, &options.columns())?,
         Format::Raw => {
             let (samples, fields) = raw::scan(path)?;
             (samples, fields, Vec::new(), true)
@@ -384,7 +400,7 @@ pub fn scan_file(path: &Path, format: Format, options: &DatasetOptions) -> Resul
             (samples, fields, values, true)
         }
         Format::Parquet => {
-            let (samples, fields, values) = parquet::scan(path)?;
+            let (samples, fields, values) = parquet::scan(path, &options.columns())?;
             (samples, fields, values, false)
         }
     };
@@ -429,11 +445,20 @@ fn open_format(
             let _ = options;
             return Err(hdf5_disabled(&info.path));
         }
-        Format::Arrow => Box::new(arrow::ArrowReader::open_cached(&info.path, fields, &parsed.arrow)?),
+        Format::Arrow => {
+            Box::new(arrow::ArrowReader::open_cached(&info.path, fields, &parsed.arrow, &options.columns())?)
+        }
         Format::WebDataset => Box::new(wds::WdsReader::open_cached(&info.path, fields, &parsed.tar)?),
         Format::Megatron => Box::new(megatron::MegatronReader::open_cached(&info.path, fields, &parsed.megatron)?),
         Format::Parquet => {
-            Box::new(parquet::ParquetReader::open_cached(&info.path, fields, &parsed.parquet, options.decode_limit())?)
+            let limit = options.decode_limit();
+            Box::new(parquet::ParquetReader::open_cached(
+                &info.path,
+                fields,
+                &parsed.parquet,
+                limit,
+                &options.columns(),
+            )?)
         }
     })
 }
@@ -657,11 +682,24 @@ impl Dataset {
         starts.push(total);
         let file_fields = first.fields.clone();
         let delivered = packing.as_ref().map_or(&file_fields, |p| &p.fields);
-        let columns = select(delivered, options.fields.as_deref())?;
-        let fields = match &columns {
+        // A masked field's validity field comes with it, right after it.
+        let names = options.fields.as_ref().map(|names| {
+            let mut with = Vec::with_capacity(names.len());
+            for n in names {
+                with.push(n.clone());
+                let valid = nulls::valid_field(n);
+                if options.nulls.get(n) == Some(&nulls::NullPolicy::Mask) && !names.contains(&valid) {
+                    with.push(valid);
+                }
+            }
+            with
+        });
+        let columns = select(delivered, names.as_deref())?;
+        let fields: Vec<Field> = match &columns {
             Some(c) => c.iter().map(|&i| delivered[i].clone()).collect(),
             None => delivered.clone(),
         };
+        check_null_policies(&files, &options, &fields)?;
         // Packed values are made from documents, never read in place.
         if packing.is_some() {
             files.iter_mut().for_each(|f| f.in_place = false);
@@ -798,6 +836,31 @@ impl Dataset {
             pack::PackedReader::open(reader, &info.path, info.samples, packing.clone(), tokens, &self.parsed[i].plan)?;
         Ok(Box::new(packed))
     }
+}
+
+/// Refuses a null policy (`--nulls`) naming a field that is not delivered, one of packed
+/// fields, or one of a file format without nulls: a policy must never be silently unused.
+fn check_null_policies(files: &[FileInfo], options: &DatasetOptions, fields: &[Field]) -> Result<()> {
+    let Some(name) = options.nulls.keys().next() else { return Ok(()) };
+    if options.pack.is_some() {
+        return Err(Error::Config(format!("--nulls {name}=...: null policies do not apply to packed fields (--pack)")));
+    }
+    for name in options.nulls.keys() {
+        if !fields.iter().any(|f| &f.name == name) {
+            let all: Vec<&str> = fields.iter().map(|f| f.name.as_str()).collect();
+            return Err(Error::Config(format!(
+                "--nulls names field '{name}', which is not delivered (fields: {})",
+                all.join(", ")
+            )));
+        }
+    }
+    if let Some(f) = files.iter().find(|f| !matches!(f.format, Format::Arrow | Format::Parquet)) {
+        return Err(Error::file(
+            &f.path,
+            format!("--nulls {name}=...: only Arrow and Parquet columns have nulls; this file is {:?}", f.format),
+        ));
+    }
+    Ok(())
 }
 
 /// The file field of each field `names` selects, or `None` for every field in file order.

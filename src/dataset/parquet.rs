@@ -10,8 +10,14 @@
 //! decodes a page whole, whatever rows of it are needed: before a column chunk is first
 //! read its page headers are walked ([`super::parquet_pages`]) and a page whose declared
 //! uncompressed size exceeds the reader's decode limit (the window budget) is refused,
-//! naming the file, row group, column and page with the sizes. Nulls are refused, naming
-//! the column and the row group.
+//! naming the file, row group, column and page with the sizes.
+//!
+//! Only the columns a dataset reads are checked and read ([`super::nulls::choose`]): others
+//! may be of any type (structs, lists of text, dictionaries) and hold nulls. Booleans are
+//! delivered one byte per value. Nulls of a column read are refused, naming the column and
+//! the row group, unless the job gives the column a null policy (`--nulls`): then a null
+//! is delivered as the fill value, or as zeros with a validity field. Nulls inside a list's
+//! values are refused.
 
 use std::fs::File;
 use std::ops::Range;
@@ -27,6 +33,7 @@ use parquet::arrow::arrow_reader::{
 };
 use parquet::arrow::ProjectionMask;
 
+use super::nulls::{Chosen, ColumnChoice, NullPolicy, Source};
 use super::parquet_pages;
 use super::rows::{advise_dontneed, advise_willneed, RowChunk};
 use super::schema::Field;
@@ -56,12 +63,15 @@ fn unpanicked<T>(path: &Path, what: &str, decode: impl FnOnce() -> T) -> Result<
     })
 }
 
-/// Reads a Parquet footer: row count, fields, and the (uncompressed) bytes of each
-/// variable-length field's column chunks, for the window budget's mean value size.
-pub fn scan(path: &Path) -> Result<(u64, Vec<Field>, Vec<u64>)> {
+/// Reads a Parquet footer: row count, the fields `choice` reads, and the (uncompressed)
+/// bytes of each variable-length field's column chunks, for the window budget's mean value
+/// size.
+pub fn scan(path: &Path, choice: &ColumnChoice) -> Result<(u64, Vec<Field>, Vec<u64>)> {
     let file = File::open(path).map_err(|e| Error::io(path, e))?;
     let meta = load(&file, path)?;
-    let fields = super::arrow::fields_of(path, meta.schema())?;
+    // (A top-level field of the Arrow schema is a root column of the Parquet schema.)
+    let chosen = super::arrow::fields_of(path, meta.schema(), choice)?;
+    let fields = &chosen.fields;
     let md = meta.metadata();
     let rows = md.row_groups().iter().try_fold(0u64, |n, g| n.checked_add(u64::try_from(g.num_rows()).ok()?));
     let rows = rows.ok_or_else(|| Error::file(path, "corrupt Parquet file: bad row counts"))?;
@@ -70,22 +80,22 @@ pub fn scan(path: &Path) -> Result<(u64, Vec<Field>, Vec<u64>)> {
     let mut value_bytes = vec![0u64; fields.len()];
     for (i, g) in md.row_groups().iter().enumerate() {
         for (leaf, column) in g.columns().iter().enumerate() {
-            let root = schema.get_column_root_idx(leaf);
-            // Nulls are refused here where the statistics count them (else when read). A
-            // list's leaf counts its empty lists as nulls too: those are checked when read.
+            let Some(field) = chosen.field_of_column(schema.get_column_root_idx(leaf)) else { continue };
+            // Nulls without a policy are refused here where the statistics count them (else
+            // when read). A list's leaf counts its empty lists as nulls too: those are
+            // checked when read.
             let repeated = schema.column(leaf).max_rep_level() > 0;
-            if !repeated && column.statistics().and_then(|s| s.null_count_opt()).is_some_and(|n| n > 0) {
-                return Err(Error::file(
-                    path,
-                    format!("column '{}' has nulls in row group {i}; nulls are not supported", fields[root].name),
-                ));
+            let nulls = column.statistics().and_then(|s| s.null_count_opt()).is_some_and(|n| n > 0);
+            if !repeated && nulls && chosen.nulls[field].is_none() {
+                return Err(super::nulls::refused(path, &fields[field].name, &format!("row group {i}")));
             }
-            if let Some(total) = value_bytes.get_mut(root) {
-                *total = total.saturating_add(u64::try_from(column.uncompressed_size()).unwrap_or(0));
+            if fields[field].fixed_bytes().is_none() {
+                value_bytes[field] =
+                    value_bytes[field].saturating_add(u64::try_from(column.uncompressed_size()).unwrap_or(0));
             }
         }
     }
-    Ok((rows, fields, value_bytes))
+    Ok((rows, chosen.fields, value_bytes))
 }
 
 /// Reads rows of one Parquet file.
@@ -93,6 +103,8 @@ pub struct ParquetReader {
     file: File,
     path: PathBuf,
     meta: ArrowReaderMetadata,
+    /// The fields read: columns (root indices) and validity fields.
+    chosen: Chosen,
     /// First row of each row group, plus the total at the end.
     starts: Vec<u64>,
     /// The most bytes one page may declare uncompressed.
@@ -102,14 +114,15 @@ pub struct ParquetReader {
 }
 
 impl ParquetReader {
-    /// Opens `path` with the footer in `cache` (read if it is empty), checking that its
-    /// fields are `expected`. Reads refuse a page declaring more than `max_page_bytes`
-    /// uncompressed (the crate would decompress and decode it whole).
+    /// Opens `path` with the footer in `cache` (read if it is empty), checking that the
+    /// fields `choice` reads are `expected`. Reads refuse a page declaring more than
+    /// `max_page_bytes` uncompressed (the crate would decompress and decode it whole).
     pub fn open_cached(
         path: &Path,
         expected: &[Field],
         cache: &MetaCache,
         max_page_bytes: u64,
+        choice: &ColumnChoice,
     ) -> Result<ParquetReader> {
         let file = File::open(path).map_err(|e| Error::io(path, e))?;
         let meta = match cache.get() {
@@ -119,14 +132,16 @@ impl ParquetReader {
                 cache.get_or_init(|| m).clone()
             }
         };
-        if super::arrow::fields_of(path, meta.schema())? != expected {
+        let chosen = super::arrow::fields_of(path, meta.schema(), choice)?;
+        if chosen.fields != expected {
             return Err(Error::file(path, "fields changed since the dataset was scanned"));
         }
         let mut starts = vec![0u64];
         for g in meta.metadata().row_groups() {
             starts.push(starts.last().expect("non-empty") + u64::try_from(g.num_rows()).unwrap_or(0));
         }
-        Ok(ParquetReader { file, path: path.to_path_buf(), meta, starts, max_page_bytes, checked: Default::default() })
+        let checked = Default::default();
+        Ok(ParquetReader { file, path: path.to_path_buf(), meta, chosen, starts, max_page_bytes, checked })
     }
 
     /// Checks the page headers of the column chunks of row group `g` that `columns` (top-level
@@ -178,7 +193,15 @@ impl ParquetReader {
         Ok(())
     }
 
-    /// Values of `local` rows (sorted) of row group `g`, columns `columns`, appended to
+    /// The root column field `field` is read from (a validity field: its column's).
+    fn root(&self, field: usize) -> usize {
+        match self.chosen.sources[field] {
+            Source::Column(root) => root,
+            Source::Valid(of) => self.root(of),
+        }
+    }
+
+    /// Values of `local` rows (sorted) of row group `g`, fields `columns`, appended to
     /// `values` with their places in `locs[row][column]` (row indices from `first`). The
     /// crate may panic on a corrupt page: called through [`unpanicked`].
     fn read_group(
@@ -205,7 +228,8 @@ impl ParquetReader {
             at = r + 1;
         }
         let file = self.file.try_clone().map_err(|e| Error::io(&self.path, e))?;
-        let mask = ProjectionMask::roots(self.meta.parquet_schema(), columns.iter().copied());
+        let roots: Vec<usize> = columns.iter().map(|&c| self.root(c)).collect();
+        let mask = ProjectionMask::roots(self.meta.parquet_schema(), roots.iter().copied());
         let reader = ParquetRecordBatchReaderBuilder::new_with_metadata(file, self.meta.clone())
             .with_row_groups(vec![g])
             .with_row_selection(RowSelection::from(selectors))
@@ -214,20 +238,40 @@ impl ParquetReader {
             .build()
             .map_err(|e| bad(e.to_string()))?;
         // The projection keeps the file's column order: where is each asked-for column.
-        let mut order: Vec<usize> = columns.to_vec();
+        let mut order: Vec<usize> = roots.clone();
         order.sort_unstable();
+        order.dedup();
         let mut row = first;
         let mut places = Vec::new();
         for batch in reader {
             let batch = batch.map_err(|e| bad(format!("cannot be decoded: {e}")))?;
             for (c, &col) in columns.iter().enumerate() {
-                let array = batch.column(order.binary_search(&col).expect("projected"));
-                let name = self.meta.schema().fields()[col].name();
-                if array.null_count() > 0 {
-                    return Err(bad(format!("column '{name}' has nulls; nulls are not supported")));
-                }
+                let array = batch.column(order.binary_search(&roots[c]).expect("projected"));
+                let field = &self.chosen.fields[col];
+                let name = &field.name;
                 places.clear();
-                append(array, values, &mut places).map_err(|why| bad(format!("column '{name}': {why}")))?;
+                if let Source::Valid(_) = self.chosen.sources[col] {
+                    for k in 0..array.len() {
+                        places.push((values.len(), 1));
+                        values.push(u8::from(array.is_valid(k)));
+                    }
+                } else {
+                    append(array, values, &mut places).map_err(|why| bad(format!("column '{name}': {why}")))?;
+                }
+                if array.null_count() > 0 && matches!(self.chosen.sources[col], Source::Column(_)) {
+                    let null = match &self.chosen.nulls[col] {
+                        None => return Err(super::nulls::refused(&self.path, name, &format!("row group {g}"))),
+                        Some(NullPolicy::Fill(v)) => super::nulls::fill_bytes(field, v)?,
+                        Some(NullPolicy::Mask) => vec![0; field.fixed_bytes().unwrap_or(0)],
+                    };
+                    let at = values.len();
+                    values.extend_from_slice(&null);
+                    for (k, place) in places.iter_mut().enumerate() {
+                        if array.is_null(k) {
+                            *place = (at, null.len());
+                        }
+                    }
+                }
                 for (k, &place) in places.iter().enumerate() {
                     locs[(row + k) * columns.len() + c] = place;
                 }
@@ -246,6 +290,9 @@ fn fixed(data: &ArrayData) -> std::result::Result<(&[u8], usize), String> {
     match data.data_type() {
         DataType::FixedSizeList(_, n) => {
             let child = data.child_data().first().ok_or("a list without values")?;
+            if child.null_count() > 0 {
+                return Err("nulls inside its values are not supported (--nulls delivers nulls of whole values)".into());
+            }
             let (bytes, w) = fixed(child)?;
             let width = w * usize::try_from(*n).map_err(|_| "bad list size")?;
             Ok((bytes.get(data.offset() * width..).ok_or("short values")?, width))
@@ -278,9 +325,16 @@ fn append(array: &ArrayRef, out: &mut Vec<u8>, places: &mut Vec<(usize, usize)>)
         DataType::LargeUtf8 => (0..n).for_each(|i| push(array.as_string::<i64>().value(i).as_bytes())),
         DataType::BinaryView => (0..n).for_each(|i| push(array.as_binary_view().value(i))),
         DataType::Utf8View => (0..n).for_each(|i| push(array.as_string_view().value(i).as_bytes())),
+        DataType::Boolean => {
+            let b = array.as_boolean();
+            (0..n).for_each(|i| push(&[u8::from(b.value(i))]))
+        }
         DataType::List(_) => {
             let l = array.as_list::<i32>();
             let child = l.values().to_data();
+            if child.null_count() > 0 {
+                return Err("nulls inside its values are not supported (--nulls delivers nulls of whole values)".into());
+            }
             let (bytes, w) = fixed(&child)?;
             for i in 0..n {
                 let (s, e) = (l.value_offsets()[i] as usize, l.value_offsets()[i + 1] as usize);
@@ -290,6 +344,9 @@ fn append(array: &ArrayRef, out: &mut Vec<u8>, places: &mut Vec<(usize, usize)>)
         DataType::LargeList(_) => {
             let l = array.as_list::<i64>();
             let child = l.values().to_data();
+            if child.null_count() > 0 {
+                return Err("nulls inside its values are not supported (--nulls delivers nulls of whole values)".into());
+            }
             let (bytes, w) = fixed(&child)?;
             for i in 0..n {
                 let (s, e) = (l.value_offsets()[i] as usize, l.value_offsets()[i + 1] as usize);
@@ -309,7 +366,7 @@ fn append(array: &ArrayRef, out: &mut Vec<u8>, places: &mut Vec<(usize, usize)>)
 
 impl super::FileReader for ParquetReader {
     fn read_rows(&mut self, rows: &[u64]) -> Result<RowChunk> {
-        let all: Vec<usize> = (0..self.meta.schema().fields().len()).collect();
+        let all: Vec<usize> = (0..self.chosen.fields.len()).collect();
         self.read_columns(rows, &all)
     }
 
@@ -325,7 +382,8 @@ impl super::FileReader for ParquetReader {
             let g = self.starts.partition_point(|&s| s <= rows[i]) - 1;
             let j = i + rows[i..].partition_point(|&r| r < self.starts[g + 1]);
             let local: Vec<u64> = rows[i..j].iter().map(|r| r - self.starts[g]).collect();
-            self.check_pages(g, columns)?;
+            let roots: Vec<usize> = columns.iter().map(|&c| self.root(c)).collect();
+            self.check_pages(g, &roots)?;
             let read = || self.read_group(g, &local, columns, &mut values, &mut locs, i);
             unpanicked(&self.path, &format!("row group {g}"), read)??;
             i = j;
@@ -375,9 +433,10 @@ mod tests {
         let path = dir.path().join("a.parquet");
         let texts: Vec<String> = (0..50).map(|i| "w".repeat(i % 7)).collect();
         write(&path, (0..50).map(Some).collect(), texts.iter().map(String::as_str).collect(), 8);
-        let (n, fields, _) = scan(&path).unwrap();
+        let (n, fields, _) = scan(&path, &ColumnChoice::default()).unwrap();
         assert_eq!(n, 50);
-        let mut r = ParquetReader::open_cached(&path, &fields, &MetaCache::new(), 1 << 20).unwrap();
+        let mut r =
+            ParquetReader::open_cached(&path, &fields, &MetaCache::new(), 1 << 20, &ColumnChoice::default()).unwrap();
         let rows = [0u64, 7, 8, 9, 31, 49];
         let chunk = r.read_rows(&rows).unwrap();
         for (k, &id) in rows.iter().enumerate() {
@@ -390,13 +449,95 @@ mod tests {
         // Nulls name the column and the row group (the statistics count them).
         let nulls = dir.path().join("n.parquet");
         write(&nulls, vec![Some(1), None, Some(3)], vec!["a", "b", "c"], 8);
-        let e = scan(&nulls).unwrap_err().to_string();
+        let e = scan(&nulls, &ColumnChoice::default()).unwrap_err().to_string();
         assert!(e.contains("column 'y' has nulls in row group 0"), "{e}");
         // A cut file is not a Parquet file any more.
         let bytes = std::fs::read(&path).unwrap();
         std::fs::write(&path, &bytes[..bytes.len() / 2]).unwrap();
-        let e = scan(&path).unwrap_err().to_string();
+        let e = scan(&path, &ColumnChoice::default()).unwrap_err().to_string();
         assert!(e.contains("a.parquet") && e.contains("not a readable Parquet file"), "{e}");
+    }
+
+    /// Only the columns read are checked: a struct and a nullable column beside them are
+    /// no error; booleans are one byte; nulls are refused without a policy, filled or
+    /// masked with one, and checked when read where no statistics count them.
+    #[test]
+    fn only_the_columns_read_are_checked_and_booleans_and_nulls_are_delivered() {
+        use arrow_array::builder::{Int32Builder, StructBuilder};
+        use arrow_array::BooleanArray;
+        let dir = tempfile::tempdir().unwrap();
+        let mut st = StructBuilder::from_fields(vec![arrow_schema::Field::new("a", DataType::Int32, true)], 20);
+        for i in 0..20 {
+            st.field_builder::<Int32Builder>(0).unwrap().append_value(i);
+            st.append(true);
+        }
+        let batch = RecordBatch::try_from_iter([
+            ("s", Arc::new(st.finish()) as ArrayRef),
+            ("flag", Arc::new(BooleanArray::from_iter((0..20).map(|i| Some(i % 3 == 0))))),
+            ("y", Arc::new(Int64Array::from_iter((0..20i64).map(|i| (i % 4 != 1).then_some(i * 10))))),
+        ])
+        .unwrap();
+        for stats in [true, false] {
+            let path = dir.path().join(format!("h{stats}.parquet"));
+            let level = if stats {
+                parquet::file::properties::EnabledStatistics::Page
+            } else {
+                parquet::file::properties::EnabledStatistics::None
+            };
+            let props = parquet::file::properties::WriterProperties::builder()
+                .set_max_row_group_row_count(Some(8))
+                .set_statistics_enabled(level)
+                .build();
+            let mut w = parquet::arrow::ArrowWriter::try_new(File::create(&path).unwrap(), batch.schema(), Some(props))
+                .unwrap();
+            w.write(&batch).unwrap();
+            w.close().unwrap();
+            let choice = |names: &[&str], nulls: &[(&str, &str)]| ColumnChoice {
+                names: Some(names.iter().map(|n| n.to_string()).collect()),
+                nulls: nulls.iter().map(|(k, v)| (k.to_string(), v.parse().unwrap())).collect(),
+            };
+            let e = scan(&path, &ColumnChoice::default()).unwrap_err().to_string();
+            assert!(
+                e.contains("column 's' has unsupported type Struct") && e.contains("--fields can leave it out"),
+                "{e}"
+            );
+            let c = choice(&["flag"], &[]);
+            let (n, fields, _) = scan(&path, &c).unwrap();
+            assert_eq!((n, fields.clone()), (20, vec![Field::tensor("flag", super::super::DType::Bool, vec![])]));
+            let mut r = ParquetReader::open_cached(&path, &fields, &MetaCache::new(), 1 << 20, &c).unwrap();
+            let chunk = r.read_rows(&[0, 1, 3, 19]).unwrap();
+            let got: Vec<&[u8]> = (0..4).map(|k| chunk.value(k, 0)).collect();
+            assert_eq!(got, [&[1u8][..], &[0], &[1], &[0]]);
+            // Without a policy: at the scan where statistics count the nulls, else when read.
+            let c = choice(&["y"], &[]);
+            let refused = match scan(&path, &c) {
+                Err(e) => e.to_string(),
+                Ok((_, fields, _)) => {
+                    assert!(!stats, "the statistics count the nulls");
+                    let mut r = ParquetReader::open_cached(&path, &fields, &MetaCache::new(), 1 << 20, &c).unwrap();
+                    r.read_rows(&[0, 1]).unwrap_err().to_string()
+                }
+            };
+            assert!(
+                refused.contains("column 'y' has nulls in row group 0") && refused.contains("--nulls y=mask"),
+                "{refused}"
+            );
+            for (policy, null) in [("mask", 0i64), ("fill:-3", -3)] {
+                let c = choice(&["y"], &[("y", policy)]);
+                let (_, fields, _) = scan(&path, &c).unwrap();
+                assert_eq!(fields.len(), if policy == "mask" { 2 } else { 1 });
+                let mut r = ParquetReader::open_cached(&path, &fields, &MetaCache::new(), 1 << 20, &c).unwrap();
+                let rows = [0u64, 1, 5, 9, 12, 17];
+                let chunk = r.read_rows(&rows).unwrap();
+                for (k, &i) in rows.iter().enumerate() {
+                    let want = if i % 4 == 1 { null } else { i as i64 * 10 };
+                    assert_eq!(chunk.value(k, 0), &want.to_le_bytes(), "{policy}: row {i}");
+                    if policy == "mask" {
+                        assert_eq!(chunk.value(k, 1), &[u8::from(i % 4 != 1)], "row {i}: y_valid");
+                    }
+                }
+            }
+        }
     }
 
     /// A page is decoded whole (the crate cannot decode part of one): one declaring more
@@ -424,8 +565,9 @@ mod tests {
         w.write(&batch).unwrap();
         w.close().unwrap();
         assert!(std::fs::metadata(&path).unwrap().len() < 64 << 10);
-        let (_, fields, _) = scan(&path).unwrap();
-        let mut r = ParquetReader::open_cached(&path, &fields, &MetaCache::new(), 1 << 20).unwrap();
+        let (_, fields, _) = scan(&path, &ColumnChoice::default()).unwrap();
+        let mut r =
+            ParquetReader::open_cached(&path, &fields, &MetaCache::new(), 1 << 20, &ColumnChoice::default()).unwrap();
         let e = r.read_rows(&[0, 1]).unwrap_err().to_string();
         assert!(e.contains("z.parquet") && e.contains("row group 0, column 's': page 0 (data page) holds"), "{e}");
         assert!(e.contains(&format!("holds {} bytes uncompressed", 5 << 19)), "{e}");
@@ -433,7 +575,8 @@ mod tests {
         // The column asked for is the one checked: 'y' alone is refused on its own page.
         let e = r.read_columns(&[5], &[1]).unwrap_err().to_string();
         assert!(e.contains("column 'y': page 0 (data page) holds 4194304 bytes uncompressed"), "{e}");
-        let mut r = ParquetReader::open_cached(&path, &fields, &MetaCache::new(), 8 << 20).unwrap();
+        let mut r =
+            ParquetReader::open_cached(&path, &fields, &MetaCache::new(), 8 << 20, &ColumnChoice::default()).unwrap();
         let chunk = r.read_rows(&[0, 1]).unwrap();
         assert_eq!((chunk.value(1, 0), chunk.value(1, 1)), (&b"a"[..], &[0u8; 8][..]));
     }
@@ -459,9 +602,11 @@ mod tests {
         let good = std::fs::read(&path).unwrap();
         let read = |bytes: &[u8]| -> Result<Vec<Vec<u8>>> {
             std::fs::write(&path, bytes).unwrap();
-            let (n, fields, _) = scan(&path)?;
+            let (n, fields, _) = scan(&path, &ColumnChoice::default())?;
             let rows: Vec<u64> = (0..n.min(64)).collect();
-            let chunk = ParquetReader::open_cached(&path, &fields, &MetaCache::new(), 1 << 20)?.read_rows(&rows)?;
+            let chunk =
+                ParquetReader::open_cached(&path, &fields, &MetaCache::new(), 1 << 20, &ColumnChoice::default())?
+                    .read_rows(&rows)?;
             Ok((0..rows.len()).map(|k| chunk.value(k, 0).to_vec()).collect())
         };
         let values = read(&good).unwrap();

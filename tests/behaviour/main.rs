@@ -19,6 +19,7 @@ mod default_transport;
 mod examples;
 mod feeder;
 mod hostile;
+mod hub;
 mod io_model;
 mod job_checks;
 mod launcher_faults;

@@ -454,8 +454,12 @@ class Loader:
             (every rank changes at the same window; the batches are the same either way).
             ``window_bytes``, ``prefetch`` and ``read_queue_depth`` are where it starts.
         group: the HDF5 group holding the datasets.
-        fields: only these fields, in this order (HDF5 and Arrow files read only these;
-            default: every field).
+        fields: only these fields, in this order (HDF5, Arrow and Parquet files read only
+            these, and only their types and nulls are checked; default: every field).
+        nulls: per Arrow or Parquet field, what its nulls are delivered as: ``"mask"``
+            (zeros, and a field ``<name>_valid`` of ``uint8`` per row, 1 present and 0
+            null, right after it) or ``"fill:VALUE"`` (e.g. ``{"label": "fill:-1"}``);
+            default: nulls in a delivered field are an error naming both.
         pack: sequence packing, ``"FIELD:SEQ_LEN[,eos=ID][,position_ids][,cu_seqlens]"``:
             the documents of a token field concatenated (each followed by ``eos``, if
             given) and cut into samples of ``SEQ_LEN`` inputs (field ``FIELD``) and their
@@ -517,6 +521,7 @@ class Loader:
         tune: Optional[Tune] = None,
         group: Optional[str] = None,
         fields: Optional[Sequence[str]] = None,
+        nulls: Optional[Mapping[str, str]] = None,
         pack: Optional[str] = None,
         devices_per_process: Optional[SupportsIndex] = None,
         telemetry: Optional[PathArg] = None,
@@ -562,6 +567,7 @@ class Loader:
             "tune": tune,
             "group": group,
             "fields": None if fields is None else _names("fields", fields),
+            "nulls": _mapping("nulls", nulls or {}),
             "pack": pack,
             "devices_per_process": devices_per_process,
             "telemetry": None if telemetry is None else _path("telemetry", telemetry),

@@ -62,6 +62,7 @@ class JobOptions(TypedDict, total=False):
     data: list[str]
     group: str
     fields: list[str]
+    nulls: dict[str, str]
     pack: str
     batch_size: int
     epochs: int
