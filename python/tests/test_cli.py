@@ -16,26 +16,18 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-BIN = ROOT / "target" / "release" / "meshfeed"
+import test_loader
+from test_loader import BIN, MPIRUN, ROOT, TIMEOUT, ok
+
 # The console script of the interpreter running the tests (the venv's bin).
 SCRIPT = Path(sys.executable).parent / "meshfeed"
-MPIRUN = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--mca", "mpi_yield_when_idle", "1"]
-ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", HDF5_USE_FILE_LOCKING="FALSE",
-           UCX_NET_DEVICES="lo")
+ENV = dict(test_loader.ENV, UCX_NET_DEVICES="lo")
 ENV.pop("MESHFEED_JOB_TOKEN", None)
-# A hang is a failure (never a pass): every command is bounded.
-TIMEOUT = 180
 
 
 def run(cmd, **kw):
-    return subprocess.run([str(c) for c in cmd], env=kw.pop("env", ENV), capture_output=True, text=True,
-                          timeout=TIMEOUT, **kw)
-
-
-def ok(r):
-    assert r.returncode == 0, f"exit {r.returncode}\nstdout:\n{r.stdout}\nstderr:\n{r.stderr}"
-    return r
+    """test_loader's bounded run, in this module's environment by default."""
+    return test_loader.run(cmd, env=kw.pop("env", ENV), **kw)
 
 
 def both(args, mpirun_np=None):
