@@ -43,7 +43,7 @@ NEEDS = {
     "sbatch": "needs a Slurm cluster (tests/emulation/slurm.rs runs the scripts)",
 }
 PROGRAMS = ("python ", "mpirun ", "torchrun ", "meshfeed ", "bash ", "sbatch ", "cargo ")
-BLOCK_TIMEOUT_S = 900
+BLOCK_TIMEOUT_S = 600
 # The front door stays short: the rest belongs in docs/.
 README_MAX_BYTES = 12_000
 # The command that runs this check (README's quickstart names it) is not run again from it.
@@ -173,34 +173,35 @@ def run(block: Block, scratch: Path, env: dict[str, str]) -> tuple[bool, str, fl
             target.write_text(body)
             written.append(target)
     start = time.monotonic()
-    proc = subprocess.Popen(
-        ["bash", "-e", "-o", "pipefail", "-c", text],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-        text=True,
-        errors="replace",
-    )
-    try:
-        out, _ = proc.communicate(timeout=BLOCK_TIMEOUT_S)
-        ok = proc.returncode == 0
-        if not ok:
-            out += f"\n[exit status {proc.returncode}]"
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        ok = False
-        out += f"\n[still running after {BLOCK_TIMEOUT_S} s: stopped, and counted as a failure]"
-    finally:
-        # What the block left running (a feeder in the background) ends with it.
+    # The output goes to a file, not a pipe: what a failed block left running in the
+    # background (a feeder) would hold a pipe open, and the stage would wait for it.
+    with tempfile.TemporaryFile(mode="w+", errors="replace") as log:
+        proc = subprocess.Popen(
+            ["bash", "-e", "-o", "pipefail", "-c", text],
+            cwd=ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        for target in written:
-            target.unlink()
+            proc.wait(timeout=BLOCK_TIMEOUT_S)
+            ok = proc.returncode == 0
+            tail = "" if ok else f"\n[exit status {proc.returncode}]"
+        except subprocess.TimeoutExpired:
+            ok = False
+            tail = f"\n[still running after {BLOCK_TIMEOUT_S} s: stopped, and counted as a failure]"
+        finally:
+            # What the block left running (a feeder in the background) ends with it.
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait()
+            for target in written:
+                target.unlink()
+        log.seek(0)
+        out = log.read() + tail
     return ok, out, time.monotonic() - start
 
 
