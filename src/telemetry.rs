@@ -25,7 +25,7 @@
 //! record's times must be finite and non-negative and its counts non-negative integers;
 //! anything else is an error naming the file, the line and the key, never a quiet zero.
 //!
-//! Records are plain data: nothing here runs a loader. [`RunInfo::of`] builds a run's
+//! Records are plain data: nothing here runs a loader. [`crate::loader::Loader::run_info`] builds a run's
 //! record from a job and its loader; the loader builds the others as its consumer takes
 //! its batches.
 
@@ -36,9 +36,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::{read_small_file, Job};
+use crate::config::read_small_file;
 use crate::error::{Error, ErrorKind, Result, ResultExt};
-use crate::loader::{Loader, Phase};
 use crate::plan::IoPlan;
 
 /// The version of the records' layout this build writes.
@@ -64,6 +63,46 @@ pub const RUN_FILE_LIMIT: u64 = 1 << 20;
 /// The name of rank `rank`'s file.
 pub fn rank_file_name(rank: usize) -> String {
     format!("{RANK_FILE_PREFIX}{rank}{RANK_FILE_SUFFIX}")
+}
+
+/// The phases of the pipeline, in order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    /// Computing window plans (permutation, placement).
+    Plan,
+    /// Reading samples of the home range from files.
+    Read,
+    /// Copying read values into the send buffer.
+    Pack,
+    /// The all-to-all exchange (and failure agreement).
+    Exchange,
+    /// Copying received values into batches.
+    Assemble,
+}
+
+impl Phase {
+    /// All phases.
+    pub const ALL: [Phase; 5] = [Phase::Plan, Phase::Read, Phase::Pack, Phase::Exchange, Phase::Assemble];
+
+    /// Lower-case name, as printed and in JSON.
+    pub fn name(self) -> &'static str {
+        match self {
+            Phase::Plan => "plan",
+            Phase::Read => "read",
+            Phase::Pack => "pack",
+            Phase::Exchange => "exchange",
+            Phase::Assemble => "assemble",
+        }
+    }
+}
+
+/// The part of `wait + compute` spent waiting (0 when both are 0).
+pub fn fraction(wait: f64, compute: f64) -> f64 {
+    if wait + compute > 0.0 {
+        wait / (wait + compute)
+    } else {
+        0.0
+    }
 }
 
 /// Seconds in each phase of the loader ([`Phase`]), by name.
@@ -158,32 +197,6 @@ pub struct RunInfo {
 }
 
 impl RunInfo {
-    /// The record of a run of `job` by `loader` on `ranks` ranks.
-    pub fn of(job: &Job, loader: &Loader, ranks: usize) -> RunInfo {
-        use crate::plan::budget;
-        let d = loader.dataset();
-        RunInfo {
-            schema: SCHEMA,
-            version: env!("CARGO_PKG_VERSION").into(),
-            ranks,
-            data: job.data.clone(),
-            samples: d.len(),
-            batch_size: job.loader.batch_size as u64,
-            epochs: job.epochs,
-            seed: job.loader.seed,
-            shared_order: job.loader.shared_order.map(|o| o.to_string()),
-            mesh: loader.mesh().to_string(),
-            exchange: loader.exchange_mode().to_string(),
-            transport: job.transport.to_string(),
-            window_bytes: job.loader.window_bytes,
-            prefetch: job.loader.prefetch,
-            steps_per_window: loader.steps_per_window(),
-            sample_bytes: Some(budget::sample_bytes(&budget::value_sizes(d.fields(), &d.mean_value_bytes()))),
-            read_plan: Some(loader.read_plan().clone()),
-            shares_stores: Some(loader.shares_stores()),
-        }
-    }
-
     /// Parses `run.json`'s text (`path` names it in errors): a JSON object of a known
     /// schema, every key of its type, at least one rank.
     pub fn parse(path: &Path, text: &str) -> Result<RunInfo> {
@@ -265,7 +278,7 @@ pub struct Window {
 impl Window {
     /// The part of the consumer's time (waiting for data, and its steps) spent waiting.
     pub fn wait_fraction(&self) -> f64 {
-        crate::loader::wait_fraction(self.wait_s, self.compute_s)
+        fraction(self.wait_s, self.compute_s)
     }
 
     fn check(&self) -> std::result::Result<(), String> {
@@ -348,7 +361,7 @@ fn unknown_host() -> String {
 impl Epoch {
     /// The part of the consumer's time (waiting for data, and its steps) spent waiting.
     pub fn wait_fraction(&self) -> f64 {
-        crate::loader::wait_fraction(self.wait_s, self.compute_s)
+        fraction(self.wait_s, self.compute_s)
     }
 
     fn check(&self) -> std::result::Result<(), String> {

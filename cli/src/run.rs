@@ -267,8 +267,8 @@ fn run(args: &RunArgs, job: Result<Job>, rt: &Runtime, stop: &StopSignal) -> Res
             world,
             // Through a feeder, the manifest (where the files are `meshfeed gen`'s) came with
             // its welcome: contents are checked wherever a job on the files would check them.
-            match loader.dataset().feeder() {
-                Some(_) => Ok(loader.dataset().feeder_manifest().cloned()),
+            match loader.dataset().row_source() {
+                Some(rows) => Ok(rows.manifest().cloned()),
                 None => gen::find_manifest(&job.data),
             }
             .and_then(|m| {

@@ -16,9 +16,16 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
-use crate::dataset::nulls::NullPolicy;
-use crate::dataset::DatasetOptions;
+mod dataset;
+mod defaults;
+mod order;
+mod pack;
+
 use crate::error::{Error, ErrorKind, Result, ResultExt};
+pub use dataset::{DatasetOptions, NullPolicy, MIN_DECODE_LIMIT};
+pub use defaults::{DEFAULT_PREFETCH, DEFAULT_WINDOW_BYTES};
+pub use order::SharedOrder;
+pub use pack::{PackSpec, CU_SEQLENS, POSITION_IDS};
 
 /// Reads a small text file (a job file, a state, a run's telemetry) defensively: opening
 /// never blocks (a FIFO in a file's place would wait for a writer forever), only regular
@@ -668,11 +675,6 @@ impl Default for Layout {
     }
 }
 
-/// Default window budget: 64 MiB per rank.
-pub const DEFAULT_WINDOW_BYTES: u64 = 64 << 20;
-/// Default number of windows the background producer may run ahead.
-pub const DEFAULT_PREFETCH: usize = 2;
-
 /// How a loader batches, shuffles, places and pipelines data.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct LoaderOptions {
@@ -681,9 +683,9 @@ pub struct LoaderOptions {
     /// Seed of the permutation.
     pub seed: u64,
     /// The sweep's shared order this job's order is derived from, if it opted into one
-    /// ([`crate::plan::SharedOrder`]).
+    /// ([`SharedOrder`]).
     #[serde(default)]
-    pub shared_order: Option<crate::plan::SharedOrder>,
+    pub shared_order: Option<SharedOrder>,
     /// Budget for one exchange window's buffers per rank; the window length in steps is
     /// derived from it ([`crate::plan::budget`]).
     pub window_bytes: u64,
@@ -861,7 +863,7 @@ pub struct JobFile {
         feature = "clap",
         arg(long, value_name = "SPEC", help_heading = heading::DATA, hide_short_help = true)
     )]
-    pub pack: Option<crate::dataset::pack::PackSpec>,
+    pub pack: Option<PackSpec>,
     /// Global batch size B.
     ///
     /// B must be divisible by the batch dimension's split.
@@ -885,7 +887,7 @@ pub struct JobFile {
         feature = "clap",
         arg(long, value_name = "SEED[,block=N]", help_heading = heading::BATCHES, hide_short_help = true)
     )]
-    pub shared_order: Option<crate::plan::SharedOrder>,
+    pub shared_order: Option<SharedOrder>,
     /// Exchange buffers per rank and window [default: 64M].
     ///
     /// The budget of one exchange window's buffers per rank (K/M/G suffixes); memory stays

@@ -37,12 +37,12 @@ use arrow_ipc::{Block, MetadataVersion};
 use arrow_schema::{DataType, Schema};
 
 use super::nulls::{Chosen, ColumnChoice, NullPolicy, Source};
-use super::rows::{
-    advise_dontneed, advise_willneed, group_ranges, read_error, read_grouped, read_vectored_exact_at, RowChunk,
-    RECORD_GAP_BYTES,
+use super::positional::{
+    advise_dontneed, advise_willneed, group_ranges, read_error, read_grouped, read_vectored_exact_at, RECORD_GAP_BYTES,
 };
+use super::rows::RowChunk;
 use super::schema::{DType, Field, FieldKind};
-use crate::error::{Error, ErrorKind, Result, ResultExt};
+use crate::error::{Error, Result, ResultExt};
 
 /// Whether this thread is inside a decoder of untrusted Arrow data whose panics meshfeed
 /// catches. Panic hooks (the runtime's, the fuzz harness's) ask this to let such panics
@@ -331,7 +331,7 @@ fn column_layout<'a>(
             Column::Var { offsets: buffer()?, values: buffer()?, wide: true, elem: 1 }
         }
         dt => {
-            let size = primitive(dt).ok_or("unsupported type")?.size() as u64;
+            let size = DType::of_arrow(dt).ok_or("unsupported type")?.size() as u64;
             Column::Fixed { values: buffer()?, width: size }
         }
     };
@@ -716,25 +716,8 @@ fn uncompressed_lengths(
     Ok(())
 }
 
-fn primitive(dt: &DataType) -> Option<DType> {
-    Some(match dt {
-        DataType::Int8 => DType::I8,
-        DataType::Int16 => DType::I16,
-        DataType::Int32 => DType::I32,
-        DataType::Int64 => DType::I64,
-        DataType::UInt8 => DType::U8,
-        DataType::UInt16 => DType::U16,
-        DataType::UInt32 => DType::U32,
-        DataType::UInt64 => DType::U64,
-        DataType::Float16 => DType::F16,
-        DataType::Float32 => DType::F32,
-        DataType::Float64 => DType::F64,
-        _ => return None,
-    })
-}
-
 fn field_kind(name: &str, dt: &DataType) -> std::result::Result<FieldKind, String> {
-    if let Some(d) = primitive(dt) {
+    if let Some(d) = DType::of_arrow(dt) {
         return Ok(FieldKind::Tensor { dtype: d, shape: vec![] });
     }
     match dt {
@@ -757,7 +740,7 @@ fn field_kind(name: &str, dt: &DataType) -> std::result::Result<FieldKind, Strin
             shape: vec![usize::try_from(*n).map_err(|_| format!("column '{name}': bad width {n}"))?],
         }),
         DataType::Binary | DataType::LargeBinary => Ok(FieldKind::Bytes { utf8: false, elem: None }),
-        DataType::List(child) | DataType::LargeList(child) => match primitive(child.data_type()) {
+        DataType::List(child) | DataType::LargeList(child) => match DType::of_arrow(child.data_type()) {
             Some(d) if d != DType::Bool => Ok(FieldKind::Bytes { utf8: false, elem: Some(d) }),
             _ => {
                 Err(format!("column '{name}': lists of {} are not supported (lists of numbers are)", child.data_type()))
@@ -1084,13 +1067,13 @@ impl ArrowReader {
     }
 }
 
-impl super::FileReader for ArrowReader {
+impl super::reader::FileReader for ArrowReader {
     /// From the offsets buffers (4 or 8 bytes a row): no value is read, except in
     /// compressed files, whose offsets are compressed with the values.
     fn list_lengths(&mut self, rows: u64, field: usize, elem: usize) -> Result<Vec<u64>> {
         let batches = &self.layout.footer.batches;
         if batches.iter().any(|b| b.codec.is_some()) {
-            return super::lengths_by_reading(self, rows, field, elem);
+            return super::reader::lengths_by_reading(self, rows, field, elem);
         }
         let mut lengths = Vec::with_capacity(usize::try_from(rows).unwrap_or(0));
         let mut scratch = RowChunk::new(1);
@@ -1115,7 +1098,7 @@ impl super::FileReader for ArrowReader {
     ) -> Result<(RowChunk, Vec<u64>)> {
         let batches = &self.layout.footer.batches;
         if batches.iter().any(|b| b.codec.is_some()) {
-            return super::pieces_by_reading(self, field, elem, pieces);
+            return super::reader::pieces_by_reading(self, field, elem, pieces);
         }
         let elem = elem.max(1) as u64;
         let mut chunk = RowChunk::new(1);
@@ -1142,7 +1125,7 @@ impl super::FileReader for ArrowReader {
                 }
                 let value = &whole[k];
                 let len = (value.end - value.start) / elem;
-                let (at, bytes) = (values.start + value.start, super::piece_bytes(range, len, elem));
+                let (at, bytes) = (values.start + value.start, super::reader::piece_bytes(range, len, elem));
                 ranges.push(at + bytes.start..at + bytes.end);
                 lengths.push(len);
             }
@@ -1292,129 +1275,15 @@ impl super::FileReader for ArrowReader {
     }
 }
 
-/// Writes an Arrow IPC file of `samples` samples in record batches of `batch_rows` rows.
-pub fn write(
-    path: &Path,
-    fields: &[Field],
-    samples: u64,
-    batch_rows: u64,
-    mut value: impl FnMut(u64, usize, &mut Vec<u8>),
-) -> Result<()> {
-    use arrow_array::builder::{BinaryBuilder, StringBuilder};
-    use arrow_array::{make_array, ArrayRef, RecordBatch};
-    use arrow_schema::Field as AField;
-
-    fn data_type(kind: &FieldKind) -> DataType {
-        match kind {
-            FieldKind::Bytes { utf8: false, elem: None } => DataType::Binary,
-            FieldKind::Bytes { utf8: true, elem: None } => DataType::Utf8,
-            // Refused below.
-            FieldKind::Bytes { elem: Some(_), .. } => DataType::Binary,
-            FieldKind::Tensor { dtype, shape } => {
-                let mut dt = match dtype {
-                    DType::Bool | DType::U8 => DataType::UInt8,
-                    DType::I8 => DataType::Int8,
-                    DType::U16 => DataType::UInt16,
-                    DType::I16 => DataType::Int16,
-                    DType::U32 => DataType::UInt32,
-                    DType::I32 => DataType::Int32,
-                    DType::U64 => DataType::UInt64,
-                    DType::I64 => DataType::Int64,
-                    DType::F16 => DataType::Float16,
-                    DType::F32 => DataType::Float32,
-                    DType::F64 => DataType::Float64,
-                };
-                for &n in shape.iter().rev() {
-                    dt = DataType::FixedSizeList(Arc::new(AField::new("item", dt, false)), n as i32);
-                }
-                dt
-            }
-        }
-    }
-    if let Some(f) = fields.iter().find(|f| matches!(f.kind, FieldKind::Bytes { elem: Some(_), .. })) {
-        return Err(Error::Config(format!("Arrow output does not write list field '{}'", f.name)));
-    }
-    if let Some(f) = fields.iter().find(|f| matches!(f.kind, FieldKind::Tensor { dtype: DType::Bool, .. })) {
-        return Err(Error::Config(format!("Arrow output does not support bool field '{}' (use u8)", f.name)));
-    }
-    let schema = Arc::new(Schema::new(
-        fields.iter().map(|f| AField::new(f.name.clone(), data_type(&f.kind), false)).collect::<Vec<_>>(),
-    ));
-    let file = File::create(path).map_err(|e| Error::io(path, e))?;
-    let mut writer = arrow_ipc::writer::FileWriter::try_new(std::io::BufWriter::new(file), &schema).in_file(path)?;
-    let mut start = 0;
-    let mut scratch = Vec::new();
-    while start < samples {
-        let end = (start + batch_rows.max(1)).min(samples);
-        let mut columns: Vec<ArrayRef> = Vec::new();
-        for (fi, f) in fields.iter().enumerate() {
-            let col: ArrayRef = match &f.kind {
-                FieldKind::Bytes { utf8, .. } => {
-                    let mut values = Vec::new();
-                    for id in start..end {
-                        scratch.clear();
-                        value(id, fi, &mut scratch);
-                        values.push(scratch.clone());
-                    }
-                    if *utf8 {
-                        let mut b = StringBuilder::new();
-                        for v in values {
-                            let text =
-                                String::from_utf8(v).map_err(|e| Error::caused(ErrorKind::Config, e.to_string(), e))?;
-                            b.append_value(text);
-                        }
-                        Arc::new(b.finish())
-                    } else {
-                        let mut b = BinaryBuilder::new();
-                        for v in values {
-                            b.append_value(v);
-                        }
-                        Arc::new(b.finish())
-                    }
-                }
-                FieldKind::Tensor { .. } => {
-                    let mut bytes = Vec::new();
-                    for id in start..end {
-                        value(id, fi, &mut bytes);
-                    }
-                    // Build the nested fixed-size lists bottom-up around one values buffer.
-                    let mut levels = vec![data_type(&f.kind)];
-                    while let DataType::FixedSizeList(child, _) = levels.last().expect("non-empty").clone() {
-                        levels.push(child.data_type().clone());
-                    }
-                    let leaf = levels.pop().expect("leaf type");
-                    let mut len = bytes.len() / primitive(&leaf).expect("primitive leaf").size();
-                    let mut data = arrow_data::ArrayData::builder(leaf)
-                        .len(len)
-                        .add_buffer(Buffer::from_vec(bytes))
-                        .build()
-                        .in_file(path)?;
-                    for dt in levels.into_iter().rev() {
-                        let DataType::FixedSizeList(_, n) = dt else { unreachable!("list level") };
-                        len /= n as usize;
-                        data =
-                            arrow_data::ArrayData::builder(dt).len(len).add_child_data(data).build().in_file(path)?;
-                    }
-                    make_array(data)
-                }
-            };
-            columns.push(col);
-        }
-        let batch = RecordBatch::try_new(schema.clone(), columns).in_file(path)?;
-        writer.write(&batch).in_file(path)?;
-        start = end;
-    }
-    writer.finish().in_file(path)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dataset::{gen, FileReader};
+    use crate::dataset::gen;
+    use crate::dataset::reader::FileReader;
 
     fn written(dir: &Path, fields: Vec<Field>, samples: u64, batch_rows: u64) -> (PathBuf, Vec<Field>) {
         let spec = gen::GenSpec {
-            format: crate::dataset::Format::Arrow,
+            format: crate::dataset::header::Format::Arrow,
             samples,
             files: 1,
             fields: fields.clone(),

@@ -3,7 +3,7 @@
 //!
 //! Chunked and compressed (gzip) datasets written by h5py work: HDF5 itself decodes them.
 //! The `hdf5` crate serialises all HDF5 calls behind one lock, so reads are issued as few,
-//! large hyperslabs: needed rows are coalesced into spans (see [`super::rows::coalesce`]).
+//! large hyperslabs: needed rows are coalesced into spans (see [`super::positional::coalesce`]).
 //! Files whose datasets are all contiguous, unfiltered and little-endian (HDF5's default
 //! layout, and what `meshfeed gen` writes) skip the library for data: their values lie at
 //! fixed offsets and are read with `pread`, like `.npy` records ([`in_place_offsets`]).
@@ -18,9 +18,10 @@ use arrow_buffer::Buffer;
 use hdf5::types::{FloatSize, IntSize, TypeDescriptor};
 use hdf5::{Hyperslab, SliceOrIndex};
 
-use super::rows::{advise_dontneed, advise_willneed, coalesce, read_error, read_vectored_exact_at, RowChunk};
+use super::positional::{advise_dontneed, advise_willneed, coalesce, read_error, read_vectored_exact_at};
+use super::rows::RowChunk;
 use super::schema::{DType, Field};
-use super::DatasetOptions;
+use crate::config::DatasetOptions;
 use crate::error::{Error, Result, ResultExt};
 
 /// Spans closer than this are read through in one hyperslab.
@@ -180,7 +181,7 @@ fn in_place_offsets(datasets: &[hdf5::Dataset], fields: &[Field]) -> Option<Vec<
         .map(|(ds, f)| {
             let order = ds.dtype().ok()?.byte_order();
             let native = matches!(order, ByteOrder::LittleEndian | ByteOrder::None) && cfg!(target_endian = "little");
-            let boolean = matches!(f.kind, super::FieldKind::Tensor { dtype: DType::Bool, .. });
+            let boolean = matches!(f.kind, super::schema::FieldKind::Tensor { dtype: DType::Bool, .. });
             let plain = native && !boolean && !ds.is_chunked() && ds.filters().is_empty();
             plain.then(|| ds.offset()).flatten()
         })
@@ -221,8 +222,8 @@ impl Hdf5Reader {
             .into_iter()
             .zip(&fields)
             .map(|(ds, f)| match &f.kind {
-                super::FieldKind::Tensor { dtype, shape } => (ds, *dtype, shape.len() + 1),
-                super::FieldKind::Bytes { .. } => unreachable!("HDF5 fields are tensors"),
+                super::schema::FieldKind::Tensor { dtype, shape } => (ds, *dtype, shape.len() + 1),
+                super::schema::FieldKind::Bytes { .. } => unreachable!("HDF5 fields are tensors"),
             })
             .collect();
         Ok(Hdf5Reader { path: path.to_path_buf(), _file: file, datasets, row_bytes, samples, in_place })
@@ -258,7 +259,7 @@ fn read_span(ds: &hdf5::Dataset, dtype: DType, ndim: usize, rows: Range<u64>) ->
     })
 }
 
-impl super::FileReader for Hdf5Reader {
+impl super::reader::FileReader for Hdf5Reader {
     fn value_range(&self, row: u64, field: usize) -> Option<Range<u64>> {
         let (offset, n) = *self.in_place.as_ref()?.1.get(field)?;
         (row < self.samples).then(|| offset + row * n..offset + (row + 1) * n)
@@ -356,7 +357,7 @@ pub fn write(
 ) -> Result<()> {
     let file = hdf5::File::create(path).in_file(path)?;
     for (fi, f) in fields.iter().enumerate() {
-        let super::FieldKind::Tensor { dtype, shape } = &f.kind else {
+        let super::schema::FieldKind::Tensor { dtype, shape } = &f.kind else {
             return Err(Error::Config(format!("HDF5 output cannot hold variable-length field '{}'", f.name)));
         };
         let mut bytes = Vec::new();
@@ -405,7 +406,7 @@ pub fn write(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dataset::FileReader;
+    use crate::dataset::reader::FileReader;
 
     fn fields() -> Vec<Field> {
         vec![Field::tensor("x", DType::U16, vec![3]), Field::tensor("y", DType::I64, vec![])]

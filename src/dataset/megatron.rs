@@ -17,7 +17,8 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::rows::{advise_dontneed, advise_willneed, read_error, read_grouped, read_span, RowChunk};
+use super::positional::{advise_dontneed, advise_willneed, read_error, read_grouped, read_span};
+use super::rows::RowChunk;
 use super::schema::{DType, Field, FieldKind};
 use crate::error::{Error, Result};
 
@@ -157,7 +158,7 @@ impl MegatronReader {
     }
 }
 
-impl super::FileReader for MegatronReader {
+impl super::reader::FileReader for MegatronReader {
     fn read_rows(&mut self, rows: &[u64]) -> Result<RowChunk> {
         let n = self.index.sequences.len() as u64;
         if let Some(&last) = rows.last().filter(|&&r| r >= n) {
@@ -189,7 +190,7 @@ impl super::FileReader for MegatronReader {
         for (row, range) in pieces {
             // Inside the .bin: checked against its size when the index was read.
             let (at, len) = self.index.sequences[*row as usize];
-            let bytes = super::piece_bytes(range, len, size);
+            let bytes = super::reader::piece_bytes(range, len, size);
             ranges.push(at + bytes.start..at + bytes.end);
             lengths.push(len);
         }
@@ -231,7 +232,7 @@ impl super::FileReader for MegatronReader {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::dataset::FileReader;
+    use crate::dataset::reader::FileReader;
 
     /// Writes `seqs` as an indexed dataset of i32 tokens at `dir/d.{idx,bin}`.
     pub(crate) fn write(dir: &Path, seqs: &[Vec<i32>]) -> PathBuf {

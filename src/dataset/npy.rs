@@ -10,7 +10,7 @@ use std::ops::Range;
 use std::path::Path;
 
 use super::npy_header::{parse_preamble, PreambleError, PyValue, MAX_PREAMBLE_LEN};
-use super::rows::{RecordFile, RecordLayout};
+use super::records::{RecordFile, RecordLayout};
 use super::schema::{DType, Field};
 use crate::error::{Error, Result, ResultExt};
 
@@ -200,7 +200,7 @@ pub fn header(fields: &[Field], samples: u64) -> Vec<u8> {
     }
     let plain = fields.len() == 1 && fields[0].name == "data";
     let (descr, shape) = if plain {
-        let super::FieldKind::Tensor { dtype, shape } = &fields[0].kind else {
+        let super::schema::FieldKind::Tensor { dtype, shape } = &fields[0].kind else {
             unreachable!("tensor checked by caller")
         };
         let dims = std::iter::once(samples.to_string()).chain(shape.iter().map(|d| d.to_string()));
@@ -209,7 +209,7 @@ pub fn header(fields: &[Field], samples: u64) -> Vec<u8> {
         let members: Vec<String> = fields
             .iter()
             .map(|f| {
-                let super::FieldKind::Tensor { dtype, shape } = &f.kind else {
+                let super::schema::FieldKind::Tensor { dtype, shape } = &f.kind else {
                     unreachable!("tensor checked by caller")
                 };
                 if shape.is_empty() {
@@ -235,7 +235,7 @@ pub fn header(fields: &[Field], samples: u64) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dataset::FileReader;
+    use crate::dataset::reader::FileReader;
 
     #[test]
     fn typestrs() {

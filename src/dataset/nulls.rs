@@ -8,13 +8,13 @@
 //! says what to deliver for them (`--nulls FIELD=mask` or `--nulls FIELD=fill:VALUE`,
 //! [`NullPolicy`]): never silently.
 
-use std::fmt;
 use std::path::Path;
-use std::str::FromStr;
 
 use arrow_schema::{DataType, Schema};
 
 use super::schema::{DType, Field, FieldKind};
+use crate::config::DatasetOptions;
+pub use crate::config::NullPolicy;
 use crate::error::{Error, Result};
 
 /// The name of the field that carries the validity of masked field `name`: `name_valid`
@@ -26,40 +26,6 @@ pub fn valid_field(name: &str) -> String {
 
 /// What [`valid_field`] appends.
 pub const VALID_SUFFIX: &str = "_valid";
-
-/// What a field's null values are delivered as.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(try_from = "String", into = "String")]
-pub enum NullPolicy {
-    /// Nulls are delivered as zeros (empty for variable-length values), and the field
-    /// `<name>_valid` (`u8`, one per row: 1 present, 0 null) is delivered after the field.
-    Mask,
-    /// Nulls are delivered as this value (numbers and booleans; written as given).
-    Fill(String),
-}
-
-impl FromStr for NullPolicy {
-    type Err = Error;
-
-    fn from_str(s: &str) -> Result<NullPolicy> {
-        match s.trim() {
-            "mask" => Ok(NullPolicy::Mask),
-            s => match s.strip_prefix("fill:").map(str::trim) {
-                Some(v) if !v.is_empty() => Ok(NullPolicy::Fill(v.to_string())),
-                _ => Err(Error::Config(format!("nulls '{s}': expected mask or fill:VALUE (e.g. fill:0, fill:nan)"))),
-            },
-        }
-    }
-}
-
-impl fmt::Display for NullPolicy {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            NullPolicy::Mask => f.write_str("mask"),
-            NullPolicy::Fill(v) => write!(f, "fill:{v}"),
-        }
-    }
-}
 
 impl TryFrom<String> for NullPolicy {
     type Error = Error;
@@ -146,13 +112,26 @@ fn half_bits(v: f32) -> u16 {
 }
 
 /// Which columns of a file a dataset reads, and what it does with their nulls: from the
-/// dataset's options ([`super::DatasetOptions::columns`]).
+/// dataset's options ([`ColumnChoice::of`]).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ColumnChoice {
     /// The columns read (`None`: every column).
     pub names: Option<Vec<String>>,
     /// Per column, what its nulls are delivered as (absent: nulls are an error).
     pub nulls: std::collections::BTreeMap<String, NullPolicy>,
+}
+
+impl ColumnChoice {
+    /// The columns of Arrow and Parquet files a dataset opened with `options` reads, and
+    /// their null policies: with sequence packing the token column, else the selected
+    /// fields (their validity fields are made, not read), else every column.
+    pub fn of(options: &DatasetOptions) -> ColumnChoice {
+        let names = match (&options.pack, &options.fields) {
+            (Some(spec), _) => Some(vec![spec.field.clone()]),
+            (None, names) => names.clone(),
+        };
+        ColumnChoice { names, nulls: options.nulls.clone() }
+    }
 }
 
 /// Where a field of a file comes from.

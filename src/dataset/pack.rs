@@ -24,102 +24,20 @@
 //! length: where each document's run of inputs starts, then `S`, as flash-attention's
 //! variable-length kernels take them).
 
-use std::fmt;
 use std::ops::Range;
 use std::path::Path;
-use std::str::FromStr;
 use std::sync::Arc;
 
 use arrow_buffer::Buffer;
 
+use super::reader::FileReader;
 use super::rows::RowChunk;
 use super::schema::{DType, Field, FieldKind};
-use super::FileReader;
+pub use crate::config::{PackSpec, CU_SEQLENS, POSITION_IDS};
 use crate::error::{Error, Result};
 
 /// The field holding the labels (the inputs shifted by one token).
 pub const LABELS: &str = "labels";
-/// The optional field holding each input's position in its document.
-pub const POSITION_IDS: &str = "position_ids";
-/// The optional field holding the document boundaries of a sample's inputs.
-pub const CU_SEQLENS: &str = "cu_seqlens";
-
-/// What `--pack` asks for: `FIELD:SEQ_LEN[,eos=ID][,position_ids][,cu_seqlens]`.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(try_from = "String", into = "String")]
-pub struct PackSpec {
-    /// The token field (a variable-length list of integers).
-    pub field: String,
-    /// Inputs per sample `S` (each sample holds `S + 1` tokens of the stream).
-    pub seq_len: u64,
-    /// A token put after every document; none where documents end with one already (as
-    /// Megatron's preprocessing with `--append-eod` writes them).
-    pub eos: Option<i64>,
-    pub position_ids: bool,
-    pub cu_seqlens: bool,
-}
-
-impl FromStr for PackSpec {
-    type Err = Error;
-
-    fn from_str(spec: &str) -> Result<PackSpec> {
-        let bad = |why: &str| {
-            Error::Config(format!(
-                "--pack '{spec}': {why} (expected FIELD:SEQ_LEN[,eos=ID][,position_ids][,cu_seqlens], e.g. tokens:2048,eos=0)"
-            ))
-        };
-        let mut parts = spec.split(',').map(str::trim);
-        let head = parts.next().unwrap_or_default();
-        let (field, len) = head.split_once(':').ok_or_else(|| bad("no sequence length"))?;
-        if field.is_empty() {
-            return Err(bad("no field name"));
-        }
-        let seq_len = len.trim().parse::<u64>().ok().filter(|&n| n > 0).ok_or_else(|| bad("bad sequence length"))?;
-        if seq_len > i32::MAX as u64 {
-            return Err(bad("sequence length over 2^31"));
-        }
-        let mut out =
-            PackSpec { field: field.trim().into(), seq_len, eos: None, position_ids: false, cu_seqlens: false };
-        for p in parts {
-            match p.split_once('=') {
-                Some(("eos", id)) => out.eos = Some(id.trim().parse().map_err(|_| bad("bad eos token id"))?),
-                None if p == POSITION_IDS => out.position_ids = true,
-                None if p == CU_SEQLENS => out.cu_seqlens = true,
-                _ => return Err(bad(&format!("unknown option '{p}'"))),
-            }
-        }
-        Ok(out)
-    }
-}
-
-impl fmt::Display for PackSpec {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}:{}", self.field, self.seq_len)?;
-        if let Some(eos) = self.eos {
-            write!(f, ",eos={eos}")?;
-        }
-        if self.position_ids {
-            write!(f, ",{POSITION_IDS}")?;
-        }
-        if self.cu_seqlens {
-            write!(f, ",{CU_SEQLENS}")?;
-        }
-        Ok(())
-    }
-}
-
-impl TryFrom<String> for PackSpec {
-    type Error = Error;
-    fn try_from(s: String) -> Result<PackSpec> {
-        s.parse()
-    }
-}
-
-impl From<PackSpec> for String {
-    fn from(s: PackSpec) -> String {
-        s.to_string()
-    }
-}
 
 /// A pack spec resolved against a file's fields.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -548,18 +466,22 @@ mod tests {
             arrow_ipc::writer::FileWriter::try_new(std::fs::File::create(&arrow).unwrap(), &batch.schema()).unwrap();
         w.write(&batch).unwrap();
         w.finish().unwrap();
-        let open = |format: crate::dataset::Format, path: &Path| -> (Box<dyn FileReader>, Vec<Field>) {
-            let info = crate::dataset::scan_file(path, format, &Default::default()).unwrap();
-            let f = info.fields.clone();
+        let open = |format: crate::dataset::header::Format, path: &Path| -> (Box<dyn FileReader>, Vec<Field>) {
+            let f = match format {
+                crate::dataset::header::Format::Megatron => crate::dataset::megatron::scan(path).unwrap().1,
+                _ => crate::dataset::arrow::scan(path, &Default::default()).unwrap().1,
+            };
             let reader: Box<dyn FileReader> = match format {
-                crate::dataset::Format::Megatron => Box::new(
+                crate::dataset::header::Format::Megatron => Box::new(
                     crate::dataset::megatron::MegatronReader::open_cached(path, &f, &Default::default()).unwrap(),
                 ),
                 _ => Box::new(crate::dataset::arrow::ArrowReader::open(path, &f).unwrap()),
             };
             (reader, f)
         };
-        for (format, path) in [(crate::dataset::Format::Megatron, &idx), (crate::dataset::Format::Arrow, &arrow)] {
+        for (format, path) in
+            [(crate::dataset::header::Format::Megatron, &idx), (crate::dataset::header::Format::Arrow, &arrow)]
+        {
             let (reader, f) = open(format, path);
             let spec: PackSpec = "tokens:2048,eos=-1,position_ids".parse().unwrap();
             let packing = Arc::new(Packing::resolve(&spec, &f).unwrap());

@@ -35,7 +35,8 @@ use parquet::arrow::ProjectionMask;
 
 use super::nulls::{Chosen, ColumnChoice, NullPolicy, Source};
 use super::parquet_pages;
-use super::rows::{advise_dontneed, advise_willneed, RowChunk};
+use super::positional::{advise_dontneed, advise_willneed};
+use super::rows::RowChunk;
 use super::schema::Field;
 use crate::error::{Error, Result};
 
@@ -364,7 +365,7 @@ fn append(array: &ArrayRef, out: &mut Vec<u8>, places: &mut Vec<(usize, usize)>)
     Ok(())
 }
 
-impl super::FileReader for ParquetReader {
+impl super::reader::FileReader for ParquetReader {
     fn read_rows(&mut self, rows: &[u64]) -> Result<RowChunk> {
         let all: Vec<usize> = (0..self.chosen.fields.len()).collect();
         self.read_columns(rows, &all)
@@ -408,7 +409,7 @@ impl super::FileReader for ParquetReader {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dataset::FileReader;
+    use crate::dataset::reader::FileReader;
     use arrow_array::{Int64Array, RecordBatch, StringArray};
     use std::sync::Arc;
 
@@ -503,7 +504,10 @@ mod tests {
             );
             let c = choice(&["flag"], &[]);
             let (n, fields, _) = scan(&path, &c).unwrap();
-            assert_eq!((n, fields.clone()), (20, vec![Field::tensor("flag", super::super::DType::Bool, vec![])]));
+            assert_eq!(
+                (n, fields.clone()),
+                (20, vec![Field::tensor("flag", crate::dataset::schema::DType::Bool, vec![])])
+            );
             let mut r = ParquetReader::open_cached(&path, &fields, &MetaCache::new(), 1 << 20, &c).unwrap();
             let chunk = r.read_rows(&[0, 1, 3, 19]).unwrap();
             let got: Vec<&[u8]> = (0..4).map(|k| chunk.value(k, 0)).collect();

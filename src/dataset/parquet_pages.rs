@@ -215,7 +215,7 @@ pub fn walk(
         let header = loop {
             let len = want.min(chunk.end - at);
             buf.resize(len as usize, 0);
-            file.read_exact_at(&mut buf, at).map_err(|e| super::rows::read_error(path, e, at, buf.len()))?;
+            file.read_exact_at(&mut buf, at).map_err(|e| super::positional::read_error(path, e, at, buf.len()))?;
             match parse(&buf) {
                 Ok(h) => break h,
                 Err(Short::Bad(why)) => return Err(corrupt(at, why)),

@@ -10,7 +10,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::rows::{RecordFile, RecordLayout};
+use super::records::{RecordFile, RecordLayout};
 use super::schema::{DType, Field};
 use crate::error::{Error, Result, ResultExt};
 
@@ -69,10 +69,10 @@ pub fn write_schema(dir: &Path, fields: &[Field]) -> Result<()> {
         fields: fields
             .iter()
             .map(|f| match &f.kind {
-                super::FieldKind::Tensor { dtype, shape } => {
+                super::schema::FieldKind::Tensor { dtype, shape } => {
                     Ok(SchemaField { name: f.name.clone(), dtype: dtype.name().into(), shape: shape.clone() })
                 }
-                super::FieldKind::Bytes { .. } => {
+                super::schema::FieldKind::Bytes { .. } => {
                     Err(Error::Config(format!("raw records cannot hold variable-length field '{}'", f.name)))
                 }
             })

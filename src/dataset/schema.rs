@@ -24,6 +24,25 @@ pub enum DType {
 }
 
 impl DType {
+    /// The element type of an Arrow primitive type, where meshfeed has one.
+    pub fn of_arrow(dt: &arrow_schema::DataType) -> Option<DType> {
+        use arrow_schema::DataType;
+        Some(match dt {
+            DataType::Int8 => DType::I8,
+            DataType::Int16 => DType::I16,
+            DataType::Int32 => DType::I32,
+            DataType::Int64 => DType::I64,
+            DataType::UInt8 => DType::U8,
+            DataType::UInt16 => DType::U16,
+            DataType::UInt32 => DType::U32,
+            DataType::UInt64 => DType::U64,
+            DataType::Float16 => DType::F16,
+            DataType::Float32 => DType::F32,
+            DataType::Float64 => DType::F64,
+            _ => return None,
+        })
+    }
+
     /// All dtypes, for parsing and tests.
     pub const ALL: [DType; 12] = [
         DType::Bool,

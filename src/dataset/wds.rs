@@ -22,9 +22,10 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::rows::{
-    advise_dontneed, advise_willneed, read_error, read_grouped, read_span, read_vectored_exact_at, RowChunk,
+use super::positional::{
+    advise_dontneed, advise_willneed, read_error, read_grouped, read_span, read_vectored_exact_at,
 };
+use super::rows::RowChunk;
 use super::schema::{Field, FieldKind};
 use crate::error::{Error, Result};
 
@@ -315,7 +316,7 @@ impl WdsReader {
     }
 }
 
-impl super::FileReader for WdsReader {
+impl super::reader::FileReader for WdsReader {
     fn read_rows(&mut self, rows: &[u64]) -> Result<RowChunk> {
         let all: Vec<usize> = (0..self.index.fields.len()).collect();
         self.read_columns(rows, &all)
@@ -377,7 +378,7 @@ impl super::FileReader for WdsReader {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dataset::FileReader;
+    use crate::dataset::reader::FileReader;
 
     /// A ustar header for `name` of `size` bytes and type `kind`, with its checksum.
     fn header(name: &str, size: u64, kind: u8) -> Vec<u8> {

@@ -15,7 +15,7 @@ use super::ucx::Link;
 use super::wire::{self, Hello, Mapped, Request, Rows, Share};
 use super::Source;
 use crate::dataset::gen::Manifest;
-use crate::dataset::{FileInfo, FileReader, RowChunk};
+use crate::dataset::{Dataset, FileInfo, FileReader, RowChunk, RowSource};
 use crate::error::{Error, Result};
 use crate::runtime::shared_memory::Region;
 
@@ -262,7 +262,7 @@ pub fn attach(source: &Source) -> Result<Vec<u8>> {
 /// address of the feeder rank serving each, and the generator's manifest where the files
 /// are `meshfeed gen`'s.
 pub fn welcome(source: &Source, welcome: &[u8]) -> Result<(Vec<FileInfo>, Vec<String>, Option<Manifest>)> {
-    crate::loader::welcome_from_json(welcome)
+    crate::feed::welcome::welcome_from_json(welcome)
         .map_err(|e| Error::Transport(format!("feeder {}: bad file headers: {e}", source.url())))
 }
 
@@ -318,6 +318,30 @@ impl Feed {
             .fold(0, u64::saturating_add);
         Ok(Reader { conn, file: file as u32, fields: info.fields.len(), row_bytes, variable_bytes, path })
     }
+}
+
+impl RowSource for Feed {
+    fn reader(&self, file: usize, info: &FileInfo) -> Result<Box<dyn FileReader>> {
+        Ok(Box::new(Feed::reader(self, file, info)?))
+    }
+
+    fn describe(&self) -> String {
+        format!("the feeder {}", self.source.url())
+    }
+
+    fn manifest(&self) -> Option<&Manifest> {
+        self.manifest.as_ref()
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+/// The feeder `dataset`'s rows come from, if they come from one.
+pub fn feeder_of(dataset: &Dataset) -> Option<&Source> {
+    let feed = dataset.row_source()?.as_any().downcast_ref::<Feed>()?;
+    Some(&feed.source)
 }
 
 /// Reads the rows of one file from the feeder ([`Feed::reader`]).

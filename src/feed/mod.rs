@@ -28,6 +28,7 @@ pub mod client;
 pub mod server;
 #[cfg_attr(not(feature = "ucx"), path = "no_ucx.rs")]
 pub mod ucx;
+pub mod welcome;
 pub mod wire;
 
 use std::path::{Path, PathBuf};

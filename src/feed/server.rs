@@ -101,7 +101,7 @@ fn choose_held_left(files: &[FileInfo], fields: &[Field], mine: &[usize], budget
 /// that headroom), shared evenly by the feeder's ranks on the host. Collective.
 pub fn rank_budget(comm: &dyn Transport, host_budget: Option<u64>) -> Result<u64> {
     let hosts = crate::transport::hosts::host_groups(comm)?;
-    let all = crate::loader::all_headrooms(comm, &MemoryLimits::of_this_process())?;
+    let all = crate::runtime::memory::all_headrooms(comm, &MemoryLimits::of_this_process())?;
     let mine = hosts[comm.rank().0];
     let (mut room, mut members) = (u64::MAX, 0u64);
     for (&headroom, _) in all.iter().zip(&hosts).filter(|&(_, &h)| h == mine) {
@@ -110,7 +110,7 @@ pub fn rank_budget(comm: &dyn Transport, host_budget: Option<u64>) -> Result<u64
     }
     let host = match host_budget {
         Some(b) => b.min(room),
-        None => crate::loader::auto_budget(room, members as usize, 0),
+        None => crate::runtime::memory::auto_budget(room, members as usize, 0),
     };
     Ok(host / members.max(1))
 }
@@ -362,7 +362,7 @@ impl Feeder {
         manifest: Option<Manifest>,
     ) -> Result<()> {
         let owners = (0..files.len()).map(|i| addresses[owner(i, addresses.len())].clone()).collect();
-        self.welcome = crate::loader::welcome_json(files, owners, manifest)?;
+        self.welcome = crate::feed::welcome::welcome_json(files, owners, manifest)?;
         Ok(())
     }
 
@@ -1146,7 +1146,7 @@ pub(crate) mod tests {
             Hello { token: token.into(), name: name.into(), headers: true, ucx: false }.encode()
         };
         let (files, owners, manifest) =
-            crate::loader::welcome_from_json(&feeder.welcome(&hello("secret", "d")).unwrap()).unwrap();
+            crate::feed::welcome::welcome_from_json(&feeder.welcome(&hello("secret", "d")).unwrap()).unwrap();
         assert_eq!(files, ds.files());
         assert_eq!(manifest, None);
         assert_eq!(owners, ["a:1", "b:2", "a:1", "b:2", "a:1"]);

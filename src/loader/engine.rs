@@ -33,6 +33,10 @@ use crate::plan::{EpochOrder, FieldPart, HomeIndex, Permutation, Placement, Stra
 use crate::transport::{agree, agree_carrying, agree_position, Transport};
 use crate::types::{Rank, SampleId};
 
+/// What [`super::Loader::stop_requested`] reports for a stop asked for by
+/// [`super::Loader::request_stop`] rather than by a signal.
+pub const STOP_REQUESTED: i32 = 255;
+
 /// Everything a producer owns: the loader's own communicator, open readers and cache, and
 /// the two-phase group. Moves to the producer thread and back as one value.
 pub(crate) struct Engine {
@@ -43,7 +47,7 @@ pub(crate) struct Engine {
     pub index: HomeIndex,
     /// The two-phase row-block group (made at the first two-phase window; a collective).
     pub group: Option<Box<dyn Transport>>,
-    /// Stop requests on this rank (a signal number, or [`super::STOP_REQUESTED`]; 0: none),
+    /// Stop requests on this rank (a signal number, or [`STOP_REQUESTED`]; 0: none),
     /// agreed with every window.
     pub stop: Arc<AtomicUsize>,
     /// The home ranges, and the read measures that move them.
@@ -342,6 +346,6 @@ pub(crate) fn complete(engine: &mut Engine, received: Received) -> Result<Window
     }
     metrics.windows += 1;
     metrics.rows_delivered += batches.iter().map(|b| b.ids.len() as u64).sum::<u64>();
-    let stop = (carried[0] != 0).then(|| i32::try_from(carried[0]).unwrap_or(super::STOP_REQUESTED));
+    let stop = (carried[0] != 0).then(|| i32::try_from(carried[0]).unwrap_or(STOP_REQUESTED));
     Ok(Window { spec, batches, metrics, stop, tuned: engine.tuning.settings() })
 }

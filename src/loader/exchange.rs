@@ -8,7 +8,6 @@
 use std::ops::Range;
 
 use super::batch::{Batch, FieldData};
-use super::reads::LocalRow;
 use crate::dataset::{Field, FieldKind};
 use crate::error::{Error, Result};
 use crate::plan::FieldPart;
@@ -135,6 +134,15 @@ pub(crate) fn assemble(
     let (batches, local) = assemble_received(r, fields, recv, recv_counts, |id| Some(source_of(id)))?;
     debug_assert!(local.is_empty());
     Ok(batches)
+}
+
+/// A row of a window's batches whose values this rank reads itself: row `row` of
+/// `batches[batch]`, sample `id`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct LocalRow {
+    pub batch: usize,
+    pub row: usize,
+    pub id: SampleId,
 }
 
 /// [`assemble`] where some rows were not sent: `source_of(id)` is `None` for them. Their

@@ -7,38 +7,8 @@
 use std::time::{Duration, Instant};
 
 use crate::error::Result;
+pub use crate::telemetry::Phase;
 use crate::transport::{ReduceOp, Transport};
-
-/// The phases of the pipeline, in order.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Phase {
-    /// Computing window plans (permutation, placement).
-    Plan,
-    /// Reading samples of the home range from files.
-    Read,
-    /// Copying read values into the send buffer.
-    Pack,
-    /// The all-to-all exchange (and failure agreement).
-    Exchange,
-    /// Copying received values into batches.
-    Assemble,
-}
-
-impl Phase {
-    /// All phases.
-    pub const ALL: [Phase; 5] = [Phase::Plan, Phase::Read, Phase::Pack, Phase::Exchange, Phase::Assemble];
-
-    /// Lower-case name, as printed and in JSON.
-    pub fn name(self) -> &'static str {
-        match self {
-            Phase::Plan => "plan",
-            Phase::Read => "read",
-            Phase::Pack => "pack",
-            Phase::Exchange => "exchange",
-            Phase::Assemble => "assemble",
-        }
-    }
-}
 
 /// Time per phase and bytes moved, accumulated on one rank.
 #[derive(Clone, Debug, Default, PartialEq)]

@@ -86,16 +86,16 @@ pub use crate::config::{ExchangeMode, Layout, LoaderOptions, LocalReads, TailPol
 use crate::dataset::{Dataset, DatasetOptions};
 use crate::error::{Error, Result};
 use crate::plan::{IoPlan, Mesh, Placement, WindowBudget};
+pub use crate::runtime::abandoned;
+pub use crate::runtime::memory::{all_headrooms, auto_budget, MARGIN_FRACTION, MIN_MARGIN};
 use crate::transport::{agree, agree_settings, Transport};
 use crate::types::{Epoch, Step};
 pub use batch::{Batch, Element, FieldData};
 use engine::Engine;
+pub use engine::STOP_REQUESTED;
 pub use metrics::{Metrics, MetricsSummary, Phase};
 pub use open::open_dataset;
-pub(crate) use open::{welcome_from_json, welcome_json};
-pub use pipeline::abandoned;
 use pipeline::Pipeline;
-pub use read_plan::{all_headrooms, auto_budget, MARGIN_FRACTION, MIN_MARGIN};
 pub use state::{check_epoch, epoch_out_of_range, Fingerprint, LoaderState, MAX_EPOCH};
 use stream::Stream;
 pub use stream::{Position, WindowSpec};
@@ -140,10 +140,6 @@ pub struct Loader {
     /// Windows the producer runs ahead: as given, or as tuned.
     prefetch: usize,
 }
-
-/// What [`Loader::stop_requested`] reports for a stop asked for by [`Loader::request_stop`]
-/// rather than by a signal.
-pub const STOP_REQUESTED: i32 = 255;
 
 /// The signals [`Loader::stop_requested`] catches: SIGTERM (what Slurm, Kubernetes and most
 /// schedulers send before they preempt a job) and SIGUSR1 (what `sbatch --signal` sends).
@@ -381,7 +377,7 @@ impl Loader {
     /// every 100 ms, and when it returns `true` the wait is given up with a
     /// [`Error::Misuse`] error. The loader cannot continue after that: its producer is left
     /// where it was (perhaps in a collective the other ranks never join), the runtime does
-    /// not finalise MPI at exit ([`abandoned`]), and the process should end. The Python
+    /// not finalise MPI at exit ([`crate::runtime::abandoned`]), and the process should end. The Python
     /// package checks for signals here, so that Ctrl-C and SIGTERM reach a training loop
     /// that waits for a slow or absent peer.
     pub fn interrupt_with(&mut self, check: impl FnMut() -> bool + Send + 'static) {
@@ -454,6 +450,33 @@ impl Loader {
         self.keep_window_sends = keep;
     }
 
+    /// The record of a run of `job` by this loader on `ranks` ranks, as its telemetry
+    /// writes it (`run.json`).
+    pub fn run_info(&self, job: &crate::config::Job, ranks: usize) -> crate::telemetry::RunInfo {
+        use crate::plan::budget;
+        let d = self.dataset();
+        crate::telemetry::RunInfo {
+            schema: crate::telemetry::SCHEMA,
+            version: env!("CARGO_PKG_VERSION").into(),
+            ranks,
+            data: job.data.clone(),
+            samples: d.len(),
+            batch_size: job.loader.batch_size as u64,
+            epochs: job.epochs,
+            seed: job.loader.seed,
+            shared_order: job.loader.shared_order.map(|o| o.to_string()),
+            mesh: self.mesh().to_string(),
+            exchange: self.exchange_mode().to_string(),
+            transport: job.transport.to_string(),
+            window_bytes: job.loader.window_bytes,
+            prefetch: job.loader.prefetch,
+            steps_per_window: self.steps_per_window(),
+            sample_bytes: Some(budget::sample_bytes(&budget::value_sizes(d.fields(), &d.mean_value_bytes()))),
+            read_plan: Some(self.read_plan().clone()),
+            shares_stores: Some(self.shares_stores()),
+        }
+    }
+
     /// Writes this rank's telemetry ([`crate::telemetry`]) from now on to `job.telemetry`,
     /// where the job asks for it: a record of each window and epoch the consumer takes,
     /// with its waiting and its steps' times, in `DIR/rank-<r>.jsonl`, and rank 0's
@@ -465,7 +488,7 @@ impl Loader {
     pub fn record_telemetry(&mut self, comm: &dyn Transport, job: &crate::config::Job) -> Result<()> {
         let Some(dir) = &job.telemetry else { return Ok(()) };
         let rank = comm.rank().0;
-        let run = (rank == 0).then(|| crate::telemetry::RunInfo::of(job, self, comm.size()));
+        let run = (rank == 0).then(|| self.run_info(job, comm.size()));
         let writer = agree(comm, crate::telemetry::Writer::create(dir, rank, run.as_ref()))?;
         self.tracker.write_to(writer);
         Ok(())

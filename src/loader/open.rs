@@ -2,90 +2,13 @@
 //! by one rank (file `i` by rank `i mod P`), and the headers are shared. Failures on any
 //! rank are agreed, so every rank returns the same error.
 
-use std::ffi::OsString;
-use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 
-use crate::dataset::gen::Manifest;
-use crate::dataset::{self, Dataset, DatasetOptions, Field, FileInfo, FileStamp, Format};
+use crate::dataset::{self, Dataset, DatasetOptions, FileInfo};
 use crate::error::{Error, ErrorKind, Result, ResultExt};
+use crate::feed::welcome::WireInfo;
 use crate::transport::{agree, ReduceOp, Transport};
-
-/// A file header on the wire. Paths travel as bytes: a file name need not be UTF-8.
-#[derive(serde::Serialize, serde::Deserialize)]
-struct WireInfo {
-    path: Vec<u8>,
-    format: Format,
-    samples: u64,
-    fields: Vec<Field>,
-    bytes: u64,
-    /// The identity every reader of the file checks against (see [`FileStamp`]).
-    stamp: FileStamp,
-    value_bytes: Vec<u64>,
-    in_place: bool,
-    pack_tokens: Option<u64>,
-}
-
-impl From<FileInfo> for WireInfo {
-    fn from(f: FileInfo) -> WireInfo {
-        WireInfo {
-            path: f.path.into_os_string().into_vec(),
-            format: f.format,
-            samples: f.samples,
-            fields: f.fields,
-            bytes: f.bytes,
-            stamp: f.stamp,
-            value_bytes: f.value_bytes,
-            in_place: f.in_place,
-            pack_tokens: f.pack_tokens,
-        }
-    }
-}
-
-impl From<WireInfo> for FileInfo {
-    fn from(w: WireInfo) -> FileInfo {
-        FileInfo {
-            path: PathBuf::from(OsString::from_vec(w.path)),
-            format: w.format,
-            samples: w.samples,
-            fields: w.fields,
-            bytes: w.bytes,
-            stamp: w.stamp,
-            value_bytes: w.value_bytes,
-            in_place: w.in_place,
-            pack_tokens: w.pack_tokens,
-        }
-    }
-}
-
-/// What a feeder tells a client that presented its token (JSON): the files' headers, the
-/// address of the feeder rank that serves each file, and the generator's manifest where
-/// the files are `meshfeed gen`'s (so that `--verify` checks contents through a feeder as
-/// it does on the files).
-#[derive(serde::Serialize, serde::Deserialize)]
-struct Welcome {
-    files: Vec<WireInfo>,
-    owners: Vec<String>,
-    #[serde(default)]
-    manifest: Option<Manifest>,
-}
-
-/// A feeder's [`Welcome`]: `files`, file `i` served at `owners[i]`.
-pub(crate) fn welcome_json(files: &[FileInfo], owners: Vec<String>, manifest: Option<Manifest>) -> Result<Vec<u8>> {
-    let welcome = Welcome { files: files.iter().cloned().map(WireInfo::from).collect(), owners, manifest };
-    serde_json::to_vec(&welcome).context(ErrorKind::Internal, "file headers do not serialise")
-}
-
-/// Reads [`welcome_json`]: the files, each one's feeder address, and the manifest.
-pub(crate) fn welcome_from_json(
-    bytes: &[u8],
-) -> std::result::Result<(Vec<FileInfo>, Vec<String>, Option<Manifest>), String> {
-    let w: Welcome = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
-    if w.owners.len() != w.files.len() {
-        return Err(format!("{} files but {} addresses", w.files.len(), w.owners.len()));
-    }
-    Ok((w.files.into_iter().map(FileInfo::from).collect(), w.owners, w.manifest))
-}
 
 /// Opens the dataset at `paths` on every rank of `transport` (collective). Where `paths`
 /// name a feeder ([`crate::feed`]), rank 0 attaches to it instead and shares the file
@@ -104,7 +27,12 @@ pub fn open_dataset(transport: &dyn Transport, paths: &[PathBuf], options: Datas
         let welcome = transport.all_gather(&welcome)?.swap_remove(0);
         let served = client::welcome(&source, &welcome)
             .and_then(|(files, owners, manifest)| Dataset::from_files(files, options).map(|d| (d, owners, manifest)))
-            .and_then(|(d, owners, manifest)| d.served_by(source, owners, manifest));
+            .and_then(|(d, owners, manifest)| {
+                if owners.len() != d.files().len() {
+                    return Err(Error::Internal(format!("{}: an address for each file", source.url())));
+                }
+                Ok(d.served_by(std::sync::Arc::new(client::Feed::new(source, owners, manifest))))
+            });
         return agree(transport, served);
     }
     let files = agree(transport, dataset::resolve_paths(paths))?;

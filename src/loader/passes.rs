@@ -236,7 +236,7 @@ pub(crate) fn fill_spilled(
         buf.resize((span.end - span.start) as usize, 0);
         file.read_exact_at(&mut buf, span.start).map_err(|e| Error::Io { path: "(spill file)".into(), source: e })?;
         // The pass holds the rows now; the file's pages would only crowd the page cache.
-        crate::dataset::rows::advise_dontneed(file, span.clone());
+        crate::dataset::positional::advise_dontneed(file, span.clone());
         bytes_read += span.end - span.start;
         while i < ids.len() && ids[i] - home_start - view.resident < last {
             let at = ((ids[i] - home_start - view.resident - first) * record) as usize;

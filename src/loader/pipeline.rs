@@ -38,9 +38,9 @@
 //! ranks. Given an [`Interrupt`] check (the Python package asks the interpreter for
 //! pending signals), it waits in slices of [`POLL`] and gives up when the check says so;
 //! the producer is then left where it is, and the process should end (the runtime does
-//! not finalise MPI under it: [`abandoned`]).
+//! not finalise MPI under it: [`crate::runtime::abandoned`]).
 
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, SyncSender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -62,19 +62,9 @@ pub(crate) const POLL: Duration = Duration::from_millis(100);
 /// inside a collective the other ranks never join — and the loader cannot continue.
 pub(crate) type Interrupt<'a> = Option<&'a mut (dyn FnMut() -> bool + Send + 'static)>;
 
-/// Whether a producer was ever abandoned in this process ([`abandoned`]).
-static ABANDONED: AtomicBool = AtomicBool::new(false);
-
-/// Whether a loader of this process gave up a wait and left its producer behind: the
-/// runtime then leaves MPI (or UCX) as it is at exit instead of finalising it under a
-/// thread that may be inside a collective — the launcher ends the job.
-pub fn abandoned() -> bool {
-    ABANDONED.load(Ordering::Acquire)
-}
-
 /// The error of a wait given up by the interrupt check.
 fn interrupted(what: &str) -> Error {
-    ABANDONED.store(true, Ordering::Release);
+    crate::runtime::mark_abandoned();
     Error::Misuse(format!("interrupted while {what} (the loader's producer was left where it was)"))
 }
 
@@ -230,7 +220,7 @@ impl Pipeline {
     /// Leaves a background producer where it is (its thread is detached; it ends at its
     /// next continue agreement, if the other ranks ever reach it).
     fn abandon(&mut self) {
-        ABANDONED.store(true, Ordering::Release);
+        crate::runtime::mark_abandoned();
         if let Pipeline::Background(b) = std::mem::replace(self, Pipeline::Lost) {
             b.stop.store(CLOSE, Ordering::Release);
         }

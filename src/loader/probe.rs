@@ -10,7 +10,7 @@ use std::ops::Range;
 use std::time::{Duration, Instant};
 
 use super::queue::{self, ReadOp};
-use crate::dataset::rows::{advise_dontneed, cached_fraction};
+use crate::dataset::positional::{advise_dontneed, cached_fraction};
 use crate::dataset::Dataset;
 use crate::types::SampleId;
 

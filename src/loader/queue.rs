@@ -9,7 +9,7 @@ use std::fs::File;
 use std::io::IoSliceMut;
 use std::sync::Mutex;
 
-use crate::dataset::rows::read_vectored_exact_at;
+use crate::dataset::positional::read_vectored_exact_at;
 
 /// One read: bytes from `offset` of `file` into `bufs`, one after another.
 pub(crate) struct ReadOp<'a> {

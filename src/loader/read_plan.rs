@@ -15,35 +15,9 @@ use crate::dataset::Dataset;
 use crate::error::Result;
 use crate::plan::io::{choose, show_bytes, HostShare, IoInputs, StorageRates, STREAM_READ_BYTES};
 use crate::plan::{budget, HomeRanges, IoPlan};
-use crate::runtime::memory::MemoryLimits;
+use crate::runtime::memory::{all_headrooms, auto_budget, MemoryLimits};
 use crate::transport::{agree, ReduceOp, Transport};
 use crate::types::Rank;
-
-/// Of the memory a host's ranks may still use when the loader starts, this share (at least
-/// [`MIN_MARGIN`]) is left to the rest of the program: the training framework, the model,
-/// the allocator's slack. The loader's data takes at most the remainder, less its own
-/// pipeline's bound.
-pub const MARGIN_FRACTION: f64 = 0.25;
-/// See [`MARGIN_FRACTION`].
-pub const MIN_MARGIN: u64 = 256 << 20;
-
-/// Every rank's memory headroom (`limits`: this rank's), by rank; ranks of one cgroup
-/// report the same. Collective.
-pub fn all_headrooms(comm: &dyn Transport, limits: &MemoryLimits) -> Result<Vec<u64>> {
-    Ok(comm
-        .all_gather(&limits.headroom().to_le_bytes())?
-        .iter()
-        .map(|b| b.get(..8).map_or(0, |b| u64::from_le_bytes(b.try_into().expect("8 bytes"))))
-        .collect())
-}
-
-/// The data budget of a host from the headroom of its ranks (the least any reports: ranks
-/// of a host normally share one cgroup), for `ranks` ranks each holding up to `pipeline`
-/// bytes besides their data (the window pipeline's bound and one streaming read).
-pub fn auto_budget(headroom: u64, ranks: usize, pipeline: u64) -> u64 {
-    let margin = ((headroom as f64 * MARGIN_FRACTION) as u64).max(MIN_MARGIN);
-    headroom.saturating_sub(margin).saturating_sub(pipeline.saturating_mul(ranks as u64))
-}
 
 /// Decides the read plan. Collective over `comm`; `hosts[r]` is rank `r`'s host.
 pub(crate) fn plan(
@@ -62,8 +36,8 @@ pub(crate) fn plan(
     let read = &options.read;
     // A feeder holds the rows: each window asks it for the rows it needs, and nothing is
     // kept here (a copy per job is what the feeder saves), unless the job asks otherwise.
-    if let (Some(feeder), crate::config::ReadStrategy::Auto) = (dataset.feeder(), read.strategy) {
-        let reason = format!("the rows come from the feeder {}, which holds them: nothing kept here", feeder.url());
+    if let (Some(rows), crate::config::ReadStrategy::Auto) = (dataset.row_source(), read.strategy) {
+        let reason = format!("the rows come from {}, which holds them: nothing kept here", rows.describe());
         return Ok(IoPlan { reason, ..IoPlan::direct(world) });
     }
     let limits = MemoryLimits::of_this_process();

@@ -11,7 +11,7 @@ use std::io::IoSliceMut;
 use std::sync::Arc;
 
 use super::batch::Batch;
-use super::exchange::ValueSource;
+use super::exchange::{LocalRow, ValueSource};
 use super::metrics::Metrics;
 use super::passes::PassBuffer;
 use super::queue::{self, ReadOp};
@@ -282,7 +282,7 @@ impl Reads {
             metrics.bytes_read_spill += n;
             metrics.bytes_copied += n;
         }
-        if dataset.feeder().is_some() {
+        if dataset.row_source().is_some() {
             // A feeder's rows have no offsets in a local file: asked for whole.
             return self.fill_from_rows(stream, file_reads, metrics);
         }
@@ -324,7 +324,7 @@ impl Reads {
                 readers.peek(f).expect("opened above").check()?;
             }
             let n = read.map_err(|e| {
-                crate::dataset::rows::read_error(&dataset.files()[e.source].path, e.error, e.offset, e.len)
+                crate::dataset::positional::read_error(&dataset.files()[e.source].path, e.error, e.offset, e.len)
             })?;
             metrics.bytes_read += n;
             metrics.bytes_copied += n;
@@ -358,7 +358,9 @@ impl Reads {
         let mut merged: Vec<(usize, u64, u64)> = Vec::with_capacity(spans.len());
         for (file, start, end) in spans {
             match merged.last_mut() {
-                Some(m) if m.0 == file && start <= m.2 + crate::dataset::rows::RECORD_GAP_BYTES => m.2 = m.2.max(end),
+                Some(m) if m.0 == file && start <= m.2 + crate::dataset::positional::RECORD_GAP_BYTES => {
+                    m.2 = m.2.max(end)
+                }
                 _ => merged.push((file, start, end)),
             }
         }
@@ -485,15 +487,6 @@ impl OpenReaders {
     fn peek(&self, file: usize) -> Option<&dyn FileReader> {
         self.open.get(&file).map(|(r, _)| &**r)
     }
-}
-
-/// A row of a window's batches whose values this rank reads itself: row `row` of
-/// `batches[batch]`, sample `id`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct LocalRow {
-    pub batch: usize,
-    pub row: usize,
-    pub id: SampleId,
 }
 
 fn past_end(stream: &Stream, file: usize, row: u64) -> Error {

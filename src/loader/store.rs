@@ -312,7 +312,7 @@ fn spill_file(dir: &Path, bytes: u64) -> Result<File> {
     }
     file.set_len(bytes).file_context(dir, "spill directory")?;
     // Spilled rows are read back at random, one record at a time.
-    crate::dataset::rows::advise_random(&file);
+    crate::dataset::positional::advise_random(&file);
     Ok(file)
 }
 
@@ -488,7 +488,7 @@ fn flush_spill(spill: &File, range: Range<u64>) {
             libc::SYNC_FILE_RANGE_WAIT_BEFORE | libc::SYNC_FILE_RANGE_WRITE | libc::SYNC_FILE_RANGE_WAIT_AFTER,
         );
     }
-    crate::dataset::rows::advise_dontneed(spill, range);
+    crate::dataset::positional::advise_dontneed(spill, range);
 }
 
 /// Where the values of rows `rows` lie in the file, where the reader knows (in-place
@@ -522,8 +522,10 @@ pub(crate) fn stream_is_cold(reader: &dyn FileReader, rows: Range<u64>) -> bool 
     let Some(file) = reader.positional() else { return false };
     let spans = file_ranges(reader, &rows);
     let bytes: u64 = spans.iter().map(|r| r.end - r.start).sum();
-    let cached: f64 =
-        spans.iter().map(|r| crate::dataset::rows::cached_fraction(file, r.clone()) * (r.end - r.start) as f64).sum();
+    let cached: f64 = spans
+        .iter()
+        .map(|r| crate::dataset::positional::cached_fraction(file, r.clone()) * (r.end - r.start) as f64)
+        .sum();
     bytes > 0 && cached < 0.5 * bytes as f64
 }
 
@@ -569,7 +571,7 @@ impl StoreView {
             -1 => None,
             fd => {
                 let f = File::open(format!("/proc/{}/fd/{fd}", h.pid))?;
-                crate::dataset::rows::advise_random(&f);
+                crate::dataset::positional::advise_random(&f);
                 Some(Arc::new(f))
             }
         };

@@ -194,7 +194,7 @@ impl Stream {
         let kept = io.streams_any();
         let placements = [Some(&placement), tail_placement.as_ref()];
         let one_receiver = placements.into_iter().flatten().flat_map(|p| p.blocks()).all(|b| b.receivers.len() == 1);
-        let served = dataset.feeder().is_some() && one_receiver;
+        let served = dataset.row_source().is_some() && one_receiver;
         let local_reads = whole
             && mode == ExchangeMode::Fused
             && options.local_reads == LocalReads::Auto
@@ -445,7 +445,8 @@ mod tests {
         let info = npy_info(1000, 2000);
         let source = crate::feed::Source { address: "f:1".into(), name: "d".into(), token: "t".into() };
         let dataset = Dataset::from_files(vec![info], Default::default()).unwrap();
-        let dataset = Arc::new(dataset.served_by(source, vec!["f:1".into()], None).unwrap());
+        let feed = crate::feed::client::Feed::new(source, vec!["f:1".into()], None);
+        let dataset = Arc::new(dataset.served_by(Arc::new(feed)));
         let mut options = LoaderOptions { batch_size: 10, ..Default::default() };
         options.layout.mesh = Some(mesh.parse().unwrap());
         Stream::build(Rank(0), 2, vec![0, 1], dataset, options, IoPlan::direct(2)).unwrap()

@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 use super::metrics::Metrics;
 use super::stream::Position;
 use super::tuning::ConsumerClock;
+pub use crate::telemetry::fraction;
 use crate::telemetry::{Epoch, Phases, Record, Window, Writer, SCHEMA};
 
 /// Where a rank's records go, and its heartbeat.
@@ -360,13 +361,4 @@ fn add(to: &mut Window, w: &Window) {
     to.bytes_sent_off_host += w.bytes_sent_off_host;
     to.bytes_received += w.bytes_received;
     to.home_rows = w.home_rows;
-}
-
-/// The part of `wait + compute` spent waiting (0 when both are 0).
-pub fn fraction(wait: f64, compute: f64) -> f64 {
-    if wait + compute > 0.0 {
-        wait / (wait + compute)
-    } else {
-        0.0
-    }
 }

@@ -16,7 +16,7 @@ pub(crate) struct Window {
     pub batches: Vec<Batch>,
     pub metrics: Metrics,
     /// A stop the ranks agreed on with this window ([`crate::loader::Loader::stop_requested`]):
-    /// the signal number some rank received, or [`super::STOP_REQUESTED`].
+    /// the signal number some rank received, or [`super::engine::STOP_REQUESTED`].
     pub stop: Option<i32>,
     /// The tuned settings in force after this window's agreement (`None`: not tuned); the
     /// consumer starts a producer thread where their prefetch asks for one.

@@ -9,7 +9,7 @@
 //! * **read buffers**, only where values are read into buffers of their own and then
 //!   packed ([`Reading::Copied`]: coalesced spans of small records, Arrow's variable-length
 //!   values): at most `2wS` (a read brings in at most twice what it needs, see
-//!   `dataset::rows::coalesce`); none where values are read straight into the send buffer
+//!   `dataset::positional::coalesce`); none where values are read straight into the send buffer
 //!   or the batches ([`Reading::Direct`]);
 //! * **send and receive buffers**: `2wS` while a window is exchanged; with a producer
 //!   thread, also the next window's send buffer, packed during that exchange: `3wS`;
@@ -165,7 +165,7 @@ impl WindowBudget {
     }
 }
 
-/// Entries of the home index ([`crate::plan::HomeIndex`]) for a home range of `home`
+/// Entries of the home index ([`super::index::HomeIndex`]) for a home range of `home`
 /// samples: the whole range where it fits a quarter of the peak (then planning an epoch
 /// evaluates the permutation once per home sample), else that quarter (an epoch then takes
 /// a few passes). At least 4096 entries (64 KiB).

@@ -11,7 +11,7 @@
 
 use std::ops::Range;
 
-use super::Permutation;
+use super::permutation::Permutation;
 
 /// Bytes of one index entry, for sizing the cap.
 pub const ENTRY_BYTES: u64 = 16;

@@ -9,8 +9,8 @@
 
 use std::ops::Range;
 
+use super::mesh::Mesh;
 use super::sharding::FieldSharding;
-use super::Mesh;
 use crate::dataset::{Field, FieldKind};
 use crate::error::{Error, Result};
 use crate::types::Rank;
@@ -616,7 +616,7 @@ mod tests {
         use crate::plan::sharding::resolve;
         use std::collections::BTreeMap;
         let fields = vec![Field::tensor("x", DType::F32, vec![8])];
-        let place = |m: &crate::plan::Mesh, batch: &str| {
+        let place = |m: &crate::plan::mesh::Mesh, batch: &str| {
             let spec = [("x".to_string(), batch.parse().unwrap())].into();
             let s = resolve(m, &fields, 8, &spec, &BTreeMap::new()).unwrap();
             Placement::from_mesh(8, m, &fields, &s).unwrap()

@@ -9,7 +9,7 @@
 
 use std::collections::BTreeMap;
 
-use super::Mesh;
+use super::mesh::Mesh;
 use crate::config::ShardSpec;
 pub use crate::config::Stage;
 use crate::dataset::{Field, FieldKind};

@@ -9,7 +9,10 @@
 
 use std::ops::Range;
 
-use super::{HomeIndex, HomeRanges, Permutation, Placement};
+use super::home::HomeRanges;
+use super::index::HomeIndex;
+use super::permutation::Permutation;
+use super::placement::Placement;
 use crate::types::{Rank, SampleId};
 
 /// The id of a window row a rank neither sends nor receives: it never learns it.

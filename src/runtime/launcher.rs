@@ -154,9 +154,24 @@ pub(crate) fn launcher_sizes_from(var: impl Fn(&str) -> Option<String>) -> Vec<(
     sizes
 }
 
+/// Refuses to run when the launcher started a different number of processes than the MPI
+/// world has `world` ranks — `launched` is what the launcher's environment says (variable,
+/// count: [`launcher_sizes`]). A binary built against one MPI and started by another MPI's
+/// `mpirun`, or srun with the wrong PMI plugin, runs as N separate worlds of one rank each,
+/// which would silently repeat the whole job N times; so does `--transport mpi` under
+/// torchrun or `meshfeed launch` (`WORLD_SIZE`).
+pub fn check_launcher(world: usize, launched: &[(&str, usize)]) -> Result<()> {
+    for &(var, n) in launched {
+        if n != world {
+            return Err(Error::Transport(launcher_mismatch(var, n, world)));
+        }
+    }
+    Ok(())
+}
+
 /// Why MPI's world of `world` rank(s) is refused when launcher variable `var` says `n`
-/// processes were started: the message [`crate::transport::MpiTransport::check_launcher`]
-/// fails with, naming both sizes, the variable and the fix.
+/// processes were started: the message [`check_launcher`] fails with, naming both sizes,
+/// the variable and the fix.
 pub fn launcher_mismatch(var: &str, n: usize, world: usize) -> String {
     if var == "WORLD_SIZE" {
         return format!(

@@ -14,6 +14,9 @@
 
 use std::path::{Path, PathBuf};
 
+use crate::error::Result;
+use crate::transport::Transport;
+
 /// What bounds this process's memory.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MemoryLimits {
@@ -71,6 +74,32 @@ impl MemoryLimits {
         };
         MemoryLimits { cgroup, available }
     }
+}
+
+/// Of the memory a host's ranks may still use when the loader starts, this share (at least
+/// [`MIN_MARGIN`]) is left to the rest of the program: the training framework, the model,
+/// the allocator's slack. The loader's data takes at most the remainder, less its own
+/// pipeline's bound.
+pub const MARGIN_FRACTION: f64 = 0.25;
+/// See [`MARGIN_FRACTION`].
+pub const MIN_MARGIN: u64 = 256 << 20;
+
+/// Every rank's memory headroom (`limits`: this rank's), by rank; ranks of one cgroup
+/// report the same. Collective.
+pub fn all_headrooms(comm: &dyn Transport, limits: &MemoryLimits) -> Result<Vec<u64>> {
+    Ok(comm
+        .all_gather(&limits.headroom().to_le_bytes())?
+        .iter()
+        .map(|b| b.get(..8).map_or(0, |b| u64::from_le_bytes(b.try_into().expect("8 bytes"))))
+        .collect())
+}
+
+/// The data budget of a host from the headroom of its ranks (the least any reports: ranks
+/// of a host normally share one cgroup), for `ranks` ranks each holding up to `pipeline`
+/// bytes besides their data (the window pipeline's bound and one streaming read).
+pub fn auto_budget(headroom: u64, ranks: usize, pipeline: u64) -> u64 {
+    let margin = ((headroom as f64 * MARGIN_FRACTION) as u64).max(MIN_MARGIN);
+    headroom.saturating_sub(margin).saturating_sub(pipeline.saturating_mul(ranks as u64))
 }
 
 /// `MemAvailable` of `/proc/meminfo`, in bytes.

@@ -18,6 +18,7 @@
 //! The environment is read here, in the `from_env` constructors, and nowhere below: the
 //! transports take configuration values.
 
+mod abandon;
 mod launcher;
 pub mod memory;
 pub(crate) mod shared_memory;
@@ -26,6 +27,7 @@ mod signals;
 use crate::config::TransportKind;
 use crate::error::{Error, Result};
 use crate::transport::Transport;
+pub use abandon::{abandoned, mark_abandoned};
 pub use launcher::{choose_transport, launched_by_mpi, launcher_mismatch, launcher_sizes, Choice};
 pub use signals::{signal_name, StopCheck, StopHandlers, StopSignal};
 
@@ -51,11 +53,11 @@ impl Drop for Runtime {
     /// Leaves the job: frees the world communicator and finalises MPI if meshfeed
     /// initialised it — except in a forked child (the membership is the parent's) and
     /// after a loader gave up a wait and left its producer inside a collective
-    /// ([`crate::loader::abandoned`]): finalising under it could hang, so the process
+    /// ([`abandoned`]): finalising under it could hang, so the process
     /// leaves as it is and the launcher ends the job.
     fn drop(&mut self) {
         let world = self.world.take();
-        if std::process::id() != self.pid || crate::loader::abandoned() {
+        if std::process::id() != self.pid || abandoned() {
             std::mem::forget(world);
             #[cfg(feature = "mpi")]
             std::mem::forget(self.mpi.take());
@@ -93,7 +95,7 @@ impl Runtime {
         if let Some(cap) = max_round_bytes {
             world = world.with_max_round_bytes(cap);
         }
-        world.check_launcher(&launcher_sizes())?;
+        launcher::check_launcher(world.size(), &launcher_sizes())?;
         Ok(Runtime {
             world: Some(Box::new(world)),
             mpi: Some(session),

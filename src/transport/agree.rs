@@ -11,7 +11,7 @@
 
 use std::collections::BTreeMap;
 
-use super::{ReduceOp, Transport};
+use super::api::{ReduceOp, Transport};
 use crate::error::{Error, ErrorKind, Result, ResultExt};
 
 /// Failure agreement: every rank calls this with the outcome of a local phase. If any rank

@@ -3,7 +3,7 @@
 //! with the same name are grouped. `MESHFEED_HOST` serves containers on one machine whose
 //! host names differ (Kubernetes pods on one node) and tests that pose as several hosts.
 
-use super::Transport;
+use super::api::Transport;
 use crate::error::Result;
 
 /// Environment variable naming this process's host; overrides the kernel's host name.

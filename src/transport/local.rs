@@ -1,6 +1,6 @@
 //! A transport for a single process: every collective is the identity.
 
-use super::{ReduceOp, Transport};
+use super::api::{ReduceOp, Transport};
 use crate::error::Result;
 use crate::types::Rank;
 

@@ -11,8 +11,8 @@ use ::mpi::datatype::{Partition, PartitionMut};
 use ::mpi::topology::SimpleCommunicator;
 use ::mpi::traits::*;
 
+use super::api::{ReduceOp, Transport};
 use super::counts::{check_send_table, CountTable, Rounds};
-use super::{ReduceOp, Transport};
 use crate::error::{Error, Result};
 use crate::types::Rank;
 
@@ -41,22 +41,6 @@ impl MpiTransport {
     pub fn with_max_round_bytes(mut self, bytes: usize) -> MpiTransport {
         self.max_round_bytes = bytes.clamp(1, i32::MAX as usize);
         self
-    }
-
-    /// Refuses to run when the launcher started a different number of processes than this
-    /// MPI world has — `launched` is what the launcher's environment says (variable, count;
-    /// read at the edge, see `runtime`). A binary built against one MPI and started by
-    /// another MPI's `mpirun`, or srun with the wrong PMI plugin, runs as N separate worlds
-    /// of one rank each, which would silently repeat the whole job N times; so does
-    /// `--transport mpi` under torchrun or `meshfeed launch` (`WORLD_SIZE`, issue 42).
-    pub fn check_launcher(&self, launched: &[(&str, usize)]) -> Result<()> {
-        let size = self.size();
-        for &(var, n) in launched {
-            if n != size {
-                return Err(Error::Transport(crate::runtime::launcher_mismatch(var, n, size)));
-            }
-        }
-        Ok(())
     }
 
     /// One `MPI_Alltoallv` (or, with `during`, one `MPI_Ialltoallv` that runs `during`

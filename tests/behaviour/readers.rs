@@ -241,7 +241,7 @@ for name, n in (("small", 100_000), ("long", 10_000_000)):
         let tokens_bytes = if format == "megatron" { 20_000_000 } else { 40_000_000 };
         // 4882 samples of 2049 tokens: the tokens once, one in 2048 again, and the gaps
         // between a window's samples that reads coalesce through (at most as many bytes as
-        // the samples, dataset::rows::group_ranges; 15% here).
+        // the samples, dataset::positional::group_ranges; 15% here).
         assert!(read <= tokens_bytes * 3 / 2, "{format}: an epoch read {read} bytes of {tokens_bytes}");
         assert!(read >= tokens_bytes * 9 / 10, "{format}: an epoch read only {read} bytes of {tokens_bytes}");
         let bound = base + window * 3 / 2 + (2 << 20);

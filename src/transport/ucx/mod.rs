@@ -48,8 +48,8 @@ use std::ops::Range;
 use std::time::{Duration, Instant};
 
 use super::counts::check_send_table;
-use super::{ReduceOp, Transport};
 use crate::error::{Error, ErrorKind, Result};
+use crate::transport::api::{ReduceOp, Transport};
 use crate::types::Rank;
 use raw::{Request, Worker};
 
