@@ -36,7 +36,7 @@ PATH="$PWD/.venv/bin:$PATH" .venv/bin/pip install -q --disable-pip-version-check
 # already. The deployment emulations are stage 2, below. (The Python extension's library
 # has no Rust tests, `test = false`, which naming `--lib` would override.)
 stage "stage 1: unit, doc and behaviour tests"
-cargo test --release --workspace --exclude meshfeed-python --no-fail-fast --lib --bins --test behaviour \
+cargo test --release --workspace --exclude meshfeed-python --no-fail-fast --lib --bins --test behaviour --test floors \
     -- --test-threads=2
 cargo test --release --workspace --no-fail-fast --doc -- --test-threads=2
 # The Python package tested from Python under real mpirun and the UCX launcher against
