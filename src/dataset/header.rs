@@ -84,7 +84,7 @@ pub struct FileInfo {
     pub value_bytes: Vec<u64>,
     /// Whether every fixed-size value lies whole, uncompressed and in the host's byte order
     /// at a fixed offset of the file, so that it can be read in place
-    /// ([`FileReader::value_range`]): `.npy`, raw records and Arrow IPC always (their
+    /// ([`super::FileReader::value_range`]): `.npy`, raw records and Arrow IPC always (their
     /// readers refuse anything else), HDF5 where every dataset is contiguous, unfiltered
     /// and little-endian.
     #[serde(default)]
