@@ -9,7 +9,7 @@ use meshfeed::{Error, Result};
 
 use meshfeed::config::read_small_file;
 
-use crate::report::ErrorStyle;
+use crate::output::ErrorStyle;
 
 /// What to load and how: shared by `run` and `bench`. The flags are the job description's
 /// keys ([`JobFile`], declared once in the library), each overriding the `--config` file's.

@@ -379,7 +379,7 @@ fn supervise(mut children: Vec<(usize, Child)>, stops: &Stops, grace: Duration, 
                 forwarded = Some((last, Instant::now(), count));
             }
             Some((_, _, seen)) if count > seen => {
-                crate::report::line_err(&format!(
+                crate::output::line_err(&format!(
                     "meshfeed launch: {} again: killing the remaining rank(s) {:?}",
                     describe_signal(last),
                     children.iter().map(|(r, _)| *r).collect::<Vec<_>>()
@@ -403,7 +403,7 @@ fn supervise(mut children: Vec<(usize, Child)>, stops: &Stops, grace: Duration, 
                         // a handler dies of the signal it was passed, which needs no word.
                         Some((signal, ..)) => {
                             if status.signal().is_some_and(|s| s != signal) {
-                                crate::report::line_err(&format!("meshfeed launch: rank {rank} {words}"));
+                                crate::output::line_err(&format!("meshfeed launch: rank {rank} {words}"));
                             }
                             if exit == 0 {
                                 exit = code;
@@ -419,7 +419,7 @@ fn supervise(mut children: Vec<(usize, Child)>, stops: &Stops, grace: Duration, 
             Err(_) => false,
         });
         if let Some((rank, code, words)) = failed {
-            crate::report::line_err(&format!("meshfeed launch: rank {rank} {words}; stopping the other ranks"));
+            crate::output::line_err(&format!("meshfeed launch: rank {rank} {words}; stopping the other ranks"));
             terminate(&mut children, grace);
             return code.max(1);
         }
@@ -429,7 +429,7 @@ fn supervise(mut children: Vec<(usize, Child)>, stops: &Stops, grace: Duration, 
             if joined.poll() >= world {
                 left_early = None;
             } else if !children.is_empty() && at.elapsed() > EARLY_EXIT_SETTLE {
-                crate::report::line_err(&format!(
+                crate::output::line_err(&format!(
                     "meshfeed launch: rank {rank} {words} before every rank joined the rendezvous ({} of {world} \
                      did): the others would wait for it; stopping rank(s) {:?}",
                     joined.poll(),
@@ -441,7 +441,7 @@ fn supervise(mut children: Vec<(usize, Child)>, stops: &Stops, grace: Duration, 
         }
         if let Some((signal, at, _)) = forwarded {
             if !children.is_empty() && at.elapsed() > grace {
-                crate::report::line_err(&format!(
+                crate::output::line_err(&format!(
                     "meshfeed launch: rank(s) {:?} did not exit within {} s of {}; killing them (SIGKILL)",
                     children.iter().map(|(r, _)| *r).collect::<Vec<_>>(),
                     grace.as_secs_f64(),

@@ -10,11 +10,10 @@
 /// the output ends, not the program (nor, under MPI, the job).
 macro_rules! out {
     ($($arg:tt)*) => {
-        $crate::report::line(&format!($($arg)*))
+        $crate::output::line(&format!($($arg)*))
     };
 }
 
-mod analysis;
 mod bench;
 mod gen;
 #[cfg(test)]
@@ -22,6 +21,7 @@ mod help_checks;
 mod inspect;
 mod job;
 mod launch;
+mod output;
 mod progress;
 mod report;
 mod run;
@@ -58,7 +58,7 @@ enum Command {
     /// Summarise runs' telemetry (`run --telemetry DIR`): per run and epoch, time per
     /// phase, skew between ranks, the slowest ranks and hosts and why, and what the epoch
     /// would have taken had every rank been as fast as the median.
-    Report(analysis::ReportArgs),
+    Report(report::ReportArgs),
     /// Hold a dataset in memory, read once, and serve its rows to any number of jobs: a
     /// job gives the rendezvous file (or meshfeed://HOST:PORT/NAME) as its data path.
     Serve(serve::ServeArgs),
@@ -91,12 +91,12 @@ fn command_line(args: Vec<OsString>, relaunch: Option<&[OsString]>) -> i32 {
         }
     };
     match cli.command {
-        Command::Gen(a) => report::exit_code(None, gen::run(a).map(|()| 0)),
-        Command::Inspect(a) => report::exit_code(None, inspect::run(a).map(|()| 0)),
+        Command::Gen(a) => output::exit_code(None, gen::run(a).map(|()| 0)),
+        Command::Inspect(a) => output::exit_code(None, inspect::run(a).map(|()| 0)),
         Command::Run(a) => run::main(a),
         Command::Bench(a) => bench::main(a),
-        Command::Launch(a) => report::exit_code(None, launch::run(a, relaunch)),
-        Command::Report(a) => report::exit_code(None, analysis::run(a).map(|()| 0)),
+        Command::Launch(a) => output::exit_code(None, launch::run(a, relaunch)),
+        Command::Report(a) => output::exit_code(None, report::run(a).map(|()| 0)),
         Command::Serve(a) => serve::main(a),
     }
 }

@@ -1,284 +1,323 @@
-//! What the command line prints: errors (once per job), per-epoch summaries (text or JSON
-//! lines) and verification reports; progress is [`crate::progress`]'s.
+//! `meshfeed report`: its arguments, and the tables it prints. What it reports — each run
+//! and epoch's phases, skew, stragglers and what-if estimate, the scaling table, the cost
+//! model's fit and predictions, the plots — is computed by
+//! [`meshfeed_analysis::report`].
 
-use std::collections::BTreeMap;
+use std::path::PathBuf;
 
-use meshfeed::loader::{MetricsSummary, Phase};
-use meshfeed::verify::Report;
-use meshfeed::Error;
+use clap::builder::RangedU64ValueParser;
+use meshfeed::config::ByteSize;
+use meshfeed::error::ErrorKind;
+use meshfeed::{Result, ResultExt};
+use meshfeed_analysis::report::{self, Model, PredictOptions};
+use serde::Serialize;
 
-/// The exit code of a command's result, printing its error (see [`ErrorStyle::print`]).
-pub fn exit_code(rank: Option<usize>, result: meshfeed::Result<i32>) -> i32 {
-    ErrorStyle::default().exit_code(rank, result)
-}
-
-/// How a ranked command reports a failure: `-v` (every rank says why it stopped) and
-/// `--json` (every rank also writes a JSON object on stdout, where its JSON lines go).
-#[derive(Clone, Copy, Debug, Default)]
-pub struct ErrorStyle {
-    pub verbose: bool,
+#[derive(clap::Args, Debug)]
+pub struct ReportArgs {
+    /// Telemetry directories (`run --telemetry DIR`), or directories of them (a sweep's
+    /// results), each a run.
+    #[arg(required = true, value_name = "DIR")]
+    pub dirs: Vec<PathBuf>,
+    /// Print one JSON line per run and epoch instead of the table.
+    #[arg(long)]
     pub json: bool,
+    /// Draw plots into this directory, each as PNG and SVG: throughput vs nodes per
+    /// loader, time per phase per run, and each rank's own work per run (skew).
+    #[arg(long, value_name = "DIR")]
+    pub plots: Option<PathBuf>,
+    #[command(flatten)]
+    pub predict: PredictArgs,
 }
 
-impl ErrorStyle {
-    /// The exit code of a command's result, printing its error.
-    pub fn exit_code(self, rank: Option<usize>, result: meshfeed::Result<i32>) -> i32 {
-        match result {
-            Ok(code) => code,
-            Err(e) => {
-                self.print(rank, &e);
-                1
-            }
-        }
-    }
-
-    /// Prints an error on stderr, on one line with its source chain: `meshfeed: error on
-    /// rank R: <cause>`, R being the rank where it happened.
-    ///
-    /// A failure all ranks agreed on ([`Error::Remote`]) is printed once, by rank 0: at 4
-    /// ranks the cause is the first line and the only one (issue 42). The other ranks
-    /// print one short line saying why they stop only with `-v` (per-rank logs, as
-    /// Kubernetes keeps them, then explain every exit). An error that was not agreed (a
-    /// rank that found a peer lost, a launch environment it refused) is printed by the
-    /// rank that has it.
-    pub fn print(self, rank: Option<usize>, e: &Error) {
-        let (origin, message) = describe(rank, e);
-        if self.json {
-            let kind = format!("{:?}", e.kind()).to_lowercase();
-            let v = serde_json::json!({
-                "kind": "error", "error": kind, "rank": rank, "failed_rank": origin, "message": message,
-            });
-            line(&v.to_string());
-        }
-        match (rank, e) {
-            (Some(r), Error::Remote { rank: origin, .. }) if r != 0 => {
-                if self.verbose {
-                    write_line(&format!(
-                        "meshfeed: rank {r} stopped: rank {origin} failed (the error is printed by rank 0)\n"
-                    ));
-                }
-            }
-            _ => write_line(&match origin {
-                Some(r) => format!("meshfeed: error on rank {r}: {message}\n"),
-                None => format!("meshfeed: error: {message}\n"),
-            }),
-        }
-    }
+/// The cost model's prediction (`--predict`) and what to predict for: by default the
+/// largest measured meshfeed run's dataset, batch, window, ranks per node and read
+/// strategy.
+///
+/// Every count, size and rate is at least 1, checked when the command line is parsed
+/// (clap names the option and the value): a zero node count, batch or bandwidth is no
+/// scenario, and the model would otherwise quietly predict something else.
+#[derive(clap::Args, Debug, Default)]
+pub struct PredictArgs {
+    /// Fit the cost model to the meshfeed runs' window records and predict epoch time,
+    /// throughput and scaling efficiency at these node counts (comma-separated, each 1 to
+    /// 2^20) [default when given alone: 1,2,4,...,4096].
+    #[arg(long, num_args = 0..=1, value_delimiter = ',', value_name = "NODES",
+          default_missing_value = "1,2,4,8,16,32,64,128,256,512,1024,2048,4096",
+          value_parser = count(MAX_NODES))]
+    pub predict: Option<Vec<usize>>,
+    /// Ranks per node (1 to 2^16).
+    #[arg(long, requires = "predict", value_parser = count(MAX_RANKS_PER_NODE))]
+    pub ranks_per_node: Option<usize>,
+    /// Samples in the dataset.
+    #[arg(long, requires = "predict", value_parser = clap::value_parser!(u64).range(1..))]
+    pub samples: Option<u64>,
+    /// Bytes per sample (K/M/G).
+    #[arg(long, requires = "predict", value_name = "BYTES", value_parser = positive_bytes)]
+    pub sample_bytes: Option<ByteSize>,
+    /// Global batch size.
+    #[arg(long, requires = "predict", value_parser = clap::value_parser!(u64).range(1..))]
+    pub batch_size: Option<u64>,
+    /// Window budget per rank (K/M/G).
+    #[arg(long, requires = "predict", value_name = "BYTES", value_parser = positive_bytes)]
+    pub window_bytes: Option<ByteSize>,
+    /// Ranks that receive each sample (1: data parallel; the size of the mesh axes the
+    /// batch is replicated over, e.g. tp).
+    #[arg(long, requires = "predict", default_value_t = 1, value_parser = count(u64::MAX))]
+    pub replicas: usize,
+    /// The storage's aggregate read bandwidth, bytes/s (K/M/G) [default: fitted, or
+    /// unlimited when the runs never saturated it].
+    #[arg(long, requires = "predict", value_name = "BYTES", value_parser = positive_bytes)]
+    pub storage_bandwidth: Option<ByteSize>,
+    /// One node's read bandwidth from the storage, bytes/s (K/M/G) [default: fitted].
+    #[arg(long, requires = "predict", value_name = "BYTES", value_parser = positive_bytes)]
+    pub node_read_bandwidth: Option<ByteSize>,
+    /// One node's network link for the exchange, bytes/s (K/M/G) [default: fitted, or
+    /// the `--exchange-costs` default when no run crossed nodes].
+    #[arg(long, requires = "predict", value_name = "BYTES", value_parser = positive_bytes)]
+    pub link_bandwidth: Option<ByteSize>,
 }
 
-/// The rank an error happened on (`None`: not known) and its message with its source
-/// chain. An agreed failure's own text names its origin (`rank 0: ...`, as the library's
-/// callers see it): here the origin is the line's rank and the message follows once.
-fn describe(rank: Option<usize>, e: &Error) -> (Option<usize>, String) {
-    if let Error::Remote { rank: origin, message, .. } = e {
-        return (Some(*origin), message.clone());
-    }
-    let mut msg = e.to_string();
-    let mut source = std::error::Error::source(e);
-    while let Some(s) = source {
-        let text = s.to_string();
-        if !msg.contains(&text) {
-            msg.push_str(&format!(": {text}"));
-        }
-        source = s.source();
-    }
-    (rank, msg)
-}
-
-/// One write call: ranks share the launcher's stderr pipe, and `eprintln!` would write a
-/// line in pieces that interleave with other ranks' lines. A closed stderr is ignored.
-fn write_line(line: &str) {
-    let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
-}
-
-/// A line on stdout (see `out!`). Write errors — a reader that went away — are ignored:
-/// the output is informational, and a job must not fail because nobody reads it.
-pub fn line(text: &str) {
-    let mut out = std::io::stdout().lock();
-    let _ = std::io::Write::write_all(&mut out, text.as_bytes())
-        .and_then(|()| std::io::Write::write_all(&mut out, b"\n"))
-        .and_then(|()| std::io::Write::flush(&mut out));
-}
-
-/// A line on stderr, in one write; errors ignored.
-pub fn line_err(text: &str) {
-    write_line(&format!("{text}\n"));
-}
-
-/// Per-epoch summary, reduced over ranks.
-#[derive(Debug, serde::Serialize)]
-pub struct EpochSummary {
-    pub epoch: u64,
-    pub ranks: usize,
-    pub steps: u64,
-    pub samples: u64,
-    pub seconds: f64,
-    pub samples_per_s: f64,
-    pub gb_per_s: f64,
-    /// Max over ranks of the time in each phase.
-    pub phase_s: BTreeMap<&'static str, f64>,
-    /// Max over ranks of the time the consumer waited for data, and of the time spent in
-    /// the simulated training step (`--compute-ms`).
-    pub wait_s: f64,
-    pub compute_s: f64,
-    /// Bytes read from the dataset's files, and from spill files.
-    pub bytes_read: u64,
-    pub bytes_read_spill: u64,
-    pub bytes_exchanged: u64,
-    pub bytes_delivered: u64,
-    /// Bytes the loader copied (read, packed, assembled; summed over ranks) and that over
-    /// the bytes delivered: the copies each delivered byte took.
-    pub bytes_copied: u64,
-    pub copies_per_byte: f64,
-    /// The most permutation evaluations any rank made planning the epoch's windows.
-    pub plan_evaluations: u64,
-    pub windows: u64,
-    /// Peak resident set size of the largest rank so far (getrusage).
-    pub max_rss_bytes: u64,
-    /// How the ranks read their home ranges (`resident`, `passes`, `random`), the passes
-    /// per epoch, whether the rest is spilled, and why the strategy was chosen.
-    pub read_strategy: &'static str,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub passes: Option<u64>,
-    pub spill: bool,
-    pub read_reason: String,
-    /// Rows kept in memory, all ranks together; the memory budget of the host that
-    /// decided; the storage's speed the choice was made with (bytes/s, reads/s; absent
-    /// where it was not needed); the cost model's time for this epoch.
-    pub resident_rows: u64,
-    pub memory_budget: u64,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub storage_bandwidth: Option<f64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub storage_iops: Option<f64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub predicted_s: Option<f64>,
-    /// The time rank 0 took to open the dataset and build the loader (the first epoch's
-    /// summary only): a loader that keeps its data starts streaming it then.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub open_s: Option<f64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub verified: Option<bool>,
-}
-
-/// What one rank measured over an epoch, besides the loader's metrics.
-pub struct EpochTimes {
-    pub epoch: u64,
-    pub samples: u64,
-    pub steps: u64,
-    pub seconds: f64,
-    pub compute_s: f64,
-    pub delivered: u64,
-}
-
-impl EpochSummary {
-    /// The summary of an epoch (collective).
-    pub fn reduce(
-        world: &dyn meshfeed::transport::Transport,
-        t: &EpochTimes,
-        m: &MetricsSummary,
-        io: &meshfeed::plan::IoPlan,
-    ) -> meshfeed::Result<EpochSummary> {
-        use meshfeed::transport::ReduceOp;
-        let mut maxes = [(t.seconds * 1e9) as u64, (t.compute_s * 1e9) as u64, meshfeed::runtime::peak_rss_bytes()];
-        world.all_reduce_u64(&mut maxes, ReduceOp::Max)?;
-        let mut delivered = [t.delivered];
-        world.all_reduce_u64(&mut delivered, ReduceOp::Sum)?;
-        let seconds = maxes[0] as f64 / 1e9;
-        Ok(EpochSummary {
-            epoch: t.epoch,
-            ranks: world.size(),
-            steps: t.steps,
-            samples: t.samples,
-            seconds,
-            samples_per_s: t.samples as f64 / seconds.max(1e-9),
-            gb_per_s: delivered[0] as f64 / 1e9 / seconds.max(1e-9),
-            phase_s: Phase::ALL.iter().map(|&p| (p.name(), m.time(p).as_secs_f64())).collect(),
-            wait_s: m.wait_max.as_secs_f64(),
-            compute_s: maxes[1] as f64 / 1e9,
-            bytes_read: m.bytes_read,
-            bytes_read_spill: m.bytes_read_spill,
-            bytes_exchanged: m.bytes_sent,
-            bytes_delivered: delivered[0],
-            bytes_copied: m.bytes_copied,
-            copies_per_byte: m.bytes_copied as f64 / delivered[0].max(1) as f64,
-            plan_evaluations: m.max_evaluations,
-            windows: m.windows,
-            max_rss_bytes: maxes[2],
-            read_strategy: io.strategy.name(),
-            passes: match io.strategy {
-                meshfeed::plan::Strategy::Passes { passes } => Some(passes),
-                _ => None,
-            },
-            spill: io.spill,
-            read_reason: io.reason.clone(),
-            resident_rows: io.resident.iter().sum(),
-            memory_budget: io.budget,
-            storage_bandwidth: io.storage.map(|s| s.bandwidth),
-            storage_iops: io.storage.map(|s| s.iops),
-            predicted_s: io.prediction.map(|p| if t.epoch == 0 { p.first_epoch_s } else { p.later_epoch_s }),
-            open_s: None,
-            verified: None,
+impl PredictArgs {
+    /// What to predict, where `--predict` is given.
+    fn options(&self) -> Option<PredictOptions> {
+        let bytes = |b: Option<ByteSize>| b.map(|b| b.0);
+        Some(PredictOptions {
+            nodes: self.predict.clone()?,
+            ranks_per_node: self.ranks_per_node,
+            samples: self.samples,
+            sample_bytes: bytes(self.sample_bytes),
+            batch_size: self.batch_size,
+            window_bytes: bytes(self.window_bytes),
+            replicas: self.replicas,
+            storage_bandwidth: bytes(self.storage_bandwidth),
+            node_read_bandwidth: bytes(self.node_read_bandwidth),
+            link_bandwidth: bytes(self.link_bandwidth),
         })
     }
+}
 
-    /// The summary as one line of text.
-    pub fn print(&self) {
-        let phases: Vec<String> =
-            Phase::ALL.iter().map(|p| format!("{} {:.3}s", p.name(), self.phase_s[p.name()])).collect();
-        let compute = if self.compute_s > 0.0 {
-            format!(" | compute {:.3}s, waited for data {:.3}s", self.compute_s, self.wait_s)
-        } else {
-            String::new()
-        };
-        out!(
-            "epoch {}: {} samples in {:.3} s — {:.0} samples/s, {:.3} GB/s | {} (max over {} ranks){compute} | {} windows, {:.1} MB read, {:.1} MB exchanged, peak RSS {:.0} MB",
-            self.epoch,
-            self.samples,
-            self.seconds,
-            self.samples_per_s,
-            self.gb_per_s,
-            phases.join(", "),
-            self.ranks,
-            self.windows,
-            self.bytes_read as f64 / 1e6,
-            self.bytes_exchanged as f64 / 1e6,
-            self.max_rss_bytes as f64 / 1e6
-        );
-    }
+/// The most nodes `--predict` takes, and ranks per node: their product (the world size
+/// the model computes with) stays exact in a `usize` and an `f64`.
+const MAX_NODES: u64 = 1 << 20;
+const MAX_RANKS_PER_NODE: u64 = 1 << 16;
 
-    /// The summary as one JSON line.
-    pub fn print_json(&self) {
-        out!("{}", serde_json::to_string(self).expect("a summary serialises"));
+/// The parser of a count from 1 to `max` (clap's message names the option and the value).
+fn count(max: u64) -> RangedU64ValueParser<usize> {
+    RangedU64ValueParser::new().range(1..=max)
+}
+
+/// The parser of a size or rate of at least 1 byte (K/M/G).
+fn positive_bytes(s: &str) -> std::result::Result<ByteSize, String> {
+    match s.parse::<ByteSize>() {
+        Ok(ByteSize(0)) => Err("0 bytes: a size or a rate is at least 1 byte".into()),
+        Ok(b) => Ok(b),
+        Err(e) => Err(e.to_string()),
     }
 }
 
-/// The verification report of one epoch.
-pub fn print_verify_report(epoch: u64, samples: u64, dataset: u64, r: &Report, contents: bool, first: Option<&str>) {
-    if r.ok() {
-        let what = if contents {
-            format!("contents match the generator ({} values checked)", r.values_checked)
-        } else {
-            "contents not checked (no meshfeed-gen manifest)".to_string()
-        };
-        let mut copies = if r.delivered > samples {
-            format!(" to each of its ranks ({} deliveries)", r.delivered)
-        } else {
-            String::new()
-        };
-        if samples > dataset {
-            copies.push_str(&format!(", the last batch padded with the epoch's first {} samples", samples - dataset));
-        }
-        out!("verify: epoch {epoch}: {samples} samples delivered exactly once{copies}, in permutation order; {what}");
-    } else {
-        out!(
-            "verify: epoch {epoch}: FAILED — {} missing, {} duplicated, {} unexpected, {} out of order, {} wrong contents; first: {}",
-            r.missing,
-            r.duplicated,
-            r.unexpected,
-            r.out_of_order,
-            r.wrong_contents,
-            first.unwrap_or("-")
-        );
+/// The model's part of the report, for people.
+fn print_model(m: &Model) {
+    let c = &m.calibration;
+    let rate = |b: Option<f64>, none: &str| b.map_or(none.to_string(), |b| format!("{:.1} MB/s", b / 1e6));
+    crate::output::line("");
+    crate::output::line(&format!(
+        "cost model, fitted to {} run(s), {} window records: read {:.2} ms + bytes at {} a node (storage: {}), \
+         kept rows {:.3} ns a byte, \
+         own work {:.2} µs a row, spread {:.0}%; consumer {:.2} µs a row + {:.2} ns a byte; exchange {:.2} ms a window + {} a peer, {} on a host, {} a node's link",
+        c.runs,
+        c.windows,
+        c.read_latency_s * 1e3,
+        rate(Some(c.node_read_bytes_per_s), "?"),
+        rate(c.storage_bytes_per_s, "not saturated"),
+        c.kept_read_s_per_byte * 1e9,
+        c.cpu_s_per_row * 1e6,
+        c.cv * 100.0,
+        c.consume_s_per_row * 1e6,
+        c.consume_s_per_byte * 1e9,
+        c.overhead_s * 1e3,
+        c.latency_s.map_or("? (one world size measured; default used)".into(), |l| format!("{:.1} µs", l * 1e6)),
+        rate(c.intra_bytes_per_s, "not measured"),
+        rate(c.inter_bytes_per_s, "not measured (no run crossed nodes)"),
+    ));
+    crate::output::line(&format!("    calibrated for --exchange auto: --exchange-costs {}", c.exchange_costs()));
+    crate::output::line(&format!(
+        "{:<40} {:>5} {:>5} {:>11} {:>11} {:>6}",
+        "model vs measured (last epoch)", "nodes", "ranks", "measured_s", "predicted_s", "ratio"
+    ));
+    for v in &m.validation {
+        crate::output::line(&format!(
+            "{:<40} {:>5} {:>5} {:>11.3} {:>11.3} {:>6.2}",
+            v.run, v.nodes, v.ranks, v.measured_s, v.predicted_s, v.ratio
+        ));
     }
+    let s = &m.scenario;
+    crate::output::line(&format!(
+        "prediction: {} samples of {:.0} B, batch {}, window {} B, {} rank(s) per node, each sample to {} rank(s); \
+         reads {:.2}× the data in the first epoch, {:.2}× in later ones",
+        s.samples,
+        s.sample_bytes,
+        s.batch_size,
+        s.window_bytes,
+        s.ranks_per_node,
+        s.replicas,
+        s.reads.first,
+        s.reads.later
+    ));
+    crate::output::line(&format!(
+        "{:>6} {:>7} {:>8} {:>10} {:>10} {:>12} {:>10} {:>9} {:>9} {:>11} {:>6} {:>10}",
+        "nodes",
+        "ranks",
+        "windows",
+        "first_s",
+        "epoch_s",
+        "samples/s",
+        "efficiency",
+        "read_s",
+        "cpu_s",
+        "exchange_s",
+        "skew",
+        "consume_s"
+    ));
+    for p in &m.predictions {
+        crate::output::line(&format!(
+            "{:>6} {:>7} {:>8} {:>10.3} {:>10.3} {:>12.0} {:>10.2} {:>9.4} {:>9.4} {:>11.4} {:>5.0}% {:>10.4}{}",
+            p.nodes,
+            p.ranks,
+            p.windows,
+            p.first_epoch_s,
+            p.epoch_s,
+            p.samples_per_s,
+            p.efficiency,
+            p.read_s,
+            p.cpu_s,
+            p.exchange_s,
+            p.skew_share * 100.0,
+            p.consume_s,
+            if p.consumer_bound { " consumer-bound" } else { "" }
+        ));
+    }
+    crate::output::line(
+        "    (first_s: the first epoch; epoch_s and the rest: a later one. Per window: read_s, cpu_s: the slowest \
+         rank's; skew: the share of a window spent waiting for it; consume_s: the consumer's)",
+    );
+}
+
+/// `meshfeed report`.
+pub fn run(args: ReportArgs) -> Result<()> {
+    let predict = args.predict.options();
+    let r = report::report(&args.dirs, predict.as_ref())?;
+    if let Some(dir) = &args.plots {
+        let written = report::plots(dir, &r)?;
+        crate::output::line_err(&format!("report: {} plot file(s) in {}", written.len(), dir.display()));
+    }
+    if args.json {
+        for e in &r.epochs {
+            crate::output::line(&json(e)?);
+        }
+        for row in &r.scaling {
+            crate::output::line(&json(row)?);
+        }
+        if let Some(m) = &r.model {
+            crate::output::line(&json(&m.calibration)?);
+            for v in &m.validation {
+                crate::output::line(&json(v)?);
+            }
+            for p in &m.predictions {
+                crate::output::line(&json(p)?);
+            }
+        }
+        return Ok(());
+    }
+    crate::output::line(&format!(
+        "{:<40} {:>5} {:>5} {:>9} {:>9} {:>6}  {}",
+        "run",
+        "epoch",
+        "ranks",
+        "epoch_s",
+        "what-if_s",
+        "skew",
+        "phase s, median/max: plan read pack exchange assemble"
+    ));
+    for e in &r.epochs {
+        let phases: Vec<String> =
+            e.phase_median_s.iter().zip(&e.phase_max_s).map(|((_, m), (_, x))| format!("{m:.3}/{x:.3}")).collect();
+        crate::output::line(&format!(
+            "{:<40} {:>5} {:>5} {:>9.3} {:>9.3} {:>5.2}x  {}",
+            e.run,
+            e.epoch,
+            e.ranks,
+            e.seconds,
+            e.what_if_s,
+            e.skew,
+            phases.join(" ")
+        ));
+        for s in e.stragglers.iter().take(3) {
+            crate::output::line(&format!(
+                "    straggler: rank {} on {}: own work {:.3} s, {} {:.3} s (median {:.3} s)",
+                s.rank, s.host, s.own_s, s.phase, s.phase_s, s.phase_median_s
+            ));
+        }
+        if let Some(st) = &e.steps {
+            let v = &st.saving;
+            crate::output::line(&format!(
+                "    step by step ({} steps): replayed {:.3} s, {:.3} s had rank {} on {} worked as the median rank; \
+                 saved in its data loading {:.3} s, exchange {:.3} s, training step {:.3} s",
+                st.steps,
+                st.replayed_s,
+                st.what_if_s,
+                st.slowest_rank,
+                st.slowest_host,
+                v.data_loading_s,
+                v.exchange_s,
+                v.training_step_s
+            ));
+            let slow: Vec<String> = st
+                .slowest_steps
+                .iter()
+                .map(|s| {
+                    format!("{} ({:.3} s, median {:.3} s: rank {}, {})", s.step, s.seconds, s.median_s, s.rank, s.cause)
+                })
+                .collect();
+            crate::output::line(&format!("    slowest steps: {}", slow.join("; ")));
+        }
+        if !e.slow_hosts.is_empty() {
+            crate::output::line(&format!("    slowest host(s): {}", e.slow_hosts.join(", ")));
+        }
+        if e.verified == Some(false) {
+            crate::output::line("    NOT VERIFIED: a sample was missing, repeated, out of order or wrong");
+        }
+    }
+    crate::output::line("");
+    crate::output::line(&format!(
+        "{:<10} {:>5} {:>5} {:>12} {:>10}  {}",
+        "loader",
+        "nodes",
+        "ranks",
+        "samples/s",
+        "efficiency",
+        "run (last epoch; efficiency: per node, against the fewest nodes)"
+    ));
+    for row in &r.scaling {
+        crate::output::line(&format!(
+            "{:<10} {:>5} {:>5} {:>12.0} {:>10.2}  {}",
+            row.loader, row.hosts, row.ranks, row.samples_per_s, row.efficiency, row.run
+        ));
+        if let Some(s) = &row.storage {
+            crate::output::line(&format!(
+                "    read from the shared storage: {:.1} MB, {:.2}× the data over {} epoch(s)",
+                s.bytes as f64 / 1e6,
+                s.times_data,
+                s.epochs
+            ));
+        }
+    }
+    if let Some(m) = &r.model {
+        print_model(m);
+    }
+    Ok(())
+}
+
+/// One JSON line.
+fn json<T: Serialize>(v: &T) -> Result<String> {
+    serde_json::to_string(v).context(ErrorKind::Internal, "a record of the report does not serialise")
 }

@@ -20,8 +20,8 @@ use meshfeed::verify::Verifier;
 use meshfeed::{Error, Result};
 
 use crate::job::{with_runtime, JobArgs};
+use crate::output::{self, print_verify_report, EpochSummary, EpochTimes, ErrorStyle};
 use crate::progress::{epoch_bar, heartbeat_text, Screen};
-use crate::report::{self, print_verify_report, EpochSummary, EpochTimes, ErrorStyle};
 
 #[derive(clap::Args, Debug)]
 #[command(after_long_help = "Exit codes: 0 done, 1 failed (every rank), 2 bad command line, 75 stopped by \
@@ -291,8 +291,8 @@ fn run(args: &RunArgs, job: Result<Job>, rt: &Runtime, stop: &StopSignal) -> Res
     if every > 0.0 && screen.is_none() {
         let every = Duration::from_secs_f64(every);
         match args.json {
-            true => loader.heartbeat(every, report::line),
-            false => loader.heartbeat(every, |beat| report::line(&heartbeat_text(beat))),
+            true => loader.heartbeat(every, output::line),
+            false => loader.heartbeat(every, |beat| output::line(&heartbeat_text(beat))),
         }
     }
     if rank == 0 && !args.json {
@@ -358,7 +358,7 @@ fn run(args: &RunArgs, job: Result<Job>, rt: &Runtime, stop: &StopSignal) -> Res
             // comes before the write, so that it is said even if the write fails.
             let state = loader.state();
             if rank == 0 {
-                report::line_err(&format!(
+                output::line_err(&format!(
                     "meshfeed: stopped by {why} at epoch {} step {} (earlier steps were delivered); resume with --resume-from {}:{}",
                     state.epoch, state.step, state.epoch, state.step
                 ));
@@ -424,7 +424,7 @@ fn run(args: &RunArgs, job: Result<Job>, rt: &Runtime, stop: &StopSignal) -> Res
     save_state(world, rank, args.state.as_deref(), &loader.state_at(Position::new(job.epochs, 0)))?;
     if rank == 0 && !args.json {
         let verified = if verifier.is_some() && all_ok { ", verified" } else { "" };
-        report::line(&format!("meshfeed: done: {} epoch(s) on {} ranks{verified}", job.epochs, world.size()));
+        output::line(&format!("meshfeed: done: {} epoch(s) on {} ranks{verified}", job.epochs, world.size()));
     }
     Ok(0)
 }

@@ -89,7 +89,7 @@ pub struct ServeArgs {
 /// It serves until SIGTERM or SIGINT, then each rank says what it read and served, and
 /// exits 0.
 pub fn main(args: ServeArgs) -> i32 {
-    let style = crate::report::ErrorStyle { verbose: args.verbose, json: args.json };
+    let style = crate::output::ErrorStyle { verbose: args.verbose, json: args.json };
     crate::job::with_runtime(args.transport, None, style, |rt| serve(&args, rt))
 }
 

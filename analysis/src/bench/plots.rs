@@ -12,7 +12,7 @@ use plotters::prelude::*;
 use meshfeed::{Error, Result};
 
 use super::record::Record;
-use super::report::{meshfeed_of, Grid, Point};
+use super::suite::{meshfeed_of, Grid, Point};
 
 /// Loaders drawn in the per-loader plots, in legend order.
 const LOADERS: [&str; 9] = [

@@ -15,7 +15,7 @@
 //!
 //! Rank 0 prints a table of ratios, or with `--json` one JSON object per mode
 //! ([`record::Record`]); `--out FILE` appends the same lines to a file, which
-//! `meshfeed bench report` ([`report`]; [`meshfeed_analysis::bench`]) turns into the tables
+//! `meshfeed bench report` ([`suite`]; [`meshfeed_analysis::bench`]) turns into the tables
 //! and plots of the benchmark suite (`bench/run.sh`). Machines are shared and noisy:
 //! compare ratios.
 
@@ -23,7 +23,7 @@ mod limits;
 mod loader;
 mod modes;
 mod random_access;
-mod report;
+mod suite;
 mod table;
 
 pub(crate) use meshfeed_analysis::bench::record;
@@ -87,7 +87,7 @@ pub struct BenchArgs {
 pub enum BenchCommand {
     /// Turn JSON lines written by `meshfeed bench --out` (and bench/torch_loader.py) into
     /// the table of ratios and PNG/SVG plots.
-    Report(report::ReportArgs),
+    Report(suite::ReportArgs),
 }
 
 /// `--compute-ms`: a fixed step, or one as long as loading a step.
@@ -114,7 +114,7 @@ impl FromStr for ComputeMs {
 
 pub fn main(args: BenchArgs) -> i32 {
     if let Some(BenchCommand::Report(r)) = args.command {
-        return crate::report::exit_code(None, report::run(r).map(|()| 0));
+        return crate::output::exit_code(None, suite::run(r).map(|()| 0));
     }
     // Ranges stay equal unless asked otherwise: every mode and limit then measures the
     // same epoch, which the exchange and memcpy limits replay (balancing is measured by
@@ -126,7 +126,7 @@ pub fn main(args: BenchArgs) -> i32 {
             "bench writes its own report: --telemetry and --heartbeat are for `meshfeed run` and training jobs".into(),
         )),
     });
-    let style = crate::report::ErrorStyle { verbose: args.verbose, json: args.json };
+    let style = crate::output::ErrorStyle { verbose: args.verbose, json: args.json };
     with_runtime(TransportKind::Mpi, None, style, |rt| bench(&args, job, rt).map(|()| 0))
 }
 
@@ -207,7 +207,7 @@ fn bench(args: &BenchArgs, job: Result<Job>, rt: &Runtime) -> Result<()> {
             row.set_peak_rss(transport)?;
             row.machine = machine.clone();
             if rt.rank() == 0 && !args.json {
-                crate::report::line_err(&format!(
+                crate::output::line_err(&format!(
                     "bench: {} {} done in {:.1} s",
                     transport_name,
                     mode.name(),

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use meshfeed::{Error, Result};
-use meshfeed_analysis::bench::{plots, report};
+use meshfeed_analysis::bench::{plots, suite};
 
 #[derive(clap::Args, Debug)]
 pub struct ReportArgs {
@@ -20,9 +20,9 @@ pub struct ReportArgs {
 }
 
 pub fn run(args: ReportArgs) -> Result<()> {
-    let (grid, machine) = report::read_grid(&args.inputs)?;
+    let (grid, machine) = suite::read_grid(&args.inputs)?;
     std::fs::create_dir_all(&args.out).map_err(|e| Error::io(&args.out, e))?;
-    let table = report::markdown(&grid, machine.as_ref());
+    let table = suite::markdown(&grid, machine.as_ref());
     let path = args.out.join("report.md");
     std::fs::write(&path, &table).map_err(|e| Error::io(&path, e))?;
     out!("{table}");
