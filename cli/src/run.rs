@@ -218,12 +218,51 @@ fn compute(ms: f64) -> Duration {
     start.elapsed()
 }
 
+/// Runs the job: the agreed job opens a loader (resumed where asked), whose epochs are
+/// consumed, checked and summarised one after another. Collective: every rank returns the
+/// same result.
 fn run(args: &RunArgs, job: Result<Job>, rt: &Runtime, stop: &StopSignal) -> Result<i32> {
     let world = rt.world();
-    let rank = rt.rank();
-    // `auto` as it resolved (what the settings check and the telemetry record).
+    let job = agreed_job(args, job, rt)?;
+    // Opening counts toward the first epoch: a loader that keeps its data starts streaming it here.
+    let opening = Instant::now();
+    let mut loader = open_loader(args, &job, world)?;
+    let mut open_s = Some(opening.elapsed().as_secs_f64());
+    let mut checks = Checks::open(args, &job, &loader, world)?;
+    let screen = announce(args, &job, &mut loader, world)?;
+    // Stop requests are agreed about every 50 ms of steps (every step when steps are
+    // longer), so that all ranks stop after the same step.
+    let mut stop_check = StopCheck::new(Duration::from_millis(50));
+    let mut all_ok = true;
+    for e in loader.position().epoch.0..job.epochs {
+        let epoch = consume_epoch(args, &mut loader, &mut checks, screen, &mut stop_check, stop, world, e)?;
+        // A stop agreed after the very last step changes nothing: the run is complete.
+        let stopped = epoch.stopped.clone().filter(|_| loader.position() < Position::new(job.epochs, 0));
+        if let Some(why) = &stopped {
+            save_stopped_state(args, &loader, world, why)?;
+        }
+        all_ok &= summarise_epoch(args, &job, &mut loader, &mut checks, world, epoch, open_s.take())?;
+        if stopped.is_some() {
+            // Stopped at a step boundary (rank 0 reported where to resume): flush, exit 75.
+            checks.finish(world)?;
+            return Ok(EXIT_STOPPED);
+        }
+    }
+    checks.finish(world)?;
+    save_state(world, rt.rank(), args.state.as_deref(), &loader.state_at(Position::new(job.epochs, 0)))?;
+    if rt.rank() == 0 && !args.json {
+        let verified = if checks.verifier.is_some() && all_ok { ", verified" } else { "" };
+        output::line(&format!("meshfeed: done: {} epoch(s) on {} ranks{verified}", job.epochs, world.size()));
+    }
+    Ok(0)
+}
+
+/// The job every rank runs, `auto` transport as it resolved (what the settings check and
+/// the telemetry record): every difference between ranks, and every option no rank can
+/// run, is an agreed error before anything starts.
+fn agreed_job(args: &RunArgs, job: Result<Job>, rt: &Runtime) -> Result<Job> {
+    let world = rt.world();
     let job = Job { transport: rt.transport_kind(), ..agree(world, job)? };
-    // Every rank must run the same job: all differences are named before anything starts.
     let mut settings = job.settings();
     settings.extend(job.loader.settings());
     settings.extend([("verify".into(), args.verify.to_string()), ("dump".into(), args.dump.is_some().to_string())]);
@@ -239,15 +278,15 @@ fn run(args: &RunArgs, job: Result<Job>, rt: &Runtime, stop: &StopSignal) -> Res
     }
     // What rank 0 writes at the end must be writable from the start.
     if let Some(path) = &args.state {
-        agree(world, if rank == 0 { check_state_path(path) } else { Ok(()) })?;
+        agree(world, if rt.rank() == 0 { check_state_path(path) } else { Ok(()) })?;
     }
-    // Opening counts toward the first epoch: a loader that keeps its data starts streaming it here.
-    let opening = Instant::now();
+    Ok(job)
+}
+
+/// The job's loader, at the position `--resume-from` gives (agreed by every rank).
+fn open_loader(args: &RunArgs, job: &Job, world: &dyn Transport) -> Result<Loader> {
     let dataset = open_dataset(world, &job.data, job.dataset.clone())?;
     let mut loader = Loader::new(world, dataset, job.loader.clone())?;
-    let mut open_s = Some(opening.elapsed().as_secs_f64());
-    let n = loader.dataset().len();
-    let steps = loader.steps_per_epoch();
     if let Some(from) = &args.resume_from {
         let resumed = resume_state(&loader, from).and_then(|state| {
             check_resume_point(Position::new(state.epoch, state.step), job.epochs)?;
@@ -257,35 +296,57 @@ fn run(args: &RunArgs, job: Result<Job>, rt: &Runtime, stop: &StopSignal) -> Res
         let at = loader.position();
         agree_settings(world, &[("resume point".into(), format!("{}:{}", at.epoch, at.step))])?;
     }
-    let start_at = loader.position();
-    if rank == 0 && !args.json && start_at != Position::default() {
-        out!("meshfeed: resuming at epoch {} step {}", start_at.epoch, start_at.step);
+    Ok(loader)
+}
+
+/// What checks and keeps the delivered batches: `--verify`'s verifier, `--dump`'s writer.
+struct Checks {
+    verifier: Option<Verifier>,
+    dump: Option<DumpWriter>,
+}
+
+impl Checks {
+    fn open(args: &RunArgs, job: &Job, loader: &Loader, world: &dyn Transport) -> Result<Checks> {
+        let verifier = match args.verify {
+            true => Some(agree(
+                world,
+                // Through a feeder, the manifest (where the files are `meshfeed gen`'s) came with
+                // its welcome: contents are checked wherever a job on the files would check them.
+                match loader.dataset().row_source() {
+                    Some(rows) => Ok(rows.manifest().cloned()),
+                    None => gen::find_manifest(&job.data),
+                }
+                .and_then(|m| {
+                    let order = (job.loader.seed, job.loader.shared_order);
+                    let steps = loader.steps_per_epoch();
+                    Verifier::new(loader.dataset(), loader.placement(), loader.tail_placement(), steps, order, m)
+                }),
+            )?),
+            false => None,
+        };
+        let dump = match &args.dump {
+            Some(dir) => Some(agree(world, DumpWriter::create(dir, world.rank().0))?),
+            None => None,
+        };
+        Ok(Checks { verifier, dump })
     }
 
-    let mut verifier = match args.verify {
-        true => Some(agree(
-            world,
-            // Through a feeder, the manifest (where the files are `meshfeed gen`'s) came with
-            // its welcome: contents are checked wherever a job on the files would check them.
-            match loader.dataset().row_source() {
-                Some(rows) => Ok(rows.manifest().cloned()),
-                None => gen::find_manifest(&job.data),
-            }
-            .and_then(|m| {
-                let order = (job.loader.seed, job.loader.shared_order);
-                Verifier::new(loader.dataset(), loader.placement(), loader.tail_placement(), steps, order, m)
-            }),
-        )?),
-        false => None,
-    };
-    let mut dump = match &args.dump {
-        Some(dir) => Some(agree(world, DumpWriter::create(dir, rank))?),
-        None => None,
-    };
-    loader.record_telemetry(world, &job)?;
-    // Rank 0 draws a progress bar where a person is looking; elsewhere (a batch job, a
-    // pipe) it prints a progress line on stdout, every 30 s unless the job says otherwise:
-    // text for a log, JSON with --json.
+    /// Flushes the dump (collective: a failure on one rank fails every rank).
+    fn finish(&mut self, world: &dyn Transport) -> Result<()> {
+        match self.dump.take() {
+            Some(d) => agree(world, d.finish()),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Starts the job's telemetry and progress and says what runs: rank 0 draws a progress
+/// bar where a person is looking (the screen returned); elsewhere (a batch job, a pipe)
+/// it prints a progress line on stdout, every 30 s unless the job says otherwise: text for
+/// a log, JSON with --json.
+fn announce(args: &RunArgs, job: &Job, loader: &mut Loader, world: &dyn Transport) -> Result<Option<Screen>> {
+    let rank = world.rank().0;
+    loader.record_telemetry(world, job)?;
     let screen = if rank == 0 && !args.json { Screen::find() } else { None };
     let every = job.heartbeat.unwrap_or(30.0);
     if every > 0.0 && screen.is_none() {
@@ -296,137 +357,164 @@ fn run(args: &RunArgs, job: Result<Job>, rt: &Runtime, stop: &StopSignal) -> Res
         }
     }
     if rank == 0 && !args.json {
+        let start_at = Loader::position(loader);
+        if start_at != Position::default() {
+            out!("meshfeed: resuming at epoch {} step {}", start_at.epoch, start_at.step);
+        }
         out!(
             "meshfeed: {} samples, {} field(s), {} ranks, mesh {}, {} exchange; batch {} → {} steps/epoch ({} dropped), {} steps per window, prefetch {}",
-            n,
+            loader.dataset().len(),
             loader.dataset().fields().len(),
             world.size(),
             loader.mesh(),
             loader.exchange_mode(),
             job.loader.batch_size,
-            steps,
+            loader.steps_per_epoch(),
             loader.dropped_per_epoch(),
             loader.steps_per_window(),
             job.loader.prefetch,
         );
-        out!("meshfeed: reads: {}", describe_reads(&loader));
+        out!("meshfeed: reads: {}", describe_reads(loader));
     }
+    Ok(screen)
+}
 
-    // Stop requests are agreed about every 50 ms of steps (every step when steps are
-    // longer), so that all ranks stop after the same step.
-    let mut stop_check = StopCheck::new(Duration::from_millis(50));
-    let mut all_ok = true;
-    for e in start_at.epoch.0..job.epochs {
-        let first = loader.position().step.0;
-        let bar = epoch_bar(screen, steps, e);
-        bar.set_position(first);
-        if let Some(v) = verifier.as_mut() {
-            v.begin_epoch(n, meshfeed::types::Epoch(e));
+/// One epoch as this rank consumed it.
+struct EpochRun {
+    epoch: u64,
+    /// The steps consumed: from the epoch's (or the resume point's) first to before `end`.
+    first: u64,
+    start: Instant,
+    delivered: u64,
+    computing: Duration,
+    /// The signal the ranks agreed to stop on, if they stopped within the epoch.
+    stopped: Option<String>,
+}
+
+/// Consumes epoch `e`'s batches (verified, dumped, a simulated training step each) until it
+/// ends or the ranks agree to stop.
+#[allow(clippy::too_many_arguments)]
+fn consume_epoch(
+    args: &RunArgs,
+    loader: &mut Loader,
+    checks: &mut Checks,
+    screen: Option<Screen>,
+    stop_check: &mut StopCheck,
+    stop: &StopSignal,
+    world: &dyn Transport,
+    e: u64,
+) -> Result<EpochRun> {
+    let first = Loader::position(loader).step.0;
+    let bar = epoch_bar(screen, loader.steps_per_epoch(), e);
+    bar.set_position(first);
+    if let Some(v) = checks.verifier.as_mut() {
+        v.begin_epoch(loader.dataset().len(), meshfeed::types::Epoch(e));
+    }
+    let mut run =
+        EpochRun { epoch: e, first, start: Instant::now(), delivered: 0, computing: Duration::ZERO, stopped: None };
+    // A local failure while consuming (e.g. the dump disk is full) must not stop this
+    // rank from taking part in the remaining windows: remember it, agree at the end.
+    let mut local: Result<()> = Ok(());
+    while let Some(batch) = loader.next_batch()? {
+        run.delivered += batch.fields().iter().map(|f| f.bytes().len() as u64).sum::<u64>();
+        if let Some(v) = checks.verifier.as_mut() {
+            v.check(&batch, loader.dataset());
         }
-        let start = Instant::now();
-        let (mut delivered, mut computing) = (0u64, Duration::ZERO);
-        // A local failure while consuming (e.g. the dump disk is full) must not stop this
-        // rank from taking part in the remaining windows: remember it, agree at the end.
-        let mut local: Result<()> = Ok(());
-        let mut stopped = None;
-        while let Some(batch) = loader.next_batch()? {
-            delivered += batch.fields().iter().map(|f| f.bytes().len() as u64).sum::<u64>();
-            if let Some(v) = verifier.as_mut() {
-                v.check(&batch, loader.dataset());
-            }
-            if let (Some(d), Ok(())) = (dump.as_mut(), &local) {
-                local = d.write(&batch);
-            }
-            bar.inc(1);
-            drop(batch);
-            computing += compute(args.compute_ms);
-            if let Some(signal) = stop_check.after_step(world, stop)? {
-                stopped = Some(signal_name(signal));
-                break;
-            }
+        if let (Some(d), Ok(())) = (checks.dump.as_mut(), &local) {
+            local = d.write(&batch);
         }
-        // Cleared before anything else is printed: on a terminal, a line printed while the
-        // bar stands would be drawn over, or the bar in the middle of it.
-        bar.finish_and_clear();
-        agree(world, local)?;
-        // A stop agreed after the very last step changes nothing: the run is complete.
-        let stopped = stopped.filter(|_| loader.position() < Position::new(job.epochs, 0));
-        if let Some(why) = &stopped {
-            // The resume line and the state come first, before the summary, verification
-            // and dump flushing: a launcher may not wait long (OpenMPI's mpirun, told to
-            // stop, SIGKILLs the ranks one second after it sent them SIGTERM). The line
-            // comes before the write, so that it is said even if the write fails.
-            let state = loader.state();
-            if rank == 0 {
-                output::line_err(&format!(
-                    "meshfeed: stopped by {why} at epoch {} step {} (earlier steps were delivered); resume with --resume-from {}:{}",
-                    state.epoch, state.step, state.epoch, state.step
-                ));
-            }
-            save_state(world, rank, args.state.as_deref(), &state)?;
+        bar.inc(1);
+        drop(batch);
+        run.computing += compute(args.compute_ms);
+        if let Some(signal) = stop_check.after_step(world, stop)? {
+            run.stopped = Some(signal_name(signal));
+            break;
         }
-        let end = match loader.position() {
-            p if p.epoch.0 == e => p.step.0,
-            _ => steps,
-        };
-        let times = EpochTimes {
-            epoch: e,
-            samples: loader.rows_in_steps(first..end),
-            steps: end - first,
-            seconds: start.elapsed().as_secs_f64(),
-            compute_s: computing.as_secs_f64(),
-            delivered,
-        };
-        let mine = loader.take_metrics();
-        let metrics = mine.reduce(world)?;
-        let mut summary = EpochSummary::reduce(world, &times, &metrics, loader.read_plan())?;
-        summary.open_s = open_s.take();
-        if let Some(v) = verifier.as_mut() {
-            let b = job.loader.batch_size as u64;
-            let (report, first_problem) = v.finish_epoch(world, loader.home_ranges(), first * b..end * b)?;
-            summary.verified = Some(report.ok());
-            loader.set_epoch_verified(report.ok());
-            all_ok &= report.ok();
-            if rank == 0 && !args.json {
-                print_verify_report(e, summary.samples, n, &report, v.checks_contents(), first_problem.as_deref());
-            }
-            if !report.ok() {
-                if rank == 0 && args.json {
-                    summary.print_json();
-                }
-                // Every rank holds the collective report: the failure is agreed, so that it
-                // is printed once, not by every rank.
-                let problem = first_problem.unwrap_or_else(|| "see report".into());
-                agree(world, Err::<(), _>(Error::Verify(format!("epoch {e}: {problem}"))))?;
-            }
+    }
+    // Cleared before anything else is printed: on a terminal, a line printed while the
+    // bar stands would be drawn over, or the bar in the middle of it.
+    bar.finish_and_clear();
+    agree(world, local)?;
+    Ok(run)
+}
+
+/// Says where a stopped job resumes and writes its state. This comes first, before the
+/// summary, verification and dump flushing: a launcher may not wait long (OpenMPI's
+/// mpirun, told to stop, SIGKILLs the ranks one second after it sent them SIGTERM). The
+/// line comes before the write, so that it is said even if the write fails.
+fn save_stopped_state(args: &RunArgs, loader: &Loader, world: &dyn Transport, why: &str) -> Result<()> {
+    let state = loader.state();
+    let rank = world.rank().0;
+    if rank == 0 {
+        output::line_err(&format!(
+            "meshfeed: stopped by {why} at epoch {} step {} (earlier steps were delivered); resume with --resume-from {}:{}",
+            state.epoch, state.step, state.epoch, state.step
+        ));
+    }
+    save_state(world, rank, args.state.as_deref(), &state)
+}
+
+/// The epoch's summary over every rank, its verification (a failed one fails the job,
+/// agreed) and its telemetry on disk; rank 0 prints the summary. Returns whether the
+/// epoch verified (true when not verifying). Collective.
+fn summarise_epoch(
+    args: &RunArgs,
+    job: &Job,
+    loader: &mut Loader,
+    checks: &mut Checks,
+    world: &dyn Transport,
+    run: EpochRun,
+    open_s: Option<f64>,
+) -> Result<bool> {
+    let rank = world.rank().0;
+    let (e, first) = (run.epoch, run.first);
+    let end = match Loader::position(loader) {
+        p if p.epoch.0 == e => p.step.0,
+        _ => loader.steps_per_epoch(),
+    };
+    let times = EpochTimes {
+        epoch: e,
+        samples: loader.rows_in_steps(first..end),
+        steps: end - first,
+        seconds: run.start.elapsed().as_secs_f64(),
+        compute_s: run.computing.as_secs_f64(),
+        delivered: run.delivered,
+    };
+    let metrics = loader.take_metrics().reduce(world)?;
+    let mut summary = EpochSummary::reduce(world, &times, &metrics, loader.read_plan())?;
+    summary.open_s = open_s;
+    let mut ok = true;
+    if let Some(v) = checks.verifier.as_mut() {
+        let b = job.loader.batch_size as u64;
+        let n = loader.dataset().len();
+        let (report, first_problem) = v.finish_epoch(world, loader.home_ranges(), first * b..end * b)?;
+        summary.verified = Some(report.ok());
+        loader.set_epoch_verified(report.ok());
+        ok = report.ok();
+        if rank == 0 && !args.json {
+            print_verify_report(e, summary.samples, n, &report, v.checks_contents(), first_problem.as_deref());
         }
-        // The epoch's telemetry is on disk (an error writing it fails the run here).
-        loader.flush_telemetry();
-        agree(world, loader.take_telemetry_error().map_or(Ok(()), Err))?;
-        if rank == 0 {
-            if args.json {
+        if !report.ok() {
+            if rank == 0 && args.json {
                 summary.print_json();
-            } else {
-                summary.print();
             }
-        }
-        if stopped.is_some() {
-            // Stopped at a step boundary (rank 0 reported where to resume): flush, exit 75.
-            if let Some(d) = dump.take() {
-                agree(world, d.finish())?;
-            }
-            return Ok(EXIT_STOPPED);
+            // Every rank holds the collective report: the failure is agreed, so that it
+            // is printed once, not by every rank.
+            let problem = first_problem.unwrap_or_else(|| "see report".into());
+            agree(world, Err::<(), _>(Error::Verify(format!("epoch {e}: {problem}"))))?;
         }
     }
-    if let Some(d) = dump.take() {
-        agree(world, d.finish())?;
+    // The epoch's telemetry is on disk (an error writing it fails the run here).
+    loader.flush_telemetry();
+    agree(world, loader.take_telemetry_error().map_or(Ok(()), Err))?;
+    if rank == 0 {
+        if args.json {
+            summary.print_json();
+        } else {
+            summary.print();
+        }
     }
-    save_state(world, rank, args.state.as_deref(), &loader.state_at(Position::new(job.epochs, 0)))?;
-    if rank == 0 && !args.json {
-        let verified = if verifier.is_some() && all_ok { ", verified" } else { "" };
-        output::line(&format!("meshfeed: done: {} epoch(s) on {} ranks{verified}", job.epochs, world.size()));
-    }
-    Ok(0)
+    Ok(ok)
 }
 
 /// The read strategy in a line: `passes (5 per epoch): <why>`.
