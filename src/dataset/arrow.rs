@@ -26,7 +26,6 @@
 //! refused, and, as in Arrow C++, a null count of zero means every value is valid.
 
 use std::fs::File;
-use std::io::IoSliceMut;
 use std::ops::Range;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
@@ -37,9 +36,7 @@ use arrow_ipc::{Block, MetadataVersion};
 use arrow_schema::{DataType, Schema};
 
 use super::nulls::{Chosen, ColumnChoice, NullPolicy, Source};
-use super::positional::{
-    advise_dontneed, advise_willneed, group_ranges, read_error, read_grouped, read_vectored_exact_at, RECORD_GAP_BYTES,
-};
+use super::positional::{group_ranges, push_grouped, read_error, read_grouped, Positional, RECORD_GAP_BYTES};
 use super::rows::RowChunk;
 use super::schema::{DType, Field, FieldKind};
 use crate::error::{Error, Result, ResultExt};
@@ -1131,11 +1128,9 @@ impl super::reader::FileReader for ArrowReader {
             }
             i = j;
         }
-        for (b, offset, len) in read_grouped(&mut chunk, &ranges, |g, _| {
+        push_grouped(&mut chunk, &ranges, |g, _| {
             read_exact(&self.file, &self.path, g.start, g.end - g.start, "list values")
-        })? {
-            chunk.push_value(b, offset, len);
-        }
+        })?;
         Ok((chunk, lengths))
     }
 
@@ -1155,25 +1150,8 @@ impl super::reader::FileReader for ArrowReader {
         }
     }
 
-    fn read_at(&mut self, offset: u64, out: &mut [u8]) -> Result<()> {
-        self.read_vectored_at(offset, &mut [IoSliceMut::new(out)])
-    }
-
-    fn read_vectored_at(&mut self, offset: u64, bufs: &mut [IoSliceMut<'_>]) -> Result<()> {
-        let len = bufs.iter().map(|b| b.len()).sum();
-        read_vectored_exact_at(&self.file, offset, bufs).map_err(|e| read_error(&self.path, e, offset, len))
-    }
-
-    fn advise(&self, range: Range<u64>) {
-        advise_willneed(&self.file, range)
-    }
-
-    fn drop_cache(&self, range: Range<u64>) {
-        advise_dontneed(&self.file, range)
-    }
-
-    fn positional(&self) -> Option<&File> {
-        Some(&self.file)
+    fn positional(&self) -> Option<Positional<'_>> {
+        Some(Positional { file: &self.file, path: &self.path })
     }
 
     /// Reads the values of `rows` (sorted) in as few reads as [`group_ranges`] allows

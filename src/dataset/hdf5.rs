@@ -10,7 +10,6 @@
 //! Readers only open files read-only; set `HDF5_USE_FILE_LOCKING=FALSE` when a writer may
 //! hold a file (readers otherwise fail with "unable to lock file, errno = 11").
 
-use std::io::IoSliceMut;
 use std::ops::Range;
 use std::path::Path;
 
@@ -18,7 +17,7 @@ use arrow_buffer::Buffer;
 use hdf5::types::{FloatSize, IntSize, TypeDescriptor};
 use hdf5::{Hyperslab, SliceOrIndex};
 
-use super::positional::{advise_dontneed, advise_willneed, coalesce, read_error, read_vectored_exact_at};
+use super::positional::{coalesce, Positional};
 use super::rows::RowChunk;
 use super::schema::{DType, Field};
 use crate::config::DatasetOptions;
@@ -265,35 +264,9 @@ impl super::reader::FileReader for Hdf5Reader {
         (row < self.samples).then(|| offset + row * n..offset + (row + 1) * n)
     }
 
-    fn read_at(&mut self, offset: u64, out: &mut [u8]) -> Result<()> {
-        self.read_vectored_at(offset, &mut [IoSliceMut::new(out)])
-    }
-
-    fn read_vectored_at(&mut self, offset: u64, bufs: &mut [IoSliceMut<'_>]) -> Result<()> {
-        let len = bufs.iter().map(|b| b.len()).sum();
-        let Some((file, _)) = &self.in_place else {
-            return Err(Error::Internal(format!(
-                "{}: HDF5 datasets that are not contiguous are read by rows",
-                self.path.display()
-            )));
-        };
-        read_vectored_exact_at(file, offset, bufs).map_err(|e| read_error(&self.path, e, offset, len))
-    }
-
-    fn advise(&self, range: Range<u64>) {
-        if let Some((file, _)) = &self.in_place {
-            advise_willneed(file, range)
-        }
-    }
-
-    fn drop_cache(&self, range: Range<u64>) {
-        if let Some((file, _)) = &self.in_place {
-            advise_dontneed(file, range)
-        }
-    }
-
-    fn positional(&self) -> Option<&std::fs::File> {
-        self.in_place.as_ref().map(|(file, _)| file)
+    /// Only where the datasets lie in place: the others are read through the library.
+    fn positional(&self) -> Option<Positional<'_>> {
+        self.in_place.as_ref().map(|(file, _)| Positional { file, path: &self.path })
     }
 
     fn read_rows(&mut self, rows: &[u64]) -> Result<RowChunk> {
@@ -323,11 +296,9 @@ impl super::reader::FileReader for Hdf5Reader {
                 let buf = match &self.in_place {
                     Some((file, layout)) => {
                         let (offset, n) = layout[d];
-                        let mut buf = vec![0u8; ((span.end - span.start) * n) as usize];
                         let at = offset + span.start * n;
-                        read_vectored_exact_at(file, at, &mut [IoSliceMut::new(&mut buf)])
-                            .map_err(|e| read_error(&self.path, e, at, buf.len()))?;
-                        Buffer::from_vec(buf)
+                        let file = Positional { file, path: &self.path };
+                        Buffer::from_vec(file.read_span(at..at + (span.end - span.start) * n)?)
                     }
                     None => read_span(ds, *dtype, *ndim, span.clone())
                         .file_context(&self.path, format_args!("reading rows {}..{}", span.start, span.end))?,
@@ -438,7 +409,7 @@ mod tests {
                 // And so are single values read at their offsets.
                 let range = reader.value_range(id, fi).unwrap();
                 let mut got = vec![0u8; (range.end - range.start) as usize];
-                reader.read_at(range.start, &mut got).unwrap();
+                reader.positional().unwrap().read_at(range.start, &mut got).unwrap();
                 assert_eq!(got, want, "row {id} field {fi} in place");
             }
         }
@@ -448,7 +419,7 @@ mod tests {
         let range = reader.value_range(19, 1).unwrap();
         std::fs::OpenOptions::new().write(true).open(&path).unwrap().set_len(range.start + 2).unwrap();
         let mut got = [0u8; 8];
-        let err = reader.read_at(range.start, &mut got).unwrap_err().to_string();
+        let err = reader.positional().unwrap().read_at(range.start, &mut got).unwrap_err().to_string();
         assert!(err.contains("a.h5") && err.contains("truncated"), "{err} (file of {len} bytes)");
     }
 

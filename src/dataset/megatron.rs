@@ -13,11 +13,10 @@
 
 use std::fs::File;
 use std::ops::Range;
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::positional::{advise_dontneed, advise_willneed, read_error, read_grouped, read_span};
+use super::positional::{push_grouped, read_span, Positional};
 use super::rows::RowChunk;
 use super::schema::{DType, Field, FieldKind};
 use crate::error::{Error, Result};
@@ -168,9 +167,7 @@ impl super::reader::FileReader for MegatronReader {
         let mut chunk = RowChunk::new(1);
         // Rows are sorted and sequences lie in order in the .bin: ranges are in file order
         // (where not, they are read apart).
-        for (b, offset, len) in read_grouped(&mut chunk, &ranges, |g, _| read_span(&self.bin, &self.path, g))? {
-            chunk.push_value(b, offset, len);
-        }
+        push_grouped(&mut chunk, &ranges, |g, _| read_span(&self.bin, &self.path, g))?;
         Ok(chunk)
     }
 
@@ -195,9 +192,7 @@ impl super::reader::FileReader for MegatronReader {
             lengths.push(len);
         }
         let mut chunk = RowChunk::new(1);
-        for (b, offset, len) in read_grouped(&mut chunk, &ranges, |g, _| read_span(&self.bin, &self.path, g))? {
-            chunk.push_value(b, offset, len);
-        }
+        push_grouped(&mut chunk, &ranges, |g, _| read_span(&self.bin, &self.path, g))?;
         Ok((chunk, lengths))
     }
 
@@ -211,21 +206,8 @@ impl super::reader::FileReader for MegatronReader {
         Some(at..at + n * self.index.dtype.size() as u64)
     }
 
-    fn read_at(&mut self, offset: u64, out: &mut [u8]) -> Result<()> {
-        let len = out.len();
-        self.bin.read_exact_at(out, offset).map_err(|e| read_error(&self.path, e, offset, len))
-    }
-
-    fn advise(&self, range: Range<u64>) {
-        advise_willneed(&self.bin, range)
-    }
-
-    fn drop_cache(&self, range: Range<u64>) {
-        advise_dontneed(&self.bin, range)
-    }
-
-    fn positional(&self) -> Option<&File> {
-        Some(&self.bin)
+    fn positional(&self) -> Option<Positional<'_>> {
+        Some(Positional { file: &self.bin, path: &self.path })
     }
 }
 

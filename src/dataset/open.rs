@@ -8,7 +8,7 @@ use std::sync::Arc;
 use super::hdf5;
 use super::header::{FileInfo, FileStamp, Format};
 use super::paths::{regular_file, resolve_paths, unusable};
-use super::reader::{unchanged_then, CheckedReader, FileReader, Selected};
+use super::reader::{unchanged_then, FileReader, Opened};
 use super::schema::Field;
 use super::source::RowSource;
 use super::{arrow, megatron, npy, nulls, pack, parquet, raw, schema, wds};
@@ -305,11 +305,8 @@ impl Dataset {
             Some(rows) => (rows.reader(i, info)?, false),
             None => (unchanged_then(info, self.open_file(i))?, true),
         };
-        let inner = match &self.columns {
-            Some(columns) => Box::new(Selected { inner, columns: columns.clone() }),
-            None => inner,
-        };
-        Ok(if local { Box::new(CheckedReader { inner, info: info.clone() }) } else { inner })
+        let (columns, info) = (self.columns.clone(), local.then(|| info.clone()));
+        Ok(if columns.is_none() && info.is_none() { inner } else { Box::new(Opened { inner, columns, info }) })
     }
 
     /// A reader of local file `i` in its format, packed where the dataset packs.

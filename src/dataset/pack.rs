@@ -349,8 +349,10 @@ impl FileReader for PackedReader {
         self.inner.check()
     }
 
-    fn random_access(&self) {
-        self.inner.random_access()
+    /// The documents' file: the advice about this reader's reads (random access) is given
+    /// on it. Packed values lie nowhere in it ([`FileReader::value_range`] is `None`).
+    fn positional(&self) -> Option<super::positional::Positional<'_>> {
+        self.inner.positional()
     }
 }
 

@@ -20,7 +20,6 @@
 //! values are refused.
 
 use std::fs::File;
-use std::ops::Range;
 use std::path::{Path, PathBuf};
 
 use arrow_array::cast::AsArray;
@@ -35,7 +34,6 @@ use parquet::arrow::ProjectionMask;
 
 use super::nulls::{Chosen, ColumnChoice, NullPolicy, Source};
 use super::parquet_pages;
-use super::positional::{advise_dontneed, advise_willneed};
 use super::rows::RowChunk;
 use super::schema::Field;
 use crate::error::{Error, Result};
@@ -311,6 +309,24 @@ fn fixed(data: &ArrayData) -> std::result::Result<(&[u8], usize), String> {
     }
 }
 
+/// Pushes the bytes of every row of list array `l` (of 32- or 64-bit offsets), whose
+/// values are fixed-size and without nulls.
+fn list_values<O: arrow_array::OffsetSizeTrait>(
+    l: &arrow_array::GenericListArray<O>,
+    push: &mut impl FnMut(&[u8]),
+) -> std::result::Result<(), String> {
+    let child = l.values().to_data();
+    if child.null_count() > 0 {
+        return Err("nulls inside its values are not supported (--nulls delivers nulls of whole values)".into());
+    }
+    let (bytes, w) = fixed(&child)?;
+    for i in 0..l.len() {
+        let (s, e) = (l.value_offsets()[i].as_usize(), l.value_offsets()[i + 1].as_usize());
+        push(bytes.get(s * w..e * w).ok_or("short list values")?);
+    }
+    Ok(())
+}
+
 /// Appends the bytes of every row of `array`, as meshfeed delivers its field, to `out`,
 /// with each row's place (offset, length) to `places`.
 fn append(array: &ArrayRef, out: &mut Vec<u8>, places: &mut Vec<(usize, usize)>) -> std::result::Result<(), String> {
@@ -330,30 +346,8 @@ fn append(array: &ArrayRef, out: &mut Vec<u8>, places: &mut Vec<(usize, usize)>)
             let b = array.as_boolean();
             (0..n).for_each(|i| push(&[u8::from(b.value(i))]))
         }
-        DataType::List(_) => {
-            let l = array.as_list::<i32>();
-            let child = l.values().to_data();
-            if child.null_count() > 0 {
-                return Err("nulls inside its values are not supported (--nulls delivers nulls of whole values)".into());
-            }
-            let (bytes, w) = fixed(&child)?;
-            for i in 0..n {
-                let (s, e) = (l.value_offsets()[i] as usize, l.value_offsets()[i + 1] as usize);
-                push(bytes.get(s * w..e * w).ok_or("short list values")?);
-            }
-        }
-        DataType::LargeList(_) => {
-            let l = array.as_list::<i64>();
-            let child = l.values().to_data();
-            if child.null_count() > 0 {
-                return Err("nulls inside its values are not supported (--nulls delivers nulls of whole values)".into());
-            }
-            let (bytes, w) = fixed(&child)?;
-            for i in 0..n {
-                let (s, e) = (l.value_offsets()[i] as usize, l.value_offsets()[i + 1] as usize);
-                push(bytes.get(s * w..e * w).ok_or("short list values")?);
-            }
-        }
+        DataType::List(_) => list_values(array.as_list::<i32>(), &mut push)?,
+        DataType::LargeList(_) => list_values(array.as_list::<i64>(), &mut push)?,
         _ => {
             let data = array.to_data();
             let (bytes, w) = fixed(&data)?;
@@ -395,14 +389,6 @@ impl super::reader::FileReader for ParquetReader {
             chunk.push_value(b, offset, len);
         }
         Ok(chunk)
-    }
-
-    fn advise(&self, range: Range<u64>) {
-        advise_willneed(&self.file, range)
-    }
-
-    fn drop_cache(&self, range: Range<u64>) {
-        advise_dontneed(&self.file, range)
     }
 }
 

@@ -62,6 +62,36 @@ pub(crate) fn read_vectored_exact_at(file: &File, offset: u64, mut bufs: &mut [I
     Ok(())
 }
 
+/// The open file a reader reads by position (`pread` on a descriptor it shares), with its
+/// path for errors: what a format whose values lie at known offsets describes of itself
+/// ([`super::reader::FileReader::positional`]), and all that reads in place and the
+/// kernel's advice need of it, so that no format writes them again.
+#[derive(Clone, Copy, Debug)]
+pub struct Positional<'a> {
+    pub file: &'a File,
+    pub path: &'a Path,
+}
+
+impl Positional<'_> {
+    /// Reads exactly `out.len()` bytes at `offset`; a file that ends first is an error
+    /// naming the file ([`read_error`]), never zeros.
+    pub fn read_at(&self, offset: u64, out: &mut [u8]) -> Result<()> {
+        self.read_vectored_at(offset, &mut [IoSliceMut::new(out)])
+    }
+
+    /// Reads the bytes at `offset` into `bufs`, one after another, as one read (`preadv`):
+    /// a contiguous range of the file scattered into several places.
+    pub fn read_vectored_at(&self, offset: u64, bufs: &mut [IoSliceMut<'_>]) -> Result<()> {
+        let len = bufs.iter().map(|b| b.len()).sum();
+        read_vectored_exact_at(self.file, offset, bufs).map_err(|e| read_error(self.path, e, offset, len))
+    }
+
+    /// The bytes `span`, read whole ([`read_span`]).
+    pub fn read_span(&self, span: Range<u64>) -> Result<Vec<u8>> {
+        read_span(self.file, self.path, span)
+    }
+}
+
 /// Tells the kernel that bytes `range` of `file` will be read soon (`POSIX_FADV_WILLNEED`:
 /// readahead into the page cache). Best effort: the result is ignored.
 pub(crate) fn advise_willneed(file: &File, range: Range<u64>) {
@@ -171,6 +201,19 @@ pub(crate) fn read_grouped(
         at += n;
     }
     Ok(places)
+}
+
+/// Reads `ranges` as [`read_grouped`] does, and pushes each as the next value of `chunk`
+/// (a chunk of one field: one range a row), in the order given.
+pub(crate) fn push_grouped(
+    chunk: &mut RowChunk,
+    ranges: &[Range<u64>],
+    read: impl FnMut(Range<u64>, Range<usize>) -> Result<Vec<u8>>,
+) -> Result<()> {
+    for (b, offset, len) in read_grouped(chunk, ranges, read)? {
+        chunk.push_value(b, offset, len);
+    }
+    Ok(())
 }
 
 /// The bytes `span` of `file` (at `path`), read whole: a short read is an error naming the

@@ -1,9 +1,11 @@
-//! Reading rows of one file ([`FileReader`]), and the readers every dataset wraps a
-//! format's reader in: the fields it delivers, and the check that the file is unchanged.
+//! Reading rows of one file ([`FileReader`]): what a format writes, what follows from it
+//! (reads in place, the kernel's advice), and the reader a dataset wraps a format's reader
+//! in ([`Opened`]: the fields it delivers, and the check that the file is unchanged).
 
 use std::sync::Arc;
 
 use super::header::FileInfo;
+use super::positional::{advise_dontneed, advise_random, advise_willneed, Positional};
 use super::rows::RowChunk;
 use crate::error::{Error, Result};
 
@@ -25,7 +27,6 @@ pub(crate) fn lengths_by_reading<R: FileReader + ?Sized>(
     Ok(lengths)
 }
 
-/// [`FileReader::read_list_pieces`] by reading the rows' whole values.
 /// The bytes, within a list value of `len` elements of `elem` bytes each, of its elements
 /// `range` clamped to the value: what every [`FileReader::read_list_pieces`] delivers of a
 /// piece, so that all formats cut pieces alike.
@@ -34,6 +35,7 @@ pub(crate) fn piece_bytes(range: &std::ops::Range<u64>, len: u64, elem: u64) -> 
     range.start.min(end) * elem..end * elem
 }
 
+/// [`FileReader::read_list_pieces`] by reading the rows' whole values.
 pub(crate) fn pieces_by_reading<R: FileReader + ?Sized>(
     reader: &mut R,
     field: usize,
@@ -61,6 +63,13 @@ pub(crate) fn pieces_by_reading<R: FileReader + ?Sized>(
 }
 
 /// Reads rows of one file.
+///
+/// A format writes [`FileReader::read_rows`]; every other method has a default, which a
+/// format overrides where it does better: reading only some fields
+/// ([`FileReader::read_columns`]), answering list lengths or pieces from an index, or
+/// saying where its values lie in an open file ([`FileReader::value_range`] and
+/// [`FileReader::positional`]). Reads in place and the kernel's advice follow from those
+/// two (the methods of `dyn FileReader` below): no format writes them.
 pub trait FileReader: Send {
     /// Reads the given rows of this file: local row indices, sorted ascending, unique.
     /// The returned chunk holds them in the same order.
@@ -99,91 +108,118 @@ pub trait FileReader: Send {
     }
 
     /// Where field `field` of local row `row` lies in the file, for formats that store
-    /// values whole and uncompressed at fixed offsets (`.npy`, raw records): such values
-    /// can be read straight into their destination with [`FileReader::read_at`]. `None`
-    /// (the default, and for a row past the end): read rows instead.
+    /// values whole and uncompressed at known offsets (`.npy`, raw records, contiguous
+    /// HDF5, Arrow's fixed-size columns, tar members, Megatron sequences): such values can
+    /// be read straight into their destination from [`FileReader::positional`]'s file.
+    /// `None` (the default, and for a row past the end): read rows instead.
     fn value_range(&self, row: u64, field: usize) -> Option<std::ops::Range<u64>> {
         let _ = (row, field);
         None
     }
 
-    /// Reads exactly `out.len()` bytes at `offset` of the file (a range from
-    /// [`FileReader::value_range`]); a file that ends first is an error.
-    fn read_at(&mut self, offset: u64, out: &mut [u8]) -> Result<()> {
-        let _ = (offset, out);
-        Err(Error::Config("internal: this reader reads rows, not byte ranges".into()))
+    /// The open file this reader reads by position, and its path: ranges from
+    /// [`FileReader::value_range`] are read from it, on several threads at once where the
+    /// caller likes (`pread` on a shared descriptor; the caller checks the file with
+    /// [`FileReader::check`] afterwards), and the kernel's advice about this reader's reads
+    /// is given on it. `None` (the default): rows only, and no advice.
+    fn positional(&self) -> Option<Positional<'_>> {
+        None
     }
 
-    /// Reads the bytes at `offset` of the file into `bufs`, one after another, as one
-    /// read (`preadv`): a contiguous range of the file scattered into several places.
-    fn read_vectored_at(&mut self, offset: u64, bufs: &mut [std::io::IoSliceMut<'_>]) -> Result<()> {
-        let mut at = offset;
-        for buf in bufs {
-            self.read_at(at, buf)?;
-            at += buf.len() as u64;
-        }
-        Ok(())
-    }
-
-    /// Checks that the file is still the one scanned (a caller of [`FileReader::read_at`]
-    /// checks once after a window's reads, as [`FileReader::read_rows`] does by itself).
+    /// Checks that the file is still the one scanned (a caller of reads in place checks
+    /// once after a window's reads, as [`FileReader::read_rows`] does by itself).
     fn check(&self) -> Result<()> {
         Ok(())
+    }
+}
+
+/// What every reader can do from [`FileReader::value_range`] and
+/// [`FileReader::positional`]: derived here, written by no format nor wrapper.
+impl dyn FileReader + '_ {
+    /// Reads exactly `out.len()` bytes at `offset` of the file (a range from
+    /// [`FileReader::value_range`]); a file that ends first is an error. A failed read of a
+    /// file that changed reports the change (the cause; the failed read is its symptom).
+    pub fn read_at(&self, offset: u64, out: &mut [u8]) -> Result<()> {
+        let read = match self.positional() {
+            Some(file) => file.read_at(offset, out),
+            None => Err(Error::Config("internal: this reader reads rows, not byte ranges".into())),
+        };
+        if read.is_err() {
+            self.check()?;
+        }
+        read
     }
 
     /// Tells the kernel that bytes `range` of the file will be read soon (readahead into
     /// the page cache; for readers with [`FileReader::value_range`]). Advice only: it
     /// changes no result, and failing to give it is no error.
-    fn advise(&self, range: std::ops::Range<u64>) {
-        let _ = range;
+    pub fn advise(&self, range: std::ops::Range<u64>) {
+        if let Some(p) = self.positional() {
+            advise_willneed(p.file, range)
+        }
     }
 
     /// Tells the kernel that bytes `range` of the file will not be read again soon (they
-    /// leave the page cache). Advice only, like [`FileReader::advise`].
-    fn drop_cache(&self, range: std::ops::Range<u64>) {
-        let _ = range;
+    /// leave the page cache). Advice only, like `advise`.
+    pub fn drop_cache(&self, range: std::ops::Range<u64>) {
+        if let Some(p) = self.positional() {
+            advise_dontneed(p.file, range)
+        }
     }
 
     /// Tells the kernel that this reader reads at random (`POSIX_FADV_RANDOM`: no
     /// readahead): a 16 KiB value then costs one 16 KiB read, not a 64 KiB readahead
     /// window. Advice only.
-    fn random_access(&self) {
-        if let Some(f) = self.positional() {
-            crate::dataset::positional::advise_random(f);
+    pub fn random_access(&self) {
+        if let Some(p) = self.positional() {
+            advise_random(p.file)
         }
     }
+}
 
-    /// The open file, for readers whose values lie at [`FileReader::value_range`]: reads
-    /// of such ranges may then run on several threads at once (`pread` on a shared
-    /// descriptor). A caller checks the file with [`FileReader::check`] afterwards, as after
-    /// [`FileReader::read_at`].
-    fn positional(&self) -> Option<&std::fs::File> {
-        None
+/// A format's reader as a dataset opens it: only some of its fields (field `k` is the
+/// file's field `columns[k]`), and checked after every read that the file is unchanged
+/// (one `stat` per call; the loader reads each file once per window). A dataset wraps a
+/// reader where it selects fields or reads a local file.
+pub(crate) struct Opened {
+    pub(crate) inner: Box<dyn FileReader>,
+    pub(crate) columns: Option<Arc<[usize]>>,
+    pub(crate) info: Option<FileInfo>,
+}
+
+impl Opened {
+    /// The file's field of delivered field `field`.
+    fn field(&self, field: usize) -> usize {
+        self.columns.as_ref().map_or(field, |c| c[field])
+    }
+
+    /// `result`, unless the file is checked and changed: then that is the error.
+    fn checked<T>(&self, result: Result<T>) -> Result<T> {
+        match &self.info {
+            Some(info) => unchanged_then(info, result),
+            None => result,
+        }
     }
 }
 
-/// A reader of some fields of a file: field `k` is the file's field `columns[k]`.
-pub(crate) struct Selected {
-    pub(crate) inner: Box<dyn FileReader>,
-    pub(crate) columns: Arc<[usize]>,
-}
-
-impl FileReader for Selected {
+impl FileReader for Opened {
     fn read_rows(&mut self, rows: &[u64]) -> Result<RowChunk> {
-        self.inner.read_columns(rows, &self.columns)
+        let chunk = match &self.columns {
+            Some(columns) => self.inner.read_columns(rows, columns),
+            None => self.inner.read_rows(rows),
+        };
+        self.checked(chunk)
     }
 
     fn read_columns(&mut self, rows: &[u64], columns: &[usize]) -> Result<RowChunk> {
-        let mapped: Vec<usize> = columns.iter().map(|&c| self.columns[c]).collect();
-        self.inner.read_columns(rows, &mapped)
-    }
-
-    fn value_range(&self, row: u64, field: usize) -> Option<std::ops::Range<u64>> {
-        self.inner.value_range(row, *self.columns.get(field)?)
+        let mapped: Vec<usize> = columns.iter().map(|&c| self.field(c)).collect();
+        let chunk = self.inner.read_columns(rows, &mapped);
+        self.checked(chunk)
     }
 
     fn list_lengths(&mut self, rows: u64, field: usize, elem: usize) -> Result<Vec<u64>> {
-        self.inner.list_lengths(rows, self.columns[field], elem)
+        let lengths = self.inner.list_lengths(rows, self.field(field), elem);
+        self.checked(lengths)
     }
 
     fn read_list_pieces(
@@ -192,35 +228,27 @@ impl FileReader for Selected {
         elem: usize,
         pieces: &[(u64, std::ops::Range<u64>)],
     ) -> Result<(RowChunk, Vec<u64>)> {
-        self.inner.read_list_pieces(self.columns[field], elem, pieces)
+        let read = self.inner.read_list_pieces(self.field(field), elem, pieces);
+        self.checked(read)
     }
 
-    fn read_at(&mut self, offset: u64, out: &mut [u8]) -> Result<()> {
-        self.inner.read_at(offset, out)
+    fn value_range(&self, row: u64, field: usize) -> Option<std::ops::Range<u64>> {
+        let field = match &self.columns {
+            Some(columns) => *columns.get(field)?,
+            None => field,
+        };
+        self.inner.value_range(row, field)
     }
 
-    fn read_vectored_at(&mut self, offset: u64, bufs: &mut [std::io::IoSliceMut<'_>]) -> Result<()> {
-        self.inner.read_vectored_at(offset, bufs)
-    }
-
-    fn check(&self) -> Result<()> {
-        self.inner.check()
-    }
-
-    fn advise(&self, range: std::ops::Range<u64>) {
-        self.inner.advise(range)
-    }
-
-    fn drop_cache(&self, range: std::ops::Range<u64>) {
-        self.inner.drop_cache(range)
-    }
-
-    fn positional(&self) -> Option<&std::fs::File> {
+    fn positional(&self) -> Option<Positional<'_>> {
         self.inner.positional()
     }
 
-    fn random_access(&self) {
-        self.inner.random_access()
+    fn check(&self) -> Result<()> {
+        match &self.info {
+            Some(info) => info.check_unchanged(),
+            None => self.inner.check(),
+        }
     }
 }
 
@@ -229,79 +257,4 @@ impl FileReader for Selected {
 pub(crate) fn unchanged_then<T>(info: &FileInfo, result: Result<T>) -> Result<T> {
     info.check_unchanged()?;
     result
-}
-
-/// A reader that checks its file's identity after every read: one `stat` per call, and the
-/// loader reads each file once per window.
-pub(crate) struct CheckedReader {
-    pub(crate) inner: Box<dyn FileReader>,
-    pub(crate) info: FileInfo,
-}
-
-impl FileReader for CheckedReader {
-    fn read_rows(&mut self, rows: &[u64]) -> Result<RowChunk> {
-        let chunk = self.inner.read_rows(rows);
-        unchanged_then(&self.info, chunk)
-    }
-
-    fn read_columns(&mut self, rows: &[u64], columns: &[usize]) -> Result<RowChunk> {
-        let chunk = self.inner.read_columns(rows, columns);
-        unchanged_then(&self.info, chunk)
-    }
-
-    fn list_lengths(&mut self, rows: u64, field: usize, elem: usize) -> Result<Vec<u64>> {
-        let lengths = self.inner.list_lengths(rows, field, elem);
-        unchanged_then(&self.info, lengths)
-    }
-
-    fn read_list_pieces(
-        &mut self,
-        field: usize,
-        elem: usize,
-        pieces: &[(u64, std::ops::Range<u64>)],
-    ) -> Result<(RowChunk, Vec<u64>)> {
-        let read = self.inner.read_list_pieces(field, elem, pieces);
-        unchanged_then(&self.info, read)
-    }
-
-    fn value_range(&self, row: u64, field: usize) -> Option<std::ops::Range<u64>> {
-        self.inner.value_range(row, field)
-    }
-
-    fn read_at(&mut self, offset: u64, out: &mut [u8]) -> Result<()> {
-        // A short read of a file that changed reports the change (the cause).
-        let read = self.inner.read_at(offset, out);
-        if read.is_err() {
-            return unchanged_then(&self.info, read);
-        }
-        read
-    }
-
-    fn read_vectored_at(&mut self, offset: u64, bufs: &mut [std::io::IoSliceMut<'_>]) -> Result<()> {
-        let read = self.inner.read_vectored_at(offset, bufs);
-        if read.is_err() {
-            return unchanged_then(&self.info, read);
-        }
-        read
-    }
-
-    fn check(&self) -> Result<()> {
-        self.info.check_unchanged()
-    }
-
-    fn advise(&self, range: std::ops::Range<u64>) {
-        self.inner.advise(range)
-    }
-
-    fn drop_cache(&self, range: std::ops::Range<u64>) {
-        self.inner.drop_cache(range)
-    }
-
-    fn positional(&self) -> Option<&std::fs::File> {
-        self.inner.positional()
-    }
-
-    fn random_access(&self) {
-        self.inner.random_access()
-    }
 }

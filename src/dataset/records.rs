@@ -1,16 +1,13 @@
 //! Files of fixed-size records after a header (`.npy` and `.raw`): their layout and reader.
 
 use std::fs::File;
-use std::io::IoSliceMut;
 use std::ops::Range;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use arrow_buffer::Buffer;
 
-use super::positional::{
-    advise_dontneed, advise_willneed, coalesce, read_error, read_vectored_exact_at, RECORD_GAP_BYTES,
-};
+use super::positional::{coalesce, Positional, RECORD_GAP_BYTES};
 use super::reader::FileReader;
 use super::rows::RowChunk;
 use crate::error::{Error, Result};
@@ -70,25 +67,8 @@ impl FileReader for RecordFile {
         Some(start..start + f.len() as u64)
     }
 
-    fn read_at(&mut self, offset: u64, out: &mut [u8]) -> Result<()> {
-        self.file.read_exact_at(out, offset).map_err(|e| read_error(&self.path, e, offset, out.len()))
-    }
-
-    fn read_vectored_at(&mut self, offset: u64, bufs: &mut [IoSliceMut<'_>]) -> Result<()> {
-        let len = bufs.iter().map(|b| b.len()).sum();
-        read_vectored_exact_at(&self.file, offset, bufs).map_err(|e| read_error(&self.path, e, offset, len))
-    }
-
-    fn advise(&self, range: Range<u64>) {
-        advise_willneed(&self.file, range)
-    }
-
-    fn drop_cache(&self, range: Range<u64>) {
-        advise_dontneed(&self.file, range)
-    }
-
-    fn positional(&self) -> Option<&File> {
-        Some(&self.file)
+    fn positional(&self) -> Option<Positional<'_>> {
+        Some(Positional { file: &self.file, path: &self.path })
     }
 
     fn read_rows(&mut self, rows: &[u64]) -> Result<RowChunk> {
@@ -131,6 +111,7 @@ impl FileReader for RecordFile {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::io::IoSliceMut;
 
     #[test]
     fn record_file_reads_requested_rows_and_reports_truncation() {
@@ -156,12 +137,13 @@ mod tests {
         // One read scattered into several places: record 1's fields, then record 2's first.
         let (mut a, mut b, mut c) = ([0u8; 2], [0u8; 2], [0u8; 2]);
         let mut bufs = [IoSliceMut::new(&mut a), IoSliceMut::new(&mut b), IoSliceMut::new(&mut c)];
-        f.read_vectored_at(f.value_range(1, 0).unwrap().start, &mut bufs).unwrap();
+        let at = f.positional().unwrap();
+        at.read_vectored_at(f.value_range(1, 0).unwrap().start, &mut bufs).unwrap();
         assert_eq!((a, b, c), ([1, 1], [101, 101], [2, 2]));
         // Record 5 is promised but missing.
         let (mut a, mut b) = ([0u8; 2], [0u8; 2]);
         let mut bufs = [IoSliceMut::new(&mut a), IoSliceMut::new(&mut b)];
-        let err = f.read_vectored_at(f.value_range(4, 1).unwrap().start, &mut bufs).unwrap_err().to_string();
+        let err = at.read_vectored_at(f.value_range(4, 1).unwrap().start, &mut bufs).unwrap_err().to_string();
         assert!(err.contains("r.raw") && err.contains("truncated: bytes 21..25"), "{err}");
     }
 }

@@ -22,9 +22,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::positional::{
-    advise_dontneed, advise_willneed, read_error, read_grouped, read_span, read_vectored_exact_at,
-};
+use super::positional::{read_error, read_grouped, read_span, Positional};
 use super::rows::RowChunk;
 use super::schema::{Field, FieldKind};
 use crate::error::{Error, Result};
@@ -356,22 +354,8 @@ impl super::reader::FileReader for WdsReader {
         Some(offset..offset + size)
     }
 
-    fn read_at(&mut self, offset: u64, out: &mut [u8]) -> Result<()> {
-        let len = out.len();
-        read_vectored_exact_at(&self.file, offset, &mut [std::io::IoSliceMut::new(out)])
-            .map_err(|e| read_error(&self.path, e, offset, len))
-    }
-
-    fn advise(&self, range: Range<u64>) {
-        advise_willneed(&self.file, range)
-    }
-
-    fn drop_cache(&self, range: Range<u64>) {
-        advise_dontneed(&self.file, range)
-    }
-
-    fn positional(&self) -> Option<&File> {
-        Some(&self.file)
+    fn positional(&self) -> Option<Positional<'_>> {
+        Some(Positional { file: &self.file, path: &self.path })
     }
 }
 

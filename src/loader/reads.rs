@@ -309,7 +309,7 @@ impl Reads {
                 let reader = readers.peek(file).expect("opened above");
                 let range = reader.value_range(row, field).ok_or_else(|| past_end(stream, file, row))?;
                 debug_assert_eq!(range.end - range.start, dst.len() as u64);
-                let Some(f) = reader.positional() else {
+                let Some(f) = reader.positional().map(|p| p.file) else {
                     return Err(Error::Internal(format!(
                         "{}: read in place, but the reader has no file",
                         dataset.files()[file].path.display()

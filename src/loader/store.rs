@@ -519,7 +519,7 @@ fn file_ranges(reader: &dyn FileReader, rows: &Range<u64>) -> Vec<Range<u64>> {
 /// per file before streaming — the stream's own readahead would make its next pages look
 /// cached. Formats whose values' offsets are unknown (HDF5 through the library) say no.
 pub(crate) fn stream_is_cold(reader: &dyn FileReader, rows: Range<u64>) -> bool {
-    let Some(file) = reader.positional() else { return false };
+    let Some(file) = reader.positional().map(|p| p.file) else { return false };
     let spans = file_ranges(reader, &rows);
     let bytes: u64 = spans.iter().map(|r| r.end - r.start).sum();
     let cached: f64 = spans
