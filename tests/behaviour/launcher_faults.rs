@@ -6,7 +6,7 @@
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -97,14 +97,10 @@ fn signal(pid: u32, sig: i32) {
     unsafe { libc::kill(pid as libc::pid_t, sig) };
 }
 
-fn gen_npy(dir: &Path, samples: &str) -> PathBuf {
-    Dataset::gen("npy", samples.parse().unwrap()).field("data:f32:8").write(&dir.join("d"))
-}
-
 #[test]
 fn sigkill_to_the_launcher_takes_every_rank_with_it() {
     let out = tempdir();
-    let data = gen_npy(out.path(), "20000");
+    let data = Dataset::gen("npy", 20000).field("data:f32:8").write(&out.path().join("d"));
     let job =
         ["run", "--transport", "ucx", "--data", data.to_str().unwrap(), "--batch-size", "12", "--compute-ms", "20"];
     // Real meshfeed ranks, and ranks that ignore SIGTERM and SIGINT (SIG_IGN survives exec).
@@ -193,7 +189,7 @@ fn ranks_ignoring_a_forwarded_sigterm_are_killed_after_the_grace() {
 #[test]
 fn a_forwarded_sigterm_stops_meshfeed_ranks_with_code_75() {
     let out = tempdir();
-    let data = gen_npy(out.path(), "20000");
+    let data = Dataset::gen("npy", 20000).field("data:f32:8").write(&out.path().join("d"));
     let state = out.path().join("state.json");
     let m = marker("stop");
     let mut launcher = start_launcher(
@@ -388,7 +384,7 @@ fn just_before(last: (u64, u64), next: (u64, u64)) -> bool {
 /// Starts `mpirun -np 3 [mpirun_args] meshfeed run ...` stopping-ready (state, dump),
 /// and waits until rank 0 has dumped some steps.
 fn start_mpirun_job(dir: &Path, mpirun_args: &[&str]) -> Child {
-    let data = gen_npy(dir, "20000");
+    let data = Dataset::gen("npy", 20000).field("data:f32:8").write(&dir.join("d"));
     let dump = dir.join("dump");
     let child = Command::new("mpirun")
         .args(MPIRUN_FLAGS)
@@ -534,7 +530,7 @@ fn a_sigterm_while_the_ranks_meet_is_a_clean_stop() {
 #[test]
 fn a_rank_that_ends_before_the_rendezvous_stops_the_others_at_once() {
     let dir = tempdir();
-    let data = gen_npy(dir.path(), "600");
+    let data = Dataset::gen("npy", 600).field("data:f32:8").write(&dir.path().join("d"));
     let script = format!(
         "if [ \"$RANK\" = 1 ]; then exit 0; fi; exec {} run --transport ucx --data {} --batch-size 12",
         bin(),
