@@ -13,10 +13,6 @@ const BATCH: u64 = 32;
 /// x: u8[120] + y: i64.
 const SAMPLE_BYTES: u64 = 128;
 
-fn gen(dir: &Path, format: &str) {
-    Dataset::gen(format, SAMPLES).field("x:u8:120").field("y:i64").write(dir);
-}
-
 fn bench(np: usize, data: &Path, out: &Path, modes: &str) -> Vec<serde_json::Value> {
     let run = mpirun(
         np,
@@ -50,7 +46,7 @@ fn bench(np: usize, data: &Path, out: &Path, modes: &str) -> Vec<serde_json::Val
 fn every_mode_reports_what_the_suite_needs_at_1_and_2_ranks() {
     let dir = tempdir();
     let data = dir.path().join("npy");
-    gen(&data, "npy");
+    Dataset::gen("npy", SAMPLES).field("x:u8:120").field("y:i64").write(&data);
     let results = dir.path().join("results.jsonl");
     let steps = SAMPLES / BATCH;
     for np in [1, 2] {
@@ -142,7 +138,7 @@ fn limits_and_random_access_read_hdf5_and_arrow_too() {
     let dir = tempdir();
     for format in ["hdf5", "arrow"] {
         let data = dir.path().join(format);
-        gen(&data, format);
+        Dataset::gen(format, SAMPLES).field("x:u8:120").field("y:i64").write(&data);
         let rows = bench(2, &data, &dir.path().join("r.jsonl"), "meshfeed,random-access,read-limit,exchange-limit");
         let row = |name: &str| rows.iter().find(|r| r["loader"] == name).unwrap();
         assert_eq!(row("meshfeed")["format"], format);
@@ -156,7 +152,7 @@ fn limits_and_random_access_read_hdf5_and_arrow_too() {
 fn bad_modes_and_reports_fail_with_clear_errors() {
     let dir = tempdir();
     let data = dir.path().join("npy");
-    gen(&data, "npy");
+    Dataset::gen("npy", SAMPLES).field("x:u8:120").field("y:i64").write(&data);
     let run = mpirun(1, &["bench", "--data", data.to_str().unwrap(), "--batch-size", "8", "--modes", "fused,bogus"]);
     assert!(run.code != 0 && run.stderr.contains("unknown mode 'bogus'"), "{}", run.stderr);
     let run = mpirun(

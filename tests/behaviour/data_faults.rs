@@ -16,12 +16,6 @@ fn data(p: &Path) -> &str {
     p.to_str().unwrap()
 }
 
-/// `meshfeed gen` into `dir`.
-fn gen(dir: &Path, format: &str, samples: &str, files: &str, fields: &[&str]) {
-    let g = Dataset::gen(format, samples.parse().unwrap()).files(files.parse().unwrap());
-    fields.iter().fold(g, |g, f| g.field(f)).write(dir);
-}
-
 /// Checks a failure every rank agreed on: non-zero exit, no panic, no success line, the
 /// root cause printed once holding every needle. Returns rank 0's line.
 fn agreed<'a>(t: Transport, run: &'a Run, np: usize, needles: &[&str]) -> &'a str {
@@ -128,11 +122,8 @@ fn run_and_meddle(t: Transport, np: usize, args: &[&str], during: impl FnOnce())
 }
 
 /// A long job (many epochs of ~125 steps of 5 ms) over `dir`: it only ends by failing.
-fn long_job(dir: &Path) -> Vec<String> {
-    ["run", "--data", data(dir), "--batch-size", "32", "--epochs", "1000", "--compute-ms", "5", "--json"]
-        .iter()
-        .map(|s| s.to_string())
-        .collect()
+fn long_job(dir: &Path) -> Job {
+    Job::new(dir).batch(32).epochs(1000).compute_ms(5).json()
 }
 
 fn first_file(dir: &Path, ext: &str) -> PathBuf {
@@ -160,13 +151,11 @@ over_transports! {
             ("npy", "npy", large, sent),
         ] {
             let out = tempdir();
-            gen(out.path(), format, "4000", "4", &fields);
+            Dataset::gen(format, 4000).files(4).fields(fields).write(out.path());
             let victim = first_file(out.path(), ext);
             let before = std::fs::metadata(&victim).unwrap().len();
-            let mut args = long_job(out.path());
-            args.extend(["--local-reads".into(), reads.into()]);
-            let args: Vec<&str> = args.iter().map(|s| s.as_str()).collect();
-            let run = run_and_meddle(t, 2, &args, || {
+            let job = long_job(out.path()).opt("--local-reads", reads);
+            let run = run_and_meddle(t, 2, &job.argv(), || {
                 let f = std::fs::OpenOptions::new().write(true).open(&victim).unwrap();
                 f.set_len(before / 2).unwrap();
             });
@@ -185,13 +174,11 @@ over_transports! {
             ("npy", "npy", "x:f32:1024", "off"),
         ] {
             let out = tempdir();
-            gen(out.path(), format, "4000", "4", &[x, "y:i64"]);
+            Dataset::gen(format, 4000).files(4).field(x).field("y:i64").write(out.path());
             let victim = first_file(out.path(), ext);
             let len = std::fs::metadata(&victim).unwrap().len() as usize;
-            let mut args = long_job(out.path());
-            args.extend(["--local-reads".into(), reads.into()]);
-            let args: Vec<&str> = args.iter().map(|s| s.as_str()).collect();
-            let run = run_and_meddle(t, 2, &args, || {
+            let job = long_job(out.path()).opt("--local-reads", reads);
+            let run = run_and_meddle(t, 2, &job.argv(), || {
                 use std::os::unix::fs::FileExt;
                 let f = std::fs::OpenOptions::new().write(true).open(&victim).unwrap();
                 // Zeros over the second half: the header survives, the size does not change.
@@ -206,13 +193,13 @@ over_transports! {
     /// once instead of blocking every rank in open().
     fn unusable_entries_of_a_data_directory_are_errors(t: Transport) {
         let out = tempdir();
-        gen(out.path(), "npy", "40", "2", &["x:f32:4"]);
+        Dataset::gen("npy", 40).files(2).field("x:f32:4").write(out.path());
         std::fs::write(out.path().join("README.txt"), "ignored: not a dataset extension").unwrap();
         let link = out.path().join("part-00002.npy");
         std::os::unix::fs::symlink(out.path().join("moved-away.npy"), &link).unwrap();
         agreed(
             t,
-            &t.run(2, &["run", "--data", data(out.path()), "--batch-size", "4"]),
+            &Job::new(out.path()).batch(4).over(t, 2),
             2,
             &["part-00002.npy", "dangling symbolic link"],
         );
@@ -220,7 +207,7 @@ over_transports! {
         std::os::unix::fs::symlink(&link, &link).unwrap();
         agreed(
             t,
-            &t.run(2, &["run", "--data", data(out.path()), "--batch-size", "4"]),
+            &Job::new(out.path()).batch(4).over(t, 2),
             2,
             &["part-00002.npy", "symbolic link loop"],
         );
@@ -229,7 +216,7 @@ over_transports! {
         let status = Command::new("mkfifo").arg(&fifo).status().unwrap();
         assert!(status.success());
         for target in [out.path(), fifo.as_path()] {
-            let run = t.run(2, &["run", "--data", data(target), "--batch-size", "4"]);
+            let run = Job::new(target).batch(4).over(t, 2);
             agreed(t, &run, 2, &["part-00002.npy", "is a FIFO (named pipe), not a regular file"]);
             assert!(run.elapsed < Duration::from_secs(30), "{t:?}: took {:?}", run.elapsed);
         }
@@ -241,7 +228,7 @@ over_transports! {
         write_arrow_with_duplicate_columns(&out.path().join("dup.arrow"));
         agreed(
             t,
-            &t.run(2, &["run", "--data", data(out.path()), "--batch-size", "2"]),
+            &Job::new(out.path()).batch(2).over(t, 2),
             2,
             &["dup.arrow", "two fields are named 'x'"],
         );
@@ -252,17 +239,18 @@ over_transports! {
     /// every delivered byte.
     fn thousands_of_files_under_a_low_open_file_limit(t: Transport) {
         let out = tempdir();
-        gen(out.path(), "npy", "6000", "3000", &["x:u8:16", "y:i32"]);
-        let dir = data(out.path());
-        let job = format!("run --data {dir} --batch-size 64 --epochs 2 --verify --window-bytes 64K");
+        Dataset::gen("npy", 6000).files(3000).field("x:u8:16").field("y:i32").write(out.path());
+        let job = Job::new(out.path()).batch(64).epochs(2).verify().window("64K");
         let run = under_ulimit(t, 256, 2, &job);
         ok(&run);
         assert_eq!(run.stdout.matches("delivered exactly once").count(), 2, "{}", run.stdout);
     }
 }
 
-/// `sh -c 'ulimit -n LIMIT; exec mpirun ... meshfeed JOB'` (or `meshfeed launch`).
-fn under_ulimit(t: Transport, limit: u32, np: usize, job: &str) -> Run {
+/// `sh -c 'ulimit -n LIMIT; exec mpirun ... meshfeed JOB'` (or `meshfeed launch`); the
+/// job's arguments go through the shell as they are (test paths have no spaces).
+fn under_ulimit(t: Transport, limit: u32, np: usize, job: &Job) -> Run {
+    let job = job.argv().join(" ");
     let launcher = match t {
         Transport::Mpi => format!("mpirun {} -np {np} {} {job}", MPIRUN_FLAGS.join(" "), bin()),
         Transport::Ucx => format!("{} launch -n {np} -- {job} --transport ucx", bin()),
@@ -307,7 +295,7 @@ fn write_arrow_with_duplicate_columns(path: &Path) {
 fn inspect_json_takes_file_names_that_are_not_utf8() {
     use std::os::unix::ffi::OsStrExt;
     let out = tempdir();
-    gen(out.path(), "npy", "10", "1", &["x:f32:2"]);
+    Dataset::gen("npy", 10).files(1).field("x:f32:2").write(out.path());
     let odd = out.path().join(std::ffi::OsStr::from_bytes(b"part-\xff\xfe.npy"));
     std::fs::rename(out.path().join("part-00000.npy"), &odd).unwrap();
     let run = meshfeed(&["inspect", "--json", "--data", data(out.path())]);
@@ -320,7 +308,7 @@ fn inspect_json_takes_file_names_that_are_not_utf8() {
     assert_eq!(v["samples"], 10);
     // A UTF-8 name has no path_bytes.
     let plain = tempdir();
-    gen(plain.path(), "npy", "10", "1", &["x:f32:2"]);
+    Dataset::gen("npy", 10).files(1).field("x:f32:2").write(plain.path());
     let v: serde_json::Value =
         serde_json::from_str(&meshfeed(&["inspect", "--json", "--data", data(plain.path())]).stdout).unwrap();
     assert!(v["files"][0].get("path_bytes").is_none(), "{v}");
@@ -387,7 +375,7 @@ over_transports! {
         );
         agreed(
             t,
-            &t.run(2, &["run", "--data", data(f16.path()), "--batch-size", "2"]),
+            &Job::new(f16.path()).batch(2).over(t, 2),
             2,
             &["half.h5", "dataset 'h' has unsupported type 16-bit float", "float16 is not supported"],
         );
@@ -398,7 +386,7 @@ over_transports! {
         );
         agreed(
             t,
-            &t.run(2, &["run", "--data", data(lzf.path()), "--batch-size", "2"]),
+            &Job::new(lzf.path()).batch(2).over(t, 2),
             2,
             &["lzf.h5", "dataset 'x'", "HDF5 filter 32000 (lzf)", "cannot decode", "HDF5_PLUGIN_PATH"],
         );
@@ -407,24 +395,9 @@ over_transports! {
 
 /// Peak RSS and bytes read per epoch (the last epoch's summary) of a 4-rank job.
 fn arrow_epoch(data_dir: &Path, window: &str) -> (u64, u64) {
-    let run = mpirun(
-        4,
-        // Nothing kept in memory: every row is read where a window needs it.
-        &[
-            "run",
-            "--data",
-            data(data_dir),
-            "--batch-size",
-            "32",
-            "--window-bytes",
-            window,
-            "--epochs",
-            "2",
-            "--json",
-            "--memory-budget",
-            "0",
-        ],
-    );
+    // Nothing kept in memory: every row is read where a window needs it.
+    let job = Job::new(data_dir).batch(32).window(window).epochs(2).json();
+    let run = job.opt("--memory-budget", 0).mpirun(4);
     ok(&run);
     let last: serde_json::Value = serde_json::from_str(run.stdout.lines().last().unwrap()).unwrap();
     (last["max_rss_bytes"].as_u64().unwrap(), last["bytes_read"].as_u64().unwrap())
@@ -444,9 +417,9 @@ fn arrow_memory_and_reads_are_bounded_by_the_window() {
     let out = tempdir();
     let (tiny, big, bigger) = (out.path().join("tiny"), out.path().join("big"), out.path().join("bigger"));
     let fields = ["x:f32:1024", "t:utf8"];
-    gen(&tiny, "arrow", "200", "1", &fields);
-    gen(&big, "arrow", "12000", "4", &fields); // 12 MB per rank, 12x the window
-    gen(&bigger, "arrow", "48000", "4", &fields); // 48 MB per rank, 48x the window
+    Dataset::gen("arrow", 200).files(1).fields(fields).write(&tiny);
+    Dataset::gen("arrow", 12000).files(4).fields(fields).write(&big); // 12 MB per rank, 12x the window
+    Dataset::gen("arrow", 48000).files(4).fields(fields).write(&bigger); // 48 MB per rank, 48x the window
     let window = 1u64 << 20;
     let (base, _) = arrow_epoch(&tiny, "1M");
     let (b1, read1) = arrow_epoch(&big, "1M");

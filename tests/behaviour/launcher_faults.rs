@@ -6,7 +6,7 @@
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -97,16 +97,12 @@ fn signal(pid: u32, sig: i32) {
     unsafe { libc::kill(pid as libc::pid_t, sig) };
 }
 
-fn gen_npy(dir: &Path, samples: &str) -> PathBuf {
-    Dataset::gen("npy", samples.parse().unwrap()).field("data:f32:8").write(&dir.join("d"))
-}
-
 #[test]
 fn sigkill_to_the_launcher_takes_every_rank_with_it() {
     let out = tempdir();
-    let data = gen_npy(out.path(), "20000");
-    let job =
-        ["run", "--transport", "ucx", "--data", data.to_str().unwrap(), "--batch-size", "12", "--compute-ms", "20"];
+    let data = Dataset::gen("npy", 20000).field("data:f32:8").write(&out.path().join("d"));
+    let job = Job::new(&data).transport("ucx").batch(12).compute_ms(20);
+    let job = job.argv();
     // Real meshfeed ranks, and ranks that ignore SIGTERM and SIGINT (SIG_IGN survives exec).
     let ignoring = ["-c", "trap '' TERM INT; exec sleep 120"];
     let cases: Vec<Vec<&str>> = vec![
@@ -193,29 +189,11 @@ fn ranks_ignoring_a_forwarded_sigterm_are_killed_after_the_grace() {
 #[test]
 fn a_forwarded_sigterm_stops_meshfeed_ranks_with_code_75() {
     let out = tempdir();
-    let data = gen_npy(out.path(), "20000");
+    let data = Dataset::gen("npy", 20000).field("data:f32:8").write(&out.path().join("d"));
     let state = out.path().join("state.json");
     let m = marker("stop");
-    let mut launcher = start_launcher(
-        out.path(),
-        &m,
-        &[
-            "-n",
-            "3",
-            "--",
-            "run",
-            "--transport",
-            "ucx",
-            "--data",
-            data.to_str().unwrap(),
-            "--batch-size",
-            "12",
-            "--compute-ms",
-            "5",
-            "--state",
-            state.to_str().unwrap(),
-        ],
-    );
+    let job = Job::new(&data).transport("ucx").batch(12).compute_ms(5).state(&state);
+    let mut launcher = start_launcher(out.path(), &m, &[&["-n", "3", "--"][..], &job.argv()].concat());
     poll(Duration::from_secs(30), || (marked(&m, launcher.id()).len() == 3).then_some(())).expect("ranks never ran");
     std::thread::sleep(Duration::from_millis(2500));
     signal(launcher.id(), libc::SIGTERM);
@@ -274,21 +252,17 @@ fn hello(token: &str, job_id: &str, rank: u32, world: u32, payload: &[u8]) -> Ve
 fn a_rank_of_another_job_with_the_same_token_and_port_is_refused() {
     let data = fixtures().join("npy_plain");
     let out = tempdir();
-    let job = |dir: &Path| -> Vec<String> {
-        let d = [data.to_str().unwrap(), "--batch-size", "8", "--epochs", "2", "--dump", dir.to_str().unwrap()];
-        ["run", "--transport", "ucx", "--data"].iter().chain(&d).map(|s| s.to_string()).collect()
-    };
+    let job = |dir: &Path| Job::new(&data).transport("ucx").batch(8).epochs(2).dump(dir);
     let dump = out.path().join("a");
-    let argv = job(&dump);
-    let args: Vec<&str> = argv.iter().map(String::as_str).collect();
+    let job_a = job(&dump);
+    let args = job_a.argv();
     let port = free_port();
     let rank0 = spawn_rank(0, 2, port, "shared", &args, &[("MESHFEED_JOB_ID", "job-a")]);
     drop(connect(port));
     // Job B's rank 1 reaches job A's rank 0 (same port, same token): refused, exits 1.
     let other = out.path().join("b");
-    let other_argv = job(&other);
-    let other_args: Vec<&str> = other_argv.iter().map(String::as_str).collect();
-    let intruder = finish(spawn_rank(1, 2, port, "shared", &other_args, &[("MESHFEED_JOB_ID", "job-b")]), "job B");
+    let job_b = job(&other);
+    let intruder = finish(spawn_rank(1, 2, port, "shared", &job_b.argv(), &[("MESHFEED_JOB_ID", "job-b")]), "job B");
     assert_eq!(intruder.code, 1, "{}", intruder.stderr);
     assert!(
         intruder.stderr.contains("refused rank 1: job id \"job-b\" is not this job's (\"job-a\")"),
@@ -302,8 +276,7 @@ fn a_rank_of_another_job_with_the_same_token_and_port_is_refused() {
     ok(&rank1);
     assert!(rank0.stderr.contains("job id \"job-b\" is not this job's"), "rank 0 logs the refusal:\n{}", rank0.stderr);
     let clean = out.path().join("clean");
-    let clean_argv = job(&clean);
-    ok(&launch(2, &clean_argv.iter().map(String::as_str).collect::<Vec<_>>()));
+    ok(&launch(2, &job(&clean).argv()));
     assert!(dump_bytes(&dump, 2) == dump_bytes(&clean, 2), "job A's dump equals a clean run's");
 }
 
@@ -322,7 +295,8 @@ fn framed(address: &[u8]) -> Vec<u8> {
 #[test]
 fn a_malformed_worker_address_fails_every_rank_cleanly_naming_the_sender() {
     let data = fixtures().join("npy_plain");
-    let args = ["run", "--transport", "ucx", "--data", data.to_str().unwrap(), "--batch-size", "6"];
+    let job = Job::new(&data).transport("ucx").batch(6);
+    let args = job.argv();
     // A UCX-shaped address whose format version UCX 1.13 does not know: passed to
     // ucp_ep_create, it fails an assertion and aborts the process.
     let mut unknown_version = vec![0x2a];
@@ -388,14 +362,13 @@ fn just_before(last: (u64, u64), next: (u64, u64)) -> bool {
 /// Starts `mpirun -np 3 [mpirun_args] meshfeed run ...` stopping-ready (state, dump),
 /// and waits until rank 0 has dumped some steps.
 fn start_mpirun_job(dir: &Path, mpirun_args: &[&str]) -> Child {
-    let data = gen_npy(dir, "20000");
+    let data = Dataset::gen("npy", 20000).field("data:f32:8").write(&dir.join("d"));
     let dump = dir.join("dump");
     let child = Command::new("mpirun")
         .args(MPIRUN_FLAGS)
         .args(mpirun_args)
         .args(["-np", "3", bin()])
-        .args(["run", "--data", data.to_str().unwrap(), "--batch-size", "12", "--epochs", "3", "--compute-ms", "5"])
-        .args(["--state", dir.join("state.json").to_str().unwrap(), "--dump", dump.to_str().unwrap()])
+        .args(Job::new(&data).batch(12).epochs(3).compute_ms(5).state(&dir.join("state.json")).dump(&dump).argv())
         .env("HDF5_USE_FILE_LOCKING", "FALSE")
         .stdin(Stdio::null())
         .stdout(std::fs::File::create(dir.join("mpirun.out")).unwrap())
@@ -466,7 +439,8 @@ fn options_and_variables_out_of_range_are_clear_errors_not_panics() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("MESHFEED_JOB_TOKEN has 2000 bytes; at most 1024"));
     // A rank's environment: every bad value is one error line naming the variable, exit 1.
     let data = fixtures().join("npy_plain");
-    let args = ["run", "--transport", "ucx", "--data", data.to_str().unwrap(), "--batch-size", "6"];
+    let job = Job::new(&data).transport("ucx").batch(6);
+    let args = job.argv();
     for (var, value, needle) in [
         ("WORLD_SIZE", "99999999999", "WORLD_SIZE 99999999999 exceeds the 1048576 ranks"),
         ("MASTER_PORT", "0", "MASTER_PORT='0' is not a TCP port"),
@@ -493,13 +467,10 @@ fn a_sigterm_while_the_ranks_meet_is_a_clean_stop() {
     let data = fixtures().join("npy_plain");
     let out = tempdir();
     let state = out.path().join("state.json");
-    let job = |dump: &Path, extra: &[&str]| -> Vec<String> {
-        let d = [data.to_str().unwrap(), "--batch-size", "8", "--epochs", "2", "--dump", dump.to_str().unwrap()];
-        ["run", "--transport", "ucx", "--data"].iter().chain(&d).chain(extra).map(|s| s.to_string()).collect()
-    };
+    let job = |dump: &Path| Job::new(&data).transport("ucx").batch(8).epochs(2).dump(dump);
     let first = out.path().join("first");
-    let argv = job(&first, &["--state", state.to_str().unwrap()]);
-    let args: Vec<&str> = argv.iter().map(String::as_str).collect();
+    let stopped = job(&first).state(&state);
+    let args = stopped.argv();
     let port = free_port();
     let rank0 = spawn_rank(0, 2, port, "tok", &args, &[]);
     drop(connect(port)); // rank 0 listens: it waits for rank 1 at the rendezvous
@@ -513,12 +484,9 @@ fn a_sigterm_while_the_ranks_meet_is_a_clean_stop() {
     let saved: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&state).unwrap()).unwrap();
     assert_eq!(saved["epoch"], 0, "{saved}");
     let rest = out.path().join("rest");
-    ok(&launch(
-        2,
-        &job(&rest, &["--resume-from", state.to_str().unwrap()]).iter().map(String::as_str).collect::<Vec<_>>(),
-    ));
+    ok(&launch(2, &job(&rest).resume_from(&state).argv()));
     let clean = out.path().join("clean");
-    ok(&launch(2, &job(&clean, &[]).iter().map(String::as_str).collect::<Vec<_>>()));
+    ok(&launch(2, &job(&clean).argv()));
     let (a, b) = (dump_bytes(&first, 2), dump_bytes(&rest, 2));
     let joined: Vec<Vec<u8>> = a.into_iter().zip(b).map(|(x, y)| [x, y].concat()).collect();
     assert!(
@@ -534,7 +502,7 @@ fn a_sigterm_while_the_ranks_meet_is_a_clean_stop() {
 #[test]
 fn a_rank_that_ends_before_the_rendezvous_stops_the_others_at_once() {
     let dir = tempdir();
-    let data = gen_npy(dir.path(), "600");
+    let data = Dataset::gen("npy", 600).field("data:f32:8").write(&dir.path().join("d"));
     let script = format!(
         "if [ \"$RANK\" = 1 ]; then exit 0; fi; exec {} run --transport ucx --data {} --batch-size 12",
         bin(),

@@ -74,16 +74,11 @@ fn check_bounded(what: &str, small: &Path, big: &Path, bigger: &Path, samples: [
     }
 }
 
-/// `meshfeed gen` of one field into `dir`, in 4 files.
-fn gen(dir: &Path, format: &str, samples: u64, field: &str) {
-    Dataset::gen(format, samples).files(4).field(field).write(dir);
-}
-
 fn check_format(format: &str, field: &str, samples: [u64; 3]) {
     let out = tempdir();
     let dirs = ["small", "big", "bigger"].map(|d| out.path().join(d));
     for (dir, n) in dirs.iter().zip(samples) {
-        gen(dir, format, n, field);
+        Dataset::gen(format, n).files(4).field(field).write(dir);
     }
     check_bounded(&format!("{format} {field}"), &dirs[0], &dirs[1], &dirs[2], [samples[1], samples[2]]);
 }
@@ -207,7 +202,7 @@ fn arrow_memory_is_bounded_at_large_variable_length_values() {
 /// `mpirun`, the ranks, their libraries and an idle pipeline).
 fn process_baseline(out: &Path) -> u64 {
     let tiny = out.join("tiny");
-    gen(&tiny, "npy", 400, "x:u8:64");
+    Dataset::gen("npy", 400).files(4).field("x:u8:64").write(&tiny);
     let cg = MemoryCgroup::new(4 << 30);
     ok(&cg
         .mpirun(4, &["run", "--data", s(&tiny), "--batch-size", "32", "--window-bytes", "1M", "--memory-budget", "0"]));
@@ -222,7 +217,7 @@ fn every_read_strategy_stays_within_a_cgroup_memory_limit() {
     let out = tempdir();
     let base = process_baseline(out.path());
     let data = out.path().join("d");
-    gen(&data, "npy", 3072, "x:u8:16384"); // 48 MiB, 12 MiB per rank
+    Dataset::gen("npy", 3072).files(4).field("x:u8:16384").write(&data); // 48 MiB, 12 MiB per rank
     let spill = out.path().join("spill");
     std::fs::create_dir_all(&spill).unwrap();
     // Per rank: the pipeline's bound (with the allocator's slack) and one streaming read.
@@ -265,7 +260,7 @@ fn the_default_budget_follows_the_cgroup_limit() {
     let out = tempdir();
     let base = process_baseline(out.path());
     let data = out.path().join("d");
-    gen(&data, "npy", 3072, "x:u8:16384"); // 48 MiB
+    Dataset::gen("npy", 3072).files(4).field("x:u8:16384").write(&data); // 48 MiB
     let args = [
         "run",
         "--data",
@@ -318,9 +313,9 @@ fn variable_length_values_stay_within_the_documented_bound() {
     const SAMPLES: u64 = 800; // 50 MiB, 12.5 MiB per rank: 25 steps of 32
     let out = tempdir();
     let (tiny, var, npy) = (out.path().join("tiny"), out.path().join("var"), out.path().join("npy"));
-    gen(&tiny, "npy", 400, "x:u8:64");
+    Dataset::gen("npy", 400).files(4).field("x:u8:64").write(&tiny);
     write_large_values(&var, SAMPLES);
-    gen(&npy, "npy", SAMPLES, "x:u8:65536");
+    Dataset::gen("npy", SAMPLES).files(4).field("x:u8:65536").write(&npy);
     let mut failures = Vec::new();
     for (prefetch, extra) in [(0, &[][..]), (2, &["--compute-ms", "2"][..])] {
         let rss = |run: &serde_json::Value| run["max_rss_bytes"].as_u64().unwrap();

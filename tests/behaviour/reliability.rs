@@ -21,44 +21,23 @@ fn ids_by_step(dir: &std::path::Path, np: usize, ranks: &[usize]) -> BTreeMap<(u
     out
 }
 
-fn gen(dir: &std::path::Path, samples: &str, field: &str) {
-    Dataset::gen("npy", samples.parse().unwrap()).field(field).write(dir);
-}
-
 #[test]
 fn sigterm_stops_every_rank_at_one_step_and_the_stream_resumes_exactly_elsewhere() {
     let out = tempdir();
     let data = out.path().join("d");
-    gen(&data, "3000", "data:f32:8");
-    let d = data.to_str().unwrap();
+    Dataset::gen("npy", 3000).field("data:f32:8").write(&data);
     // The uninterrupted reference, one process.
     let reference = out.path().join("ref");
-    ok(&mpirun(1, &["run", "--data", d, "--batch-size", "12", "--epochs", "2", "--dump", reference.to_str().unwrap()]));
+    ok(&Job::new(&data).batch(12).epochs(2).dump(&reference).mpirun(1));
     let reference = ids_by_step(&reference, 1, &[0]);
     assert_eq!(reference.len(), 2 * 250);
 
     // Three UCX ranks, stopped by SIGTERM mid-epoch (as Slurm preempts a job).
     let first = out.path().join("first");
     let state = out.path().join("state.json");
-    let args = [
-        "run",
-        "--transport",
-        "ucx",
-        "--data",
-        d,
-        "--batch-size",
-        "12",
-        "--epochs",
-        "2",
-        "--compute-ms",
-        "5",
-        "--dump",
-        first.to_str().unwrap(),
-        "--state",
-        state.to_str().unwrap(),
-    ];
+    let job = Job::new(&data).transport("ucx").batch(12).epochs(2).compute_ms(5).dump(&first).state(&state);
     let port = free_port();
-    let ranks: Vec<_> = (0..3).map(|r| spawn_rank(r, 3, port, "tok", &args, &[])).collect();
+    let ranks: Vec<_> = (0..3).map(|r| spawn_rank(r, 3, port, "tok", &job.argv(), &[])).collect();
     std::thread::sleep(Duration::from_millis(2000));
     for c in &ranks {
         // SAFETY: kill(2) on our own child.
@@ -87,23 +66,7 @@ fn sigterm_stops_every_rank_at_one_step_and_the_stream_resumes_exactly_elsewhere
 
     // Resume from the state file on 2 ranks (MPI), and from EPOCH:STEP on a 4-rank mesh.
     let second = out.path().join("second");
-    let r = mpirun(
-        2,
-        &[
-            "run",
-            "--data",
-            d,
-            "--batch-size",
-            "12",
-            "--epochs",
-            "2",
-            "--resume-from",
-            state.to_str().unwrap(),
-            "--dump",
-            second.to_str().unwrap(),
-            "--verify",
-        ],
-    );
+    let r = Job::new(&data).batch(12).epochs(2).resume_from(&state).dump(&second).verify().mpirun(2);
     ok(&r);
     assert!(r.stdout.contains(&format!("resuming at epoch {e} step {k}")), "{}", r.stdout);
     let mut joined = before.clone();
@@ -111,26 +74,8 @@ fn sigterm_stops_every_rank_at_one_step_and_the_stream_resumes_exactly_elsewhere
     assert_eq!(joined, reference, "stopped + resumed stream equals the uninterrupted one");
 
     let third = out.path().join("third");
-    ok(&mpirun(
-        4,
-        &[
-            "run",
-            "--data",
-            d,
-            "--batch-size",
-            "12",
-            "--epochs",
-            "2",
-            "--resume-from",
-            &resume,
-            "--mesh",
-            "dp=2,tp=2",
-            "--shard",
-            "data=dp,tp",
-            "--dump",
-            third.to_str().unwrap(),
-        ],
-    ));
+    let resumed = Job::new(&data).batch(12).epochs(2).resume_from(&resume);
+    ok(&resumed.mesh("dp=2,tp=2").opt("--shard", "data=dp,tp").dump(&third).mpirun(4));
     // Ranks 0 and 2 (tp = 0) hold the two halves of every batch's rows.
     let mut joined = before;
     joined.extend(ids_by_step(&third, 4, &[0, 2]));
@@ -141,34 +86,26 @@ over_transports! {
     fn a_state_from_another_stream_is_refused_naming_the_change(t: Transport) {
         let out = tempdir();
         let data = out.path().join("d");
-        gen(&data, "500", "data:u8:4");
+        Dataset::gen("npy", 500).field("data:u8:4").write(&data);
         let state = out.path().join("s.json");
-        let d = data.to_str().unwrap();
-        ok(&t.run(2, &["run", "--data", d, "--batch-size", "10", "--seed", "3", "--state", state.to_str().unwrap()]));
-        let s = state.to_str().unwrap();
+        ok(&Job::new(&data).batch(10).seed(3).state(&state).over(t, 2));
         for (args, needle) in [
             (vec!["--batch-size", "20", "--seed", "3"], "batch size 10 → 20"),
             (vec!["--batch-size", "10", "--seed", "4"], "seed 3 → 4"),
             (vec!["--batch-size", "10", "--seed", "3", "--shared-order", "7,block=50"], "shared order none → 7,block=50"),
         ] {
-            let mut a = vec!["run", "--data", d, "--resume-from", s];
-            a.extend(args);
-            let run = t.run(2, &a);
+            let run = Job::new(&data).resume_from(&state).args(args).over(t, 2);
             assert_ne!(run.code, 0);
             let line = agreed_failure(&run, 2);
             assert!(line.contains(needle), "{line}");
         }
         // Another dataset.
         let other = out.path().join("o");
-        gen(&other, "600", "data:u8:4");
-        let run =
-            t.run(2, &["run", "--data", other.to_str().unwrap(), "--batch-size", "10", "--seed", "3", "--resume-from", s]);
+        Dataset::gen("npy", 600).field("data:u8:4").write(&other);
+        let run = Job::new(&other).batch(10).seed(3).resume_from(&state).over(t, 2);
         assert!(run.code != 0 && agreed_failure(&run, 2).contains("dataset samples 500 → 600"), "{}", run.stderr);
         // The state of a finished run resumes to nothing more; a state one epoch further on runs it.
-        let run = t.run(
-            2,
-            &["run", "--data", d, "--batch-size", "10", "--seed", "3", "--epochs", "2", "--resume-from", s, "--verify"],
-        );
+        let run = Job::new(&data).batch(10).seed(3).epochs(2).resume_from(&state).verify().over(t, 2);
         ok(&run);
         assert_eq!(run.stdout.matches("delivered exactly once").count(), 1, "only epoch 1 remains: {}", run.stdout);
     }
@@ -178,22 +115,8 @@ over_transports! {
     fn soak_many_epochs_small_windows_prime_sizes(t: Transport) {
         let out = tempdir();
         let data = out.path().join("d");
-        gen(&data, "1009", "x:f32:3");
-        let run = t.run(
-            4,
-            &[
-                "run",
-                "--data",
-                data.to_str().unwrap(),
-                "--batch-size",
-                "28",
-                "--epochs",
-                "25",
-                "--window-bytes",
-                "911",
-                "--verify",
-            ],
-        );
+        Dataset::gen("npy", 1009).field("x:f32:3").write(&data);
+        let run = Job::new(&data).batch(28).epochs(25).window("911").verify().over(t, 4);
         ok(&run);
         let verified = run
             .stdout
@@ -207,10 +130,8 @@ over_transports! {
 /// Peak RSS (max over ranks) of one epoch, keeping nothing in memory (what the window
 /// budget alone bounds; the strategies' budgets: tests/behaviour/memory.rs).
 fn peak_rss(data: &std::path::Path, window: &str, prefetch: usize) -> u64 {
-    let d = data.to_str().unwrap();
-    let p = prefetch.to_string();
-    let args = ["run", "--data", d, "--batch-size", "32", "--window-bytes", window, "--prefetch", &p, "--json"];
-    let run = mpirun(4, &[&args[..], &["--memory-budget", "0"]].concat());
+    let job = Job::new(data).batch(32).window(window).opt("--prefetch", prefetch).json();
+    let run = job.opt("--memory-budget", 0).mpirun(4);
     ok(&run);
     let last: serde_json::Value = serde_json::from_str(run.stdout.lines().last().unwrap()).unwrap();
     last["max_rss_bytes"].as_u64().unwrap()
@@ -222,9 +143,9 @@ fn memory_is_bounded_by_the_window_and_prefetch_not_the_dataset() {
     let (tiny, big, bigger) = (out.path().join("tiny"), out.path().join("big"), out.path().join("bigger"));
     // Big enough that the window budget, not the minimum number of windows per epoch,
     // sets the window length in both.
-    gen(&tiny, "200", "data:f32:1024");
-    gen(&big, "12000", "data:f32:1024"); // 48 MB: 12 MB per rank, 12x the window
-    gen(&bigger, "48000", "data:f32:1024"); // 192 MB: 48 MB per rank, 48x the window
+    Dataset::gen("npy", 200).field("data:f32:1024").write(&tiny);
+    Dataset::gen("npy", 12000).field("data:f32:1024").write(&big); // 48 MB: 12 MB per rank, 12x the window
+    Dataset::gen("npy", 48000).field("data:f32:1024").write(&bigger); // 192 MB: 48 MB per rank, 48x the window
     let window = 1u64 << 20;
     for prefetch in [0, 2] {
         let base = peak_rss(&tiny, "1M", prefetch);
@@ -244,21 +165,11 @@ fn memory_is_bounded_by_the_window_and_prefetch_not_the_dataset() {
 fn a_rank_killed_under_mpirun_ends_the_job_naming_it() {
     let out = tempdir();
     let data = out.path().join("d");
-    gen(&data, "4000", "data:f32:16");
+    Dataset::gen("npy", 4000).field("data:f32:16").write(&data);
     let mut cmd = std::process::Command::new("mpirun");
     cmd.args(MPIRUN_FLAGS);
     cmd.args(["-np", "3", bin()]);
-    cmd.args([
-        "run",
-        "--data",
-        data.to_str().unwrap(),
-        "--batch-size",
-        "12",
-        "--compute-ms",
-        "20",
-        "--window-bytes",
-        "2K",
-    ]);
+    cmd.args(Job::new(&data).batch(12).compute_ms(20).window("2K").argv());
     let child = cmd.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn().unwrap();
     std::thread::sleep(Duration::from_millis(2500));
     // Find rank 2 among mpirun's children by its OMPI_COMM_WORLD_RANK.
@@ -295,31 +206,13 @@ over_transports! {
     fn tail_policies_at_several_rank_counts(t: Transport) {
         let out = tempdir();
         let data = out.path().join("d");
-        gen(&data, "103", "x:f32:4");
-        let d = data.to_str().unwrap();
+        Dataset::gen("npy", 103).field("x:f32:4").write(&data);
         for tail in ["drop", "pad", "partial"] {
             let mut reference: Option<BTreeMap<(u64, u64), Vec<u64>>> = None;
             for np in [1, 3, 4] {
                 let dump = out.path().join(format!("{tail}-{np}"));
-                let run = t.run(
-                    np,
-                    &[
-                        "run",
-                        "--data",
-                        d,
-                        "--batch-size",
-                        "12",
-                        "--epochs",
-                        "2",
-                        "--tail",
-                        tail,
-                        "--window-bytes",
-                        "300",
-                        "--verify",
-                        "--dump",
-                        dump.to_str().unwrap(),
-                    ],
-                );
+                let job = Job::new(&data).batch(12).epochs(2).opt("--tail", tail).window("300").verify();
+                let run = job.dump(&dump).over(t, np);
                 ok(&run);
                 assert_eq!(run.stdout.matches("delivered exactly once").count(), 2, "{tail} np {np}: {}", run.stdout);
                 let ranks: Vec<usize> = (0..np).collect();
@@ -349,25 +242,8 @@ over_transports! {
         }
         // A partial batch on a mesh with replication: 7 rows over dp=2 blocks, tp replicas.
         let dump = out.path().join("mesh");
-        ok(&t.run(
-            4,
-            &[
-                "run",
-                "--data",
-                d,
-                "--batch-size",
-                "12",
-                "--tail",
-                "partial",
-                "--mesh",
-                "dp=2,tp=2",
-                "--shard",
-                "x=dp,tp",
-                "--verify",
-                "--dump",
-                dump.to_str().unwrap(),
-            ],
-        ));
+        let job = Job::new(&data).batch(12).opt("--tail", "partial").mesh("dp=2,tp=2").opt("--shard", "x=dp,tp");
+        ok(&job.verify().dump(&dump).over(t, 4));
         let lines = read_dump(&dump, 4);
         let sizes: Vec<usize> = lines.iter().map(|l| l[8].ids.len()).collect();
         assert_eq!(sizes, vec![3, 3, 4, 4]);
@@ -383,28 +259,10 @@ over_transports! {
     fn a_memory_budget_keeps_what_fits_and_reads_the_rest(t: Transport) {
         let out = tempdir();
         let data = out.path().join("d");
-        gen(&data, "4000", "data:f32:256"); // 4 MB, 1 MB per rank
+        Dataset::gen("npy", 4000).field("data:f32:256").write(&data); // 4 MB, 1 MB per rank
         let epochs = |budget: &str| -> Vec<serde_json::Value> {
-            let run = t.run(
-                4,
-                &[
-                    "run",
-                    "--data",
-                    data.to_str().unwrap(),
-                    "--batch-size",
-                    "32",
-                    "--epochs",
-                    "3",
-                    "--window-bytes",
-                    "256K",
-                    "--read-strategy",
-                    "random",
-                    "--memory-budget",
-                    budget,
-                    "--verify",
-                    "--json",
-                ],
-            );
+            let job = Job::new(&data).batch(32).epochs(3).window("256K").opt("--read-strategy", "random");
+            let run = job.opt("--memory-budget", budget).verify().json().over(t, 4);
             ok(&run);
             run.stdout.lines().map(|l| serde_json::from_str(l).unwrap()).collect()
         };
@@ -433,13 +291,12 @@ over_transports! {
 fn an_invalid_option_on_one_rank_only_stops_every_rank() {
     let out = tempdir();
     let data = out.path().join("d");
-    gen(&data, "200", "x:u8:4");
-    let d = data.to_str().unwrap();
+    Dataset::gen("npy", 200).field("x:u8:4").write(&data);
     // MPMD launch: ranks 0-1 get a valid mesh, rank 2 a mesh that does not fit the world.
     let mut cmd = std::process::Command::new("mpirun");
     cmd.args(MPIRUN_FLAGS);
-    cmd.args(["-np", "2", bin(), "run", "--data", d, "--batch-size", "6", "--mesh", "dp=3", ":"]);
-    cmd.args(["-np", "1", bin(), "run", "--data", d, "--batch-size", "6", "--mesh", "dp=2,tp=2"]);
+    cmd.args(["-np", "2", bin()]).args(Job::new(&data).batch(6).mesh("dp=3").argv()).arg(":");
+    cmd.args(["-np", "1", bin()]).args(Job::new(&data).batch(6).mesh("dp=2,tp=2").argv());
     let start = Instant::now();
     let run =
         finish(cmd.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn().unwrap(), "mpmd");
@@ -454,25 +311,11 @@ fn an_invalid_option_on_one_rank_only_stops_every_rank() {
 fn a_stop_signal_on_one_rank_stops_every_rank_after_the_same_step() {
     let out = tempdir();
     let data = out.path().join("d");
-    gen(&data, "6000", "data:f32:8");
+    Dataset::gen("npy", 6000).field("data:f32:8").write(&data);
     let dump = out.path().join("dump");
-    let args = [
-        "run",
-        "--transport",
-        "ucx",
-        "--data",
-        data.to_str().unwrap(),
-        "--batch-size",
-        "12",
-        "--epochs",
-        "3",
-        "--compute-ms",
-        "2",
-        "--dump",
-        dump.to_str().unwrap(),
-    ];
+    let job = Job::new(&data).transport("ucx").batch(12).epochs(3).compute_ms(2).dump(&dump);
     let port = free_port();
-    let ranks: Vec<_> = (0..3).map(|r| spawn_rank(r, 3, port, "tok", &args, &[])).collect();
+    let ranks: Vec<_> = (0..3).map(|r| spawn_rank(r, 3, port, "tok", &job.argv(), &[])).collect();
     std::thread::sleep(Duration::from_millis(1500));
     // SAFETY: kill(2) on our own child, rank 1 only.
     unsafe { libc::kill(ranks[1].id() as i32, libc::SIGTERM) };

@@ -169,6 +169,11 @@ impl Dataset {
         self
     }
 
+    /// More fields, in order (as [`Dataset::field`] for each).
+    pub fn fields<'a>(self, fields: impl IntoIterator<Item = &'a str>) -> Dataset {
+        fields.into_iter().fold(self, Dataset::field)
+    }
+
     /// More `meshfeed gen` options, after the others (e.g. `["--arrow-batch-rows", "100"]`).
     pub fn args<'a>(mut self, args: impl IntoIterator<Item = &'a str>) -> Dataset {
         self.extra.extend(args.into_iter().map(String::from));
@@ -241,6 +246,39 @@ impl Job {
     /// `--dump DIR`.
     pub fn dump(self, dir: &Path) -> Job {
         self.opt("--dump", dir.to_str().expect("a UTF-8 test path"))
+    }
+
+    /// `--compute-ms MS`: each rank sleeps this long after each batch (as training would),
+    /// so that a signal or a kill lands mid-run.
+    pub fn compute_ms(self, ms: u64) -> Job {
+        self.opt("--compute-ms", ms)
+    }
+
+    /// `--state PATH`: where the run writes its position when stopped (SIGTERM/SIGINT) and
+    /// at the end.
+    pub fn state(self, path: &Path) -> Job {
+        self.opt("--state", path.to_str().expect("a UTF-8 test path"))
+    }
+
+    /// `--resume-from FROM`: a state file or `EPOCH:STEP`.
+    pub fn resume_from(self, from: impl AsRef<Path>) -> Job {
+        self.opt("--resume-from", from.as_ref().to_str().expect("a UTF-8 test path"))
+    }
+
+    /// `--transport NAME` (`mpi` or `ucx`), for a job started by hand (as
+    /// [`spawn_rank`] does); [`Job::over`] and [`Job::launch`] add it themselves.
+    pub fn transport(self, name: &str) -> Job {
+        self.opt("--transport", name)
+    }
+
+    /// `--verify`: check each epoch that every sample arrived exactly once, in order, intact.
+    pub fn verify(self) -> Job {
+        self.args(["--verify"])
+    }
+
+    /// `--json`: JSON lines on stdout (the per-epoch summaries, progress and errors).
+    pub fn json(self) -> Job {
+        self.args(["--json"])
     }
 
     /// More arguments, as they are (flags, options and their values).
