@@ -33,7 +33,7 @@ impl Link {
         _tag: u64,
         _timeout: std::time::Duration,
         _waiting: &mut dyn FnMut() -> bool,
-    ) -> std::result::Result<Vec<u8>, String> {
+    ) -> std::result::Result<Vec<u8>, super::wire::WireError> {
         match *self {}
     }
 }

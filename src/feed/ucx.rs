@@ -8,6 +8,7 @@
 
 use std::time::{Duration, Instant};
 
+use super::wire::WireError;
 use crate::error::Result;
 use crate::transport::ucx::raw::{self, Worker};
 
@@ -76,14 +77,14 @@ impl Link {
         tag: u64,
         timeout: Duration,
         waiting: &mut dyn FnMut() -> bool,
-    ) -> std::result::Result<Vec<u8>, String> {
+    ) -> std::result::Result<Vec<u8>, WireError> {
         let mut buffer = vec![0u8; len];
         // SAFETY: `buffer` stays allocated and untouched until the request completes, or
         // is leaked below where it does not settle; the request is dropped before the
         // worker (it lives in this call).
         let request = unsafe { self.worker.recv(buffer.as_mut_ptr(), len, tag) };
-        let request = request.map_err(|e| e.to_string())?;
-        self.finish(request, buffer, timeout, waiting).map_err(|(why, _)| why)
+        let request = request.map_err(|e| WireError::Connection(e.to_string()))?;
+        self.finish(request, buffer, timeout, waiting).map_err(|(why, _)| WireError::Connection(why))
     }
 
     /// Progresses `request` until it completes (returning `buffer`, checked to be whole
