@@ -309,6 +309,8 @@ mod tests {
         let e = choose(p, &schema, &choice(None, &[]), kind).unwrap_err().to_string();
         assert!(e.contains("/d/x.arrow") && e.contains("column 's' has unsupported type"), "{e}");
         assert!(e.contains("--fields can leave it out (e.g. --fields a,b)"), "{e}");
+        let cause = choose(p, &schema, &choice(None, &[]), kind).unwrap_err();
+        assert!(std::error::Error::source(&cause).is_some_and(|c| c.is::<ColumnTypeError>()), "{cause:?}");
         let c = choose(p, &schema, &choice(Some(&["b", "a"]), &[("b", "mask")]), kind).unwrap();
         let names: Vec<&str> = c.fields.iter().map(|f| f.name.as_str()).collect();
         assert_eq!(names, ["a", "b", "b_valid"]);

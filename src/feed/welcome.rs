@@ -87,3 +87,19 @@ pub fn welcome_from_json(bytes: &[u8], feeder: &str) -> Result<(Vec<FileInfo>, V
     }
     Ok((w.files.into_iter().map(FileInfo::from).collect(), w.owners, w.manifest))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bad_welcome_names_the_feeder_and_keeps_its_cause() {
+        let e = welcome_from_json(b"{", "meshfeed://h:1/d").unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Transport);
+        let text = e.to_string();
+        assert!(text.starts_with("transport: feeder meshfeed://h:1/d: bad file headers: EOF while parsing"), "{text}");
+        assert!(std::error::Error::source(&e).unwrap().is::<serde_json::Error>());
+        let e = welcome_from_json(br#"{"files": [], "owners": ["a"]}"#, "meshfeed://h:1/d").unwrap_err();
+        assert_eq!(e.to_string(), "transport: feeder meshfeed://h:1/d: bad file headers: 0 files but 1 addresses");
+    }
+}
