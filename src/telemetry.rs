@@ -146,7 +146,7 @@ impl Phases {
     }
 
     /// The first phase whose time is not a finite, non-negative number of seconds.
-    fn check(&self) -> std::result::Result<(), String> {
+    fn check(&self) -> std::result::Result<(), RecordError> {
         Phase::ALL.iter().try_for_each(|&p| seconds(&format!("phase_s.{}", p.name()), self.get(p)))
     }
 }
@@ -205,11 +205,11 @@ impl RunInfo {
         if !v.is_object() {
             return Err(bad(format!("not a JSON object: {v}")));
         }
-        check_schema(&v).map_err(bad)?;
+        check_schema(&v).in_file(path)?;
         if v.get("ranks").is_some_and(|r| r.as_u64().is_none_or(|r| r == 0)) {
             return Err(bad(format!("ranks is {}: a number of ranks is a positive integer", v["ranks"])));
         }
-        let info: RunInfo = typed(v).map_err(bad)?;
+        let info: RunInfo = typed(v).in_file(path)?;
         Ok(info)
     }
 
@@ -281,7 +281,7 @@ impl Window {
         fraction(self.wait_s, self.compute_s)
     }
 
-    fn check(&self) -> std::result::Result<(), String> {
+    fn check(&self) -> std::result::Result<(), RecordError> {
         self.phase_s.check()?;
         seconds("peer_wait_s", self.peer_wait_s)?;
         seconds("wait_s", self.wait_s)?;
@@ -290,13 +290,11 @@ impl Window {
             steps.iter().try_for_each(|&s| seconds(key, s))?;
         }
         if self.step_wait_s.len() != self.step_compute_s.len() || self.step_wait_s.len() as u64 > self.steps {
-            return Err(format!(
-                "step_wait_s has {} steps and step_compute_s {}: both list the window's steps delivered (at most \
-                 {})",
-                self.step_wait_s.len(),
-                self.step_compute_s.len(),
-                self.steps
-            ));
+            return Err(RecordError::Steps {
+                wait: self.step_wait_s.len(),
+                compute: self.step_compute_s.len(),
+                steps: self.steps,
+            });
         }
         Ok(())
     }
@@ -364,13 +362,48 @@ impl Epoch {
         fraction(self.wait_s, self.compute_s)
     }
 
-    fn check(&self) -> std::result::Result<(), String> {
+    fn check(&self) -> std::result::Result<(), RecordError> {
         seconds("seconds", self.seconds)?;
         self.phase_s.check()?;
         seconds("peer_wait_s", self.peer_wait_s)?;
         seconds("wait_s", self.wait_s)?;
         seconds("compute_s", self.compute_s)
     }
+}
+
+/// What is wrong with a telemetry record (a line of a rank's file, or `run.json`): the
+/// caller names the file and the line.
+#[derive(Debug, thiserror::Error)]
+pub enum RecordError {
+    /// A line that is not JSON.
+    #[error("not a JSON record: {0}")]
+    NotJson(#[source] serde_json::Error),
+    /// JSON that is not an object.
+    #[error("not a JSON record: {0}")]
+    NotAnObject(serde_json::Value),
+    /// A `schema` this build does not read (`null` where there is none).
+    #[error("telemetry schema {0} (this meshfeed reads {OLDEST_SCHEMA} to {SCHEMA})")]
+    Schema(serde_json::Value),
+    /// A `kind` that is neither a window's nor an epoch's.
+    #[error("kind is {0}: a record is a \"window\" or an \"epoch\"")]
+    Kind(serde_json::Value),
+    /// A count (`key`) that is not a non-negative integer.
+    #[error("{key} is {value}: a count is a non-negative integer")]
+    NotACount { key: String, value: serde_json::Value },
+    /// A time (`key`; an element of a list of times is `key[i]`) that is not a finite,
+    /// non-negative number of seconds; `value` as the record has it.
+    #[error("{key} is {value}: a time is a finite, non-negative number of seconds")]
+    NotATime { key: String, value: String },
+    /// A window's lists of step times that disagree with each other or with its steps.
+    #[error(
+        "step_wait_s has {wait} steps and step_compute_s {compute}: both list the window's steps delivered (at most \
+         {steps})"
+    )]
+    Steps { wait: usize, compute: usize, steps: u64 },
+    /// An object that does not read as a record (a key missing, another type), in serde's
+    /// words.
+    #[error("not a telemetry record: {0}")]
+    NotARecord(#[source] serde_json::Error),
 }
 
 /// A line of a rank's file.
@@ -391,17 +424,17 @@ impl Record {
     }
 
     /// Parses one line; the error says what is wrong (the caller names the file and line).
-    pub fn parse(line: &str) -> std::result::Result<Record, String> {
-        let v: serde_json::Value = serde_json::from_str(line).map_err(|e| format!("not a JSON record: {e}"))?;
+    pub fn parse(line: &str) -> std::result::Result<Record, RecordError> {
+        let v: serde_json::Value = serde_json::from_str(line).map_err(RecordError::NotJson)?;
         if !v.is_object() {
-            return Err(format!("not a JSON record: {v}"));
+            return Err(RecordError::NotAnObject(v));
         }
         check_schema(&v)?;
         // Schema 1 wrote epoch records only, without a kind.
         let record = match v.get("kind").map(|k| k.as_str()) {
             Some(Some("window")) => Record::Window(typed(v)?),
             None | Some(Some("epoch")) => Record::Epoch(typed(v)?),
-            Some(_) => return Err(format!("kind is {}: a record is a \"window\" or an \"epoch\"", v["kind"])),
+            Some(_) => return Err(RecordError::Kind(v["kind"].clone())),
         };
         match &record {
             Record::Window(w) => w.check()?,
@@ -423,9 +456,7 @@ pub fn read_rank_file(path: &Path) -> Result<Vec<(usize, Record)>> {
     let text = read_small_file(path, RANK_FILE_LIMIT)?;
     text.lines()
         .enumerate()
-        .map(|(i, line)| {
-            Record::parse(line).map(|r| (i + 1, r)).map_err(|why| Error::file(path, format!("line {}: {why}", i + 1)))
-        })
+        .map(|(i, line)| Record::parse(line).map(|r| (i + 1, r)).file_context(path, format_args!("line {}", i + 1)))
         .collect()
 }
 
@@ -463,21 +494,17 @@ impl Writer {
 }
 
 /// A record's `schema`, checked: one this build reads.
-fn check_schema(v: &serde_json::Value) -> std::result::Result<u32, String> {
+fn check_schema(v: &serde_json::Value) -> std::result::Result<u32, RecordError> {
     match v.get("schema").and_then(|s| s.as_u64()) {
         Some(s) if (u64::from(OLDEST_SCHEMA)..=u64::from(SCHEMA)).contains(&s) => Ok(s as u32),
-        _ => Err(format!(
-            "telemetry schema {} (this meshfeed reads {OLDEST_SCHEMA} to {SCHEMA})",
-            v.get("schema").unwrap_or(&serde_json::Value::Null)
-        )),
+        _ => Err(RecordError::Schema(v.get("schema").cloned().unwrap_or(serde_json::Value::Null))),
     }
 }
 
 /// The typed record of `v`; where a key has the wrong type, the error names the key (a
 /// count that is no non-negative integer, a time that is no number), else serde's.
-fn typed<T: serde::de::DeserializeOwned>(v: serde_json::Value) -> std::result::Result<T, String> {
-    serde_json::from_value::<T>(v.clone())
-        .map_err(|e| diagnose(&v).unwrap_or_else(|| format!("not a telemetry record: {e}")))
+fn typed<T: serde::de::DeserializeOwned>(v: serde_json::Value) -> std::result::Result<T, RecordError> {
+    serde_json::from_value::<T>(v.clone()).map_err(|e| diagnose(&v).unwrap_or(RecordError::NotARecord(e)))
 }
 
 /// The keys whose values are counts.
@@ -510,11 +537,11 @@ const COUNTS: [&str; 23] = [
 /// The first key of `v` whose value is not of its kind: a count that is not a
 /// non-negative integer, a time (`seconds`, `*_s`, `phase_s.*`, an element of a list of
 /// times) that is not a number.
-fn diagnose(v: &serde_json::Value) -> Option<String> {
+fn diagnose(v: &serde_json::Value) -> Option<RecordError> {
     let obj = v.as_object()?;
     for k in COUNTS {
         if let Some(x) = obj.get(k).filter(|x| x.as_u64().is_none()) {
-            return Some(format!("{k} is {x}: a count is a non-negative integer"));
+            return Some(RecordError::NotACount { key: k.into(), value: x.clone() });
         }
     }
     let times = obj.iter().filter(|(k, _)| *k == "seconds" || (k.ends_with("_s") && *k != "phase_s"));
@@ -525,18 +552,18 @@ fn diagnose(v: &serde_json::Value) -> Option<String> {
     });
     for (k, x) in steps.chain(phases.map(|(k, x)| (format!("phase_s.{k}"), x))) {
         if x.as_f64().is_none() {
-            return Some(format!("{k} is {x}: a time is a finite, non-negative number of seconds"));
+            return Some(RecordError::NotATime { key: k, value: x.to_string() });
         }
     }
     None
 }
 
 /// Refuses a time that is not a finite, non-negative number of seconds.
-fn seconds(key: &str, s: f64) -> std::result::Result<(), String> {
+fn seconds(key: &str, s: f64) -> std::result::Result<(), RecordError> {
     if s.is_finite() && s >= 0.0 {
         Ok(())
     } else {
-        Err(format!("{key} is {s}: a time is a finite, non-negative number of seconds"))
+        Err(RecordError::NotATime { key: key.into(), value: s.to_string() })
     }
 }
 
@@ -575,7 +602,10 @@ mod tests {
         assert_eq!((w.prefetch, w.read_depth), (None, None));
         let mut bad: serde_json::Value = serde_json::from_str(WINDOW_V5).unwrap();
         bad["read_depth"] = (-1).into();
-        assert_eq!(Record::parse(&bad.to_string()).unwrap_err(), "read_depth is -1: a count is a non-negative integer");
+        assert_eq!(
+            Record::parse(&bad.to_string()).unwrap_err().to_string(),
+            "read_depth is -1: a count is a non-negative integer"
+        );
         let Record::Window(w) = Record::parse(WINDOW_V3).unwrap() else { panic!("schema 3: a window") };
         assert_eq!((w.schema, w.step_compute_s.len(), w.home_rows), (3, 2, 0));
         let Record::Epoch(e) = Record::parse(EPOCH_V1).unwrap() else { panic!("schema 1: an epoch") };
@@ -588,7 +618,7 @@ mod tests {
         let with = |key: &str, value: serde_json::Value| {
             let mut v: serde_json::Value = serde_json::from_str(EPOCH).unwrap();
             v[key] = value;
-            Record::parse(&v.to_string()).unwrap_err()
+            Record::parse(&v.to_string()).unwrap_err().to_string()
         };
         assert_eq!(with("schema", 6.into()), "telemetry schema 6 (this meshfeed reads 1 to 5)");
         assert_eq!(with("schema", 0.into()), "telemetry schema 0 (this meshfeed reads 1 to 5)");
@@ -601,24 +631,30 @@ mod tests {
         assert!(with("wait_s", "soon".into()).starts_with("wait_s is \"soon\": a time"));
         let mut v: serde_json::Value = serde_json::from_str(WINDOW).unwrap();
         v["phase_s"]["read"] = (-0.25).into();
-        assert!(Record::parse(&v.to_string()).unwrap_err().starts_with("phase_s.read is -0.25"));
+        assert!(Record::parse(&v.to_string()).unwrap_err().to_string().starts_with("phase_s.read is -0.25"));
         v.as_object_mut().unwrap().remove("schema");
-        assert_eq!(Record::parse(&v.to_string()).unwrap_err(), "telemetry schema null (this meshfeed reads 1 to 5)");
-        assert!(Record::parse("1e999").unwrap_err().starts_with("not a JSON record"));
+        assert_eq!(
+            Record::parse(&v.to_string()).unwrap_err().to_string(),
+            "telemetry schema null (this meshfeed reads 1 to 5)"
+        );
+        assert!(Record::parse("1e999").unwrap_err().to_string().starts_with("not a JSON record"));
         // A window's steps: times, one of each per step delivered.
         let mut v: serde_json::Value = serde_json::from_str(WINDOW_V3).unwrap();
         v["step_compute_s"][1] = (-1.0).into();
-        assert!(Record::parse(&v.to_string()).unwrap_err().starts_with("step_compute_s is -1"), "{v}");
+        assert!(Record::parse(&v.to_string()).unwrap_err().to_string().starts_with("step_compute_s is -1"), "{v}");
         v["step_compute_s"][1] = "x".into();
-        assert!(Record::parse(&v.to_string()).unwrap_err().starts_with("step_compute_s[1] is \"x\": a time"));
+        assert!(Record::parse(&v.to_string())
+            .unwrap_err()
+            .to_string()
+            .starts_with("step_compute_s[1] is \"x\": a time"));
         v["step_compute_s"] = serde_json::json!([0.1]);
-        let err = Record::parse(&v.to_string()).unwrap_err();
+        let err = Record::parse(&v.to_string()).unwrap_err().to_string();
         assert!(err.starts_with("step_wait_s has 2 steps and step_compute_s 1"), "{err}");
         v["steps"] = 1.into();
         v["step_wait_s"] = serde_json::json!([0.1]);
         let Record::Window(w) = Record::parse(&v.to_string()).unwrap() else { panic!("a window") };
         assert_eq!((w.step_wait_s, w.step_compute_s, w.first_step), (vec![0.1], vec![0.1], 4));
-        assert!(Record::parse(r#"{"schema":2,"kind":"window"}"#).unwrap_err().contains("missing field"));
+        assert!(Record::parse(r#"{"schema":2,"kind":"window"}"#).unwrap_err().to_string().contains("missing field"));
     }
 
     #[test]
@@ -644,13 +680,13 @@ mod tests {
         for key in ["samples", "seconds", "wait_s", "epoch", "phase_s"] {
             let mut v: serde_json::Value = serde_json::from_str(bare).unwrap();
             v.as_object_mut().unwrap().remove(key);
-            let err = Record::parse(&v.to_string()).unwrap_err();
+            let err = Record::parse(&v.to_string()).unwrap_err().to_string();
             assert!(err.contains(&format!("missing field `{key}`")), "{key}: {err}");
         }
         for key in ["first_step", "rows", "peer_wait_s", "bytes_read", "bytes_sent", "bytes_sent_off_host"] {
             let mut v: serde_json::Value = serde_json::from_str(WINDOW).unwrap();
             v.as_object_mut().unwrap().remove(key);
-            let err = Record::parse(&v.to_string()).unwrap_err();
+            let err = Record::parse(&v.to_string()).unwrap_err().to_string();
             assert!(err.contains(&format!("missing field `{key}`")), "{key}: {err}");
         }
     }

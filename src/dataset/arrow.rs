@@ -35,7 +35,7 @@ use arrow_buffer::Buffer;
 use arrow_ipc::{Block, MetadataVersion};
 use arrow_schema::{DataType, Schema};
 
-use super::nulls::{Chosen, ColumnChoice, NullPolicy, Source};
+use super::nulls::{Chosen, ColumnChoice, ColumnTypeError, NullPolicy, Source};
 use super::positional::{group_ranges, push_grouped, read_error, read_grouped, Positional, RECORD_GAP_BYTES};
 use super::rows::RowChunk;
 use super::schema::{DType, Field, FieldKind};
@@ -713,7 +713,10 @@ fn uncompressed_lengths(
     Ok(())
 }
 
-fn field_kind(name: &str, dt: &DataType) -> std::result::Result<FieldKind, String> {
+/// The field a column of type `dt` is delivered as, or why it cannot be.
+fn field_kind(name: &str, dt: &DataType) -> std::result::Result<FieldKind, ColumnTypeError> {
+    let column = || name.to_string();
+    let size = |what, n: i32| usize::try_from(n).map_err(|_| ColumnTypeError::BadSize { column: column(), what, n });
     if let Some(d) = DType::of_arrow(dt) {
         return Ok(FieldKind::Tensor { dtype: d, shape: vec![] });
     }
@@ -721,30 +724,23 @@ fn field_kind(name: &str, dt: &DataType) -> std::result::Result<FieldKind, Strin
         // One byte per value (0 or 1), as numpy's and torch's bool.
         DataType::Boolean => Ok(FieldKind::Tensor { dtype: DType::Bool, shape: vec![] }),
         DataType::FixedSizeList(child, _) if child.data_type() == &DataType::Boolean => {
-            Err(format!("column '{name}': fixed-size lists of booleans are not supported"))
+            Err(ColumnTypeError::BooleanLists { column: column() })
         }
         DataType::FixedSizeList(child, n) => match field_kind(name, child.data_type())? {
             FieldKind::Tensor { dtype, mut shape } => {
-                shape.insert(0, usize::try_from(*n).map_err(|_| format!("column '{name}': bad list size {n}"))?);
+                shape.insert(0, size("list size", *n)?);
                 Ok(FieldKind::Tensor { dtype, shape })
             }
-            FieldKind::Bytes { .. } => {
-                Err(format!("column '{name}': lists of variable-length values are not supported"))
-            }
+            FieldKind::Bytes { .. } => Err(ColumnTypeError::VariableLengthLists { column: column() }),
         },
-        DataType::FixedSizeBinary(n) => Ok(FieldKind::Tensor {
-            dtype: DType::U8,
-            shape: vec![usize::try_from(*n).map_err(|_| format!("column '{name}': bad width {n}"))?],
-        }),
+        DataType::FixedSizeBinary(n) => Ok(FieldKind::Tensor { dtype: DType::U8, shape: vec![size("width", *n)?] }),
         DataType::Binary | DataType::LargeBinary => Ok(FieldKind::Bytes { utf8: false, elem: None }),
         DataType::List(child) | DataType::LargeList(child) => match DType::of_arrow(child.data_type()) {
             Some(d) if d != DType::Bool => Ok(FieldKind::Bytes { utf8: false, elem: Some(d) }),
-            _ => {
-                Err(format!("column '{name}': lists of {} are not supported (lists of numbers are)", child.data_type()))
-            }
+            _ => Err(ColumnTypeError::ListsOf { column: column(), of: child.data_type().clone() }),
         },
         DataType::Utf8 | DataType::LargeUtf8 => Ok(FieldKind::Bytes { utf8: true, elem: None }),
-        other => Err(format!("column '{name}' has unsupported type {other}")),
+        other => Err(ColumnTypeError::UnsupportedType { column: column(), ty: other.clone() }),
     }
 }
 

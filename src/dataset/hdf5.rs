@@ -26,7 +26,8 @@ use crate::error::{Error, Result, ResultExt};
 /// Spans closer than this are read through in one hyperslab.
 const HDF5_GAP_BYTES: u64 = 1 << 20;
 
-fn dtype_of(name: &str, td: &TypeDescriptor) -> std::result::Result<DType, String> {
+/// The dtype of dataset `name` of the file at `path`, of type `td`.
+fn dtype_of(path: &Path, name: &str, td: &TypeDescriptor) -> Result<DType> {
     Ok(match td {
         TypeDescriptor::Boolean => DType::Bool,
         TypeDescriptor::Integer(IntSize::U1) => DType::I8,
@@ -39,7 +40,7 @@ fn dtype_of(name: &str, td: &TypeDescriptor) -> std::result::Result<DType, Strin
         TypeDescriptor::Unsigned(IntSize::U8) => DType::U64,
         TypeDescriptor::Float(FloatSize::U4) => DType::F32,
         TypeDescriptor::Float(FloatSize::U8) => DType::F64,
-        other => return Err(format!("dataset '{name}' has unsupported type {other}")),
+        other => return Err(Error::file(path, format!("dataset '{name}' has unsupported type {other}"))),
     })
 }
 
@@ -90,15 +91,18 @@ fn filter_name(id: i32) -> Option<&'static str> {
 /// Checks that this HDF5 library can decode every filter of a dataset's pipeline, so that
 /// a missing plugin is an error at open naming the filter, not a failed read saying
 /// "can't open directory .../plugins".
-fn check_filters(name: &str, ds: &hdf5::Dataset) -> std::result::Result<(), String> {
+fn check_filters(path: &Path, name: &str, ds: &hdf5::Dataset) -> Result<()> {
     for filter in ds.filters() {
         let id = filter.id();
         if !(filter.is_available() && filter.decode_enabled()) {
             let named = filter_name(id).map_or_else(|| format!("filter {id}"), |n| format!("filter {id} ({n})"));
-            return Err(format!(
-                "dataset '{name}' is compressed with HDF5 {named}, which this HDF5 library cannot decode: \
-                 install its plugin and set HDF5_PLUGIN_PATH, or rewrite the file without it \
-                 (e.g. h5repack -f NONE, or gzip)"
+            return Err(Error::file(
+                path,
+                format!(
+                    "dataset '{name}' is compressed with HDF5 {named}, which this HDF5 library cannot decode: \
+                     install its plugin and set HDF5_PLUGIN_PATH, or rewrite the file without it \
+                     (e.g. h5repack -f NONE, or gzip)"
+                ),
             ));
         }
     }
@@ -143,8 +147,8 @@ fn fields_of(path: &Path, file: &hdf5::File, group: Option<&str>) -> Result<(u64
         }
         let dt = ds.dtype().in_file(path)?;
         let td = dt.to_descriptor().map_err(|e| Error::file_caused(path, undescribable_type(&name, &dt, &e), e))?;
-        let dtype = dtype_of(&name, &td).map_err(|r| Error::file(path, r))?;
-        check_filters(&name, ds).map_err(|r| Error::file(path, r))?;
+        let dtype = dtype_of(path, &name, &td)?;
+        check_filters(path, &name, ds)?;
         let field = Field::tensor(name, dtype, rest.to_vec());
         if field.fixed_bytes().is_none() {
             return Err(Error::file(path, format!("dataset '{}' has samples too large to address", field.name)));

@@ -65,7 +65,7 @@ fn layout(path: &Path) -> Result<RecordLayout> {
 
     let (fields, ranges, record_bytes) = match &pre.descr {
         PyValue::Str(s) => {
-            let dtype = parse_typestr(s).map_err(bad)?;
+            let dtype = parse_typestr(s).in_file(path)?;
             let field = Field::tensor("data", dtype, sample_shape);
             let n = field.fixed_bytes().ok_or_else(|| bad("sample size overflows".into()))?;
             (vec![field], vec![0..n], n)
@@ -74,7 +74,7 @@ fn layout(path: &Path) -> Result<RecordLayout> {
             if !sample_shape.is_empty() {
                 return Err(bad("structured arrays must be one-dimensional (one record per sample)".into()));
             }
-            structured_fields(members).map_err(bad)?
+            structured_fields(path, members)?
         }
         other => return Err(bad(format!("unsupported descr {other:?}"))),
     };
@@ -96,35 +96,38 @@ fn layout(path: &Path) -> Result<RecordLayout> {
     Ok(RecordLayout { samples, data_offset: pre.data_offset, record_bytes, fields, ranges })
 }
 
-/// Fields, their byte ranges in a record, and the record size (padding included).
-fn structured_fields(members: &[PyValue]) -> std::result::Result<(Vec<Field>, Vec<Range<usize>>, usize), String> {
+/// Fields, their byte ranges in a record, and the record size (padding included), of the
+/// structured dtype of the file at `path` with `members`.
+fn structured_fields(path: &Path, members: &[PyValue]) -> Result<(Vec<Field>, Vec<Range<usize>>, usize)> {
+    let bad = |reason: String| Error::file(path, reason);
+    let too_large = || bad("record too large".into());
     let mut fields = Vec::new();
     let mut ranges = Vec::new();
     let mut offset = 0usize;
     for m in members {
         let PyValue::Tuple(parts) = m else {
-            return Err(format!("unsupported structured member {m:?}"));
+            return Err(bad(format!("unsupported structured member {m:?}")));
         };
         let (name, typestr) = match (parts.first(), parts.get(1)) {
             (Some(PyValue::Str(n)), Some(PyValue::Str(t))) => (n, t),
             (Some(PyValue::Str(n)), Some(PyValue::List(_))) => {
-                return Err(format!("nested structured member '{n}' is not supported"))
+                return Err(bad(format!("nested structured member '{n}' is not supported")))
             }
-            _ => return Err(format!("unsupported structured member {m:?}")),
+            _ => return Err(bad(format!("unsupported structured member {m:?}"))),
         };
         let shape: Vec<usize> = match parts.get(2) {
             None => vec![],
             Some(PyValue::Tuple(dims)) => dims
                 .iter()
                 .map(|d| match d {
-                    PyValue::Int(i) => usize::try_from(*i).map_err(|_| format!("bad dimension {i} in '{name}'")),
-                    _ => Err(format!("bad shape of '{name}'")),
+                    PyValue::Int(i) => usize::try_from(*i).map_err(|_| bad(format!("bad dimension {i} in '{name}'"))),
+                    _ => Err(bad(format!("bad shape of '{name}'"))),
                 })
-                .collect::<std::result::Result<_, _>>()?,
+                .collect::<Result<_>>()?,
             Some(PyValue::Int(i)) => {
-                vec![usize::try_from(*i).map_err(|_| format!("bad dimension {i} in '{name}'"))?]
+                vec![usize::try_from(*i).map_err(|_| bad(format!("bad dimension {i} in '{name}'")))?]
             }
-            Some(_) => return Err(format!("bad shape of '{name}'")),
+            Some(_) => return Err(bad(format!("bad shape of '{name}'"))),
         };
         if name.is_empty() {
             // Padding inserted by NumPy for aligned structs: skip its bytes.
@@ -132,27 +135,38 @@ fn structured_fields(members: &[PyValue]) -> std::result::Result<(Vec<Field>, Ve
                 .trim_start_matches('|')
                 .strip_prefix('V')
                 .and_then(|n| n.parse().ok())
-                .ok_or_else(|| format!("unnamed member of type {typestr} is not padding"))?;
-            let pad = shape.iter().try_fold(n, |a, &d| a.checked_mul(d)).ok_or("record too large")?;
-            offset = offset.checked_add(pad).ok_or("record too large")?;
+                .ok_or_else(|| bad(format!("unnamed member of type {typestr} is not padding")))?;
+            let pad = shape.iter().try_fold(n, |a, &d| a.checked_mul(d)).ok_or_else(too_large)?;
+            offset = offset.checked_add(pad).ok_or_else(too_large)?;
             continue;
         }
-        let dtype = parse_typestr(typestr).map_err(|e| format!("member '{name}': {e}"))?;
+        let dtype = parse_typestr(typestr).file_context(path, format_args!("member '{name}'"))?;
         let field = Field::tensor(name.clone(), dtype, shape);
-        let len = field.fixed_bytes().ok_or_else(|| format!("member '{name}' is too large"))?;
-        let end = offset.checked_add(len).ok_or("record too large")?;
+        let len = field.fixed_bytes().ok_or_else(|| bad(format!("member '{name}' is too large")))?;
+        let end = offset.checked_add(len).ok_or_else(too_large)?;
         ranges.push(offset..end);
         offset = end;
         fields.push(field);
     }
     if fields.is_empty() {
-        return Err("structured dtype has no named members".into());
+        return Err(bad("structured dtype has no named members".into()));
     }
     Ok((fields, ranges, offset))
 }
 
+/// Why a NumPy type string names no dtype meshfeed reads; each holds the type string.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+enum TypestrError {
+    /// A kind or size meshfeed has no dtype for (complex, strings, objects, dates...).
+    #[error("unsupported dtype '{0}'")]
+    Unsupported(String),
+    /// A multi-byte dtype stored big-endian; `rest` is the type string past its byte order.
+    #[error("big-endian dtype '{typestr}' is not supported (convert with arr.astype('<{rest}'))")]
+    BigEndian { typestr: String, rest: String },
+}
+
 /// Parses a NumPy array-protocol type string such as `<f4`, `|u1`, `|b1`.
-fn parse_typestr(s: &str) -> std::result::Result<DType, String> {
+fn parse_typestr(s: &str) -> std::result::Result<DType, TypestrError> {
     let (order, rest) = match s.chars().next() {
         Some(c @ ('<' | '>' | '|' | '=')) => (c, &s[1..]),
         _ => ('=', s),
@@ -170,10 +184,10 @@ fn parse_typestr(s: &str) -> std::result::Result<DType, String> {
         "f2" => DType::F16,
         "f4" => DType::F32,
         "f8" => DType::F64,
-        _ => return Err(format!("unsupported dtype '{s}'")),
+        _ => return Err(TypestrError::Unsupported(s.into())),
     };
     if order == '>' && dtype.size() > 1 {
-        return Err(format!("big-endian dtype '{s}' is not supported (convert with arr.astype('<{rest}'))"));
+        return Err(TypestrError::BigEndian { typestr: s.into(), rest: rest.into() });
     }
     Ok(dtype)
 }
@@ -242,8 +256,8 @@ mod tests {
         assert_eq!(parse_typestr("<f4"), Ok(DType::F32));
         assert_eq!(parse_typestr("|b1"), Ok(DType::Bool));
         assert_eq!(parse_typestr("|u1"), Ok(DType::U8));
-        assert!(parse_typestr(">f8").unwrap_err().contains("big-endian"));
-        assert!(parse_typestr("<c8").unwrap_err().contains("unsupported"));
+        assert!(parse_typestr(">f8").unwrap_err().to_string().contains("big-endian"));
+        assert!(parse_typestr("<c8").unwrap_err().to_string().contains("unsupported"));
     }
 
     #[test]
@@ -313,7 +327,8 @@ mod tests {
             let PyValue::List(members) = super::super::npy_header::parse_py_literal(text).unwrap() else {
                 unreachable!()
             };
-            assert_eq!(structured_fields(&members).unwrap_err(), "record too large", "{text}");
+            let err = structured_fields(Path::new("t.npy"), &members).unwrap_err();
+            assert!(matches!(&err, Error::File { reason, .. } if reason == "record too large"), "{text}: {err}");
         }
     }
 
@@ -324,7 +339,7 @@ mod tests {
                 PyValue::List(m) => m,
                 _ => unreachable!(),
             };
-        let (fields, ranges, record) = structured_fields(&members).unwrap();
+        let (fields, ranges, record) = structured_fields(Path::new("t.npy"), &members).unwrap();
         assert_eq!(fields.len(), 2);
         assert_eq!((ranges, record), (vec![0..1, 4..8], 8));
     }

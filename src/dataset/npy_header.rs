@@ -63,9 +63,51 @@ pub enum PyValue {
 /// tuples (including `()` and `(3,)`), lists and dicts, with arbitrary
 /// whitespace and trailing commas. Errors name what was expected and the byte
 /// offset into `s`.
-pub fn parse_py_literal(s: &str) -> Result<PyValue, String> {
+pub fn parse_py_literal(s: &str) -> Result<PyValue, LiteralError> {
     parse_literal(s, false)
 }
+
+/// Why a Python literal does not parse ([`parse_py_literal`]); each names the byte offset
+/// into the text where it went wrong.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LiteralError {
+    /// Something else than `what` at byte `at`; `at_end` where the text ended there.
+    Expected { what: String, at: usize, at_end: bool },
+    /// A container opened at byte `at` deeper than [`MAX_DEPTH`] levels.
+    TooDeep { at: usize },
+    /// A string opened at byte `start` that does not close on its line.
+    Unterminated { start: usize },
+    /// A backslash escape Python does not know, at byte `at`.
+    UnknownEscape { escape: char, at: usize },
+    /// A `\x`, `\u` or `\U` escape at byte `at` naming no character.
+    InvalidCodePoint { at: usize },
+    /// An integer starting at byte `at` past what 128 bits hold.
+    TooLarge { at: usize },
+    /// A number starting at byte `at` written in a syntax headers do not use (a float,
+    /// hex, underscores).
+    UnsupportedNumber { at: usize },
+}
+
+impl fmt::Display for LiteralError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LiteralError::Expected { what, at, at_end } => {
+                let at_end = if *at_end { " (end of input)" } else { "" };
+                write!(f, "expected {what} at byte {at}{at_end}")
+            }
+            LiteralError::TooDeep { at } => write!(f, "nesting deeper than {MAX_DEPTH} levels at byte {at}"),
+            LiteralError::Unterminated { start } => write!(f, "unterminated string starting at byte {start}"),
+            LiteralError::UnknownEscape { escape, at } => {
+                write!(f, "unknown escape '\\{}' at byte {at}", escape.escape_debug())
+            }
+            LiteralError::InvalidCodePoint { at } => write!(f, "invalid code point in escape at byte {at}"),
+            LiteralError::TooLarge { at } => write!(f, "integer too large at byte {at}"),
+            LiteralError::UnsupportedNumber { at } => write!(f, "unsupported number syntax at byte {at}"),
+        }
+    }
+}
+
+impl std::error::Error for LiteralError {}
 
 /// The parsed preamble of a `.npy` file.
 #[derive(Clone, Debug, PartialEq)]
@@ -97,6 +139,8 @@ pub enum PreambleError {
     UnsupportedVersion(u8, u8),
     /// The header length field exceeds [`MAX_HEADER_LEN`].
     HeaderTooLong(u64),
+    /// The header text is not a Python literal.
+    Dict(LiteralError),
     /// The header text is not a valid `.npy` header dict.
     Invalid(String),
 }
@@ -114,12 +158,20 @@ impl fmt::Display for PreambleError {
             PreambleError::HeaderTooLong(len) => {
                 write!(f, "header length {len} exceeds the {MAX_HEADER_LEN}-byte limit")
             }
+            PreambleError::Dict(e) => write!(f, "invalid header: header dict: {e}"),
             PreambleError::Invalid(reason) => write!(f, "invalid header: {reason}"),
         }
     }
 }
 
-impl std::error::Error for PreambleError {}
+impl std::error::Error for PreambleError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            PreambleError::Dict(e) => Some(e),
+            _ => None,
+        }
+    }
+}
 
 /// Parses the preamble at the start of `bytes`, a prefix of a `.npy` file.
 ///
@@ -174,7 +226,7 @@ pub fn parse_preamble(bytes: &[u8]) -> Result<NpyPreamble, PreambleError> {
     // Headers written by Python 2 (only possible for versions 1.0 and 2.0)
     // may carry `L` suffixes on integers, e.g. `'shape': (3L, 4L)`; NumPy
     // strips them when reading, so do we.
-    let dict = parse_literal(&text, !utf8).map_err(|e| PreambleError::Invalid(format!("header dict: {e}")))?;
+    let dict = parse_literal(&text, !utf8).map_err(PreambleError::Dict)?;
     let (descr, fortran_order, shape) = check_header_dict(dict)?;
 
     Ok(NpyPreamble { version: (major, minor), descr, fortran_order, shape, data_offset })
@@ -241,7 +293,7 @@ fn check_header_dict(dict: PyValue) -> Result<(PyValue, bool, Vec<u64>), Preambl
 }
 
 /// Parses a complete literal; `allow_long_suffix` accepts Python 2 `123L`.
-fn parse_literal(s: &str, allow_long_suffix: bool) -> Result<PyValue, String> {
+fn parse_literal(s: &str, allow_long_suffix: bool) -> Result<PyValue, LiteralError> {
     let mut parser = Parser { s, pos: 0, allow_long_suffix };
     let value = parser.value(0)?;
     parser.skip_ws();
@@ -282,13 +334,12 @@ impl Parser<'_> {
         }
     }
 
-    fn expected(&self, what: &str) -> String {
-        let at_end = if self.pos >= self.s.len() { " (end of input)" } else { "" };
-        format!("expected {what} at byte {}{at_end}", self.pos)
+    fn expected(&self, what: &str) -> LiteralError {
+        LiteralError::Expected { what: what.into(), at: self.pos, at_end: self.pos >= self.s.len() }
     }
 
     /// Parses one value; `depth` is the number of enclosing containers.
-    fn value(&mut self, depth: usize) -> Result<PyValue, String> {
+    fn value(&mut self, depth: usize) -> Result<PyValue, LiteralError> {
         self.skip_ws();
         let next = self.s.as_bytes().get(self.pos + 1).copied();
         match self.peek() {
@@ -310,9 +361,9 @@ impl Parser<'_> {
 
     /// Consumes a container's opening bracket, enforcing the depth limit
     /// before recursing any further.
-    fn open(&mut self, depth: usize) -> Result<usize, String> {
+    fn open(&mut self, depth: usize) -> Result<usize, LiteralError> {
         if depth >= MAX_DEPTH {
-            return Err(format!("nesting deeper than {MAX_DEPTH} levels at byte {}", self.pos));
+            return Err(LiteralError::TooDeep { at: self.pos });
         }
         self.pos += 1;
         Ok(depth + 1)
@@ -320,7 +371,7 @@ impl Parser<'_> {
 
     /// Parses a list (`close == b']'`) or a tuple / parenthesised expression
     /// (`close == b')'`).
-    fn sequence(&mut self, depth: usize, close: u8) -> Result<PyValue, String> {
+    fn sequence(&mut self, depth: usize, close: u8) -> Result<PyValue, LiteralError> {
         let depth = self.open(depth)?;
         let is_tuple = close == b')';
         let mut items = Vec::new();
@@ -355,7 +406,7 @@ impl Parser<'_> {
         }
     }
 
-    fn dict(&mut self, depth: usize) -> Result<PyValue, String> {
+    fn dict(&mut self, depth: usize) -> Result<PyValue, LiteralError> {
         let depth = self.open(depth)?;
         let mut entries = Vec::new();
         loop {
@@ -381,11 +432,11 @@ impl Parser<'_> {
         Ok(PyValue::Dict(entries))
     }
 
-    fn string(&mut self) -> Result<PyValue, String> {
+    fn string(&mut self) -> Result<PyValue, LiteralError> {
         let start = self.pos;
         let quote = self.peek_char();
         self.pos += 1;
-        let unterminated = || format!("unterminated string starting at byte {start}");
+        let unterminated = || LiteralError::Unterminated { start };
         let mut out = String::new();
         loop {
             let c = self.peek_char().ok_or_else(unterminated)?;
@@ -417,7 +468,7 @@ impl Parser<'_> {
                         'u' => self.hex_escape(4, escape_start)?,
                         'U' => self.hex_escape(8, escape_start)?,
                         _ => {
-                            return Err(format!("unknown escape '\\{}' at byte {escape_start}", e.escape_debug()));
+                            return Err(LiteralError::UnknownEscape { escape: e, at: escape_start });
                         }
                     };
                     out.push(decoded);
@@ -444,7 +495,7 @@ impl Parser<'_> {
     }
 
     /// Reads exactly `digits` hex digits as a code point.
-    fn hex_escape(&mut self, digits: usize, escape_start: usize) -> Result<char, String> {
+    fn hex_escape(&mut self, digits: usize, escape_start: usize) -> Result<char, LiteralError> {
         let mut value = 0u32;
         for _ in 0..digits {
             let d = self
@@ -455,10 +506,10 @@ impl Parser<'_> {
             value = value * 16 + d;
             self.pos += 1;
         }
-        char::from_u32(value).ok_or_else(|| format!("invalid code point in escape at byte {escape_start}"))
+        char::from_u32(value).ok_or(LiteralError::InvalidCodePoint { at: escape_start })
     }
 
-    fn int(&mut self) -> Result<PyValue, String> {
+    fn int(&mut self) -> Result<PyValue, LiteralError> {
         let start = self.pos;
         let negative = self.peek() == Some(b'-');
         if self.eat(b'-') || self.eat(b'+') {
@@ -471,7 +522,7 @@ impl Parser<'_> {
             value = value
                 .checked_mul(10)
                 .and_then(|v| v.checked_add(i128::from(d - b'0')))
-                .ok_or_else(|| format!("integer too large at byte {start}"))?;
+                .ok_or(LiteralError::TooLarge { at: start })?;
             self.pos += 1;
         }
         if self.pos == digits_start {
@@ -483,12 +534,12 @@ impl Parser<'_> {
         // Floats, hex, underscores etc. are not needed for headers; reject them
         // instead of silently stopping at the first non-digit.
         if matches!(self.peek(), Some(c) if c.is_ascii_alphanumeric() || c == b'_' || c == b'.') {
-            return Err(format!("unsupported number syntax at byte {start}"));
+            return Err(LiteralError::UnsupportedNumber { at: start });
         }
         Ok(PyValue::Int(if negative { -value } else { value }))
     }
 
-    fn keyword(&mut self) -> Result<PyValue, String> {
+    fn keyword(&mut self) -> Result<PyValue, LiteralError> {
         let start = self.pos;
         while matches!(self.peek(), Some(c) if c.is_ascii_alphanumeric() || c == b'_') {
             self.pos += 1;
@@ -553,6 +604,7 @@ mod tests {
     fn invalid_reason(bytes: &[u8]) -> String {
         match parse_preamble(bytes) {
             Err(PreambleError::Invalid(reason)) => reason,
+            Err(PreambleError::Dict(e)) => format!("header dict: {e}"),
             other => panic!("expected Invalid, got {other:?}"),
         }
     }
@@ -774,7 +826,8 @@ mod tests {
         // Far deeper than any stack could take without the limit.
         let deep = "[".repeat(100_000);
         let err = parse_py_literal(&deep).unwrap_err();
-        assert_eq!(err, "nesting deeper than 32 levels at byte 32");
+        assert_eq!(err, LiteralError::TooDeep { at: 32 });
+        assert_eq!(err.to_string(), "nesting deeper than 32 levels at byte 32");
         let header = format!("{{'descr': {deep}");
         assert!(invalid_reason(&v1(&header)).contains("nesting deeper than 32"));
         // Exactly at the limit is fine; one more is not.
@@ -789,8 +842,8 @@ mod tests {
         // The string opened at byte 10 runs into the newline padding.
         let reason = invalid_reason(&v1("{'descr': '<f4, }   \n"));
         assert_eq!(reason, "header dict: unterminated string starting at byte 10");
-        assert_eq!(parse_py_literal("'abc").unwrap_err(), "unterminated string starting at byte 0");
-        assert_eq!(parse_py_literal("  \"ab\\\"").unwrap_err(), "unterminated string starting at byte 2");
+        assert_eq!(parse_py_literal("'abc").unwrap_err().to_string(), "unterminated string starting at byte 0");
+        assert_eq!(parse_py_literal("  \"ab\\\"").unwrap_err().to_string(), "unterminated string starting at byte 2");
         assert!(parse_py_literal("'a\nb'").is_err());
     }
 
@@ -801,7 +854,10 @@ mod tests {
         assert_eq!(parse_py_literal("+0"), Ok(PyValue::Int(0)));
         assert_eq!(parse_py_literal("- 3"), Ok(PyValue::Int(-3)));
         assert_eq!(parse_py_literal("-170141183460469231731687303715884105727"), Ok(PyValue::Int(-i128::MAX)));
-        assert!(parse_py_literal("170141183460469231731687303715884105728").unwrap_err().contains("too large"));
+        assert!(parse_py_literal("170141183460469231731687303715884105728")
+            .unwrap_err()
+            .to_string()
+            .contains("too large"));
         assert_eq!(parse_py_literal("True"), Ok(PyValue::Bool(true)));
         assert_eq!(parse_py_literal("False"), Ok(PyValue::Bool(false)));
         assert_eq!(parse_py_literal("None"), Ok(PyValue::None));
@@ -822,8 +878,8 @@ mod tests {
         );
         assert_eq!(parse_py_literal("'a\\\nb'"), Ok(s("ab")));
         assert_eq!(parse_py_literal("'\u{e9}\u{20ac}'"), Ok(s("\u{e9}\u{20ac}")));
-        assert_eq!(parse_py_literal(r"'ab\q'").unwrap_err(), r"unknown escape '\q' at byte 3");
-        assert_eq!(parse_py_literal(r"'\x4'").unwrap_err(), "expected 2 hex digits at byte 4");
+        assert_eq!(parse_py_literal(r"'ab\q'").unwrap_err().to_string(), r"unknown escape '\q' at byte 3");
+        assert_eq!(parse_py_literal(r"'\x4'").unwrap_err().to_string(), "expected 2 hex digits at byte 4");
         assert!(parse_py_literal(r"'\UFFFFFFFF'").is_err());
         assert!(parse_py_literal(r"'\ud800'").is_err());
         assert!(parse_py_literal("b'x'").is_err());
@@ -861,7 +917,7 @@ mod tests {
             ("[1)", "expected ',' or ']' at byte 2"),
         ];
         for (text, message) in errors {
-            assert_eq!(parse_py_literal(text).unwrap_err(), message, "{text:?}");
+            assert_eq!(parse_py_literal(text).unwrap_err().to_string(), message, "{text:?}");
         }
     }
 
@@ -873,6 +929,10 @@ mod tests {
             (PreambleError::UnsupportedVersion(4, 0), "unsupported .npy version 4.0"),
             (PreambleError::HeaderTooLong(2_000_000), "header length 2000000 exceeds the 1048576-byte limit"),
             (PreambleError::Invalid("missing key 'shape'".into()), "invalid header: missing key 'shape'"),
+            (
+                PreambleError::Dict(LiteralError::Unterminated { start: 10 }),
+                "invalid header: header dict: unterminated string starting at byte 10",
+            ),
         ];
         for (err, text) in cases {
             assert_eq!(err.to_string(), text);

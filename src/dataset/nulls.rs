@@ -161,6 +161,27 @@ impl Chosen {
     }
 }
 
+/// Why a column's type is not one meshfeed delivers (what `kind_of` says to [`choose`]),
+/// naming the column; the file is named by whoever reports it.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ColumnTypeError {
+    /// A type with no field kind at all.
+    #[error("column '{column}' has unsupported type {ty}")]
+    UnsupportedType { column: String, ty: DataType },
+    /// A fixed-size list of booleans (a bit each in Arrow, a byte each as meshfeed delivers).
+    #[error("column '{column}': fixed-size lists of booleans are not supported")]
+    BooleanLists { column: String },
+    /// A fixed-size list of variable-length values.
+    #[error("column '{column}': lists of variable-length values are not supported")]
+    VariableLengthLists { column: String },
+    /// A variable-length list of something other than numbers.
+    #[error("column '{column}': lists of {of} are not supported (lists of numbers are)")]
+    ListsOf { column: String, of: DataType },
+    /// A list size or binary width that is negative.
+    #[error("column '{column}': bad {what} {n}")]
+    BadSize { column: String, what: &'static str, n: i32 },
+}
+
 /// The fields file `path` with schema `schema` delivers under `choice`, the type of each
 /// column read checked by `kind_of` (the format's mapping of a column type to a field). A
 /// column not read is never checked. Without a selection, a column of a type meshfeed
@@ -170,7 +191,7 @@ pub fn choose(
     path: &Path,
     schema: &Schema,
     choice: &ColumnChoice,
-    kind_of: impl Fn(&str, &DataType) -> std::result::Result<FieldKind, String>,
+    kind_of: impl Fn(&str, &DataType) -> std::result::Result<FieldKind, ColumnTypeError>,
 ) -> Result<Chosen> {
     let columns: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
     if let Some(names) = &choice.names {
@@ -198,7 +219,7 @@ pub fn choose(
                 }
                 Some(_) => " (it is named by --fields)".to_string(),
             };
-            Error::file(path, format!("{why}{way_out}"))
+            Error::file_caused(path, format!("{why}{way_out}"), why)
         })?;
         let field = Field { name: f.name().clone(), kind };
         if let (FieldKind::Tensor { .. }, None) = (&field.kind, field.fixed_bytes()) {
@@ -278,7 +299,7 @@ mod tests {
         let kind = |name: &str, dt: &DataType| match dt {
             DataType::Int64 => Ok(Field::tensor(name, DType::I64, vec![]).kind),
             DataType::Float32 => Ok(Field::tensor(name, DType::F32, vec![]).kind),
-            other => Err(format!("column '{name}' has unsupported type {other}")),
+            other => Err(ColumnTypeError::UnsupportedType { column: name.into(), ty: other.clone() }),
         };
         let p = Path::new("/d/x.arrow");
         let choice = |names: Option<&[&str]>, nulls: &[(&str, &str)]| ColumnChoice {
@@ -288,6 +309,8 @@ mod tests {
         let e = choose(p, &schema, &choice(None, &[]), kind).unwrap_err().to_string();
         assert!(e.contains("/d/x.arrow") && e.contains("column 's' has unsupported type"), "{e}");
         assert!(e.contains("--fields can leave it out (e.g. --fields a,b)"), "{e}");
+        let cause = choose(p, &schema, &choice(None, &[]), kind).unwrap_err();
+        assert!(std::error::Error::source(&cause).is_some_and(|c| c.is::<ColumnTypeError>()), "{cause:?}");
         let c = choose(p, &schema, &choice(Some(&["b", "a"]), &[("b", "mask")]), kind).unwrap();
         let names: Vec<&str> = c.fields.iter().map(|f| f.name.as_str()).collect();
         assert_eq!(names, ["a", "b", "b_valid"]);

@@ -255,7 +255,9 @@ impl ParquetReader {
                         values.push(u8::from(array.is_valid(k)));
                     }
                 } else {
-                    append(array, values, &mut places).map_err(|why| bad(format!("column '{name}': {why}")))?;
+                    append(array, values, &mut places).map_err(|why| {
+                        Error::file_caused(&self.path, format!("row group {g}: column '{name}': {why}"), why)
+                    })?;
                 }
                 if array.null_count() > 0 && matches!(self.chosen.sources[col], Source::Column(_)) {
                     let null = match &self.chosen.nulls[col] {
@@ -284,27 +286,44 @@ impl ParquetReader {
     }
 }
 
+/// Why a column's decoded values cannot be delivered: the column (and the file) are named
+/// by the caller.
+#[derive(Debug, thiserror::Error)]
+enum ValuesError {
+    /// Nulls inside a list's values (only whole values may be null).
+    #[error("nulls inside its values are not supported (--nulls delivers nulls of whole values)")]
+    NullsInside,
+    /// Values of a type with no fixed width where one is needed.
+    #[error("unsupported type {0}")]
+    UnsupportedType(DataType),
+    /// Arrays that do not hold what their type says (`what` is missing or short).
+    #[error("{0}")]
+    Malformed(&'static str),
+}
+
+use ValuesError::Malformed;
+
 /// The bytes of a fixed-width array's values from its row 0, and their width.
-fn fixed(data: &ArrayData) -> std::result::Result<(&[u8], usize), String> {
+fn fixed(data: &ArrayData) -> std::result::Result<(&[u8], usize), ValuesError> {
     match data.data_type() {
         DataType::FixedSizeList(_, n) => {
-            let child = data.child_data().first().ok_or("a list without values")?;
+            let child = data.child_data().first().ok_or(Malformed("a list without values"))?;
             if child.null_count() > 0 {
-                return Err("nulls inside its values are not supported (--nulls delivers nulls of whole values)".into());
+                return Err(ValuesError::NullsInside);
             }
             let (bytes, w) = fixed(child)?;
-            let width = w * usize::try_from(*n).map_err(|_| "bad list size")?;
-            Ok((bytes.get(data.offset() * width..).ok_or("short values")?, width))
+            let width = w * usize::try_from(*n).map_err(|_| Malformed("bad list size"))?;
+            Ok((bytes.get(data.offset() * width..).ok_or(Malformed("short values"))?, width))
         }
         DataType::FixedSizeBinary(n) => {
-            let width = usize::try_from(*n).map_err(|_| "bad width")?;
-            let buf = data.buffers().first().ok_or("no values")?;
-            Ok((buf.as_slice().get(data.offset() * width..).ok_or("short values")?, width))
+            let width = usize::try_from(*n).map_err(|_| Malformed("bad width"))?;
+            let buf = data.buffers().first().ok_or(Malformed("no values"))?;
+            Ok((buf.as_slice().get(data.offset() * width..).ok_or(Malformed("short values"))?, width))
         }
         dt => {
-            let width = dt.primitive_width().ok_or_else(|| format!("unsupported type {dt}"))?;
-            let buf = data.buffers().first().ok_or("no values")?;
-            Ok((buf.as_slice().get(data.offset() * width..).ok_or("short values")?, width))
+            let width = dt.primitive_width().ok_or_else(|| ValuesError::UnsupportedType(dt.clone()))?;
+            let buf = data.buffers().first().ok_or(Malformed("no values"))?;
+            Ok((buf.as_slice().get(data.offset() * width..).ok_or(Malformed("short values"))?, width))
         }
     }
 }
@@ -314,22 +333,26 @@ fn fixed(data: &ArrayData) -> std::result::Result<(&[u8], usize), String> {
 fn list_values<O: arrow_array::OffsetSizeTrait>(
     l: &arrow_array::GenericListArray<O>,
     push: &mut impl FnMut(&[u8]),
-) -> std::result::Result<(), String> {
+) -> std::result::Result<(), ValuesError> {
     let child = l.values().to_data();
     if child.null_count() > 0 {
-        return Err("nulls inside its values are not supported (--nulls delivers nulls of whole values)".into());
+        return Err(ValuesError::NullsInside);
     }
     let (bytes, w) = fixed(&child)?;
     for i in 0..l.len() {
         let (s, e) = (l.value_offsets()[i].as_usize(), l.value_offsets()[i + 1].as_usize());
-        push(bytes.get(s * w..e * w).ok_or("short list values")?);
+        push(bytes.get(s * w..e * w).ok_or(Malformed("short list values"))?);
     }
     Ok(())
 }
 
 /// Appends the bytes of every row of `array`, as meshfeed delivers its field, to `out`,
 /// with each row's place (offset, length) to `places`.
-fn append(array: &ArrayRef, out: &mut Vec<u8>, places: &mut Vec<(usize, usize)>) -> std::result::Result<(), String> {
+fn append(
+    array: &ArrayRef,
+    out: &mut Vec<u8>,
+    places: &mut Vec<(usize, usize)>,
+) -> std::result::Result<(), ValuesError> {
     let n = array.len();
     let mut push = |v: &[u8]| {
         places.push((out.len(), v.len()));
@@ -352,7 +375,7 @@ fn append(array: &ArrayRef, out: &mut Vec<u8>, places: &mut Vec<(usize, usize)>)
             let data = array.to_data();
             let (bytes, w) = fixed(&data)?;
             for i in 0..n {
-                push(bytes.get(i * w..(i + 1) * w).ok_or("short values")?);
+                push(bytes.get(i * w..(i + 1) * w).ok_or(Malformed("short values"))?);
             }
         }
     }

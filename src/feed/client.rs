@@ -12,11 +12,11 @@ use std::time::Duration;
 use arrow_buffer::Buffer;
 
 use super::ucx::Link;
-use super::wire::{self, Hello, Mapped, Request, Rows, Share};
+use super::wire::{self, Hello, Mapped, Request, Rows, Share, WireError};
 use super::Source;
 use crate::dataset::gen::Manifest;
 use crate::dataset::{Dataset, FileInfo, FileReader, RowChunk, RowSource};
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorKind, Result, ResultExt};
 use crate::runtime::shared_memory::Region;
 
 /// How long connecting to a feeder may take.
@@ -38,7 +38,7 @@ struct Connection {
     timeout: Duration,
     /// Why a call failed, once one did: the connection is not used again (an answer that
     /// arrives after its timeout must not be read as the next request's).
-    broken: Option<String>,
+    broken: Option<WireError>,
     /// The feeder's shared memory, where this process maps it.
     peer: Option<Peer>,
     /// This side's UCX worker, where the feeder offered UCX and one could be made.
@@ -106,9 +106,12 @@ impl Connection {
         // Whoever answers at the address need not be the feeder: its welcome is bounded, and
         // it is not waited for past the timeout (no keep-alive counts before the welcome).
         let max = if headers { wire::MAX_WELCOME } else { wire::MAX_HELLO };
-        let answer = conn.call(&hello.encode(), max, false).map_err(|e| fail(format!("refused: {e}")))?;
+        let answer = conn
+            .call(&hello.encode(), max, false)
+            .context(ErrorKind::Transport, format_args!("feeder {url}: refused"))?;
         if !headers && answer.len() > 1 {
-            let share = Share::decode(&answer[1..]).map_err(|e| fail(format!("bad welcome: {e}")))?;
+            let share =
+                Share::decode(&answer[1..]).context(ErrorKind::Transport, format_args!("feeder {url}: bad welcome"))?;
             conn.peer = Peer::probe(&share);
         }
         if ucx {
@@ -138,7 +141,7 @@ impl Connection {
     /// payload from byte 1), or the feeder's message. Where `keep_alives` (a request for
     /// rows), the feeder may say that it is still reading them ([`Connection::exchange`]).
     /// Once the connection failed, every call fails as it did.
-    fn call(&mut self, frame: &[u8], max: u64, keep_alives: bool) -> std::result::Result<Vec<u8>, String> {
+    fn call(&mut self, frame: &[u8], max: u64, keep_alives: bool) -> std::result::Result<Vec<u8>, WireError> {
         if let Some(why) = &self.broken {
             return Err(why.clone());
         }
@@ -164,17 +167,19 @@ impl Connection {
     /// stuck on its storage, or whatever holds its port after it died, fails the read
     /// within two timeouts at most, never holds it. Once an answer has begun, its bytes
     /// may take as long as they keep coming (the timeout then measures silence).
-    fn exchange(&mut self, frame: &[u8], max: u64, keep_alives: bool) -> std::result::Result<Vec<u8>, String> {
+    fn exchange(&mut self, frame: &[u8], max: u64, keep_alives: bool) -> std::result::Result<Vec<u8>, WireError> {
         use std::io::ErrorKind::*;
         let timeout = self.timeout;
         let failed = |e: std::io::Error| match e.kind() {
             // A feeder that exits (killed, stopped) resets or closes its connections.
             UnexpectedEof | ConnectionReset | ConnectionAborted | BrokenPipe => {
-                format!("{CLOSED}: {e}")
+                WireError::Connection(format!("{CLOSED}: {e}"))
             }
-            WouldBlock | TimedOut => format!("no answer within {timeout:?} (MESHFEED_FEEDER_TIMEOUT_S)"),
-            InvalidData => format!("a bad answer: {e}"),
-            _ => format!("the connection failed: {e}"),
+            WouldBlock | TimedOut => {
+                WireError::Connection(format!("no answer within {timeout:?} (MESHFEED_FEEDER_TIMEOUT_S)"))
+            }
+            InvalidData => WireError::Malformed(format!("a bad answer: {e}")),
+            _ => WireError::Connection(format!("the connection failed: {e}")),
         };
         wire::write_frame(&mut self.w, frame).map_err(failed)?;
         let mut deadline = std::time::Instant::now() + timeout;
@@ -196,9 +201,12 @@ impl Connection {
             match frame {
                 Ok(Some(frame)) if frame.first() == Some(&wire::STILL_READING) => {
                     if !keep_alives {
-                        return Err("a keep-alive where none is due: not a feeder's answer".into());
+                        return Err(WireError::Malformed(
+                            "a keep-alive where none is due: not a feeder's answer".into(),
+                        ));
                     }
-                    let progress = wire::parse_still_reading(&frame).map_err(|e| format!("a bad keep-alive: {e}"))?;
+                    let progress = wire::parse_still_reading(&frame)
+                        .map_err(|e| WireError::Malformed(format!("a bad keep-alive: {e}")))?;
                     if reported.is_none_or(|before| progress > before) {
                         deadline = std::time::Instant::now() + timeout;
                     }
@@ -207,7 +215,10 @@ impl Connection {
                 // The answer follows over UCX.
                 Ok(Some(frame)) if frame.first() == Some(&wire::VIA_UCX) => {
                     let (len, tag) = wire::parse_via_ucx(&frame, max)?;
-                    let link = self.link.as_ref().ok_or("an answer over UCX on a connection without UCX")?;
+                    let link = self
+                        .link
+                        .as_ref()
+                        .ok_or_else(|| WireError::Malformed("an answer over UCX on a connection without UCX".into()))?;
                     let stream = self.r.get_ref();
                     let mut quiet = || super::peek(stream) == super::Peeked::Quiet;
                     let failed = match link.recv(len, tag, timeout, &mut quiet) {
@@ -219,13 +230,17 @@ impl Connection {
                         // will from now on.
                         super::Peeked::Readable => self.link = None,
                         super::Peeked::Closed(why) => {
-                            return Err(format!("{CLOSED} during an answer over UCX ({why}; UCX: {failed})"))
+                            return Err(WireError::Connection(format!(
+                                "{CLOSED} during an answer over UCX ({why}; UCX: {failed})"
+                            )))
                         }
-                        super::Peeked::Quiet => return Err(format!("the answer over UCX failed: {failed}")),
+                        super::Peeked::Quiet => {
+                            return Err(WireError::Connection(format!("the answer over UCX failed: {failed}")))
+                        }
                     }
                 }
                 Ok(Some(answer)) => return Ok(answer),
-                Ok(None) => return Err(CLOSED.into()),
+                Ok(None) => return Err(WireError::Connection(CLOSED.into())),
                 Err(e) => return Err(failed(e)),
             }
         }
@@ -262,8 +277,7 @@ pub fn attach(source: &Source) -> Result<Vec<u8>> {
 /// address of the feeder rank serving each, and the generator's manifest where the files
 /// are `meshfeed gen`'s.
 pub fn welcome(source: &Source, welcome: &[u8]) -> Result<(Vec<FileInfo>, Vec<String>, Option<Manifest>)> {
-    crate::feed::welcome::welcome_from_json(welcome)
-        .map_err(|e| Error::Transport(format!("feeder {}: bad file headers: {e}", source.url())))
+    crate::feed::welcome::welcome_from_json(welcome, &source.url())
 }
 
 /// A job's way to a feeder, in one process: where it is, the feeder rank serving each
@@ -370,8 +384,7 @@ impl Reader {
     /// `Ok(None)` where the region cannot be mapped: the connection stops asking for
     /// mapped answers.
     fn mapped_rows(&self, conn: &mut Connection, answer: &[u8], rows: usize) -> Result<Option<RowChunk>> {
-        let got =
-            Mapped::decode(&answer[1..], rows).map_err(|e| Error::file(&self.path, format!("bad answer: {e}")))?;
+        let got = Mapped::decode(&answer[1..], rows).file_context(&self.path, "bad answer")?;
         self.check_fields(got.fields)?;
         let Some(region) = conn.peer.as_mut().and_then(|peer| peer.region(got.fd, got.len).ok()) else {
             conn.peer = None;
@@ -395,7 +408,7 @@ impl FileReader for Reader {
         let n = rows.len() as u64;
         let values = self.row_bytes.saturating_mul(n).saturating_add(self.variable_bytes);
         let max = wire::answer_bound(n, self.fields as u64, values);
-        let answer = conn.call(&request.encode(), max, true).map_err(|e| Error::file(&self.path, e))?;
+        let answer = conn.call(&request.encode(), max, true).in_file(&self.path)?;
         if answer[0] == wire::MAPPED {
             if !request.mapped {
                 return Err(Error::file(&self.path, "bad answer: places in memory this process did not map"));
@@ -411,8 +424,7 @@ impl FileReader for Reader {
         }
         drop(conn);
         // The values stay in the frame they arrived in: one buffer, no copy.
-        let got =
-            Rows::decode(&answer[1..], rows.len()).map_err(|e| Error::file(&self.path, format!("bad answer: {e}")))?;
+        let got = Rows::decode(&answer[1..], rows.len()).file_context(&self.path, "bad answer")?;
         self.check_fields(got.fields)?;
         let mut chunk = RowChunk::new(self.fields);
         let buffer = chunk.add_buffer(Buffer::from_vec(answer));
@@ -552,7 +564,7 @@ mod tests {
         std::io::Write::write_all(&mut file, &share.nonce).unwrap();
         let fd = std::os::fd::AsRawFd::as_raw_fd(&file);
         let err = Region::open_peer(share.pid, fd, 16).err().unwrap().to_string();
-        assert!(err.contains("not a meshfeed memory region"), "{err}");
+        assert!(err.to_string().contains("not a meshfeed memory region"), "{err}");
         assert!(Peer::probe(&Share { fd, ..share.clone() }).is_none());
         // ...or no such process: the client reads over the socket.
         assert!(Peer::probe(&Share { pid: u32::MAX - 1, ..share }).is_none());
@@ -582,7 +594,7 @@ mod tests {
         let (mut conn, _) = Connection::open(&source, &source.address, false, Duration::from_secs(1)).unwrap();
         let start = std::time::Instant::now();
         let err = conn.call(&request, max, true).unwrap_err();
-        assert!(err.contains("no answer within 1s"), "{err}");
+        assert!(err.to_string().contains("no answer within 1s"), "{err}");
         assert!(start.elapsed() < Duration::from_millis(1400), "it waited {:?}", start.elapsed());
         // The late answer arrives; the next call must not take it for its own.
         std::thread::sleep(Duration::from_millis(800));
@@ -602,7 +614,7 @@ mod tests {
         let (mut conn, _) = Connection::open(&source, &source.address, false, Duration::from_secs(1)).unwrap();
         let start = std::time::Instant::now();
         let err = conn.call(&request, max, true).unwrap_err();
-        assert!(err.contains("no answer within 1s"), "{err}");
+        assert!(err.to_string().contains("no answer within 1s"), "{err}");
         let waited = start.elapsed();
         assert!(waited >= Duration::from_secs(1) && waited < Duration::from_millis(2000), "waited {waited:?}");
         drop(conn);
@@ -623,8 +635,8 @@ mod tests {
         });
         let start = std::time::Instant::now();
         let err = Connection::open(&source, &source.address, false, Duration::from_secs(2)).err().unwrap().to_string();
-        assert!(err.contains("refused: a keep-alive where none is due: not a feeder's answer"), "{err}");
-        assert!(err.contains(&format!("feeder meshfeed://{}/d", source.address)), "{err}");
+        assert!(err.to_string().contains("refused: a keep-alive where none is due: not a feeder's answer"), "{err}");
+        assert!(err.to_string().contains(&format!("feeder meshfeed://{}/d", source.address)), "{err}");
         assert!(start.elapsed() < Duration::from_secs(1), "{:?}", start.elapsed());
         peer.join().unwrap();
     }
@@ -639,7 +651,7 @@ mod tests {
         });
         let (mut conn, _) = Connection::open(&source, &source.address, false, Duration::from_secs(5)).unwrap();
         let err = conn.call(&request, max, true).unwrap_err();
-        assert_eq!(err, format!("a bad answer: a frame of 68719476736 bytes (at most {max} here)"));
+        assert_eq!(err.to_string(), format!("a bad answer: a frame of 68719476736 bytes (at most {max} here)"));
         drop(conn);
         feeder.join().unwrap();
         // The same over UCX's announcement.
@@ -648,7 +660,7 @@ mod tests {
         });
         let (mut conn, _) = Connection::open(&source, &source.address, false, Duration::from_secs(5)).unwrap();
         let err = conn.call(&request, max, true).unwrap_err();
-        assert!(err.starts_with("an answer of 68719476736 bytes announced, at most"), "{err}");
+        assert!(err.to_string().starts_with("an answer of 68719476736 bytes announced, at most"), "{err}");
         drop(conn);
         feeder.join().unwrap();
         // And a welcome: a job attaching to whatever answers there gets an error, not an abort.

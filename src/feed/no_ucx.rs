@@ -23,7 +23,7 @@ impl Link {
         _payload: Vec<u8>,
         _tag: u64,
         _waiting: &mut dyn FnMut() -> bool,
-    ) -> std::result::Result<(), (String, Option<Vec<u8>>)> {
+    ) -> std::result::Result<(), (super::wire::WireError, Option<Vec<u8>>)> {
         match *self {}
     }
 
@@ -33,7 +33,7 @@ impl Link {
         _tag: u64,
         _timeout: std::time::Duration,
         _waiting: &mut dyn FnMut() -> bool,
-    ) -> std::result::Result<Vec<u8>, String> {
+    ) -> std::result::Result<Vec<u8>, super::wire::WireError> {
         match *self {}
     }
 }

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use super::admission::{accept_passes, before_hello, Admitted, ByDeadline, Limits, Throttled, Ticket};
 use super::cache::{Claim, RowCache, Values};
 use super::ucx::Link;
-use super::wire::{self, Hello, Request};
+use super::wire::{self, Hello, Request, WireError};
 use crate::dataset::gen::Manifest;
 use crate::dataset::{Dataset, Field, FileInfo, FileReader, RowChunk};
 use crate::error::{Error, Result};
@@ -526,10 +526,10 @@ impl Feeder {
                 Ok(frame) => frame,
                 Err(e) if e.kind() == std::io::ErrorKind::InvalidData => {
                     // Nothing allocated: the connection ends with the reason, the feeder serves on.
-                    let reason = format!(
+                    let reason = WireError::Refused(format!(
                         "a request of {len} bytes; a request for rows of this dataset holds at most {}",
                         self.max_request
-                    );
+                    ));
                     let _ = wire::write_frame(&mut w, &wire::answer(Err(reason.clone())));
                     return Err(std::io::Error::other(format!("bad request: {reason}")));
                 }
@@ -590,9 +590,9 @@ impl Feeder {
                 Ok(Some(values))
             }
             Err((why, None)) => {
-                let message = format!("the feeder's UCX send failed: {why}");
-                wire::write_frame(w, &wire::answer(Err(message.clone())))?;
-                Err(std::io::Error::other(message))
+                let failed = WireError::Connection(format!("the feeder's UCX send failed: {why}"));
+                wire::write_frame(w, &wire::answer(Err(failed.clone())))?;
+                Err(std::io::Error::other(failed))
             }
         }
     }
@@ -633,13 +633,13 @@ impl Feeder {
 
     /// The answer to a hello: the files' headers (where asked for; else how to reach this
     /// feeder's shared memory, where it shares it), or why the client is refused.
-    fn welcome(&self, hello: &[u8]) -> std::result::Result<Vec<u8>, String> {
+    fn welcome(&self, hello: &[u8]) -> std::result::Result<Vec<u8>, WireError> {
         let hello = Hello::decode(hello)?;
         if !super::same_token(&hello.token, &self.token) {
-            return Err("the feeder's token was not presented (wrong token)".into());
+            return Err(refused("the feeder's token was not presented (wrong token)"));
         }
         if hello.name != self.name {
-            return Err(format!("this feeder serves '{}', not '{}'", self.name, hello.name));
+            return Err(refused(format!("this feeder serves '{}', not '{}'", self.name, hello.name)));
         }
         if !hello.headers {
             let share = self.share.as_ref().and_then(|(probe, nonce)| {
@@ -657,14 +657,20 @@ impl Feeder {
     /// a file not read yet waits for it, calling `still_reading` every [`KEEP_ALIVE`]
     /// (which tells the client, so that its answer timeout does not run out); where that
     /// returns false (the client left), the request is dropped.
-    fn rows(&self, request: &Request, still_reading: &mut dyn FnMut() -> bool) -> std::result::Result<Vec<u8>, String> {
+    fn rows(
+        &self,
+        request: &Request,
+        still_reading: &mut dyn FnMut() -> bool,
+    ) -> std::result::Result<Vec<u8>, WireError> {
         let (chunk, region) = loop {
             let timed_out = {
                 let slots = self.slots();
                 match slots.get(request.file as usize) {
-                    None => return Err(format!("no file {} (the dataset has {})", request.file, slots.len())),
-                    Some(Slot::Other) => return Err(format!("file {} is served by another feeder rank", request.file)),
-                    Some(Slot::Failed(reason)) => return Err(reason.clone()),
+                    None => return Err(refused(format!("no file {} (the dataset has {})", request.file, slots.len()))),
+                    Some(Slot::Other) => {
+                        return Err(refused(format!("file {} is served by another feeder rank", request.file)))
+                    }
+                    Some(Slot::Failed(reason)) => return Err(refused(reason.clone())),
                     Some(Slot::Loaded(chunk, region)) => break (chunk.clone(), region.clone()),
                     Some(Slot::Storage) => {
                         drop(slots);
@@ -680,11 +686,15 @@ impl Feeder {
                 }
             };
             if timed_out && !still_reading() {
-                return Err("the client left while its file was being read".into());
+                return Err(refused("the client left while its file was being read"));
             }
         };
         if let Some(&last) = request.rows.last().filter(|&&r| r >= chunk.rows() as u64) {
-            return Err(format!("row {last} of file {} is past its end ({} rows)", request.file, chunk.rows()));
+            return Err(refused(format!(
+                "row {last} of file {} is past its end ({} rows)",
+                request.file,
+                chunk.rows()
+            )));
         }
         let rows = request.rows.iter().map(|&r| r as usize);
         if let Some(region) = region.filter(|_| request.mapped) {
@@ -708,10 +718,10 @@ impl Feeder {
         &self,
         request: &Request,
         still_reading: &mut dyn FnMut() -> bool,
-    ) -> std::result::Result<Vec<u8>, String> {
+    ) -> std::result::Result<Vec<u8>, WireError> {
         let samples = self.dataset.files()[request.file as usize].samples;
         if let Some(&last) = request.rows.last().filter(|&&r| r >= samples) {
-            return Err(format!("row {last} of file {} is past its end ({samples} rows)", request.file));
+            return Err(refused(format!("row {last} of file {} is past its end ({samples} rows)", request.file)));
         }
         let mut values: Vec<Option<Values>> = vec![None; request.rows.len()];
         let mut told = Instant::now();
@@ -737,7 +747,12 @@ impl Feeder {
                     if chunk.rows() == rows.len() {
                         return Ok(chunk);
                     }
-                    Err(format!("file {}: {} rows read of {} asked for", request.file, chunk.rows(), rows.len()))
+                    Err(refused(format!(
+                        "file {}: {} rows read of {} asked for",
+                        request.file,
+                        chunk.rows(),
+                        rows.len()
+                    )))
                 });
                 // Rows claimed and not filled in are released to the requests waiting for them.
                 let chunk = read.inspect_err(|_| self.cache.abandon(request.file, &rows))?;
@@ -753,7 +768,7 @@ impl Feeder {
                 // Told every KEEP_ALIVE however often other reads wake it.
                 if told.elapsed() >= KEEP_ALIVE {
                     if !still_reading() {
-                        return Err("the client left while its rows were being read".into());
+                        return Err(refused("the client left while its rows were being read"));
                     }
                     told = Instant::now();
                 }
@@ -767,7 +782,7 @@ impl Feeder {
     /// `rows` of `file` (which this rank does not hold), read from storage, in order. The
     /// file's reader is kept for the next request; a request that finds it in use opens
     /// another, so that none waits for another's read.
-    fn read_from_storage(&self, file: usize, rows: &[u64]) -> std::result::Result<RowChunk, String> {
+    fn read_from_storage(&self, file: usize, rows: &[u64]) -> std::result::Result<RowChunk, WireError> {
         let kept = self.readers[file].lock().unwrap_or_else(PoisonError::into_inner).take();
         let result = match kept {
             Some(r) => Ok(r),
@@ -775,11 +790,17 @@ impl Feeder {
             None => self.dataset.open_reader(file).inspect(|r| r.random_access()),
         }
         .and_then(|mut r| r.read_rows(rows).map(|chunk| (r, chunk)));
-        let (r, got) = result.map_err(|e| format!("the feeder could not read rows of file {file}: {e}"))?;
+        let (r, got) = result.map_err(|e| refused(format!("the feeder could not read rows of file {file}: {e}")))?;
         self.readers[file].lock().unwrap_or_else(PoisonError::into_inner).get_or_insert(r);
         self.storage_bytes.fetch_add(got.bytes_read(), Ordering::Relaxed);
         Ok(got)
     }
+}
+
+/// A [`WireError::Refused`]: why this feeder does not serve a hello or a request, as the
+/// client is told.
+fn refused(why: impl Into<String>) -> WireError {
+    WireError::Refused(why.into())
 }
 
 /// The least size of a shared region the held files are put in, one after another: each
@@ -932,6 +953,7 @@ pub(crate) mod tests {
             assert!(feeder
                 .rows(&Request { file: 3, rows: vec![100], mapped: false }, &mut never)
                 .unwrap_err()
+                .to_string()
                 .contains("past its end (100 rows)"));
         }
     }
@@ -1052,7 +1074,7 @@ pub(crate) mod tests {
         let mut garbage = TcpStream::connect(&address).unwrap();
         wire::write_frame(&mut garbage, b"GET / HTTP/1.1\r\n\r\n").unwrap();
         let refusal = wire::read_frame(&mut garbage, wire::MAX_HELLO).unwrap().unwrap();
-        assert!(wire::parse_answer(&refusal).unwrap_err().contains("not a meshfeed client"));
+        assert!(wire::parse_answer(&refusal).unwrap_err().to_string().contains("not a meshfeed client"));
         // 100 strangers that never send their hello hold 4 places at most; a client
         // connecting after them gets in at once, and so does one already in.
         let mut inside = authenticated(&address);
@@ -1080,8 +1102,9 @@ pub(crate) mod tests {
         std::io::Write::flush(&mut w).unwrap();
         let answer = wire::read_frame(&mut r, wire::MAX_HELLO).unwrap().unwrap();
         let reason = wire::parse_answer(&answer).unwrap_err();
+        assert!(matches!(reason, WireError::Refused(_)), "{reason:?}");
         assert_eq!(
-            reason,
+            reason.to_string(),
             format!(
                 "a request of 68719476736 bytes; a request for rows of this dataset holds at most {}",
                 13 + 8 * 100
@@ -1146,14 +1169,14 @@ pub(crate) mod tests {
             Hello { token: token.into(), name: name.into(), headers: true, ucx: false }.encode()
         };
         let (files, owners, manifest) =
-            crate::feed::welcome::welcome_from_json(&feeder.welcome(&hello("secret", "d")).unwrap()).unwrap();
+            crate::feed::welcome::welcome_from_json(&feeder.welcome(&hello("secret", "d")).unwrap(), "test").unwrap();
         assert_eq!(files, ds.files());
         assert_eq!(manifest, None);
         assert_eq!(owners, ["a:1", "b:2", "a:1", "b:2", "a:1"]);
         let reader = Hello { token: "secret".into(), name: "d".into(), headers: false, ucx: false };
         assert!(feeder.welcome(&reader.encode()).unwrap().is_empty(), "a reader's connection gets no headers");
-        assert!(feeder.welcome(&hello("secreT", "d")).unwrap_err().contains("wrong token"));
-        assert!(feeder.welcome(&hello("secret", "e")).unwrap_err().contains("serves 'd', not 'e'"));
+        assert!(feeder.welcome(&hello("secreT", "d")).unwrap_err().to_string().contains("wrong token"));
+        assert!(feeder.welcome(&hello("secret", "e")).unwrap_err().to_string().contains("serves 'd', not 'e'"));
         // Its rows are the file's, byte for byte; others' files and rows past the end are refused.
         let (answer, told) = early.join().unwrap();
         let answer = answer.unwrap();
@@ -1165,14 +1188,17 @@ pub(crate) mod tests {
         assert!(feeder
             .rows(&Request { file: 2, rows: vec![0], mapped: false }, &mut never)
             .unwrap_err()
+            .to_string()
             .contains("served by another feeder rank"));
         assert!(feeder
             .rows(&Request { file: 3, rows: vec![100], mapped: false }, &mut never)
             .unwrap_err()
+            .to_string()
             .contains("past its end (100 rows)"));
         assert!(feeder
             .rows(&Request { file: 9, rows: vec![0], mapped: false }, &mut never)
             .unwrap_err()
+            .to_string()
             .contains("no file 9"));
     }
 }

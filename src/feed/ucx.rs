@@ -8,6 +8,7 @@
 
 use std::time::{Duration, Instant};
 
+use super::wire::WireError;
 use crate::error::Result;
 use crate::transport::ucx::raw::{self, Worker};
 
@@ -57,13 +58,13 @@ impl Link {
         payload: Vec<u8>,
         tag: u64,
         waiting: &mut dyn FnMut() -> bool,
-    ) -> std::result::Result<(), (String, Option<Vec<u8>>)> {
+    ) -> std::result::Result<(), (WireError, Option<Vec<u8>>)> {
         // SAFETY: `payload` stays allocated and unmodified until the request completes, or
         // is leaked where it does not settle (`finish`); the request is dropped before the
         // worker (it lives in this call).
         match unsafe { self.worker.send(1, payload.as_ptr(), payload.len(), tag) } {
             Ok(request) => self.finish(request, payload, SEND_DEADLINE, waiting).map(|_| ()),
-            Err(e) => Err((e.to_string(), Some(payload))),
+            Err(e) => Err((WireError::Connection(e.to_string()), Some(payload))),
         }
     }
 
@@ -76,13 +77,13 @@ impl Link {
         tag: u64,
         timeout: Duration,
         waiting: &mut dyn FnMut() -> bool,
-    ) -> std::result::Result<Vec<u8>, String> {
+    ) -> std::result::Result<Vec<u8>, WireError> {
         let mut buffer = vec![0u8; len];
         // SAFETY: `buffer` stays allocated and untouched until the request completes, or
         // is leaked below where it does not settle; the request is dropped before the
         // worker (it lives in this call).
         let request = unsafe { self.worker.recv(buffer.as_mut_ptr(), len, tag) };
-        let request = request.map_err(|e| e.to_string())?;
+        let request = request.map_err(|e| WireError::Connection(e.to_string()))?;
         self.finish(request, buffer, timeout, waiting).map_err(|(why, _)| why)
     }
 
@@ -96,10 +97,10 @@ impl Link {
         buffer: Vec<u8>,
         timeout: Duration,
         waiting: &mut dyn FnMut() -> bool,
-    ) -> std::result::Result<Vec<u8>, (String, Option<Vec<u8>>)> {
+    ) -> std::result::Result<Vec<u8>, (WireError, Option<Vec<u8>>)> {
         let deadline = Instant::now() + timeout;
         let mut checked = Instant::now();
-        let why = loop {
+        let failed = loop {
             match request.test() {
                 Ok(true) => match request.received() {
                     Some(n) if n != buffer.len() => break format!("{n} bytes received of {}", buffer.len()),
@@ -120,6 +121,7 @@ impl Link {
                 }
             }
         };
+        let why = WireError::Connection(failed);
         let mut pending = vec![request];
         if !raw::settle(&mut pending, Instant::now() + SETTLE) {
             // UCX may still read or write it: never freed.

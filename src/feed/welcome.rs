@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use crate::dataset::gen::Manifest;
 use crate::dataset::{Field, FileInfo, FileStamp, Format};
-use crate::error::{ErrorKind, Result, ResultExt};
+use crate::error::{Error, ErrorKind, Result, ResultExt};
 
 /// A file header on the wire. Paths travel as bytes: a file name need not be UTF-8.
 #[derive(serde::Serialize, serde::Deserialize)]
@@ -74,11 +74,32 @@ pub fn welcome_json(files: &[FileInfo], owners: Vec<String>, manifest: Option<Ma
     serde_json::to_vec(&welcome).context(ErrorKind::Internal, "file headers do not serialise")
 }
 
-/// Reads [`welcome_json`]: the files, each one's feeder address, and the manifest.
-pub fn welcome_from_json(bytes: &[u8]) -> std::result::Result<(Vec<FileInfo>, Vec<String>, Option<Manifest>), String> {
-    let w: Welcome = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
+/// Reads [`welcome_json`], as the feeder at `feeder` (its URL, which errors name) sent
+/// it: the files, each one's feeder address, and the manifest.
+pub fn welcome_from_json(bytes: &[u8], feeder: &str) -> Result<(Vec<FileInfo>, Vec<String>, Option<Manifest>)> {
+    let w: Welcome = serde_json::from_slice(bytes)
+        .context(ErrorKind::Transport, format_args!("feeder {feeder}: bad file headers"))?;
     if w.owners.len() != w.files.len() {
-        return Err(format!("{} files but {} addresses", w.files.len(), w.owners.len()));
+        let (files, owners) = (w.files.len(), w.owners.len());
+        return Err(Error::Transport(format!(
+            "feeder {feeder}: bad file headers: {files} files but {owners} addresses"
+        )));
     }
     Ok((w.files.into_iter().map(FileInfo::from).collect(), w.owners, w.manifest))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bad_welcome_names_the_feeder_and_keeps_its_cause() {
+        let e = welcome_from_json(b"{", "meshfeed://h:1/d").unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Transport);
+        let text = e.to_string();
+        assert!(text.starts_with("transport: feeder meshfeed://h:1/d: bad file headers: EOF while parsing"), "{text}");
+        assert!(std::error::Error::source(&e).unwrap().is::<serde_json::Error>());
+        let e = welcome_from_json(br#"{"files": [], "owners": ["a"]}"#, "meshfeed://h:1/d").unwrap_err();
+        assert_eq!(e.to_string(), "transport: feeder meshfeed://h:1/d: bad file headers: 0 files but 1 addresses");
+    }
 }

@@ -12,6 +12,31 @@
 
 use std::io::{Read, Write};
 
+/// What went wrong on the feeder's wire: a frame that does not decode, the other side's
+/// error answer, or a connection that failed before an answer came. Each shows its
+/// message as it is (no prefix): the callers add the feeder or the file, and a server's
+/// refusal travels to the client as that text ([`answer`]).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum WireError {
+    /// A frame that is not the message it should be: cut short, bytes past its end, a
+    /// count that disagrees with the frame, a bad flag or string.
+    #[error("{0}")]
+    Malformed(String),
+    /// An error answer ([`answer`]): why a feeder refused a hello or could not serve a
+    /// request, as it tells the client.
+    #[error("{0}")]
+    Refused(String),
+    /// The connection failed before a whole answer came: closed, reset, silent past the
+    /// timeout, or a UCX transfer that failed.
+    #[error("{0}")]
+    Connection(String),
+}
+
+/// A [`WireError::Malformed`] saying `why`.
+fn malformed(why: impl Into<String>) -> WireError {
+    WireError::Malformed(why.into())
+}
+
 /// First bytes of a hello: the protocol and its version.
 pub const MAGIC: &[u8; 8] = b"MFEED\x004\n";
 
@@ -89,12 +114,12 @@ pub fn via_ucx(len: usize, tag: u64) -> Vec<u8> {
 }
 
 /// Reads a [`via_ucx`] frame: the answer's length (at most `max`) and tag.
-pub fn parse_via_ucx(frame: &[u8], max: u64) -> Result<(usize, u64), String> {
-    let mut at = Cursor(frame.strip_prefix(&[VIA_UCX]).ok_or("not a UCX announcement")?);
+pub fn parse_via_ucx(frame: &[u8], max: u64) -> Result<(usize, u64), WireError> {
+    let mut at = Cursor(frame.strip_prefix(&[VIA_UCX]).ok_or_else(|| malformed("not a UCX announcement"))?);
     let (len, tag) = (at.u64()?, at.u64()?);
     at.end()?;
     if len > max {
-        return Err(format!("an answer of {len} bytes announced, at most {max} for the rows asked for"));
+        return Err(malformed(format!("an answer of {len} bytes announced, at most {max} for the rows asked for")));
     }
     Ok((len as usize, tag))
 }
@@ -171,28 +196,29 @@ pub fn still_reading(progress: u64) -> Vec<u8> {
 }
 
 /// Reads a [`still_reading`] frame: the bytes read it reports.
-pub fn parse_still_reading(frame: &[u8]) -> Result<u64, String> {
-    let mut at = Cursor(frame.strip_prefix(&[STILL_READING]).ok_or("not a keep-alive")?);
+pub fn parse_still_reading(frame: &[u8]) -> Result<u64, WireError> {
+    let mut at = Cursor(frame.strip_prefix(&[STILL_READING]).ok_or_else(|| malformed("not a keep-alive"))?);
     let progress = at.u64()?;
     at.end()?;
     Ok(progress)
 }
 
-/// An answer: `Ok` with its payload, or the other side's error message.
-pub fn answer(result: Result<Vec<u8>, String>) -> Vec<u8> {
+/// An answer: `Ok` with its payload, or the error's message (which the other side reads
+/// as a [`WireError::Refused`]).
+pub fn answer(result: Result<Vec<u8>, WireError>) -> Vec<u8> {
     match result {
         Ok(payload) => [&[0u8][..], &payload].concat(),
-        Err(message) => [&[1u8][..], message.as_bytes()].concat(),
+        Err(e) => [&[1u8][..], e.to_string().as_bytes()].concat(),
     }
 }
 
 /// Reads an [`answer`] (or a [`Mapped`] one): its payload (the frame past its first
 /// byte), or the message.
-pub fn parse_answer(frame: &[u8]) -> Result<&[u8], String> {
+pub fn parse_answer(frame: &[u8]) -> Result<&[u8], WireError> {
     match frame.split_first() {
         Some((&tag, payload)) if tag == 0 || tag == MAPPED => Ok(payload),
-        Some((1, message)) => Err(String::from_utf8_lossy(message).into_owned()),
-        _ => Err("a malformed answer".into()),
+        Some((1, message)) => Err(WireError::Refused(String::from_utf8_lossy(message).into_owned())),
+        _ => Err(malformed("a malformed answer")),
     }
 }
 
@@ -219,8 +245,10 @@ impl Hello {
         out
     }
 
-    pub fn decode(frame: &[u8]) -> Result<Hello, String> {
-        let rest = frame.strip_prefix(MAGIC.as_slice()).ok_or("not a meshfeed client (or another protocol version)")?;
+    pub fn decode(frame: &[u8]) -> Result<Hello, WireError> {
+        let rest = frame
+            .strip_prefix(MAGIC.as_slice())
+            .ok_or_else(|| malformed("not a meshfeed client (or another protocol version)"))?;
         let mut at = Cursor(rest);
         let (token, name) = (at.string()?, at.string()?);
         let (headers, ucx) = (at.flag()?, at.flag()?);
@@ -240,18 +268,18 @@ impl Request {
         out
     }
 
-    pub fn decode(frame: &[u8]) -> Result<Request, String> {
+    pub fn decode(frame: &[u8]) -> Result<Request, WireError> {
         let mut at = Cursor(frame);
         let file = at.u32()?;
         let n = at.u64()?;
         if n > at.0.len() as u64 / 8 {
-            return Err(format!("a request for {n} rows in {} bytes", frame.len()));
+            return Err(malformed(format!("a request for {n} rows in {} bytes", frame.len())));
         }
         let rows = (0..n).map(|_| at.u64()).collect::<Result<Vec<_>, _>>()?;
         let mapped = at.flag()?;
         at.end()?;
         if rows.windows(2).any(|w| w[0] >= w[1]) {
-            return Err("rows not sorted ascending and unique".into());
+            return Err(malformed("rows not sorted ascending and unique"));
         }
         Ok(Request { file, rows, mapped })
     }
@@ -262,7 +290,7 @@ impl Share {
         [&self.pid.to_le_bytes()[..], &self.fd.to_le_bytes(), &self.nonce].concat()
     }
 
-    pub fn decode(payload: &[u8]) -> Result<Share, String> {
+    pub fn decode(payload: &[u8]) -> Result<Share, WireError> {
         let mut at = Cursor(payload);
         let (pid, fd) = (at.u32()?, at.u32()? as i32);
         let nonce = at.take(16)?.try_into().expect("16 bytes");
@@ -289,20 +317,20 @@ impl Mapped {
 
     /// Reads a mapped answer's payload (past its first byte), checking that it places
     /// `rows` rows and that every place lies inside the region.
-    pub fn decode(payload: &[u8], rows: usize) -> Result<Mapped, String> {
+    pub fn decode(payload: &[u8], rows: usize) -> Result<Mapped, WireError> {
         let mut at = Cursor(payload);
         let (fields, fd, len) = (at.u32()?, at.u32()? as i32, at.u64()?);
         let n = at.u64()?;
         if n != rows as u64 * u64::from(fields) {
-            return Err(format!("{n} values for {rows} rows of {fields} fields"));
+            return Err(malformed(format!("{n} values for {rows} rows of {fields} fields")));
         }
         if n > at.0.len() as u64 / 16 {
-            return Err(format!("{n} places in {} bytes", payload.len()));
+            return Err(malformed(format!("{n} places in {} bytes", payload.len())));
         }
-        let places = (0..n).map(|_| Ok((at.u64()?, at.u64()?))).collect::<Result<Vec<_>, String>>()?;
+        let places = (0..n).map(|_| Ok((at.u64()?, at.u64()?))).collect::<Result<Vec<_>, WireError>>()?;
         at.end()?;
         if let Some((o, l)) = places.iter().find(|(o, l)| o.checked_add(*l).is_none_or(|end| end > len)) {
-            return Err(format!("a value of {l} bytes at {o}, past the region's {len} bytes"));
+            return Err(malformed(format!("a value of {l} bytes at {o}, past the region's {len} bytes")));
         }
         Ok(Mapped { fields, fd, len, places })
     }
@@ -311,20 +339,21 @@ impl Mapped {
 impl Rows {
     /// Reads the head of a [`rows_answer`]'s payload, checking that it holds `rows` rows
     /// and that the lengths add up to the rest of it.
-    pub fn decode(payload: &[u8], rows: usize) -> Result<Rows, String> {
+    pub fn decode(payload: &[u8], rows: usize) -> Result<Rows, WireError> {
         let mut at = Cursor(payload);
         let fields = at.u32()?;
         let n = at.u64()?;
         if n != rows as u64 * u64::from(fields) {
-            return Err(format!("{n} values for {rows} rows of {fields} fields"));
+            return Err(malformed(format!("{n} values for {rows} rows of {fields} fields")));
         }
         if n > at.0.len() as u64 / 8 {
-            return Err(format!("{n} values in {} bytes", payload.len()));
+            return Err(malformed(format!("{n} values in {} bytes", payload.len())));
         }
         let lens = (0..n).map(|_| at.u64()).collect::<Result<Vec<_>, _>>()?;
-        let total = lens.iter().try_fold(0u64, |a, &l| a.checked_add(l)).ok_or("value lengths overflow")?;
+        let total =
+            lens.iter().try_fold(0u64, |a, &l| a.checked_add(l)).ok_or_else(|| malformed("value lengths overflow"))?;
         if total != at.0.len() as u64 {
-            return Err(format!("values of {total} bytes in {} bytes", at.0.len()));
+            return Err(malformed(format!("values of {total} bytes in {} bytes", at.0.len())));
         }
         Ok(Rows { fields, lens, values_at: payload.len() - at.0.len() })
     }
@@ -339,43 +368,43 @@ fn put_str(out: &mut Vec<u8>, s: &str) {
 struct Cursor<'a>(&'a [u8]);
 
 impl Cursor<'_> {
-    fn take(&mut self, n: usize) -> Result<&[u8], String> {
+    fn take(&mut self, n: usize) -> Result<&[u8], WireError> {
         if self.0.len() < n {
-            return Err(format!("a frame cut short ({} bytes left, {n} wanted)", self.0.len()));
+            return Err(malformed(format!("a frame cut short ({} bytes left, {n} wanted)", self.0.len())));
         }
         let (head, rest) = self.0.split_at(n);
         self.0 = rest;
         Ok(head)
     }
 
-    fn u32(&mut self) -> Result<u32, String> {
+    fn u32(&mut self) -> Result<u32, WireError> {
         Ok(u32::from_le_bytes(self.take(4)?.try_into().expect("4 bytes")))
     }
 
-    fn u64(&mut self) -> Result<u64, String> {
+    fn u64(&mut self) -> Result<u64, WireError> {
         Ok(u64::from_le_bytes(self.take(8)?.try_into().expect("8 bytes")))
     }
 
     /// A byte that is 0 (false) or 1 (true).
-    fn flag(&mut self) -> Result<bool, String> {
+    fn flag(&mut self) -> Result<bool, WireError> {
         match self.take(1)? {
             [0] => Ok(false),
             [1] => Ok(true),
-            [b] => Err(format!("a flag byte of {b} (0 or 1)")),
+            [b] => Err(malformed(format!("a flag byte of {b} (0 or 1)"))),
             _ => unreachable!("take(1) is one byte"),
         }
     }
 
-    fn string(&mut self) -> Result<String, String> {
+    fn string(&mut self) -> Result<String, WireError> {
         let n = self.u64()?;
-        let n = usize::try_from(n).map_err(|_| format!("a string of {n} bytes"))?;
-        String::from_utf8(self.take(n)?.to_vec()).map_err(|_| "a string that is not UTF-8".into())
+        let n = usize::try_from(n).map_err(|_| malformed(format!("a string of {n} bytes")))?;
+        String::from_utf8(self.take(n)?.to_vec()).map_err(|_| malformed("a string that is not UTF-8"))
     }
 
-    fn end(&self) -> Result<(), String> {
+    fn end(&self) -> Result<(), WireError> {
         match self.0.len() {
             0 => Ok(()),
-            n => Err(format!("{n} bytes past the end of a message")),
+            n => Err(malformed(format!("{n} bytes past the end of a message"))),
         }
     }
 }
@@ -408,7 +437,9 @@ mod tests {
         assert_eq!((rows.fields, rows.lens.as_slice()), (2, [3, 0, 1, 2].as_slice()));
         assert_eq!(&payload[rows.values_at..], b"abcdef");
         assert_eq!(parse_answer(&answer(Ok(b"x".to_vec()))), Ok(b"x".as_slice()));
-        assert_eq!(parse_answer(&answer(Err("no".into()))), Err("no".to_string()));
+        let refusal = WireError::Refused("no".into());
+        assert_eq!(parse_answer(&answer(Err(refusal.clone()))), Err(refusal));
+        assert_eq!(parse_answer(&[]), Err(WireError::Malformed("a malformed answer".into())));
         let mut wire = Vec::new();
         write_frame(&mut wire, b"frame").unwrap();
         let mut r = wire.as_slice();
@@ -418,36 +449,37 @@ mod tests {
 
     #[test]
     fn malformed_messages_are_errors_not_panics() {
-        assert!(Hello::decode(b"GET / HTTP/1.1\r\n").unwrap_err().contains("not a meshfeed client"));
+        assert!(Hello::decode(b"GET / HTTP/1.1\r\n").unwrap_err().to_string().contains("not a meshfeed client"));
         let mut hello = Hello { token: "t".into(), name: "n".into(), headers: true, ucx: false }.encode();
         for cut in 0..hello.len() {
             assert!(Hello::decode(&hello[..cut]).is_err(), "cut at {cut}");
         }
         *hello.last_mut().unwrap() = 2;
-        assert!(Hello::decode(&hello).unwrap_err().contains("0 or 1"));
+        assert!(Hello::decode(&hello).unwrap_err().to_string().contains("0 or 1"));
         let unsorted = Request { file: 0, rows: vec![5, 5], mapped: false }.encode();
-        assert_eq!(Request::decode(&unsorted).unwrap_err(), "rows not sorted ascending and unique");
+        assert_eq!(Request::decode(&unsorted).unwrap_err().to_string(), "rows not sorted ascending and unique");
         // A count of rows the frame cannot hold is refused before anything is allocated.
         let mut huge = 0u32.to_le_bytes().to_vec();
         huge.extend_from_slice(&u64::MAX.to_le_bytes());
-        assert!(Request::decode(&huge).unwrap_err().contains("rows in"));
+        assert!(Request::decode(&huge).unwrap_err().to_string().contains("rows in"));
         let rows_frame = rows_answer(1, &[b"ab", b"cd"]);
         let rows = &rows_frame[1..];
-        assert!(Rows::decode(rows, 3).unwrap_err().contains("2 values for 3 rows"));
-        assert!(Rows::decode(&rows[..rows.len() - 1], 2).unwrap_err().contains("values of 4 bytes in 3"));
+        assert!(Rows::decode(rows, 3).unwrap_err().to_string().contains("2 values for 3 rows"));
+        assert!(Rows::decode(&rows[..rows.len() - 1], 2).unwrap_err().to_string().contains("values of 4 bytes in 3"));
         // A mapped answer never places a value outside the region, however it overflows.
         let bad = |places| Mapped { fields: 1, fd: 3, len: 10, places }.encode();
         let err = Mapped::decode(&bad(vec![(8, 3)])[1..], 1).unwrap_err();
-        assert_eq!(err, "a value of 3 bytes at 8, past the region's 10 bytes");
-        assert!(Mapped::decode(&bad(vec![(u64::MAX, 2)])[1..], 1).unwrap_err().contains("past the region"));
-        assert!(Mapped::decode(&bad(vec![(0, 1)])[1..], 2).unwrap_err().contains("1 values for 2 rows"));
-        assert!(Share::decode(&[0; 23]).unwrap_err().contains("cut short"));
-        assert!(parse_via_ucx(&via_ucx(1, 2)[..16], 1).unwrap_err().contains("cut short"));
+        assert_eq!(err.to_string(), "a value of 3 bytes at 8, past the region's 10 bytes");
+        assert!(Mapped::decode(&bad(vec![(u64::MAX, 2)])[1..], 1).unwrap_err().to_string().contains("past the region"));
+        assert!(Mapped::decode(&bad(vec![(0, 1)])[1..], 2).unwrap_err().to_string().contains("1 values for 2 rows"));
+        assert!(Share::decode(&[0; 23]).unwrap_err().to_string().contains("cut short"));
+        assert!(parse_via_ucx(&via_ucx(1, 2)[..16], 1).unwrap_err().to_string().contains("cut short"));
         // An announced answer is no longer than the rows asked for can be.
         let err = parse_via_ucx(&via_ucx(1 << 36, 2), 1 << 20).unwrap_err();
-        assert_eq!(err, "an answer of 68719476736 bytes announced, at most 1048576 for the rows asked for");
-        assert!(parse_still_reading(&[STILL_READING]).unwrap_err().contains("cut short"));
-        assert!(parse_still_reading(&[STILL_READING; 10]).unwrap_err().contains("past the end"));
+        assert!(matches!(err, WireError::Malformed(_)), "{err:?}");
+        assert_eq!(err.to_string(), "an answer of 68719476736 bytes announced, at most 1048576 for the rows asked for");
+        assert!(parse_still_reading(&[STILL_READING]).unwrap_err().to_string().contains("cut short"));
+        assert!(parse_still_reading(&[STILL_READING; 10]).unwrap_err().to_string().contains("past the end"));
         let mut wire = 10u64.to_le_bytes().to_vec();
         wire.extend_from_slice(b"short");
         assert!(read_frame(&mut wire.as_slice(), MAX_HELLO).is_err());

@@ -268,31 +268,68 @@ struct Registration {
     stream: TcpStream,
 }
 
+/// Why rank 0 refuses a connection: what the client is told (after `NO`) and the log
+/// says.
+#[derive(Debug, thiserror::Error)]
+enum Refusal {
+    /// No whole hello within [`HELLO_TIMEOUT`].
+    #[error("sent no complete hello within {} s", HELLO_TIMEOUT.as_secs())]
+    Silent,
+    /// The connection closed mid-hello.
+    #[error("closed the connection before a complete hello")]
+    Closed,
+    /// Reading the hello failed otherwise.
+    #[error("read failed: {0}")]
+    Read(#[source] std::io::Error),
+    /// Not our protocol: its first bytes, printable ones shown.
+    #[error("not a meshfeed rendezvous client (bad magic {0:?})")]
+    BadMagic(String),
+    /// Our protocol, another version.
+    #[error("protocol version {0} (expected {VERSION}): the ranks run different meshfeed versions")]
+    Version(u8),
+    /// A token longer than [`MAX_TOKEN`].
+    #[error("token of {0} bytes is too long")]
+    TokenTooLong(usize),
+    /// Not this job's token.
+    #[error("wrong job token")]
+    WrongToken,
+    /// A job id longer than [`MAX_JOB_ID`].
+    #[error("job id of {0} bytes is too long")]
+    JobIdTooLong(usize),
+    /// Another job's id (each shown quoted, or `none`).
+    #[error("job id {theirs} is not this job's ({ours}): a rank of another job with the same token and port")]
+    OtherJob { theirs: String, ours: String },
+    /// Another world size than this job's.
+    #[error("WORLD_SIZE {theirs} does not match the job's {ours}")]
+    WorldSize { theirs: usize, ours: usize },
+    /// A rank that is not one of this job's clients (0 is the server).
+    #[error("rank {rank} is not a client rank of a {world}-rank job")]
+    NotAClient { rank: usize, world: usize },
+    /// A payload larger than [`MAX_PAYLOAD`].
+    #[error("payload of {0} bytes is too large")]
+    PayloadTooLarge(usize),
+}
+
 /// Reads and checks one HELLO. `Err` carries the reason for the refusal.
-fn read_hello(stream: &mut TcpStream, cfg: &RendezvousConfig) -> std::result::Result<(usize, Vec<u8>), String> {
+fn read_hello(stream: &mut TcpStream, cfg: &RendezvousConfig) -> std::result::Result<(usize, Vec<u8>), Refusal> {
     let io = |e: std::io::Error| match e.kind() {
-        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
-            format!("sent no complete hello within {} s", HELLO_TIMEOUT.as_secs())
-        }
-        std::io::ErrorKind::UnexpectedEof => "closed the connection before a complete hello".to_string(),
-        _ => format!("read failed: {e}"),
+        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => Refusal::Silent,
+        std::io::ErrorKind::UnexpectedEof => Refusal::Closed,
+        _ => Refusal::Read(e),
     };
     let mut head = [0u8; 7];
     stream.read_exact(&mut head).map_err(io)?;
     if &head[..4] != MAGIC {
         let shown: String =
             head.iter().map(|&b| if b.is_ascii_graphic() || b == b' ' { b as char } else { '.' }).collect();
-        return Err(format!("not a meshfeed rendezvous client (bad magic {shown:?})"));
+        return Err(Refusal::BadMagic(shown));
     }
     if head[4] != VERSION {
-        return Err(format!(
-            "protocol version {} (expected {VERSION}): the ranks run different meshfeed versions",
-            head[4]
-        ));
+        return Err(Refusal::Version(head[4]));
     }
     let token_len = u16::from_le_bytes([head[5], head[6]]) as usize;
     if token_len > MAX_TOKEN {
-        return Err(format!("token of {token_len} bytes is too long"));
+        return Err(Refusal::TokenTooLong(token_len));
     }
     let mut token = vec![0u8; token_len];
     stream.read_exact(&mut token).map_err(io)?;
@@ -300,14 +337,14 @@ fn read_hello(stream: &mut TcpStream, cfg: &RendezvousConfig) -> std::result::Re
     let expected = cfg.token.as_bytes();
     let same = token.len() == expected.len() && token.iter().zip(expected).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0;
     if !same {
-        return Err("wrong job token".into());
+        return Err(Refusal::WrongToken);
     }
     // The job id is checked only now: a process without the token learns nothing of it.
     let mut len = [0u8; 2];
     stream.read_exact(&mut len).map_err(io)?;
     let job_id_len = u16::from_le_bytes(len) as usize;
     if job_id_len > MAX_JOB_ID {
-        return Err(format!("job id of {job_id_len} bytes is too long"));
+        return Err(Refusal::JobIdTooLong(job_id_len));
     }
     let mut job_id = vec![0u8; job_id_len];
     stream.read_exact(&mut job_id).map_err(io)?;
@@ -317,23 +354,19 @@ fn read_hello(stream: &mut TcpStream, cfg: &RendezvousConfig) -> std::result::Re
             true => "none".to_string(),
             false => format!("{:?}", String::from_utf8_lossy(id)),
         };
-        return Err(format!(
-            "job id {} is not this job's ({}): a rank of another job with the same token and port",
-            shown(&job_id),
-            shown(ours)
-        ));
+        return Err(Refusal::OtherJob { theirs: shown(&job_id), ours: shown(ours) });
     }
     let rank = read_u32(stream).map_err(io)?;
     let world = read_u32(stream).map_err(io)?;
     if world != cfg.world {
-        return Err(format!("WORLD_SIZE {world} does not match the job's {}", cfg.world));
+        return Err(Refusal::WorldSize { theirs: world, ours: cfg.world });
     }
     if rank == 0 || rank >= cfg.world {
-        return Err(format!("rank {rank} is not a client rank of a {}-rank job", cfg.world));
+        return Err(Refusal::NotAClient { rank, world: cfg.world });
     }
     let len = read_u32(stream).map_err(io)?;
     if len > MAX_PAYLOAD {
-        return Err(format!("payload of {len} bytes is too large"));
+        return Err(Refusal::PayloadTooLarge(len));
     }
     let mut payload = vec![0u8; len];
     stream.read_exact(&mut payload).map_err(io)?;
@@ -374,7 +407,7 @@ fn serve(
                     let r = match read_hello(&mut stream, &cfg) {
                         Ok((rank, payload)) => Ok(Registration { rank, payload, stream }),
                         Err(reason) => {
-                            refuse(&mut stream, &reason);
+                            refuse(&mut stream, &reason.to_string());
                             Err(format!("meshfeed: rendezvous: refused connection from {peer}: {reason}"))
                         }
                     };

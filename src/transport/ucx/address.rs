@@ -66,47 +66,83 @@ fn u32_at(b: &[u8], at: usize) -> u32 {
     u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
 }
 
+/// What is wrong with a worker address another rank published: its frame ([`unframe`]),
+/// its UCX header against this rank's ([`check_peer`]), or the table ([`check_table`]).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum AddressError {
+    /// No meshfeed frame: `len` bytes, the first of them `shown` (printable ones).
+    #[error(
+        "not a meshfeed worker address ({len} bytes starting {shown:?}; another program, or another meshfeed version?)"
+    )]
+    NotFramed { len: usize, shown: String },
+    /// A frame of another version.
+    #[error("frame version {0} (expected {FRAME_VERSION}: another meshfeed version?)")]
+    FrameVersion(u8),
+    /// An address longer than any accepted.
+    #[error("{0} bytes long, more than the {MAX_ADDRESS} accepted")]
+    TooLong(usize),
+    /// A frame whose address is not the length it announces.
+    #[error("announces {announced} bytes but carries {carried} (truncated?)")]
+    Truncated { announced: usize, carried: usize },
+    /// A frame whose checksum does not match its address.
+    #[error("its CRC-32 does not match (corrupted in transit or by the sender)")]
+    Crc,
+    /// An empty address (this rank's or the peer's).
+    #[error("empty")]
+    Empty,
+    /// A UCX address format version other than this rank's UCX uses; the UCX versions
+    /// (major, minor) of both ranks, for the message.
+    #[error(
+        "address format version {theirs}, but this rank's UCX {}.{} uses version {ours} \
+         (the publisher reports UCX {}.{}; run one UCX version on every rank)",
+        own_ucx.0, own_ucx.1, peer_ucx.0, peer_ucx.1
+    )]
+    FormatVersion { theirs: u8, ours: u8, own_ucx: (u32, u32), peer_ucx: (u32, u32) },
+    /// An address shorter than its UCX header (`flags`) announces.
+    #[error("{len} bytes, shorter than the {need} its header (0x{flags:02x}) announces")]
+    Short { len: usize, need: usize, flags: u8 },
+    /// This rank's own worker, published by another.
+    #[error("it names this rank's own worker (same worker uuid)")]
+    OwnWorker,
+    /// The address another rank (world rank given) published too.
+    #[error("the same address as rank {0}")]
+    SameAs(usize),
+}
+
 /// The address inside a frame another rank published; `Err` says what is wrong with it.
-pub fn unframe(framed: &[u8]) -> Result<Published<'_>, String> {
+pub fn unframe(framed: &[u8]) -> Result<Published<'_>, AddressError> {
     if framed.len() < FRAME_HEADER || &framed[..4] != MAGIC {
         let shown: String =
             framed.iter().take(8).map(|&b| if b.is_ascii_graphic() { b as char } else { '.' }).collect();
-        return Err(format!(
-            "not a meshfeed worker address ({} bytes starting {shown:?}; another program, or another meshfeed version?)",
-            framed.len()
-        ));
+        return Err(AddressError::NotFramed { len: framed.len(), shown });
     }
     if framed[4] != FRAME_VERSION {
-        return Err(format!("frame version {} (expected {FRAME_VERSION}: another meshfeed version?)", framed[4]));
+        return Err(AddressError::FrameVersion(framed[4]));
     }
     let ucx = (u16_at(framed, 5) as u32, u16_at(framed, 7) as u32);
     let len = u32_at(framed, 9) as usize;
     let body = &framed[FRAME_HEADER..];
     if len > MAX_ADDRESS {
-        return Err(format!("{len} bytes long, more than the {MAX_ADDRESS} accepted"));
+        return Err(AddressError::TooLong(len));
     }
     if body.len() != len {
-        return Err(format!("announces {len} bytes but carries {} (truncated?)", body.len()));
+        return Err(AddressError::Truncated { announced: len, carried: body.len() });
     }
     if crc32fast::hash(body) != u32_at(framed, 13) {
-        return Err("its CRC-32 does not match (corrupted in transit or by the sender)".into());
+        return Err(AddressError::Crc);
     }
     Ok(Published { address: body, ucx })
 }
 
 /// Checks `peer` (another rank's address, published with UCX version `peer_ucx`) against
 /// `own` (this rank's, from UCX `own_ucx`) as far as UCX's header goes.
-pub fn check_peer(own: &[u8], own_ucx: (u32, u32), peer: &[u8], peer_ucx: (u32, u32)) -> Result<(), String> {
+pub fn check_peer(own: &[u8], own_ucx: (u32, u32), peer: &[u8], peer_ucx: (u32, u32)) -> Result<(), AddressError> {
     let version = |a: &[u8]| a.first().map(|b| b & UCX_VERSION_MASK);
     let (Some(ours), Some(theirs)) = (version(own), version(peer)) else {
-        return Err("empty".into());
+        return Err(AddressError::Empty);
     };
     if theirs != ours {
-        return Err(format!(
-            "address format version {theirs}, but this rank's UCX {}.{} uses version {ours} \
-             (the publisher reports UCX {}.{}; run one UCX version on every rank)",
-            own_ucx.0, own_ucx.1, peer_ucx.0, peer_ucx.1
-        ));
+        return Err(AddressError::FormatVersion { theirs, ours, own_ucx, peer_ucx });
     }
     // The header, the uuid and the client id where flagged, and at least one byte of the
     // device list (or its empty marker).
@@ -114,17 +150,22 @@ pub fn check_peer(own: &[u8], own_ucx: (u32, u32), peer: &[u8], peer_ucx: (u32, 
     let uuid = flags & UCX_FLAG_WORKER_UUID != 0;
     let need = 1 + 8 * usize::from(uuid) + 8 * usize::from(flags & UCX_FLAG_CLIENT_ID != 0) + 1;
     if peer.len() < need {
-        return Err(format!("{} bytes, shorter than the {need} its header (0x{flags:02x}) announces", peer.len()));
+        return Err(AddressError::Short { len: peer.len(), need, flags });
     }
     if uuid && own.first().is_some_and(|b| b & UCX_FLAG_WORKER_UUID != 0) && own.len() >= 9 && peer[1..9] == own[1..9] {
-        return Err("it names this rank's own worker (same worker uuid)".into());
+        return Err(AddressError::OwnWorker);
     }
     Ok(())
 }
 
 /// Checks every address of a group against the others: `addresses[i]` was published by
 /// world rank `ranks[i]`; `me` is this rank's index. `Err` names the rank at fault.
-pub fn check_table(addresses: &[&[u8]], ucx: &[(u32, u32)], ranks: &[usize], me: usize) -> Result<(), (usize, String)> {
+pub fn check_table(
+    addresses: &[&[u8]],
+    ucx: &[(u32, u32)],
+    ranks: &[usize],
+    me: usize,
+) -> Result<(), (usize, AddressError)> {
     let own = addresses[me];
     for (i, peer) in addresses.iter().enumerate() {
         if i == me {
@@ -132,7 +173,7 @@ pub fn check_table(addresses: &[&[u8]], ucx: &[(u32, u32)], ranks: &[usize], me:
         }
         check_peer(own, ucx[me], peer, ucx[i]).map_err(|why| (ranks[i], why))?;
         if let Some(j) = (0..i).find(|&j| addresses[j] == *peer) {
-            return Err((ranks[i], format!("the same address as rank {}", ranks[j])));
+            return Err((ranks[i], AddressError::SameAs(ranks[j])));
         }
     }
     Ok(())
@@ -158,7 +199,7 @@ mod tests {
         let a = address(1);
         let f = frame(&a, UCX);
         assert_eq!(unframe(&f), Ok(Published { address: &a, ucx: UCX }));
-        let err = |f: &[u8]| unframe(f).unwrap_err();
+        let err = |f: &[u8]| unframe(f).unwrap_err().to_string();
         assert!(err(b"").contains("not a meshfeed worker address (0 bytes"));
         assert!(err(&a).contains("not a meshfeed worker address"), "a bare UCX address has no frame");
         assert!(err(&[0xde, 0xad, 0xbe, 0xef].repeat(10)).contains("not a meshfeed worker address"));
@@ -184,16 +225,16 @@ mod tests {
         // An unknown format version (UCX 1.13 aborts on it).
         let mut v = address(2);
         v[0] = 0x2a;
-        let e = check_peer(&own, UCX, &v, (1, 99)).unwrap_err();
+        let e = check_peer(&own, UCX, &v, (1, 99)).unwrap_err().to_string();
         assert!(e.contains("format version 10") && e.contains("UCX 1.99"), "{e}");
         // Shorter than the header announces: uuid and client id flagged.
-        assert!(check_peer(&own, UCX, &[0x20, 1, 2, 3], UCX).unwrap_err().contains("shorter than the 10"));
+        assert!(check_peer(&own, UCX, &[0x20, 1, 2, 3], UCX).unwrap_err().to_string().contains("shorter than the 10"));
         let mut client = address(2);
         client[0] |= UCX_FLAG_CLIENT_ID;
-        assert!(check_peer(&own, UCX, &client, UCX).unwrap_err().contains("shorter than the 18"));
-        assert!(check_peer(&own, UCX, &[], UCX).unwrap_err().contains("empty"));
+        assert!(check_peer(&own, UCX, &client, UCX).unwrap_err().to_string().contains("shorter than the 18"));
+        assert!(check_peer(&own, UCX, &[], UCX).unwrap_err().to_string().contains("empty"));
         // Our own worker, published by someone else.
-        assert!(check_peer(&own, UCX, &address(1), UCX).unwrap_err().contains("this rank's own worker"));
+        assert!(check_peer(&own, UCX, &address(1), UCX).unwrap_err().to_string().contains("this rank's own worker"));
     }
 
     #[test]
@@ -203,7 +244,8 @@ mod tests {
         assert_eq!(check_table(&[&a, &b, &c], &ucx, &[0, 1, 2], 0), Ok(()));
         let (rank, why) = check_table(&[&a, &b, &b], &ucx, &[4, 5, 6], 0).unwrap_err();
         assert_eq!(rank, 6);
-        assert!(why.contains("the same address as rank 5"), "{why}");
+        assert_eq!(why, AddressError::SameAs(5));
+        assert!(why.to_string().contains("the same address as rank 5"), "{why}");
         let (rank, _) = check_table(&[&a, &[0x2f, 0][..], &c], &ucx, &[0, 1, 2], 2).unwrap_err();
         assert_eq!(rank, 1);
     }

@@ -292,8 +292,8 @@ const _: fn() = || {
 
 /// The error for a worker address that failed the checks of [`address`]: the job fails
 /// naming the rank that published it, before UCX parses it.
-fn invalid_address(rank: usize, why: &str) -> Error {
-    Error::Transport(format!("rank {rank} published an invalid UCX worker address: {why}"))
+fn invalid_address(rank: usize, why: address::AddressError) -> Error {
+    Error::caused(ErrorKind::Transport, format!("rank {rank} published an invalid UCX worker address: {why}"), why)
 }
 
 /// Number of pieces a message of `len` bytes is cut into (an empty message is one piece).
@@ -380,7 +380,7 @@ impl UcxTransport {
         let published = framed
             .iter()
             .enumerate()
-            .map(|(r, f)| address::unframe(f).map_err(|why| invalid_address(r, &why)))
+            .map(|(r, f)| address::unframe(f).map_err(|why| invalid_address(r, why)))
             .collect::<Result<Vec<_>>>()?;
         let addresses: Vec<&[u8]> = published.iter().map(|p| p.address).collect();
         let versions: Vec<(u32, u32)> = published.iter().map(|p| p.ucx).collect();
@@ -410,7 +410,7 @@ impl UcxTransport {
         }
         let ours = raw::ucx_version();
         let versions = versions.map_or_else(|| vec![ours; addresses.len()], <[_]>::to_vec);
-        address::check_table(addresses, &versions, &members, rank).map_err(|(r, why)| invalid_address(r, &why))?;
+        address::check_table(addresses, &versions, &members, rank).map_err(|(r, why)| invalid_address(r, why))?;
         worker.connect(addresses, rank, config.peer_errors)?;
         let n = members.len();
         let mut t = UcxTransport {
