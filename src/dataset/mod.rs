@@ -36,8 +36,6 @@ pub mod source;
 pub mod wds;
 
 pub use crate::config::{DatasetOptions, MIN_DECODE_LIMIT};
-#[cfg(not(feature = "hdf5"))]
-pub(crate) use header::hdf5_disabled;
 pub use header::{FileInfo, FileStamp, Format};
 pub use open::{scan_file, Dataset};
 pub use paths::resolve_paths;

@@ -6,6 +6,8 @@ use std::sync::Arc;
 
 #[cfg(feature = "hdf5")]
 use super::hdf5;
+#[cfg(not(feature = "hdf5"))]
+use super::header::hdf5_disabled;
 use super::header::{FileInfo, FileStamp, Format};
 use super::paths::{regular_file, resolve_paths, unusable};
 use super::reader::{unchanged_then, FileReader, Opened};

@@ -28,7 +28,7 @@ use crate::config::TransportKind;
 use crate::error::{Error, Result};
 use crate::transport::Transport;
 pub use abandon::{abandoned, mark_abandoned};
-pub use launcher::{choose_transport, launched_by_mpi, launcher_mismatch, launcher_sizes, Choice};
+pub use launcher::{check_launcher, choose_transport, launched_by_mpi, launcher_mismatch, launcher_sizes, Choice};
 pub use signals::{signal_name, StopCheck, StopHandlers, StopSignal};
 
 /// Exit code of a job stopped by SIGTERM/SIGINT at a step boundary (EX_TEMPFAIL: resume
@@ -95,7 +95,7 @@ impl Runtime {
         if let Some(cap) = max_round_bytes {
             world = world.with_max_round_bytes(cap);
         }
-        launcher::check_launcher(world.size(), &launcher_sizes())?;
+        check_launcher(world.size(), &launcher_sizes())?;
         Ok(Runtime {
             world: Some(Box::new(world)),
             mpi: Some(session),

@@ -125,7 +125,7 @@ pub fn specs(data: &[u8]) {
             let reversed: Vec<String> = m.names().iter().rev().cloned().collect();
             let m = m.with_rank_order(&reversed).expect("every axis once");
             let m = m.with_pipeline_axis(&reversed[0]).expect("an axis of the mesh");
-            if m.check_world(WORLD).is_ok() {
+            if m.check_world(WORLD, 1).is_ok() {
                 let _ = m.coords(Rank(WORLD - 1));
                 if meshes.len() < 4 {
                     meshes.push(m);
