@@ -84,9 +84,9 @@ pub struct FileInfo {
     pub value_bytes: Vec<u64>,
     /// Whether every fixed-size value lies whole, uncompressed and in the host's byte order
     /// at a fixed offset of the file, so that it can be read in place
-    /// ([`FileReader::value_range`]): `.npy`, raw records and Arrow IPC always (their
-    /// readers refuse anything else), HDF5 where every dataset is contiguous, unfiltered
-    /// and little-endian.
+    /// ([`FileReader::value_range`](super::reader::FileReader::value_range)): `.npy`, raw
+    /// records and Arrow IPC always (their readers refuse anything else), HDF5 where every
+    /// dataset is contiguous, unfiltered and little-endian.
     #[serde(default)]
     pub in_place: bool,
     /// With sequence packing: the tokens of the file's packed stream (its documents' tokens
