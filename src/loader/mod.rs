@@ -14,10 +14,9 @@
 //! ([`crate::plan::budget`]) plus the rows kept in memory, within the memory budget.
 //!
 //! How a rank reads its home range from storage is planned when the loader is built
-//! ([`read_plan`], [`crate::plan::io`]): streamed once into memory and kept (*resident*),
+//! ([`read`], [`crate::plan::io`]): streamed once into memory and kept (*resident*),
 //! streamed in several passes per epoch, or kept in part and read at random where the
-//! windows need it, the rest optionally spilled to node-local storage ([`store`],
-//! [`passes`], [`queue`]).
+//! windows need it, the rest optionally spilled to node-local storage.
 //!
 //! Every rank must consume the same sequence of batches: the windows are collectives, and
 //! seeking, setting the epoch and dropping the loader must happen at the same point on
@@ -61,15 +60,10 @@ mod exchange;
 pub mod layout;
 pub mod metrics;
 mod open;
-mod passes;
 mod pipeline;
-mod probe;
 mod producer;
-mod queue;
-mod read_plan;
-mod reads;
+mod read;
 pub mod state;
-mod store;
 mod stream;
 mod tracker;
 mod tuning;
@@ -176,7 +170,7 @@ impl Loader {
         let hosts = crate::transport::hosts::host_groups(comm)?;
         // How each rank will read its home range: memory budgets, the storage's speed
         // where the choice depends on it, the strategy (collective).
-        let io = read_plan::plan(comm, &dataset, &options, &hosts)?;
+        let io = read::plan(comm, &dataset, &options, &hosts)?;
         let built = Stream::build(comm.rank(), comm.size(), hosts, Arc::new(dataset), options, io).and_then(|s| {
             if s.options.prefetch > 0 && !comm.concurrent() {
                 return Err(Error::Config(
@@ -189,7 +183,7 @@ impl Loader {
         });
         let stream = agree(comm, built)?;
         // The home stores start streaming now, while the program gets ready.
-        let (reads, shared) = read_plan::start_stores(comm, &stream)?;
+        let (reads, shared) = read::start_stores(comm, &stream)?;
         let stream = Arc::new(stream.share_stores(shared));
         let stop = Arc::new(AtomicUsize::new(0));
         let clock = Arc::new(tuning::ConsumerClock::default());
