@@ -21,7 +21,7 @@ the same limit: the job's memory.
   fits   the limit leaves meshfeed's default budget room for all of the data;
   over   the data is 4x that budget (the page cache gets what the loaders leave);
   spill  as over, with ``--spill-dir`` on the unthrottled device.
-meshfeed's budget comes from the limit by its own rule (src/loader/read_plan.rs, mirrored
+meshfeed's budget comes from the limit by its own rule (src/loader/read/plan.rs, mirrored
 in ``budget_of`` below).
 
 Loaders (each in the scenario's cgroups; meshfeed with 4 ranks under mpirun):
@@ -73,7 +73,7 @@ SIZES = {
 }
 EXT = {"npy": "npy", "hdf5": "h5", "arrow": "arrow"}
 
-# meshfeed's default budget rule (src/loader/read_plan.rs): of the headroom, a quarter
+# meshfeed's default budget rule (src/loader/read/plan.rs): of the headroom, a quarter
 # (at least 256 MiB) stays with the program, and each rank's pipeline (prefetch + 1 =
 # 3 windows of 64 MiB) and one 8 MiB streaming read are set aside.
 MARGIN_FRACTION, MIN_MARGIN = 0.25, 256 * MiB

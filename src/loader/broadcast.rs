@@ -9,7 +9,7 @@ use std::time::Instant;
 use super::batch::{Batch, FieldData};
 use super::exchange::{assemble, pack, Receipt};
 use super::metrics::{Metrics, Phase};
-use super::reads::{FromReads, Reads};
+use super::read::{FromReads, Reads};
 use super::stream::{Stream, WindowSpec};
 use super::window::{Packed, Route};
 use crate::dataset::Field;

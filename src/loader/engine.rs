@@ -7,8 +7,9 @@
 //!    **pack** each destination's values into one send buffer (one copy);
 //! 2. [`exchange`]: one all-to-all-v over the loader's own communicator — overlapped, when
 //!    the producer runs ahead, with preparing the next window;
-//! 3. [`complete`]: **assemble** the received values into [`Batch`](super::Batch)es (one copy), and
-//!    agree that every rank did.
+//! 3. [`complete`]: **assemble** the received values into [`Batch`]es (one copy), agree
+//!    that every rank did (the agreement carries any stop request and the tuner's
+//!    measures), **retune**, and count the window.
 //!
 //! The route a window takes — fused, two-phase ([`super::two_phase`]) or the broadcast
 //! baseline ([`super::broadcast`]) — is fixed by the stream; a partial last batch is always
@@ -19,10 +20,11 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::balance::Balancer;
-use super::exchange::{assemble_received, pack};
+use super::batch::Batch;
+use super::exchange::{assemble_received, pack, LocalRow};
 use super::metrics::{Metrics, Phase};
-use super::passes;
-use super::reads::{FromReads, Reads};
+use super::read::passes;
+use super::read::{FromReads, Reads};
 use super::stream::{Stream, WindowSpec};
 use super::tuning::{ConsumerClock, Tuning};
 use super::window::{receipt, Packed, Received, Route, Window};
@@ -299,53 +301,101 @@ pub(crate) fn exchange(
     Ok(Received { spec, route, home, ids, recv, recv_counts, metrics, deferred })
 }
 
-/// Step 3: assembles a received window into batches. Collective (the assembly agreement,
-/// and the two-phase scatter).
-pub(crate) fn complete(engine: &mut Engine, received: Received) -> Result<Window> {
-    let Received { spec, route, home, ids, recv, recv_counts, mut metrics, deferred } = received;
+/// Step 3: assembles a received window into batches, agrees with every rank that each
+/// did (and on any stop request and the tuner's measures), retunes, and counts the window.
+/// Collective (the assembly agreement, and the two-phase scatter).
+pub(crate) fn complete(engine: &mut Engine, mut received: Received) -> Result<Window> {
+    let mut metrics = std::mem::take(&mut received.metrics);
+    let batches = match received.deferred.take() {
+        Some(e) => Err(e),
+        None => assemble(engine, &received, &mut metrics),
+    };
+    let Received { spec, recv, .. } = received;
+    crate::buffers::give_bytes(recv);
+    let (batches, carried) = agree_assembly(engine, batches, &mut metrics)?;
+    retune(engine, spec.steps.end - spec.steps.start, &carried.measures);
+    count_delivered(&mut metrics, &batches);
+    Ok(Window { spec, batches, metrics, stop: carried.stop, tuned: engine.tuning.settings() })
+}
+
+/// Assembles a received window's batches by its route: on the fused routes from the
+/// values received and the rows this rank reads itself ([`read_own`]); on the others by
+/// their own step 3. Collective on the two-phase route (the scatter within its group).
+fn assemble(engine: &mut Engine, received: &Received, metrics: &mut Metrics) -> Result<Vec<Batch>> {
+    let Received { spec, route, home, ids, recv, recv_counts, .. } = received;
     let stream = &*engine.stream;
-    let batches = match route {
-        _ if deferred.is_some() => Err(deferred.expect("checked")),
+    match route {
         Route::Fused | Route::Local => {
-            let placement = stream.placement_for_step(first_step(&spec));
-            let r = receipt(stream, placement, &spec, &ids);
+            let placement = stream.placement_for_step(first_step(spec));
+            let r = receipt(stream, placement, spec, ids);
             let fields = stream.dataset.fields();
             metrics.bytes_copied += recv.len() as u64;
             let source_of =
                 |id| Some(home.owner(id)).filter(|&o| !stream.reads_locally(stream.rank, o, id)).map(|o| o.0);
-            let assembled =
-                metrics.timed(Phase::Assemble, || assemble_received(&r, fields, &recv, &recv_counts, source_of));
-            assembled.and_then(|(mut batches, local)| {
-                let start = Instant::now();
-                let read = engine.reads.read_local(stream, &mut batches, &local, &mut metrics);
-                metrics.phase[Phase::Read as usize] += start.elapsed();
-                read.map(|()| batches)
-            })
+            let (mut batches, local) =
+                metrics.timed(Phase::Assemble, || assemble_received(&r, fields, recv, recv_counts, source_of))?;
+            read_own(stream, &mut engine.reads, &mut batches, &local, metrics)?;
+            Ok(batches)
         }
-        Route::TwoPhase => two_phase::complete(
-            stream,
-            &*engine.transport,
-            &mut engine.group,
-            &spec,
-            &ids,
-            (&recv, &recv_counts),
-            &mut metrics,
-        ),
-        Route::Broadcast => broadcast::complete(stream, &spec, &ids, &recv, &mut metrics),
-    };
-    crate::buffers::give_bytes(recv);
-    // The assembly agreement carries this rank's stop request, and the tuner's measures:
-    // every rank learns, with the same window, whether any was asked to stop, and feeds
-    // its tuner the same maxima.
+        Route::TwoPhase => {
+            two_phase::complete(stream, &*engine.transport, &mut engine.group, spec, ids, (recv, recv_counts), metrics)
+        }
+        Route::Broadcast => broadcast::complete(stream, spec, ids, recv, metrics),
+    }
+}
+
+/// The rows of a fused window that this rank reads itself rather than receives (those
+/// whose owner shares its host: from the owner's store or the files), copied into their
+/// places in `batches`; the time counts as reading.
+fn read_own(
+    stream: &Stream,
+    reads: &mut Reads,
+    batches: &mut [Batch],
+    local: &[LocalRow],
+    metrics: &mut Metrics,
+) -> Result<()> {
+    let start = Instant::now();
+    let read = reads.read_local(stream, batches, local, metrics);
+    metrics.phase[Phase::Read as usize] += start.elapsed();
+    read
+}
+
+/// What the assembly agreement carries besides its outcome, agreed by every rank.
+struct Carried {
+    /// A stop some rank was asked for (the signal number, or [`STOP_REQUESTED`]).
+    stop: Option<i32>,
+    /// The tuner's measures of the window, the maxima over the ranks ([`Tuning::local`]).
+    measures: Vec<u64>,
+}
+
+/// The assembly agreement: every rank learns, with the same window, whether every rank
+/// assembled it, whether any was asked to stop, and the tuner's measures (the same maxima
+/// on every rank, so every tuner makes the same move). Records in `metrics` the settings
+/// the window ran with. Collective.
+fn agree_assembly(
+    engine: &mut Engine,
+    batches: Result<Vec<Batch>>,
+    metrics: &mut Metrics,
+) -> Result<(Vec<Batch>, Carried)> {
     metrics.tuned = engine.tuning.settings();
     let mut carried = vec![engine.stop.load(Ordering::SeqCst) as u64];
-    carried.extend(engine.tuning.local(&metrics));
+    carried.extend(engine.tuning.local(metrics));
     let batches = metrics.agreed(|| agree_carrying(&*engine.transport, batches, &mut carried))?;
-    if let Some(tuned) = engine.tuning.agreed(spec.steps.end - spec.steps.start, &carried[1..]) {
+    let stop = (carried[0] != 0).then(|| i32::try_from(carried[0]).unwrap_or(STOP_REQUESTED));
+    Ok((batches, Carried { stop, measures: carried.split_off(1) }))
+}
+
+/// Retuning: feeds the tuner a window of `steps` steps and its agreed `measures`. A new
+/// number of reads in flight applies from the next window's reads; the window length and
+/// prefetch are read from the tuner where they apply ([`super::tuning`]).
+fn retune(engine: &mut Engine, steps: u64, measures: &[u64]) {
+    if let Some(tuned) = engine.tuning.agreed(steps, measures) {
         engine.reads.queue_depth = tuned.read_depth;
     }
+}
+
+/// Counts a delivered window and its rows.
+fn count_delivered(metrics: &mut Metrics, batches: &[Batch]) {
     metrics.windows += 1;
     metrics.rows_delivered += batches.iter().map(|b| b.ids.len() as u64).sum::<u64>();
-    let stop = (carried[0] != 0).then(|| i32::try_from(carried[0]).unwrap_or(STOP_REQUESTED));
-    Ok(Window { spec, batches, metrics, stop, tuned: engine.tuning.settings() })
 }

@@ -14,10 +14,15 @@
 //! ([`crate::plan::budget`]) plus the rows kept in memory, within the memory budget.
 //!
 //! How a rank reads its home range from storage is planned when the loader is built
-//! ([`read_plan`], [`crate::plan::io`]): streamed once into memory and kept (*resident*),
+//! ([`read`], [`crate::plan::io`]): streamed once into memory and kept (*resident*),
 //! streamed in several passes per epoch, or kept in part and read at random where the
-//! windows need it, the rest optionally spilled to node-local storage ([`store`],
-//! [`passes`], [`queue`]).
+//! windows need it, the rest optionally spilled to node-local storage.
+//!
+//! This file holds the loader's face: building it and delivering batches. Its other
+//! methods are grouped by job, each group an `impl Loader` of its own: where it stands and
+//! moving it ([`position`]: state, seek, set_epoch), stopping ([`stop`]), watching it run
+//! ([`observe`]: metrics, telemetry, heartbeat), and what it was built to deliver
+//! ([`describe`]: steps, mesh, placement, read plan).
 //!
 //! Every rank must consume the same sequence of batches: the windows are collectives, and
 //! seeking, setting the epoch and dropping the loader must happen at the same point on
@@ -56,20 +61,19 @@
 mod balance;
 pub mod batch;
 mod broadcast;
+mod describe;
 mod engine;
 mod exchange;
 pub mod layout;
 pub mod metrics;
+mod observe;
 mod open;
-mod passes;
 mod pipeline;
-mod probe;
+mod position;
 mod producer;
-mod queue;
-mod read_plan;
-mod reads;
+mod read;
 pub mod state;
-mod store;
+mod stop;
 mod stream;
 mod tracker;
 mod tuning;
@@ -78,18 +82,17 @@ mod window;
 
 use std::collections::VecDeque;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
 use std::time::Instant;
 
 pub use crate::config::{ExchangeMode, Layout, LoaderOptions, LocalReads, TailPolicy};
 use crate::dataset::{Dataset, DatasetOptions};
 use crate::error::{Error, Result};
-use crate::plan::{IoPlan, Mesh, Placement, WindowBudget};
 pub use crate::runtime::abandoned;
 pub use crate::runtime::memory::{all_headrooms, auto_budget, MARGIN_FRACTION, MIN_MARGIN};
 use crate::transport::{agree, agree_settings, Transport};
-use crate::types::{Epoch, Step};
+use crate::types::Step;
 pub use batch::{Batch, Element, FieldData};
 use engine::Engine;
 pub use engine::STOP_REQUESTED;
@@ -97,6 +100,7 @@ pub use metrics::{Metrics, MetricsSummary, Phase};
 pub use open::open_dataset;
 use pipeline::Pipeline;
 pub use state::{check_epoch, epoch_out_of_range, Fingerprint, LoaderState, MAX_EPOCH};
+pub use stop::STOP_SIGNALS;
 use stream::Stream;
 pub use stream::{Position, WindowSpec};
 pub use tracker::fraction as wait_fraction;
@@ -141,10 +145,6 @@ pub struct Loader {
     prefetch: usize,
 }
 
-/// The signals [`Loader::stop_requested`] catches: SIGTERM (what Slurm, Kubernetes and most
-/// schedulers send before they preempt a job) and SIGUSR1 (what `sbatch --signal` sends).
-pub const STOP_SIGNALS: [i32; 2] = [libc::SIGTERM, libc::SIGUSR1];
-
 // A loader can be moved to another thread, or held by a Python object.
 const _: fn() = || {
     fn send<T: Send>() {}
@@ -176,7 +176,7 @@ impl Loader {
         let hosts = crate::transport::hosts::host_groups(comm)?;
         // How each rank will read its home range: memory budgets, the storage's speed
         // where the choice depends on it, the strategy (collective).
-        let io = read_plan::plan(comm, &dataset, &options, &hosts)?;
+        let io = read::plan(comm, &dataset, &options, &hosts)?;
         let built = Stream::build(comm.rank(), comm.size(), hosts, Arc::new(dataset), options, io).and_then(|s| {
             if s.options.prefetch > 0 && !comm.concurrent() {
                 return Err(Error::Config(
@@ -189,7 +189,7 @@ impl Loader {
         });
         let stream = agree(comm, built)?;
         // The home stores start streaming now, while the program gets ready.
-        let (reads, shared) = read_plan::start_stores(comm, &stream)?;
+        let (reads, shared) = read::start_stores(comm, &stream)?;
         let stream = Arc::new(stream.share_stores(shared));
         let stop = Arc::new(AtomicUsize::new(0));
         let clock = Arc::new(tuning::ConsumerClock::default());
@@ -214,33 +214,6 @@ impl Loader {
             stop_handlers: None,
             prefetch,
         })
-    }
-
-    /// Whether the job was asked to stop, as every rank agreed it: after the same step,
-    /// every rank gets the same answer. `Some(signal)` once any rank received SIGTERM or
-    /// SIGUSR1 ([`STOP_SIGNALS`]) or called [`Loader::request_stop`] ([`STOP_REQUESTED`]).
-    /// A training loop asks after each step and, when told to, saves its model and
-    /// [`Loader::state`] and exits (75, [`crate::runtime::EXIT_STOPPED`], where its
-    /// scheduler requeues on it).
-    ///
-    /// The first call installs the signal handlers (so a program that never asks keeps
-    /// the signals' usual effect); they record the signal, chain to any handler the
-    /// program installed before, and are removed when the loader is dropped. The request
-    /// travels to the other ranks in the agreement every window already makes (no
-    /// collective of its own), so the answer turns true at the first step of a window
-    /// assembled after the signal: up to `prefetch + 1` windows later.
-    pub fn stop_requested(&mut self) -> Result<Option<i32>> {
-        if self.stop_handlers.is_none() {
-            self.stop_handlers = Some(crate::runtime::StopHandlers::install(&STOP_SIGNALS, self.stop.clone())?);
-        }
-        Ok(self.stop_agreed)
-    }
-
-    /// Asks every rank to stop, as a stop signal would ([`Loader::stop_requested`] then
-    /// reports [`STOP_REQUESTED`] on every rank, after the same step). For programs that
-    /// handle signals themselves: call it from the handler.
-    pub fn request_stop(&self) {
-        let _ = self.stop.compare_exchange(0, STOP_REQUESTED as usize, Ordering::SeqCst, Ordering::SeqCst);
     }
 
     /// The next batch of the current epoch, or `None` once the epoch has ended; the loader
@@ -319,71 +292,6 @@ impl Loader {
         Ok(Some(batch))
     }
 
-    /// Positions the loader at the start of `epoch` (like `DistributedSampler.set_epoch`).
-    /// Where the loader already stands there, nothing changes (a producer running ahead
-    /// keeps its work); otherwise the producer is stopped collectively and restarts there
-    /// at the next batch. Every rank must call it at the same point: where a rank
-    /// repositions alone, every rank fails at its next window, naming each rank's position
-    /// (or that it read on), instead of waiting. An epoch beyond [`MAX_EPOCH`] is refused.
-    pub fn set_epoch(&mut self, epoch: Epoch) -> Result<()> {
-        check_epoch(epoch.0)?;
-        self.reposition(Position { epoch, step: Step(0) })
-    }
-
-    /// [`Loader::set_epoch`], then the loader as an iterator over that epoch's batches (an
-    /// error setting the epoch is the iterator's first item).
-    pub fn epoch(&mut self, epoch: Epoch) -> &mut Loader {
-        if let Err(e) = self.set_epoch(epoch) {
-            self.deferred = Some(e);
-        }
-        self
-    }
-
-    /// Continues the stream where `state` says (saved by [`Loader::state`], possibly by a
-    /// job with another number of ranks or mesh). Refuses a state of another stream
-    /// (dataset, seed, batch size or tail policy changed), naming what changed, and a
-    /// step beyond the epoch. Every rank must call it at the same point.
-    pub fn seek(&mut self, state: &LoaderState) -> Result<()> {
-        let at = self.resume_point(state)?;
-        self.reposition(at)
-    }
-
-    fn reposition(&mut self, at: Position) -> Result<()> {
-        self.check_process()?;
-        if at == self.position && self.failed.is_none() {
-            self.epoch_ended = false;
-            return Ok(());
-        }
-        let stream = &self.stream;
-        self.tracker.interrupted(Instant::now(), |a, b| stream.rows_in_steps(a..b));
-        let stopped = self.pipeline.stop(self.interrupt.as_deref_mut(), false);
-        self.window.clear();
-        self.position = at;
-        self.epoch_ended = false;
-        match stopped {
-            Ok(expected_by) => {
-                self.expected_by = self.expected_by.or(expected_by);
-                Ok(())
-            }
-            Err(e) => {
-                self.failed = Some(e.to_string());
-                Err(e)
-            }
-        }
-    }
-
-    /// Makes the loader's waits interruptible: while it waits for a window or for the
-    /// other ranks (at `next_batch`, `set_epoch`, `seek`, drop), `check` is called about
-    /// every 100 ms, and when it returns `true` the wait is given up with a
-    /// [`Error::Misuse`] error. The loader cannot continue after that: its producer is left
-    /// where it was (perhaps in a collective the other ranks never join), the runtime does
-    /// not finalise MPI at exit ([`crate::runtime::abandoned`]), and the process should end. The Python
-    /// package checks for signals here, so that Ctrl-C and SIGTERM reach a training loop
-    /// that waits for a slow or absent peer.
-    pub fn interrupt_with(&mut self, check: impl FnMut() -> bool + Send + 'static) {
-        self.interrupt = Some(Box::new(check));
-    }
-
     /// A loader cannot cross a `fork`: the child has none of the parent's threads, and
     /// its communicators are the parent's. Refused by process id.
     fn check_process(&self) -> Result<()> {
@@ -392,256 +300,6 @@ impl Loader {
             return Err(fork_error(self.pid, now));
         }
         Ok(())
-    }
-
-    /// Where the loader stands: the next batch it delivers.
-    pub fn position(&self) -> Position {
-        self.position
-    }
-
-    /// The state to save: the next batch to deliver, and what defines the stream. After
-    /// the last batch of an epoch it is the start of the next epoch.
-    pub fn state(&self) -> LoaderState {
-        self.state_at(self.position)
-    }
-
-    /// The state of position `at` of this loader's stream (a step equal to
-    /// [`Loader::steps_per_epoch`] means the start of the next epoch).
-    pub fn state_at(&self, at: Position) -> LoaderState {
-        let (epoch, step) = if at.step.0 >= self.stream.steps_per_epoch {
-            (at.epoch.0.saturating_add(1), 0)
-        } else {
-            (at.epoch.0, at.step.0)
-        };
-        LoaderState { seed: self.stream.options.seed, epoch, step, fingerprint: self.fingerprint() }
-    }
-
-    /// Checks that `state` belongs to this loader's stream (same dataset, seed, batch size
-    /// and tail policy; the ranks and mesh may differ) and returns where it resumes.
-    pub fn resume_point(&self, state: &LoaderState) -> Result<Position> {
-        if state.seed != state.fingerprint.seed {
-            return Err(Error::Config(format!(
-                "cannot resume: the state contradicts itself: seed {}, but its fingerprint says seed {} (an edited \
-                 state?)",
-                state.seed, state.fingerprint.seed
-            )));
-        }
-        if let Some(what) = state.fingerprint.differences(&self.fingerprint()) {
-            return Err(Error::Config(format!("cannot resume: the stream changed since the state was saved: {what}")));
-        }
-        check_epoch(state.epoch)?;
-        if state.step >= self.stream.steps_per_epoch {
-            return Err(Error::Config(format!(
-                "cannot resume at epoch {} step {}: an epoch has {} steps",
-                state.epoch, state.step, self.stream.steps_per_epoch
-            )));
-        }
-        Ok(Position::new(state.epoch, state.step))
-    }
-
-    /// What defines this loader's stream.
-    pub fn fingerprint(&self) -> Fingerprint {
-        Fingerprint::of(&self.stream.dataset, &self.stream.options)
-    }
-
-    /// Whether [`Metrics::window_sends`] records each window's send counts (off by
-    /// default: a list that grows by one entry per window until `take_metrics`).
-    pub fn keep_window_sends(&mut self, keep: bool) {
-        self.keep_window_sends = keep;
-    }
-
-    /// The record of a run of `job` by this loader on `ranks` ranks, as its telemetry
-    /// writes it (`run.json`).
-    pub fn run_info(&self, job: &crate::config::Job, ranks: usize) -> crate::telemetry::RunInfo {
-        use crate::plan::budget;
-        let d = self.dataset();
-        crate::telemetry::RunInfo {
-            schema: crate::telemetry::SCHEMA,
-            version: env!("CARGO_PKG_VERSION").into(),
-            ranks,
-            data: job.data.clone(),
-            samples: d.len(),
-            batch_size: job.loader.batch_size as u64,
-            epochs: job.epochs,
-            seed: job.loader.seed,
-            shared_order: job.loader.shared_order.map(|o| o.to_string()),
-            mesh: self.mesh().to_string(),
-            exchange: self.exchange_mode().to_string(),
-            transport: job.transport.to_string(),
-            window_bytes: job.loader.window_bytes,
-            prefetch: job.loader.prefetch,
-            steps_per_window: self.steps_per_window(),
-            sample_bytes: Some(budget::sample_bytes(&budget::value_sizes(d.fields(), &d.mean_value_bytes()))),
-            read_plan: Some(self.read_plan().clone()),
-            shares_stores: Some(self.shares_stores()),
-        }
-    }
-
-    /// Writes this rank's telemetry ([`crate::telemetry`]) from now on to `job.telemetry`,
-    /// where the job asks for it: a record of each window and epoch the consumer takes,
-    /// with its waiting and its steps' times, in `DIR/rank-<r>.jsonl`, and rank 0's
-    /// `DIR/run.json` (the job's configuration and read plan), for `meshfeed report`.
-    /// Collective over `comm` (the communicator the loader was made with): a directory a
-    /// rank cannot write fails every rank, naming it. Where writing fails later (a full
-    /// disk) the job goes on: the rank says so once on stderr, stops writing, and
-    /// [`Loader::take_telemetry_error`] tells.
-    pub fn record_telemetry(&mut self, comm: &dyn Transport, job: &crate::config::Job) -> Result<()> {
-        let Some(dir) = &job.telemetry else { return Ok(()) };
-        let rank = comm.rank().0;
-        let run = (rank == 0).then(|| self.run_info(job, comm.size()));
-        let writer = agree(comm, crate::telemetry::Writer::create(dir, rank, run.as_ref()))?;
-        self.tracker.write_to(writer);
-        Ok(())
-    }
-
-    /// On rank 0, passes `sink` a JSON line every `every` of consuming (checked as each
-    /// batch is handed over): the epoch, its steps done and steps, seconds since this
-    /// call, samples per second, and the part of the consumer's time this epoch spent
-    /// waiting for data. Other ranks ignore it.
-    pub fn heartbeat(&mut self, every: std::time::Duration, sink: impl FnMut(&str) + Send + 'static) {
-        self.tracker.beat_every(every, self.stream.options.batch_size as u64, Box::new(sink));
-    }
-
-    /// The figures of the last window the consumer finished and of the epoch under way (or
-    /// the last one, between epochs), as the telemetry records them; their
-    /// `wait_fraction` is the part of the consumer's time spent waiting for data.
-    pub fn live_metrics(&self) -> (Option<crate::telemetry::Window>, Option<crate::telemetry::Epoch>) {
-        let stream = &self.stream;
-        self.tracker.live(|a, b| stream.rows_in_steps(a..b))
-    }
-
-    /// Marks the record of the epoch that just ended (not yet written: it is written with
-    /// the next record, or when the loader is repositioned or dropped) as verified or not.
-    pub fn set_epoch_verified(&mut self, ok: bool) {
-        self.tracker.set_verified(ok);
-    }
-
-    /// Writes the telemetry finished so far (an epoch that ended included) to its file.
-    pub fn flush_telemetry(&mut self) {
-        self.tracker.flush();
-    }
-
-    /// Why this rank stopped writing telemetry, if it did (once).
-    pub fn take_telemetry_error(&mut self) -> Option<Error> {
-        self.tracker.take_write_error()
-    }
-
-    /// Metrics of the windows delivered since the last call (and the time spent waiting
-    /// for them); resets them.
-    pub fn take_metrics(&mut self) -> Metrics {
-        std::mem::take(&mut self.metrics)
-    }
-
-    /// Global batches (steps) per epoch.
-    pub fn steps_per_epoch(&self) -> u64 {
-        self.stream.steps_per_epoch
-    }
-
-    /// Steps exchanged together in one window.
-    pub fn steps_per_window(&self) -> u64 {
-        self.stream.steps_per_window
-    }
-
-    /// The window budget (and the memory bound it gives).
-    pub fn budget(&self) -> WindowBudget {
-        self.stream.budget
-    }
-
-    /// The dataset.
-    pub fn dataset(&self) -> &Dataset {
-        &self.stream.dataset
-    }
-
-    /// The options.
-    pub fn options(&self) -> &LoaderOptions {
-        &self.stream.options
-    }
-
-    /// This rank, in the loader's world.
-    pub fn rank(&self) -> crate::types::Rank {
-        self.stream.rank
-    }
-
-    /// Number of ranks.
-    pub fn world_size(&self) -> usize {
-        self.stream.world
-    }
-
-    /// The device mesh.
-    pub fn mesh(&self) -> &Mesh {
-        &self.stream.mesh
-    }
-
-    /// This rank's mesh coordinate (of its first device, with several devices per process).
-    pub fn coords(&self) -> &[usize] {
-        &self.stream.coords
-    }
-
-    /// Each field's sharding over the mesh's axes, in field order (defaults resolved).
-    pub fn sharding(&self) -> &[crate::plan::sharding::FieldSharding] {
-        &self.stream.sharding
-    }
-
-    /// This rank's index among the ranks on its host, and their number (hosts as
-    /// `MESHFEED_HOST` or the host name tells).
-    pub fn local_rank(&self) -> (usize, usize) {
-        let hosts = &self.stream.hosts;
-        let mine = hosts[self.stream.rank.0];
-        let before = hosts[..self.stream.rank.0].iter().filter(|&&h| h == mine).count();
-        (before, hosts.iter().filter(|&&h| h == mine).count())
-    }
-
-    /// The placement of batch rows and slices on ranks.
-    pub fn placement(&self) -> &Placement {
-        &self.stream.placement
-    }
-
-    /// The placement of step `step` (the last step of a `partial` epoch has its own).
-    pub fn placement_for_step(&self, step: Step) -> &Placement {
-        self.stream.placement_for_step(step)
-    }
-
-    /// The placement of the partial last batch, if the tail policy makes one.
-    pub fn tail_placement(&self) -> Option<&Placement> {
-        self.stream.tail_placement.as_ref()
-    }
-
-    /// Rows of the global batches of steps `steps`.
-    pub fn rows_in_steps(&self, steps: std::ops::Range<u64>) -> u64 {
-        self.stream.rows_in_steps(steps)
-    }
-
-    /// Samples per epoch that no batch delivers (tail policy `drop`).
-    pub fn dropped_per_epoch(&self) -> u64 {
-        self.dataset().len().saturating_sub(self.rows_in_steps(0..self.steps_per_epoch()))
-    }
-
-    /// The exchange in use (`Auto` resolved).
-    pub fn exchange_mode(&self) -> ExchangeMode {
-        self.stream.mode
-    }
-
-    /// This rank's home range of sample ids, as the loader started (a balanced stream's
-    /// ranges move between epochs: each window's telemetry names its length).
-    pub fn home_range(&self) -> std::ops::Range<u64> {
-        self.stream.home.range(self.stream.rank)
-    }
-
-    /// Every rank's home range, as the loader started (any split of the ids into ranges
-    /// serves [`crate::verify`]'s exactly-once check).
-    pub fn home_ranges(&self) -> &crate::plan::HomeRanges {
-        &self.stream.home
-    }
-
-    /// How the ranks read their home ranges: the strategy, what each rank keeps in
-    /// memory, whether the rest is spilled, and why.
-    pub fn read_plan(&self) -> &IoPlan {
-        &self.stream.io
-    }
-
-    /// Whether same-host ranks copy each other's kept rows (else they are exchanged).
-    pub fn shares_stores(&self) -> bool {
-        self.stream.shared_stores
     }
 }
 
@@ -698,7 +356,7 @@ mod tests {
     use super::*;
     use crate::dataset::{gen, DType, Field, Format};
     use crate::transport::LocalTransport;
-    use crate::types::SampleId;
+    use crate::types::{Epoch, SampleId};
 
     fn dataset(samples: u64) -> (tempfile::TempDir, Dataset) {
         let dir = tempfile::tempdir().unwrap();

@@ -11,7 +11,7 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use super::layout;
-use super::store::{RecordLayout, Tier};
+use super::read::{RecordLayout, Tier};
 use crate::config::{Balance, ExchangeMode, LoaderOptions, LocalReads, TailPolicy, Tune, DEFAULT_PREFETCH};
 use crate::dataset::Dataset;
 use crate::error::{Error, Result};

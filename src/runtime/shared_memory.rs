@@ -1,7 +1,7 @@
 //! Memory the processes of one host share: a `memfd`, mapped by its maker and reached by
 //! other processes through `/proc/<pid>/fd/<fd>` (same user, same PID namespace). The
 //! loader's home store keeps rows its host's ranks copy from in one
-//! (`loader/store.rs`); a feeder keeps the files it holds in them, which its
+//! (`loader/read/store.rs`); a feeder keeps the files it holds in them, which its
 //! clients on the same host map instead of receiving the bytes ([`crate::feed`]).
 //!
 //! A region is sealed as soon as it is made ([`SEALS`]): its size is fixed, and nothing

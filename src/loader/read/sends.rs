@@ -10,15 +10,15 @@ use std::collections::HashMap;
 use std::io::IoSliceMut;
 use std::sync::Arc;
 
-use super::batch::Batch;
-use super::exchange::{LocalRow, ValueSource};
-use super::metrics::Metrics;
 use super::passes::PassBuffer;
 use super::queue::{self, ReadOp};
 use super::store::{HomeStore, StoreView, Tier};
-use super::stream::Stream;
 use crate::dataset::{FileReader, RowChunk};
 use crate::error::{Error, Result};
+use crate::loader::batch::Batch;
+use crate::loader::exchange::{LocalRow, ValueSource};
+use crate::loader::metrics::Metrics;
+use crate::loader::stream::Stream;
 use crate::plan::FieldPart;
 use crate::types::{Rank, SampleId};
 
@@ -162,7 +162,7 @@ impl Reads {
 
     /// Packs a window's send buffer straight from where each value is: memory (copied),
     /// the spill file or the data files (read into place, up to the queue depth in
-    /// flight), in the layout [`super::exchange::pack`] makes. Only for streams whose
+    /// flight), in the layout [`crate::loader::exchange::pack`] makes. Only for streams whose
     /// values all sit whole at fixed offsets ([`Stream::direct_reads`]): `parts` are whole
     /// tensor fields. `ids[i]` is the id of window row `i`.
     pub fn pack_direct(

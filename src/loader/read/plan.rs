@@ -7,12 +7,12 @@
 use std::ops::Range;
 
 use super::probe::{probe, Probe};
-use super::reads::Reads;
+use super::sends::Reads;
 use super::store::{HomeStore, StoreHandle, StoreView};
-use super::stream::Stream;
 use crate::config::{ExchangeMode, LoaderOptions};
 use crate::dataset::Dataset;
 use crate::error::Result;
+use crate::loader::stream::Stream;
 use crate::plan::io::{choose, show_bytes, HostShare, IoInputs, StorageRates, STREAM_READ_BYTES};
 use crate::plan::{budget, HomeRanges, IoPlan};
 use crate::runtime::memory::{all_headrooms, auto_budget, MemoryLimits};
