@@ -27,7 +27,7 @@ use super::read::passes;
 use super::read::{FromReads, Reads};
 use super::stream::{Stream, WindowSpec};
 use super::tuning::{ConsumerClock, Tuning};
-use super::window::{receipt, Packed, Received, Route, Window};
+use super::window::{receipt, Delivered, Packed, Received, Route};
 use super::{broadcast, two_phase};
 use crate::config::ExchangeMode;
 use crate::error::{Error, Result};
@@ -304,7 +304,7 @@ pub(crate) fn exchange(
 /// Step 3: assembles a received window into batches, agrees with every rank that each
 /// did (and on any stop request and the tuner's measures), retunes, and counts the window.
 /// Collective (the assembly agreement, and the two-phase scatter).
-pub(crate) fn complete(engine: &mut Engine, mut received: Received) -> Result<Window> {
+pub(crate) fn complete(engine: &mut Engine, mut received: Received) -> Result<Delivered> {
     let mut metrics = std::mem::take(&mut received.metrics);
     let batches = match received.deferred.take() {
         Some(e) => Err(e),
@@ -315,7 +315,7 @@ pub(crate) fn complete(engine: &mut Engine, mut received: Received) -> Result<Wi
     let (batches, carried) = agree_assembly(engine, batches, &mut metrics)?;
     retune(engine, spec.steps.end - spec.steps.start, &carried.measures);
     count_delivered(&mut metrics, &batches);
-    Ok(Window { spec, batches, metrics, stop: carried.stop, tuned: engine.tuning.settings() })
+    Ok(Delivered { spec, batches, metrics, stop: carried.stop, tuned: engine.tuning.settings() })
 }
 
 /// Assembles a received window's batches by its route: on the fused routes from the

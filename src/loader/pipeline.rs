@@ -49,7 +49,7 @@ use std::time::Duration;
 use super::engine::Engine;
 use super::producer::Producer;
 use super::stream::Position;
-use super::window::Window;
+use super::window::Delivered;
 use crate::error::{Error, ErrorKind, Result, ResultExt};
 use crate::transport::{agree_position, ReduceOp, Transport};
 
@@ -93,7 +93,7 @@ const REPOSITION: u8 = 1;
 const CLOSE: u8 = 2;
 
 pub(crate) struct Background {
-    windows: Receiver<Result<Window>>,
+    windows: Receiver<Result<Delivered>>,
     stop: Arc<AtomicU8>,
     ended: Receiver<Ended>,
     thread: JoinHandle<()>,
@@ -103,7 +103,7 @@ impl Pipeline {
     /// The next window of the stream. When nothing runs, a producer starts at `from`;
     /// otherwise `from` must be where the running producer is (the loader keeps both in
     /// step). With `interrupt`, waiting can be given up (see [`Interrupt`]).
-    pub fn next_window(&mut self, from: Position, prefetch: usize, mut interrupt: Interrupt<'_>) -> Result<Window> {
+    pub fn next_window(&mut self, from: Position, prefetch: usize, mut interrupt: Interrupt<'_>) -> Result<Delivered> {
         if matches!(self, Pipeline::Idle(_)) {
             self.start(from, prefetch)?;
         }
@@ -129,7 +129,7 @@ impl Pipeline {
     /// One window of an inline producer on a thread of its own, waited for
     /// interruptibly: a collective blocks its thread, and a consumer blocked in one could
     /// not be interrupted.
-    fn produce_aside(&mut self, mut interrupt: Interrupt<'_>) -> Result<Window> {
+    fn produce_aside(&mut self, mut interrupt: Interrupt<'_>) -> Result<Delivered> {
         let Pipeline::Inline(mut producer) = std::mem::replace(self, Pipeline::Lost) else {
             unreachable!("called on an inline pipeline");
         };
@@ -259,7 +259,7 @@ fn wait<T>(rx: &Receiver<T>, interrupt: &mut Interrupt<'_>) -> Waited<T> {
 
 /// The producer thread: windows into the queue, and the continue agreement after each.
 /// Returns the engine, and a rank that expects this one at its next position agreement.
-fn produce(mut producer: Producer, windows: SyncSender<Result<Window>>, stop: Arc<AtomicU8>) -> Ended {
+fn produce(mut producer: Producer, windows: SyncSender<Result<Delivered>>, stop: Arc<AtomicU8>) -> Ended {
     let mut expected_by = None;
     loop {
         let window = producer.next_window();

@@ -12,7 +12,7 @@ use std::time::Duration;
 use super::engine::{complete, exchange, prepare, Engine};
 use super::metrics::Phase;
 use super::stream::{Position, WindowSpec};
-use super::window::{Packed, Window};
+use super::window::{Delivered, Packed};
 use crate::error::Result;
 use crate::transport::Transport;
 
@@ -52,7 +52,7 @@ impl Producer {
 
     /// Produces the next window. Collective: every rank calls it in lockstep. After an
     /// error the producer must not be called again.
-    pub fn next_window(&mut self) -> Result<Window> {
+    pub fn next_window(&mut self) -> Result<Delivered> {
         // The length in force: a tuner's decision at the last window's assembly applies
         // from the window after the one already planned.
         let steps = self.engine.tuning.steps_per_window(&self.engine.stream);

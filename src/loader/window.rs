@@ -11,7 +11,7 @@ use crate::types::SampleId;
 
 /// A window as the producer delivers it: this rank's batches, and what producing them
 /// cost on this rank.
-pub(crate) struct Window {
+pub(crate) struct Delivered {
     pub spec: WindowSpec,
     pub batches: Vec<Batch>,
     pub metrics: Metrics,
