@@ -11,7 +11,7 @@
 //! config (typed job description) ─► dataset (files → rows)
 //!   ─► plan (permutation, home ranges, placement, windows, budget; pure)
 //!   ─► transport (all-to-all-v over MPI or UCX; thin)
-//!   ─► loader (producer: read, pack, exchange, assemble; consumer: batches)
+//!   ─► loader (producer: read, fill, exchange, assemble; consumer: batches)
 //!   ─► verify (exactly-once checks, the dump format)
 //!   ─► telemetry (typed, versioned records of a run: written by `meshfeed run`, read by
 //!      `meshfeed report`)

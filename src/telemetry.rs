@@ -5,10 +5,10 @@
 //!
 //! A run's directory holds `run.json` ([`RunInfo`], rank 0's: the run's configuration and
 //! its read plan) and one `rank-<r>.jsonl` per rank ([`RANK_FILE_PREFIX`]): a JSON line
-//! per window ([`Window`]: its steps, time in each phase, waiting for the slowest peer
+//! per window ([`WindowRecord`]: its steps, time in each phase, waiting for the slowest peer
 //! inside the exchange, bytes read, sent — to other hosts too — and received, and, from
 //! the consumer's side, step by step, the time it waited for data and the time it spent
-//! until it asked for the next batch: its training step), then one per epoch ([`Epoch`]:
+//! until it asked for the next batch: its training step), then one per epoch ([`EpochRecord`]:
 //! its host, time in each phase, waiting for the producer and computing, its bytes, peak
 //! memory, and whether it verified). An epoch left part way (a job stopped) has a record
 //! of the steps it delivered.
@@ -17,7 +17,8 @@
 //! takes every version from [`OLDEST_SCHEMA`] on — schema 1 wrote only epoch records,
 //! without a `kind`, peer waiting or off-host bytes; schema 3 added the windows' steps,
 //! schema 4 each rank's home range length, schema 5 a tuned loader's prefetch and reads
-//! in flight; keys added since are optional — and
+//! in flight; schema 6 names the phase that fills send buffers `fill`, not `pack` (older
+//! records' `pack` is read as `fill`); keys added since are optional — and
 //! refuses any other, naming the file (and line). A record needs only the keys the report
 //! reads: its schema, rank, epoch and phase times; a window's first step, rows, peer
 //! waiting and bytes read, sent and sent off the host; an epoch's samples, seconds and
@@ -41,7 +42,7 @@ use crate::error::{Error, ErrorKind, Result, ResultExt};
 use crate::plan::IoPlan;
 
 /// The version of the records' layout this build writes.
-pub const SCHEMA: u32 = 5;
+pub const SCHEMA: u32 = 6;
 
 /// The oldest version this build reads.
 pub const OLDEST_SCHEMA: u32 = 1;
@@ -72,8 +73,9 @@ pub enum Phase {
     Plan,
     /// Reading samples of the home range from files.
     Read,
-    /// Copying read values into the send buffer.
-    Pack,
+    /// Filling each destination's send buffer with its values (called `pack` in records
+    /// before schema 6, a name that now means sequence packing only).
+    Fill,
     /// The all-to-all exchange (and failure agreement).
     Exchange,
     /// Copying received values into batches.
@@ -82,14 +84,14 @@ pub enum Phase {
 
 impl Phase {
     /// All phases.
-    pub const ALL: [Phase; 5] = [Phase::Plan, Phase::Read, Phase::Pack, Phase::Exchange, Phase::Assemble];
+    pub const ALL: [Phase; 5] = [Phase::Plan, Phase::Read, Phase::Fill, Phase::Exchange, Phase::Assemble];
 
     /// Lower-case name, as printed and in JSON.
     pub fn name(self) -> &'static str {
         match self {
             Phase::Plan => "plan",
             Phase::Read => "read",
-            Phase::Pack => "pack",
+            Phase::Fill => "fill",
             Phase::Exchange => "exchange",
             Phase::Assemble => "assemble",
         }
@@ -110,7 +112,8 @@ pub fn fraction(wait: f64, compute: f64) -> f64 {
 pub struct Phases {
     pub plan: f64,
     pub read: f64,
-    pub pack: f64,
+    #[serde(alias = "pack")]
+    pub fill: f64,
     pub exchange: f64,
     pub assemble: f64,
 }
@@ -122,7 +125,7 @@ impl Phases {
         Phases {
             plan: s(Phase::Plan),
             read: s(Phase::Read),
-            pack: s(Phase::Pack),
+            fill: s(Phase::Fill),
             exchange: s(Phase::Exchange),
             assemble: s(Phase::Assemble),
         }
@@ -133,7 +136,7 @@ impl Phases {
         match p {
             Phase::Plan => self.plan,
             Phase::Read => self.read,
-            Phase::Pack => self.pack,
+            Phase::Fill => self.fill,
             Phase::Exchange => self.exchange,
             Phase::Assemble => self.assemble,
         }
@@ -142,7 +145,7 @@ impl Phases {
     /// A rank's own work: every phase but the exchange (which includes waiting for
     /// others).
     pub fn own(&self) -> f64 {
-        self.plan + self.read + self.pack + self.assemble
+        self.plan + self.read + self.fill + self.assemble
     }
 
     /// The first phase whose time is not a finite, non-negative number of seconds.
@@ -226,7 +229,7 @@ impl RunInfo {
 
 /// One rank's record of one window.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct Window {
+pub struct WindowRecord {
     /// The records' layout ([`SCHEMA`]).
     pub schema: u32,
     pub rank: usize,
@@ -275,7 +278,7 @@ pub struct Window {
     pub read_depth: Option<u64>,
 }
 
-impl Window {
+impl WindowRecord {
     /// The part of the consumer's time (waiting for data, and its steps) spent waiting.
     pub fn wait_fraction(&self) -> f64 {
         fraction(self.wait_s, self.compute_s)
@@ -302,7 +305,7 @@ impl Window {
 
 /// One rank's record of one epoch: its own metrics, before any reduction.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct Epoch {
+pub struct EpochRecord {
     /// The records' layout ([`SCHEMA`]).
     pub schema: u32,
     pub rank: usize,
@@ -346,7 +349,7 @@ pub struct Epoch {
     /// Whether the epoch verified (`None`: not checked).
     #[serde(default)]
     pub verified: Option<bool>,
-    /// This rank's home range length in the epoch's last window ([`Window::home_rows`]).
+    /// This rank's home range length in the epoch's last window ([`WindowRecord::home_rows`]).
     #[serde(default)]
     pub home_rows: u64,
 }
@@ -356,7 +359,7 @@ fn unknown_host() -> String {
     "?".to_string()
 }
 
-impl Epoch {
+impl EpochRecord {
     /// The part of the consumer's time (waiting for data, and its steps) spent waiting.
     pub fn wait_fraction(&self) -> f64 {
         fraction(self.wait_s, self.compute_s)
@@ -410,8 +413,8 @@ pub enum RecordError {
 #[derive(Clone, Debug, PartialEq, Serialize)]
 #[serde(tag = "kind", rename_all = "lowercase")]
 pub enum Record {
-    Window(Window),
-    Epoch(Epoch),
+    Window(WindowRecord),
+    Epoch(EpochRecord),
 }
 
 impl Record {
@@ -578,6 +581,8 @@ mod tests {
     const WINDOW_V4: &str = r#"{"bytes_read":2049000,"bytes_read_spill":0,"bytes_received":1967040,"bytes_sent":2049000,"bytes_sent_off_host":0,"compute_s":0.05,"epoch":0,"first_step":4,"home_rows":11997,"kind":"window","peer_wait_s":0.001368556,"phase_s":{"assemble":0.000998794,"exchange":0.001836897,"pack":0.0,"plan":0.001376286,"read":0.001917066},"rank":0,"rows":120,"schema":4,"step_compute_s":[0.02,0.03],"step_wait_s":[0.009745586,0.0],"steps":2,"wait_s":0.009745586}"#;
     /// A tuned loader's window as schema 5 writes it: its prefetch and reads in flight.
     const WINDOW_V5: &str = r#"{"bytes_read":2049000,"bytes_read_spill":0,"bytes_received":1967040,"bytes_sent":2049000,"bytes_sent_off_host":0,"compute_s":0.05,"epoch":0,"first_step":4,"home_rows":11997,"kind":"window","peer_wait_s":0.001368556,"phase_s":{"assemble":0.000998794,"exchange":0.001836897,"pack":0.0,"plan":0.001376286,"read":0.001917066},"prefetch":2,"rank":0,"read_depth":32,"rows":120,"schema":5,"step_compute_s":[0.02,0.03],"step_wait_s":[0.009745586,0.0],"steps":2,"wait_s":0.009745586}"#;
+    /// Schema 6: the phase that fills send buffers is `fill`.
+    const WINDOW_V6: &str = r#"{"bytes_read":2049000,"bytes_read_spill":0,"bytes_received":1967040,"bytes_sent":2049000,"bytes_sent_off_host":0,"compute_s":0.05,"epoch":0,"first_step":4,"home_rows":11997,"kind":"window","peer_wait_s":0.001368556,"phase_s":{"assemble":0.000998794,"exchange":0.001836897,"fill":0.0,"plan":0.001376286,"read":0.001917066},"prefetch":2,"rank":0,"read_depth":32,"rows":120,"schema":6,"step_compute_s":[0.02,0.03],"step_wait_s":[0.009745586,0.0],"steps":2,"wait_s":0.009745586}"#;
     const EPOCH: &str = r#"{"bytes_read":196704000,"bytes_read_spill":0,"bytes_received":196704000,"bytes_sent":196704000,"bytes_sent_off_host":0,"compute_s":0.0,"epoch":0,"home_rows":12000,"host":"vm","kind":"epoch","peak_rss_bytes":32575488,"peer_wait_s":0.028216835,"phase_s":{"assemble":0.014297137,"exchange":0.03725301,"pack":0.0,"plan":0.003011975,"read":0.098461997},"rank":0,"ranks":2,"samples":24000,"schema":4,"seconds":0.172755173,"steps":100,"verified":null,"wait_s":0.171819776,"windows":100}"#;
     /// An epoch record as schema 1 wrote it: no kind, peer waiting, off-host bytes,
     /// spill or verification.
@@ -589,13 +594,25 @@ mod tests {
         assert_eq!((w.rank, w.rows, w.phase_s.read, w.bytes_sent), (0, 120, 0.001917066, 2049000));
         let Record::Epoch(e) = Record::parse(EPOCH).unwrap() else { panic!("an epoch") };
         assert_eq!((e.ranks, e.host.as_str(), e.samples, e.verified), (Some(2), "vm", 24000, None));
-        // What is written reads back the same, with the same keys as before.
-        for line in [WINDOW_V4, WINDOW_V5, EPOCH] {
+        // What is written reads back the same, with the same keys as before but for the
+        // fill phase, which records before schema 6 call `pack`.
+        for line in [WINDOW_V4, WINDOW_V5, WINDOW_V6, EPOCH] {
             let r = Record::parse(line).unwrap();
             let again: serde_json::Value = serde_json::from_str(&r.to_line()).unwrap();
-            assert_eq!(again, serde_json::from_str::<serde_json::Value>(line).unwrap());
+            let mut before = serde_json::from_str::<serde_json::Value>(line).unwrap();
+            let phases = before["phase_s"].as_object_mut().unwrap();
+            if let Some(fill) = phases.remove("pack") {
+                phases.insert("fill".into(), fill);
+            }
+            assert_eq!(again, before);
             assert_eq!(Record::parse(&r.to_line()).unwrap(), r);
         }
+        let Record::Window(w) = Record::parse(&WINDOW_V5.replace("\"pack\":0.0", "\"pack\":0.25")).unwrap() else {
+            panic!("schema 5: a window")
+        };
+        assert_eq!((w.phase_s.fill, w.phase_s.get(Phase::Fill)), (0.25, 0.25), "schema 5's pack is fill");
+        let written: serde_json::Value = serde_json::from_str(&Record::Window(w).to_line()).unwrap();
+        assert_eq!((written["phase_s"]["fill"].as_f64(), written["phase_s"].get("pack")), (Some(0.25), None));
         let Record::Window(w) = Record::parse(WINDOW_V5).unwrap() else { panic!("schema 5: a window") };
         assert_eq!((w.prefetch, w.read_depth), (Some(2), Some(32)));
         let Record::Window(w) = Record::parse(WINDOW_V4).unwrap() else { panic!("schema 4: a window") };
@@ -620,8 +637,8 @@ mod tests {
             v[key] = value;
             Record::parse(&v.to_string()).unwrap_err().to_string()
         };
-        assert_eq!(with("schema", 6.into()), "telemetry schema 6 (this meshfeed reads 1 to 5)");
-        assert_eq!(with("schema", 0.into()), "telemetry schema 0 (this meshfeed reads 1 to 5)");
+        assert_eq!(with("schema", 7.into()), "telemetry schema 7 (this meshfeed reads 1 to 6)");
+        assert_eq!(with("schema", 0.into()), "telemetry schema 0 (this meshfeed reads 1 to 6)");
         assert!(with("kind", "batch".into()).starts_with("kind is \"batch\""));
         assert_eq!(with("samples", (-600).into()), "samples is -600: a count is a non-negative integer");
         assert_eq!(
@@ -635,7 +652,7 @@ mod tests {
         v.as_object_mut().unwrap().remove("schema");
         assert_eq!(
             Record::parse(&v.to_string()).unwrap_err().to_string(),
-            "telemetry schema null (this meshfeed reads 1 to 5)"
+            "telemetry schema null (this meshfeed reads 1 to 6)"
         );
         assert!(Record::parse("1e999").unwrap_err().to_string().starts_with("not a JSON record"));
         // A window's steps: times, one of each per step delivered.
@@ -708,7 +725,7 @@ mod tests {
         assert_eq!((old.read_plan, old.sample_bytes), (None, None));
         v["schema"] = 7.into();
         let err = RunInfo::parse(path, &v.to_string()).unwrap_err().to_string();
-        assert!(err.contains("/x/run.json: telemetry schema 7 (this meshfeed reads 1 to 5)"), "{err}");
+        assert!(err.contains("/x/run.json: telemetry schema 7 (this meshfeed reads 1 to 6)"), "{err}");
         v["schema"] = 2.into();
         v["ranks"] = 0.into();
         let err = RunInfo::parse(path, &v.to_string()).unwrap_err().to_string();

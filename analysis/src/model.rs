@@ -134,7 +134,7 @@ impl WindowSample {
     }
 
     /// The model's view of a window's record (host 0: the run's reader numbers the hosts).
-    pub fn of(w: &meshfeed::telemetry::Window) -> WindowSample {
+    pub fn of(w: &meshfeed::telemetry::WindowRecord) -> WindowSample {
         let p = &w.phase_s;
         WindowSample {
             rank: w.rank,
@@ -142,7 +142,7 @@ impl WindowSample {
             epoch: w.epoch,
             first_step: w.first_step,
             read_s: p.read,
-            cpu_s: p.plan + p.pack + p.assemble,
+            cpu_s: p.plan + p.fill + p.assemble,
             exchange_s: p.exchange,
             peer_wait_s: w.peer_wait_s,
             rows: w.rows,

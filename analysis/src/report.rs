@@ -20,7 +20,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 use meshfeed::loader::Phase;
-use meshfeed::telemetry::{self, Epoch, Record, RunInfo};
+use meshfeed::telemetry::{self, EpochRecord, Record, RunInfo};
 use meshfeed::{Error, Result};
 use serde::Serialize;
 
@@ -29,7 +29,7 @@ use crate::median;
 use crate::model::{self, Calibration, Prediction, ReadPlan, Scenario, Validation, WindowSample};
 
 /// The phases a rank's own work is made of: all but the exchange.
-const OWN: [Phase; 4] = [Phase::Plan, Phase::Read, Phase::Pack, Phase::Assemble];
+const OWN: [Phase; 4] = [Phase::Plan, Phase::Read, Phase::Fill, Phase::Assemble];
 
 /// What to predict for (`meshfeed report --predict`): node counts, and where given, the
 /// scenario and the machine's rates that replace those of the largest measured meshfeed
@@ -105,7 +105,7 @@ fn is_straggler(own: f64, median: f64, epoch: f64) -> bool {
 }
 
 /// The report of one epoch of `loader` from its ranks' records (pure).
-pub fn analyse(run: &str, loader: &str, records: &[Epoch]) -> EpochReport {
+pub fn analyse(run: &str, loader: &str, records: &[EpochRecord]) -> EpochReport {
     let seconds = records.iter().map(|r| r.seconds).fold(0.0, f64::max);
     let own: Vec<f64> = records.iter().map(|r| r.phase_s.own()).collect();
     let own_median = median(own.clone());
@@ -360,10 +360,10 @@ fn read_pytorch(dir: &Path) -> Result<EpochReport> {
 /// from every rank), and every window record (schema 2).
 struct Telemetry {
     config: Option<RunInfo>,
-    epochs: Vec<Vec<Epoch>>,
+    epochs: Vec<Vec<EpochRecord>>,
     windows: Vec<WindowSample>,
     /// The window records that list their steps (schema 3), by epoch and rank.
-    step_windows: BTreeMap<(u64, usize), Vec<telemetry::Window>>,
+    step_windows: BTreeMap<(u64, usize), Vec<telemetry::WindowRecord>>,
 }
 
 /// The rank files (`rank-<r>.jsonl`) in `dir`, by rank; a name of that shape that is no
@@ -434,10 +434,10 @@ fn read_run(dir: &Path) -> Result<Telemetry> {
     if let Some((&r, path)) = files.range(ranks..).next() {
         return Err(Error::file(path, format!("rank {r} is not one of the run's ranks: {says}")));
     }
-    let mut by_epoch: BTreeMap<u64, Vec<Epoch>> = BTreeMap::new();
+    let mut by_epoch: BTreeMap<u64, Vec<EpochRecord>> = BTreeMap::new();
     let mut epochs_of: Vec<BTreeSet<u64>> = Vec::with_capacity(ranks);
     let mut windows = Vec::new();
-    let mut step_windows: BTreeMap<(u64, usize), Vec<telemetry::Window>> = BTreeMap::new();
+    let mut step_windows: BTreeMap<(u64, usize), Vec<telemetry::WindowRecord>> = BTreeMap::new();
     let mut hosts: Vec<String> = Vec::new();
     // An epoch record naming another number of ranks: reported once every file's own
     // records are checked (a copied file is named as such, not the files it makes too many
@@ -490,7 +490,7 @@ fn read_rank(
     rank: usize,
     ranks: usize,
     says: &str,
-) -> Result<(Vec<Epoch>, Vec<WindowSample>, Vec<telemetry::Window>, Option<Error>)> {
+) -> Result<(Vec<EpochRecord>, Vec<WindowSample>, Vec<telemetry::WindowRecord>, Option<Error>)> {
     let records = telemetry::read_rank_file(path)?;
     let empty = records.is_empty();
     let mut epochs = Vec::new();
@@ -528,7 +528,7 @@ fn read_rank(
             // The loop went back and ran the epoch again (it broke out of it, or sought
             // back): the last run of it counts, and the record and windows of the one
             // before are left out (its windows came before its record).
-            epochs.retain(|x: &Epoch| x.epoch != e.epoch);
+            epochs.retain(|x: &EpochRecord| x.epoch != e.epoch);
             windows.retain(|(l, w)| w.epoch != e.epoch || *l > first);
             stepped.retain(|(l, w)| w.epoch != e.epoch || *l > first);
         }
@@ -562,13 +562,13 @@ fn read_rank(
 /// windows that list their steps ([`crate::steps`], by epoch and rank), where every rank
 /// has some.
 fn replay_steps(
-    windows: &BTreeMap<(u64, usize), Vec<telemetry::Window>>,
-    records: &[Epoch],
+    windows: &BTreeMap<(u64, usize), Vec<telemetry::WindowRecord>>,
+    records: &[EpochRecord],
 ) -> Option<crate::steps::StepReplay> {
     let ranks: Vec<(String, Vec<(u64, crate::steps::StepWork)>)> = records
         .iter()
         .map(|e| {
-            let mine: Vec<&telemetry::Window> = windows.get(&(e.epoch, e.rank)).into_iter().flatten().collect();
+            let mine: Vec<&telemetry::WindowRecord> = windows.get(&(e.epoch, e.rank)).into_iter().flatten().collect();
             (e.host.clone(), crate::steps::rank_steps(&mine))
         })
         .collect();
@@ -780,7 +780,7 @@ pub fn plots(dir: &Path, report: &Report) -> Result<Vec<PathBuf>> {
     let mut skewed: Vec<&&EpochReport> = last.iter().filter(|r| r.rank_own_s.len() > 1).collect();
     skewed.sort_by(|a, b| b.skew.total_cmp(&a.skew));
     let chart = Lines {
-        title: "own work per rank (plan, read, pack, assemble; last epoch)".into(),
+        title: "own work per rank (plan, read, fill, assemble; last epoch)".into(),
         x: "rank",
         y: "seconds",
         log_x: false,
@@ -802,16 +802,16 @@ pub fn plots(dir: &Path, report: &Report) -> Result<Vec<PathBuf>> {
 mod tests {
     use super::*;
 
-    fn rank(rank: usize, host: &str, read: f64, exchange: f64) -> Epoch {
-        Epoch {
+    fn rank(rank: usize, host: &str, read: f64, exchange: f64) -> EpochRecord {
+        EpochRecord {
             rank,
             host: host.into(),
             epoch: 0,
             seconds: 10.0,
             samples: 1000,
-            phase_s: telemetry::Phases { plan: 0.1, read, pack: 0.2, exchange, assemble: 0.3 },
+            phase_s: telemetry::Phases { plan: 0.1, read, fill: 0.2, exchange, assemble: 0.3 },
             verified: Some(true),
-            ..Epoch::default()
+            ..EpochRecord::default()
         }
     }
 
@@ -843,8 +843,8 @@ mod tests {
     #[test]
     fn scaling_compares_throughput_per_host_with_the_fewest_hosts() {
         let report = |run: &str, loader: &str, hosts: usize, epoch: u64, seconds: f64| {
-            let records: Vec<Epoch> = (0..hosts * 2)
-                .map(|r| Epoch { host: format!("n{}", r / 2), epoch, seconds, ..rank(r, "", 1.0, 1.0) })
+            let records: Vec<EpochRecord> = (0..hosts * 2)
+                .map(|r| EpochRecord { host: format!("n{}", r / 2), epoch, seconds, ..rank(r, "", 1.0, 1.0) })
                 .collect();
             analyse(run, loader, &records)
         };

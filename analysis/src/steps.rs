@@ -24,7 +24,7 @@
 //! wait in every fast rank's training step: the loader cannot see inside it, and the
 //! what-if then finds less to gain than there is. Pure: records in, figures out.
 
-use meshfeed::telemetry::Window;
+use meshfeed::telemetry::WindowRecord;
 use serde::Serialize;
 
 use crate::median;
@@ -101,11 +101,11 @@ pub struct StepReplay {
 
 /// Each step's own work on one rank, from its window records of one epoch (those with
 /// per-step records), by step.
-pub fn rank_steps(windows: &[&Window]) -> Vec<(u64, StepWork)> {
+pub fn rank_steps(windows: &[&WindowRecord]) -> Vec<(u64, StepWork)> {
     let mut out = Vec::new();
     for w in windows {
         let p = &w.phase_s;
-        let own = p.plan + p.read + p.pack + p.assemble;
+        let own = p.plan + p.read + p.fill + p.assemble;
         let exchange = (p.exchange - w.peer_wait_s).max(0.0);
         // The part of the window's wait that was not waiting for peers, and its split.
         let kept = if w.wait_s > 0.0 { ((w.wait_s - w.peer_wait_s) / w.wait_s).clamp(0.0, 1.0) } else { 0.0 };
@@ -202,8 +202,16 @@ mod tests {
 
     /// A window of rank `rank` at `first`: its steps' waits and training times, its read
     /// and exchange time and peer waiting.
-    fn window(rank: usize, first: u64, wait: &[f64], train: &[f64], read: f64, exchange: f64, peer: f64) -> Window {
-        Window {
+    fn window(
+        rank: usize,
+        first: u64,
+        wait: &[f64],
+        train: &[f64],
+        read: f64,
+        exchange: f64,
+        peer: f64,
+    ) -> WindowRecord {
+        WindowRecord {
             schema: SCHEMA,
             rank,
             first_step: first,
@@ -214,7 +222,7 @@ mod tests {
             compute_s: train.iter().sum(),
             step_wait_s: wait.to_vec(),
             step_compute_s: train.to_vec(),
-            ..Window::default()
+            ..WindowRecord::default()
         }
     }
 

@@ -126,7 +126,7 @@ pub struct EpochSummary {
     pub bytes_read_spill: u64,
     pub bytes_exchanged: u64,
     pub bytes_delivered: u64,
-    /// Bytes the loader copied (read, packed, assembled; summed over ranks) and that over
+    /// Bytes the loader copied (read, filled into send buffers, assembled; summed over ranks) and that over
     /// the bytes delivered: the copies each delivered byte took.
     pub bytes_copied: u64,
     pub copies_per_byte: f64,

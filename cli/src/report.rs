@@ -236,7 +236,7 @@ pub fn run(args: ReportArgs) -> Result<()> {
         "epoch_s",
         "what-if_s",
         "skew",
-        "phase s, median/max: plan read pack exchange assemble"
+        "phase s, median/max: plan read fill exchange assemble"
     ));
     for e in &r.epochs {
         let phases: Vec<String> =

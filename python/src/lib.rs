@@ -174,8 +174,8 @@ fn json_shaped(value: Bound<'_, PyAny>) -> PyResult<Bound<'_, PyAny>> {
 /// What `Loader.metrics()` returns: the last window's and the epoch's records.
 #[derive(serde::Serialize)]
 struct LiveMetrics {
-    window: Option<Live<meshfeed::telemetry::Window>>,
-    epoch: Option<Live<meshfeed::telemetry::Epoch>>,
+    window: Option<Live<meshfeed::telemetry::WindowRecord>>,
+    epoch: Option<Live<meshfeed::telemetry::EpochRecord>>,
 }
 
 /// A record, with the part of the consumer's time it spent waiting for data.

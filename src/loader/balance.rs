@@ -1,7 +1,7 @@
 //! Home ranges that follow the ranks' read speeds (`--balance auto`): the runtime side of
 //! [`crate::plan::home::next_lengths`].
 //!
-//! Each rank measures the rows it reads and packs, and its own time doing so, window by
+//! Each rank measures the rows it reads and sends, and its own time doing so, window by
 //! window. At the first window of the next epoch every rank's producer gathers every
 //! rank's measure (one all-gather in that window's preparation, which every rank prepares
 //! at the same point: windows are collective) and computes the same new ranges, used from
@@ -93,7 +93,7 @@ impl Balancer {
         Ok(self.home.clone())
     }
 
-    /// Counts a prepared window: `rows` read and packed in `seconds` of this rank's time.
+    /// Counts a prepared window: `rows` read and filled in `seconds` of this rank's time.
     pub fn measured(&mut self, rows: u64, seconds: f64) {
         self.windows += 1;
         self.rows += rows;

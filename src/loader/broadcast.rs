@@ -7,24 +7,24 @@
 use std::time::Instant;
 
 use super::batch::{Batch, FieldData};
-use super::exchange::{assemble, pack, Receipt};
+use super::marshal::{assemble, fill, Receipt};
 use super::metrics::{Metrics, Phase};
 use super::read::{FromReads, Reads};
 use super::stream::{Stream, WindowSpec};
-use super::window::{Packed, Route};
+use super::window::{Filled, Route};
 use crate::dataset::Field;
 use crate::error::Result;
 use crate::plan::{FieldPart, Permutation, Placement};
 use crate::transport::{agree, Transport};
 use crate::types::{Rank, SampleId};
 
-/// Plans the window on every rank; rank 0 reads and packs every row whole.
+/// Plans the window on every rank; rank 0 reads and fills every row whole.
 pub(crate) fn prepare(
     stream: &Stream,
     transport: &dyn Transport,
     reads: &mut Reads,
     spec: WindowSpec,
-) -> Result<Packed> {
+) -> Result<Filled> {
     let mut metrics = Metrics::default();
     let n = stream.dataset.len();
     let b = stream.options.batch_size as u64;
@@ -45,14 +45,14 @@ pub(crate) fn prepare(
         let whole = whole_parts(fields);
         let rows: Vec<usize> = (0..ids.len()).collect();
         let source = FromReads { ids: &ids, read: &read };
-        send = metrics.timed(Phase::Pack, || pack(&[rows], &[Some(&whole[..])], fields, &source)).0;
+        send = metrics.timed(Phase::Fill, || fill(&[rows], &[Some(&whole[..])], fields, &source)).0;
         metrics.bytes_sent += (send.len() * (stream.world - 1)) as u64;
         metrics.bytes_copied += send.len() as u64;
     } else {
         metrics.agreed(|| agree(transport, Ok(())))?;
     }
     let home = std::sync::Arc::new(stream.home.clone());
-    Ok(Packed { spec, route: Route::Broadcast, home, ids, send, counts: vec![], metrics, deferred: None })
+    Ok(Filled { spec, route: Route::Broadcast, home, ids, send, counts: vec![], metrics, deferred: None })
 }
 
 /// Broadcasts rank 0's buffer (an all-gather to which only rank 0 contributes).

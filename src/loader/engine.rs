@@ -4,7 +4,7 @@
 //! 1. [`prepare`]: agree that every rank is at this window, **plan** it ([`WindowPlan`]:
 //!    the id of every row, what this rank reads and sends), **read** the samples of its
 //!    home range it sends, agree with the other ranks that every read succeeded, and
-//!    **pack** each destination's values into one send buffer (one copy);
+//!    **fill** each destination's values into one send buffer (one copy);
 //! 2. [`exchange`]: one all-to-all-v over the loader's own communicator — overlapped, when
 //!    the producer runs ahead, with preparing the next window;
 //! 3. [`complete`]: **assemble** the received values into [`Batch`]es (one copy), agree
@@ -21,13 +21,13 @@ use std::time::Instant;
 
 use super::balance::Balancer;
 use super::batch::Batch;
-use super::exchange::{assemble_received, pack, LocalRow};
+use super::marshal::{assemble_received, fill, LocalRow};
 use super::metrics::{Metrics, Phase};
 use super::read::passes;
 use super::read::{FromReads, Reads};
 use super::stream::{Stream, WindowSpec};
 use super::tuning::{ConsumerClock, Tuning};
-use super::window::{receipt, Delivered, Packed, Received, Route};
+use super::window::{receipt, Delivered, Filled, Received, Route};
 use super::{broadcast, two_phase};
 use crate::config::ExchangeMode;
 use crate::error::{Error, Result};
@@ -159,7 +159,7 @@ fn first_step(spec: &WindowSpec) -> crate::types::Step {
     crate::types::Step(spec.steps.start)
 }
 
-/// Step 1: plans, reads and packs window `spec`. Collective (the position agreement: every
+/// Step 1: plans, reads and fills window `spec`. Collective (the position agreement: every
 /// rank prepares the same window; the read agreement).
 pub(crate) fn prepare(
     stream: &Stream,
@@ -168,7 +168,7 @@ pub(crate) fn prepare(
     index: &mut HomeIndex,
     balance: &mut Balancer,
     spec: WindowSpec,
-) -> Result<Packed> {
+) -> Result<Filled> {
     let mut metrics = Metrics::default();
     // Waiting here is waiting for the slowest rank to be done with the window before (a
     // producer held back by its consumer, when prefetch is full): peer waiting.
@@ -213,15 +213,15 @@ pub(crate) fn prepare(
     // store before the read agreement (after which receivers read the stores).
     let start = Instant::now();
     let ready = pass.and_then(|()| reads.wait_for_store(stream, spec.epoch.0, &plan.reads, &mut metrics));
-    let packed = if stream.direct_reads {
-        // Read straight into the send buffer: reading is packing.
+    let filled = if stream.direct_reads {
+        // Read straight into the send buffer: reading is filling.
         let there =
             (0..placement.world()).flat_map(|d| plan.sends[d].iter().copied().filter(move |&i| read_there(d, i)));
-        let packed = ready
+        let filled = ready
             .and_then(|()| reads.advise(stream, there, &plan.ids))
-            .and_then(|()| reads.pack_direct(stream, &sends, &parts, &plan.ids, &mut metrics));
+            .and_then(|()| reads.fill_direct(stream, &sends, &parts, &plan.ids, &mut metrics));
         metrics.phase[Phase::Read as usize] += start.elapsed();
-        packed
+        filled
     } else {
         let mut sent: Vec<SampleId> = sends.iter().flatten().map(|&i| plan.ids[i]).collect();
         sent.sort_unstable();
@@ -230,20 +230,20 @@ pub(crate) fn prepare(
         metrics.phase[Phase::Read as usize] += start.elapsed();
         read.map(|read| {
             let source = FromReads { ids: &plan.ids, read: &read };
-            let packed = metrics.timed(Phase::Pack, || pack(&sends, &parts, stream.dataset.fields(), &source));
-            metrics.bytes_copied += packed.0.len() as u64;
-            packed
+            let filled = metrics.timed(Phase::Fill, || fill(&sends, &parts, stream.dataset.fields(), &source));
+            metrics.bytes_copied += filled.0.len() as u64;
+            filled
         })
     };
     let (send, counts, deferred) = if route == Route::Local && !stream.io.streams_any() {
         // Nothing was read or is sent, and no store is waited for: an error waits for the
         // assembly agreement, the window's only collective.
-        match packed {
+        match filled {
             Ok((send, counts)) => (send, counts, None),
             Err(e) => (Vec::new(), vec![0; placement.world()], Some(e)),
         }
     } else {
-        let (send, counts) = metrics.agreed(|| agree(transport, packed))?;
+        let (send, counts) = metrics.agreed(|| agree(transport, filled))?;
         (send, counts, None)
     };
     metrics.bytes_sent += send.len() as u64;
@@ -251,21 +251,21 @@ pub(crate) fn prepare(
     metrics.bytes_sent_off_host +=
         counts.iter().zip(&stream.hosts).filter(|&(_, &h)| h != me).map(|(&c, _)| c as u64).sum::<u64>();
     metrics.window_sends.push(counts.clone());
-    let read_s = metrics.phase[Phase::Read as usize] + metrics.phase[Phase::Pack as usize];
+    let read_s = metrics.phase[Phase::Read as usize] + metrics.phase[Phase::Fill as usize];
     balance.measured(sends.iter().map(|rows| rows.len() as u64).sum(), read_s.as_secs_f64());
     let mine = home.range(stream.rank);
     metrics.home_rows = mine.end - mine.start;
-    Ok(Packed { spec, route, home, ids: plan.ids, send, counts, metrics, deferred })
+    Ok(Filled { spec, route, home, ids: plan.ids, send, counts, metrics, deferred })
 }
 
-/// Step 2: exchanges a packed window. With `during`, the exchange is non-blocking and
+/// Step 2: exchanges a filled window. With `during`, the exchange is non-blocking and
 /// `during` runs while it is in flight (its time is not counted as exchange time).
 pub(crate) fn exchange(
     transport: &dyn Transport,
-    packed: Packed,
+    filled: Filled,
     during: Option<&mut dyn FnMut()>,
 ) -> Result<Received> {
-    let Packed { spec, route, home, ids, send, counts, mut metrics, deferred } = packed;
+    let Filled { spec, route, home, ids, send, counts, mut metrics, deferred } = filled;
     let start = Instant::now();
     let mut busy = std::time::Duration::ZERO;
     let (recv, recv_counts) = match (route, during) {

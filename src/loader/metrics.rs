@@ -27,7 +27,7 @@ pub struct Metrics {
     pub rows_delivered: u64,
     /// Windows exchanged.
     pub windows: u64,
-    /// Bytes the loader copied on this rank: read from files into memory, packed into
+    /// Bytes the loader copied on this rank: read from files into memory, filled into
     /// send buffers and assembled into batches (the transport's own copies are not
     /// counted). Over the bytes delivered, the copies each delivered byte took.
     pub bytes_copied: u64,

@@ -7,9 +7,9 @@
 //! restore its position at any step ([`Loader::state`], [`Loader::seek`]) and is `Send`:
 //! it can be moved to another thread or held by a Python object.
 //!
-//! Behind it, a producer runs the windows of the stream — plan, read, pack, exchange,
+//! Behind it, a producer runs the windows of the stream — plan, read, fill, exchange,
 //! assemble ([`engine`]) — by default on a background thread up to `prefetch` windows
-//! ahead, overlapping each window's exchange with reading and packing the next
+//! ahead, overlapping each window's exchange with reading and filling the next
 //! ([`producer`], [`pipeline`]). Memory stays within `(prefetch + 1) × window_bytes`
 //! ([`crate::plan::budget`]) plus the rows kept in memory, within the memory budget.
 //!
@@ -63,8 +63,8 @@ pub mod batch;
 mod broadcast;
 mod describe;
 mod engine;
-mod exchange;
 pub mod layout;
+mod marshal;
 pub mod metrics;
 mod observe;
 mod open;
@@ -495,7 +495,9 @@ mod tests {
 
     /// Rank 0's records in `dir`: its windows and its epochs, in the order written, and
     /// whether the last record is an epoch's.
-    fn recorded(dir: &std::path::Path) -> (Vec<crate::telemetry::Window>, Vec<crate::telemetry::Epoch>, bool) {
+    fn recorded(
+        dir: &std::path::Path,
+    ) -> (Vec<crate::telemetry::WindowRecord>, Vec<crate::telemetry::EpochRecord>, bool) {
         use crate::telemetry::{read_rank_file, Record};
         let records = read_rank_file(&dir.join("rank-0.jsonl")).unwrap();
         let last_is_epoch = matches!(records.last(), Some((_, Record::Epoch(_))));
@@ -609,7 +611,7 @@ mod tests {
             (e0.epoch, e0.steps, e0.samples, e0.windows, e0.verified),
             (0, 12, 48, windows.len() as u64, Some(true))
         );
-        let sum = |f: fn(&crate::telemetry::Window) -> f64| windows.iter().map(|w| f(w)).sum::<f64>();
+        let sum = |f: fn(&crate::telemetry::WindowRecord) -> f64| windows.iter().map(|w| f(w)).sum::<f64>();
         assert!((sum(|w| w.compute_s) - e0.compute_s).abs() < 1e-9 && (sum(|w| w.wait_s) - e0.wait_s).abs() < 1e-9);
         assert_eq!(windows.iter().map(|w| w.rows).sum::<u64>(), 48);
         assert_eq!(windows.iter().map(|w| w.bytes_received).sum::<u64>(), e0.bytes_received);

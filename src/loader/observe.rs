@@ -23,7 +23,7 @@ impl Loader {
     /// The figures of the last window the consumer finished and of the epoch under way (or
     /// the last one, between epochs), as the telemetry records them; their
     /// `wait_fraction` is the part of the consumer's time spent waiting for data.
-    pub fn live_metrics(&self) -> (Option<crate::telemetry::Window>, Option<crate::telemetry::Epoch>) {
+    pub fn live_metrics(&self) -> (Option<crate::telemetry::WindowRecord>, Option<crate::telemetry::EpochRecord>) {
         let stream = &self.stream;
         self.tracker.live(|a, b| stream.rows_in_steps(a..b))
     }

@@ -1,7 +1,7 @@
 //! The producer: runs a stream's windows in order from a position, one call per window.
 //!
 //! Running ahead (`overlap`, on whenever a background thread drives the producer), the
-//! exchange of window `k` is non-blocking and window `k + 1` is planned, read and packed
+//! exchange of window `k` is non-blocking and window `k + 1` is planned, read and filled
 //! while it is in flight; window `k + 1`'s send buffer then waits for the next call. The
 //! read agreement of `k + 1` is a collective issued during `k`'s exchange: every rank
 //! orders it the same way. Without overlap each window is prepared when it is asked for,
@@ -12,7 +12,7 @@ use std::time::Duration;
 use super::engine::{complete, exchange, prepare, Engine};
 use super::metrics::Phase;
 use super::stream::{Position, WindowSpec};
-use super::window::{Delivered, Packed};
+use super::window::{Delivered, Filled};
 use crate::error::Result;
 use crate::transport::Transport;
 
@@ -20,8 +20,8 @@ pub(crate) struct Producer {
     engine: Engine,
     /// The window the next call delivers.
     next: WindowSpec,
-    /// That window, already read and packed (or the error doing so gave).
-    ahead: Option<Result<Packed>>,
+    /// That window, already read and filled (or the error doing so gave).
+    ahead: Option<Result<Filled>>,
     overlap: bool,
     /// Time in agreements between windows (the continue agreement), counted as the next
     /// window's peer waiting.
@@ -45,7 +45,7 @@ impl Producer {
         self.between += d;
     }
 
-    /// Gives the engine back (a window packed ahead is dropped: it was never exchanged).
+    /// Gives the engine back (a window filled ahead is dropped: it was never exchanged).
     pub fn into_engine(self) -> Engine {
         self.engine
     }
@@ -58,8 +58,8 @@ impl Producer {
         let steps = self.engine.tuning.steps_per_window(&self.engine.stream);
         let following = self.engine.stream.window_after(&self.next, steps);
         let spec = std::mem::replace(&mut self.next, following);
-        let packed = match self.ahead.take() {
-            Some(packed) => packed?,
+        let filled = match self.ahead.take() {
+            Some(filled) => filled?,
             None => {
                 let Engine { stream, transport, reads, index, balance, .. } = &mut self.engine;
                 prepare(stream, &**transport, reads, index, balance, spec)?
@@ -71,13 +71,13 @@ impl Producer {
             let mut ahead = None;
             let received = exchange(
                 &**transport,
-                packed,
+                filled,
                 Some(&mut || ahead = Some(prepare(stream, &**transport, reads, index, balance, following.clone()))),
             );
             self.ahead = ahead;
             received?
         } else {
-            exchange(&*self.engine.transport, packed, None)?
+            exchange(&*self.engine.transport, filled, None)?
         };
         let mut window = complete(&mut self.engine, received)?;
         let between = std::mem::take(&mut self.between);

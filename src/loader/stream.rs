@@ -75,7 +75,7 @@ pub(crate) struct Stream {
     pub steps_per_window: u64,
     /// Entries of this rank's home index (see [`budget::index_entries`]).
     pub index_entries: u64,
-    /// Whether windows are packed straight from the files ([`direct_reads`]).
+    /// Whether windows are filled straight from the files ([`direct_reads`]).
     pub direct_reads: bool,
     /// The host index of every rank ([`crate::transport::hosts`]).
     pub hosts: Vec<usize>,
@@ -184,7 +184,7 @@ impl Stream {
         let placements = [Some(&placement), tail_placement.as_ref(), two_phase.as_ref().map(|t| &t.leaders)];
         let whole = whole_tensor_parts(fields, placements.into_iter().flatten());
         let direct_reads = mode != ExchangeMode::Broadcast && whole && direct_reads(&dataset);
-        // Values read into buffers of their own before they are packed (variable-length
+        // Values read into buffers of their own before they fill send buffers (variable-length
         // values, small records) hold those buffers besides the exchange's and the
         // batches': the window holds fewer steps.
         let reading = if direct_reads { budget::Reading::Direct } else { budget::Reading::Copied };
@@ -387,7 +387,7 @@ impl Stream {
 }
 
 /// Samples at least this large are read straight into send buffers, one read per value;
-/// smaller ones are read in coalesced spans and packed (a read per tiny value costs more
+/// smaller ones are read in coalesced spans and copied (a read per tiny value costs more
 /// than the copy it saves). Measured here (npy, 4 ranks on 2 cores, 128–256 MB, batch
 /// 1024, interleaved): direct reads take 0.7× the epoch at 1 KiB, 0.5–0.6× at 2–8 KiB, and
 /// break even at 512 B.
@@ -487,7 +487,7 @@ mod tests {
     #[test]
     fn windows_tile_epochs_and_cross_into_the_next() {
         // 2 rows × 10 bytes = 20 bytes of values per step per rank, plus bookkeeping (4 × 24
-        // + 2 × 72 = 240): 260. Values this small are read into buffers, then packed: 5 ×
+        // + 2 × 72 = 240): 260. Values this small are read into buffers, then copied: 5 ×
         // 260 per step held, so 3900 bytes give 3 steps per window, besides the home index
         // (12 samples × 16 bytes); 3 × 260 (as if read in place) would give 5.
         // 23 samples, batch 4: 5 steps + a partial one (3 rows).

@@ -21,7 +21,7 @@ use super::metrics::Metrics;
 use super::stream::Position;
 use super::tuning::ConsumerClock;
 pub use crate::telemetry::fraction;
-use crate::telemetry::{Epoch, Phases, Record, Window, Writer, SCHEMA};
+use crate::telemetry::{EpochRecord, Phases, Record, WindowRecord, Writer, SCHEMA};
 
 /// Where a rank's records go, and its heartbeat.
 pub(crate) struct Tracker {
@@ -34,11 +34,11 @@ pub(crate) struct Tracker {
     /// When the last batch was handed to the consumer: its step runs until the next call.
     handed: Option<Instant>,
     /// The window being consumed, and the epoch.
-    window: Option<Window>,
+    window: Option<WindowRecord>,
     epoch: Option<EpochSoFar>,
     /// The last window and epoch finished.
-    last_window: Option<Window>,
-    last_epoch: Option<Epoch>,
+    last_window: Option<WindowRecord>,
+    last_epoch: Option<EpochRecord>,
     /// The last epoch's record is yet to be written.
     unwritten: bool,
     writer: Option<Writer>,
@@ -54,7 +54,7 @@ struct EpochSoFar {
     steps: u64,
     start: Instant,
     /// Its finished windows, summed (the one being consumed is not in it).
-    sum: Window,
+    sum: WindowRecord,
     windows: u64,
 }
 
@@ -112,7 +112,7 @@ impl Tracker {
                 first_step: at.step.0,
                 steps: 0,
                 start: now,
-                sum: Window { schema: SCHEMA, rank: self.rank, epoch: at.epoch.0, ..Window::default() },
+                sum: WindowRecord { schema: SCHEMA, rank: self.rank, epoch: at.epoch.0, ..WindowRecord::default() },
                 windows: 0,
             });
         }
@@ -138,7 +138,7 @@ impl Tracker {
     pub fn took_window(&mut self, epoch: u64, first_step: u64, steps: u64, metrics: &Metrics, waited: Duration) {
         self.clock.waited(waited);
         self.finish_window();
-        self.window = Some(Window {
+        self.window = Some(WindowRecord {
             schema: SCHEMA,
             rank: self.rank,
             epoch,
@@ -257,7 +257,7 @@ impl Tracker {
     }
 
     /// The last window finished, and the epoch under way so far (else the last finished).
-    pub fn live(&self, samples: impl FnOnce(u64, u64) -> u64) -> (Option<Window>, Option<Epoch>) {
+    pub fn live(&self, samples: impl FnOnce(u64, u64) -> u64) -> (Option<WindowRecord>, Option<EpochRecord>) {
         let epoch = match &self.epoch {
             Some(e) if e.steps > 0 => {
                 let mut sum = e.sum.clone();
@@ -274,8 +274,15 @@ impl Tracker {
     }
 
     /// The record of epoch `e`, whose windows sum to `sum`.
-    fn epoch_record(&self, e: &EpochSoFar, sum: &Window, windows: u64, samples: u64, seconds: f64) -> Epoch {
-        Epoch {
+    fn epoch_record(
+        &self,
+        e: &EpochSoFar,
+        sum: &WindowRecord,
+        windows: u64,
+        samples: u64,
+        seconds: f64,
+    ) -> EpochRecord {
+        EpochRecord {
             schema: SCHEMA,
             rank: self.rank,
             ranks: Some(self.ranks),
@@ -343,11 +350,11 @@ impl Tracker {
 }
 
 /// Adds window `w`'s figures to the sum `to`.
-fn add(to: &mut Window, w: &Window) {
+fn add(to: &mut WindowRecord, w: &WindowRecord) {
     let (a, b) = (&mut to.phase_s, &w.phase_s);
     a.plan += b.plan;
     a.read += b.read;
-    a.pack += b.pack;
+    a.fill += b.fill;
     a.exchange += b.exchange;
     a.assemble += b.assemble;
     to.steps += w.steps;

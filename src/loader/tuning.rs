@@ -89,7 +89,7 @@ impl Tuning {
             return Vec::new();
         }
         let produce: std::time::Duration = metrics.phase.iter().sum();
-        let read = metrics.time(Phase::Read) + metrics.time(Phase::Pack);
+        let read = metrics.time(Phase::Read) + metrics.time(Phase::Fill);
         let now = [self.clock.waited_ns.load(Ordering::Relaxed), self.clock.computed_ns.load(Ordering::Relaxed)];
         let (wait, compute) = (now[0].saturating_sub(self.seen[0]), now[1].saturating_sub(self.seen[1]));
         self.seen = now;

@@ -3,7 +3,7 @@
 //! then scatters every member's slices inside its row block's sub-communicator.
 
 use super::batch::Batch;
-use super::exchange::{assemble, pack, ValueSource};
+use super::marshal::{assemble, fill, ValueSource};
 use super::metrics::{Metrics, Phase};
 use super::stream::{Stream, WindowSpec};
 use super::window::receipt;
@@ -50,7 +50,7 @@ pub(crate) fn complete(
         }
     }
     let source = FromLeader { batches: &full, batch_size: b, first_row: leader.rows.start, fields: leader.parts };
-    let (send, counts) = metrics.timed(Phase::Pack, || pack(&sends, &member_parts, fields, &source));
+    let (send, counts) = metrics.timed(Phase::Fill, || fill(&sends, &member_parts, fields, &source));
     metrics.bytes_sent += send.len() as u64;
     metrics.bytes_copied += send.len() as u64;
     let (recv, recv_counts) = metrics.timed(Phase::Exchange, || group.all_to_all_v(send, &counts))?;

@@ -1,9 +1,9 @@
-//! What one window is on its way through the producer: packed (read, and ready to
+//! What one window is on its way through the producer: filled (read, and ready to
 //! exchange), received, delivered; and the route it takes. Shared by the engine and the
 //! exchange variants ([`super::two_phase`], [`super::broadcast`]).
 
 use super::batch::Batch;
-use super::exchange::Receipt;
+use super::marshal::Receipt;
 use super::metrics::Metrics;
 use super::stream::{Stream, WindowSpec};
 use crate::plan::Placement;
@@ -34,8 +34,8 @@ pub(crate) enum Route {
     Broadcast,
 }
 
-/// A window read and packed: ready to exchange.
-pub(crate) struct Packed {
+/// A window read and filled: ready to exchange.
+pub(crate) struct Filled {
     pub spec: WindowSpec,
     pub route: Route,
     /// The home ranges the window was read with (they move between epochs where the
@@ -65,7 +65,7 @@ pub(crate) struct Received {
 }
 
 /// What this rank receives of each global batch under `placement`, for
-/// [`super::exchange::assemble`].
+/// [`super::marshal::assemble`].
 pub(crate) fn receipt<'a>(
     stream: &'a Stream,
     placement: &'a Placement,

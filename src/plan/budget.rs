@@ -7,12 +7,12 @@
 //! steps then holds, on that rank, at its peak, in three kinds of buffer:
 //!
 //! * **read buffers**, only where values are read into buffers of their own and then
-//!   packed ([`Reading::Copied`]: coalesced spans of small records, Arrow's variable-length
+//!   copied ([`Reading::Copied`]: coalesced spans of small records, Arrow's variable-length
 //!   values): at most `2wS` (a read brings in at most twice what it needs, see
 //!   `dataset::positional::coalesce`); none where values are read straight into the send buffer
 //!   or the batches ([`Reading::Direct`]);
 //! * **send and receive buffers**: `2wS` while a window is exchanged; with a producer
-//!   thread, also the next window's send buffer, packed during that exchange: `3wS`;
+//!   thread, also the next window's send buffer, filled during that exchange: `3wS`;
 //! * **batches**: the window the consumer delivers from; with a producer `prefetch = p ≥
 //!   1` windows ahead, also the `p` in the queue and the one the producer has assembled and
 //!   waits to queue: `(p + 2)·wS`.
@@ -25,7 +25,7 @@
 //!
 //! | | `prefetch = 0` | `prefetch = p ≥ 1` |
 //! |---|---|---|
-//! | copied (read, then packed) | `2 + 2 + 1 = 5` | `2 + 3 + (p + 2) = 7 + p` |
+//! | copied (read, then copied) | `2 + 2 + 1 = 5` | `2 + 3 + (p + 2) = 7 + p` |
 //! | direct | `3` | `6 + p` (holds `5 + p`: one window's slack for sends above the mean) |
 //!
 //! A rank's read and send buffers hold the rows of its home range that the window draws,
@@ -76,7 +76,7 @@ pub enum Reading {
     /// memory: no read buffers.
     Direct,
     /// Read into buffers of their own (coalesced spans, variable-length values), then
-    /// packed into the send buffer.
+    /// copied into the send buffer.
     Copied,
 }
 

@@ -79,7 +79,7 @@ impl HomeRanges {
 pub const MAX_SHARE: f64 = 1.5;
 
 /// The next home range lengths, from the current ones and each rank's measured rate (ids
-/// it read and packed per second of its own work, over the last epoch): each rank's share
+/// it read and sent per second of its own work, over the last epoch): each rank's share
 /// moves towards its share of the total rate, by at most `max_change` of its current
 /// length per call, never below one id nor above `cap` (a length already above it may
 /// stay); the lengths still sum to the same total. A rate
@@ -162,7 +162,7 @@ pub struct Damping {
 }
 
 /// The lengths the ranks move to at an epoch's start, from each rank's measure over the
-/// last (`(rows, seconds)`: the rows it read and packed, and its own time doing so):
+/// last (`(rows, seconds)`: the rows it read and sent, and its own time doing so):
 /// [`rebalance`] by at most `damping.max_change`, each at most [`MAX_SHARE`] of `equal`
 /// (the equal split's longest range), or `None` where the gain or the move is below
 /// `damping`'s thresholds (the ranges stay). Pure, like [`rebalance`].

@@ -88,7 +88,7 @@ fn every_mode_reports_what_the_suite_needs_at_1_and_2_ranks() {
         assert!(m["bytes_read"].as_u64().unwrap() >= steps * BATCH * SAMPLE_BYTES, "{m}");
         assert!(m["bytes_copied"].as_u64().unwrap() >= 2 * steps * BATCH * SAMPLE_BYTES, "{m}");
         assert_eq!(m["phase_s_per_rank"].as_array().unwrap().len(), np);
-        for phase in ["plan", "read", "pack", "exchange", "assemble"] {
+        for phase in ["plan", "read", "fill", "exchange", "assemble"] {
             assert!(m["phase_s"][phase].as_f64().is_some(), "{phase}: {m}");
         }
         // The bare all-to-all-v moves exactly the bytes the loader exchanged, in as many

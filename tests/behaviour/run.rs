@@ -319,7 +319,7 @@ over_transports! {
             assert_eq!(l["samples"], 48); // 49 samples, batch 8, tail dropped
             assert_eq!(l["verified"], true);
             assert_eq!(l["bytes_delivered"], 48 * 48); // float32 3x4 = 48 bytes per sample
-            for p in ["plan", "read", "pack", "exchange", "assemble"] {
+            for p in ["plan", "read", "fill", "exchange", "assemble"] {
                 assert!(l["phase_s"][p].as_f64().unwrap() >= 0.0);
             }
             assert!(l["samples_per_s"].as_f64().unwrap() > 0.0);

@@ -320,9 +320,11 @@ pub fn draw_all(grid: &Grid, dir: &Path) -> Result<Vec<PathBuf>> {
             if p.tag.is_empty() { p.sample_bytes.to_string() } else { p.tag.clone() },
             p.ranks
         ));
-        let order = ["plan", "read", "pack", "exchange", "assemble"];
+        let order = ["plan", "read", "fill", "exchange", "assemble"];
+        // Records written before telemetry schema 6 name the fill phase "pack".
+        let seconds = |k: &str| phases.get(k).or_else(|| (k == "fill").then(|| phases.get("pack")).flatten());
         bars.stacks.push((
-            order.iter().map(|k| (k.to_string(), phases.get(*k).copied().unwrap_or(0.0))).collect(),
+            order.iter().map(|k| (k.to_string(), seconds(k).copied().unwrap_or(0.0))).collect(),
             m.epoch_s_best,
         ));
     }

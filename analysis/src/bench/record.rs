@@ -194,7 +194,7 @@ pub struct Record {
     /// loaders that do not count them ("n/a" in the report, never a guess).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub bytes_copied: Option<u64>,
-    /// Per phase (plan, read, pack, exchange, assemble): the slowest rank's seconds per
+    /// Per phase (plan, read, fill, exchange, assemble; `pack` for fill before telemetry schema 6): the slowest rank's seconds per
     /// epoch, and every rank's.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub phase_s: Option<std::collections::BTreeMap<String, f64>>,

@@ -197,7 +197,7 @@ pub fn markdown(grid: &Grid, machine: Option<&Machine>) -> String {
     s.push_str(
         "Times are best epochs in seconds (the slowest rank's); ratios above 1 mean meshfeed is faster \
          (samples/s) — except epoch / max(limits), the loader's epoch over the slower of the read and exchange \
-         limits (1.0 would be at the limit). copies / byte: the bytes meshfeed copied (read into memory, packed, \
+         limits (1.0 would be at the limit). copies / byte: the bytes meshfeed copied (read into memory, filled into send buffers, \
          assembled; not the transport's own copies) over the bytes delivered; n/a for loaders that do not count \
          them.\n\n",
     );

@@ -89,7 +89,7 @@ pub fn measure(
     row.gb_per_s = delivered as f64 / 1e9 / row.epoch_s_best.max(1e-9);
     row.bytes_needed = bytes_needed(setting, &loader);
     row.bytes_read = Some(m.bytes_read / epochs);
-    // Read, packed and assembled bytes (the transport's own copies are not counted).
+    // Read, filled and assembled bytes (the transport's own copies are not counted).
     row.bytes_copied = Some(m.bytes_copied / epochs);
     row.exchange_s = per_epoch(m.time(Phase::Exchange));
     row.exchange_gb_per_s = m.bytes_sent as f64 / 1e9 / m.time(Phase::Exchange).as_secs_f64().max(1e-9);

@@ -173,7 +173,7 @@ class Phases(TypedDict):
 
     plan: float
     read: float
-    pack: float
+    fill: float
     exchange: float
     assemble: float
 

@@ -36,7 +36,7 @@ pub(crate) struct PassBuffer {
 
 /// The ids a pass keeps and the position of each among them: one bit per id of the span
 /// from the first to the last kept id, and the number of kept ids before each 64-bit
-/// word, so that finding a kept row is a word load and a popcount. Every value packed
+/// word, so that finding a kept row is a word load and a popcount. Every value filled in
 /// from a pass is found here (a binary search over the half a million ids of a 256-byte
 /// sample pass cost about a microsecond a sample); 2 bits per id of the span.
 struct Kept {

@@ -16,7 +16,7 @@ use super::store::{HomeStore, StoreView, Tier};
 use crate::dataset::{FileReader, RowChunk};
 use crate::error::{Error, Result};
 use crate::loader::batch::Batch;
-use crate::loader::exchange::{LocalRow, ValueSource};
+use crate::loader::marshal::{LocalRow, ValueSource};
 use crate::loader::metrics::Metrics;
 use crate::loader::stream::Stream;
 use crate::plan::FieldPart;
@@ -88,7 +88,7 @@ impl Reads {
         Ok(())
     }
 
-    /// The value sources of a window's rows this rank sends, for packing: ids `ids`
+    /// The value sources of a window's rows this rank sends, for filling: ids `ids`
     /// (sorted, unique) from the home store, the pass, the spill file, or read from the
     /// files (a broadcast baseline's rank 0 reads ids of every home range, from the files).
     pub fn read(&mut self, stream: &Stream, ids: &[SampleId], metrics: &mut Metrics) -> Result<ReadSet> {
@@ -160,12 +160,12 @@ impl Reads {
         Ok((starts, chunks))
     }
 
-    /// Packs a window's send buffer straight from where each value is: memory (copied),
+    /// Fills a window's send buffer straight from where each value is: memory (copied),
     /// the spill file or the data files (read into place, up to the queue depth in
-    /// flight), in the layout [`crate::loader::exchange::pack`] makes. Only for streams whose
+    /// flight), in the layout [`crate::loader::marshal::fill`] makes. Only for streams whose
     /// values all sit whole at fixed offsets ([`Stream::direct_reads`]): `parts` are whole
     /// tensor fields. `ids[i]` is the id of window row `i`.
-    pub fn pack_direct(
+    pub fn fill_direct(
         &mut self,
         stream: &Stream,
         sends: &[Vec<usize>],
@@ -536,7 +536,7 @@ impl ReadSet {
     }
 }
 
-/// Values for packing straight from the rows this rank read: window row `row` is sample
+/// Values for filling send buffers straight from the rows this rank read: window row `row` is sample
 /// `ids[row]`.
 pub(crate) struct FromReads<'a> {
     pub ids: &'a [SampleId],

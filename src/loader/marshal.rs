@@ -1,4 +1,6 @@
-//! Packing values into send buffers and assembling received bytes into batches.
+//! The exchange's byte layout: filling send buffers with values, and assembling received
+//! bytes into batches. The exchange itself is the transport's (`engine`, `two_phase`,
+//! `broadcast` call it).
 //!
 //! The wire format needs no per-row headers: sender and receiver walk the same plan in the
 //! same order (window row, then the receiver's parts in field order). A tensor part is its
@@ -16,15 +18,15 @@ use crate::types::{Epoch, SampleId, Step};
 /// Length prefix of a variable-length value in a send buffer.
 const LEN_PREFIX: usize = 8;
 
-/// Where packing finds the full value of `field` for window row `row`.
+/// Where filling finds the full value of `field` for window row `row`.
 pub(crate) trait ValueSource {
     fn value(&self, row: usize, field: usize) -> &[u8];
 }
 
-/// Packs every destination's values into one send buffer. `sends[d]` lists the window rows
+/// Fills every destination's values into one send buffer. `sends[d]` lists the window rows
 /// for destination `d`, `parts[d]` what it receives of each (`None`: nothing). Two passes:
 /// exact byte counts first, so that each value is copied once, straight into place.
-pub(crate) fn pack(
+pub(crate) fn fill(
     sends: &[Vec<usize>],
     parts: &[Option<&[FieldPart]>],
     fields: &[Field],
