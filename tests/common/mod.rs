@@ -281,6 +281,56 @@ impl Job {
         self.args(["--json"])
     }
 
+    /// `--memory-budget BYTES` (e.g. `0`: nothing kept in memory, or `1G`).
+    pub fn memory_budget(self, bytes: impl ToString) -> Job {
+        self.opt("--memory-budget", bytes)
+    }
+
+    /// `--read-strategy NAME` (e.g. `resident`, `passes`, `random`).
+    pub fn read_strategy(self, name: &str) -> Job {
+        self.opt("--read-strategy", name)
+    }
+
+    /// `--local-reads MODE` (e.g. `off`: every row crosses the exchange).
+    pub fn local_reads(self, mode: &str) -> Job {
+        self.opt("--local-reads", mode)
+    }
+
+    /// `--spill-dir DIR`.
+    pub fn spill_dir(self, dir: &Path) -> Job {
+        self.opt("--spill-dir", dir.to_str().expect("a UTF-8 test path"))
+    }
+
+    /// `--telemetry DIR`.
+    pub fn telemetry(self, dir: &Path) -> Job {
+        self.opt("--telemetry", dir.to_str().expect("a UTF-8 test path"))
+    }
+
+    /// `--checkpoint PATH`.
+    pub fn checkpoint(self, path: &Path) -> Job {
+        self.opt("--checkpoint", path.to_str().expect("a UTF-8 test path"))
+    }
+
+    /// `--fields A,B`: deliver only these fields.
+    pub fn fields(self, names: &str) -> Job {
+        self.opt("--fields", names)
+    }
+
+    /// `--exchange NAME` (`auto`, `fused`, `two-phase`, `broadcast`).
+    pub fn exchange(self, name: &str) -> Job {
+        self.opt("--exchange", name)
+    }
+
+    /// `--prefetch N`: windows made ahead by the producer thread (0: none).
+    pub fn prefetch(self, windows: u64) -> Job {
+        self.opt("--prefetch", windows)
+    }
+
+    /// `--tail MODE` (e.g. `partial`: deliver the last, short batch).
+    pub fn tail(self, mode: &str) -> Job {
+        self.opt("--tail", mode)
+    }
+
     /// More arguments, as they are (flags, options and their values).
     pub fn args<S: AsRef<str>>(mut self, args: impl IntoIterator<Item = S>) -> Job {
         self.args.extend(args.into_iter().map(|a| a.as_ref().to_string()));
