@@ -212,6 +212,13 @@ impl Job {
         Job { args: vec!["run".into(), "--data".into(), data.into()] }
     }
 
+    /// `meshfeed run --config FILE`: a job file (TOML) instead of `--data`; the options
+    /// given after it override the file's.
+    pub fn config(file: &Path) -> Job {
+        let file = file.to_str().expect("a UTF-8 test path");
+        Job { args: vec!["run".into(), "--config".into(), file.into()] }
+    }
+
     /// `OPTION VALUE`.
     pub fn opt(mut self, option: &str, value: impl ToString) -> Job {
         self.args.extend([option.to_string(), value.to_string()]);
@@ -319,6 +326,21 @@ impl Job {
     /// `--exchange NAME` (`auto`, `fused`, `two-phase`, `broadcast`).
     pub fn exchange(self, name: &str) -> Job {
         self.opt("--exchange", name)
+    }
+
+    /// `--shard FIELD=SPEC`: how one field is split over the mesh (e.g. `x=dp,-,tp`).
+    pub fn shard(self, spec: &str) -> Job {
+        self.opt("--shard", spec)
+    }
+
+    /// `--stages FIELD=STAGE` (`first`, `last`, `all`): which pipeline stages get a field.
+    pub fn stages(self, spec: &str) -> Job {
+        self.opt("--stages", spec)
+    }
+
+    /// `--pack SPEC` (sequence packing, e.g. `tokens:16,eos=0`).
+    pub fn pack(self, spec: &str) -> Job {
+        self.opt("--pack", spec)
     }
 
     /// `--prefetch N`: windows made ahead by the producer thread (0: none).
