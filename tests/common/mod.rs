@@ -374,6 +374,11 @@ impl Job {
         Transport::Ucx.run(np, &self.argv())
     }
 
+    /// `mpirun -np NP meshfeed run ...` inside the memory cgroup `cg`.
+    pub fn mpirun_in(&self, cg: &MemoryCgroup, np: usize) -> Run {
+        cg.mpirun(np, &self.argv())
+    }
+
     /// On `np` ranks over `t` (as [`Transport::run`]).
     pub fn over(&self, t: Transport, np: usize) -> Run {
         t.run(np, &self.argv())
