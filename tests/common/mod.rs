@@ -374,6 +374,11 @@ impl Job {
         Transport::Ucx.run(np, &self.argv())
     }
 
+    /// `meshfeed run ...` in one process, without a launcher (an MPI singleton).
+    pub fn singleton(&self) -> Run {
+        meshfeed(&self.argv())
+    }
+
     /// `mpirun -np NP meshfeed run ...` inside the memory cgroup `cg`.
     pub fn mpirun_in(&self, cg: &MemoryCgroup, np: usize) -> Run {
         cg.mpirun(np, &self.argv())
