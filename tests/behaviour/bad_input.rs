@@ -8,8 +8,8 @@ use std::time::Duration;
 use crate::common::*;
 
 /// Runs a job expected to fail and checks the error contract on every rank.
-fn fails(t: Transport, np: usize, args: &[&str], needles: &[&str]) -> Run {
-    let run = t.run(np, args);
+fn fails(t: Transport, np: usize, job: &Job, needles: &[&str]) -> Run {
+    let run = job.over(t, np);
     assert_ne!(run.code, 0, "{t:?}: expected failure:\nstdout:\n{}\nstderr:\n{}", run.stdout, run.stderr);
     assert!(run.elapsed < Duration::from_secs(30), "{t:?}: failure took {:?}", run.elapsed);
     assert!(!run.stderr.contains("panicked") && !run.stderr.contains("internal error"), "{}", run.stderr);
@@ -30,14 +30,14 @@ over_transports! {
         fails(
             t,
             2,
-            &["run", "--data", "/nonexistent/meshfeed-data", "--batch-size", "2"],
+            &Job::new("/nonexistent/meshfeed-data").batch(2),
             &["/nonexistent/meshfeed-data: No such file or directory (os error 2)"],
         );
     }
 
     fn truncated_npy(t: Transport) {
         let d = fixtures().join("bad_npy_truncated");
-        fails(t, 3, &["run", "--data", data(&d), "--batch-size", "3"], &["rank 0: ", "part-0.npy", "truncated"]);
+        fails(t, 3, &Job::new(&d).batch(3), &["rank 0: ", "part-0.npy", "truncated"]);
     }
 
     fn truncated_webdataset_shard(t: Transport) {
@@ -46,7 +46,7 @@ over_transports! {
         std::fs::copy(src.join("shard-000000.tar"), out.path().join("shard-000000.tar")).unwrap();
         let bytes = std::fs::read(src.join("shard-000001.tar")).unwrap();
         std::fs::write(out.path().join("shard-000001.tar"), &bytes[..bytes.len() / 2 + 100]).unwrap();
-        fails(t, 2, &["run", "--data", data(out.path()), "--batch-size", "2"], &["shard-000001.tar", "truncated"]);
+        fails(t, 2, &Job::new(out.path()).batch(2), &["shard-000001.tar", "truncated"]);
     }
 
     fn truncated_parquet(t: Transport) {
@@ -57,7 +57,7 @@ over_transports! {
         }
         let bytes = std::fs::read(src.join("part-1.parquet")).unwrap();
         std::fs::write(out.path().join("part-1.parquet"), &bytes[..bytes.len() / 2]).unwrap();
-        fails(t, 3, &["run", "--data", data(out.path()), "--batch-size", "3"], &["part-1.parquet", "not a readable Parquet file"]);
+        fails(t, 3, &Job::new(out.path()).batch(3), &["part-1.parquet", "not a readable Parquet file"]);
     }
 
     fn truncated_megatron_bin(t: Transport) {
@@ -68,16 +68,16 @@ over_transports! {
         }
         let bytes = std::fs::read(src.join("corpus-1.bin")).unwrap();
         std::fs::write(out.path().join("corpus-1.bin"), &bytes[..bytes.len() - 2]).unwrap();
-        fails(t, 3, &["run", "--data", data(out.path()), "--batch-size", "3"], &["corpus-1.bin", "truncated"]);
+        fails(t, 3, &Job::new(out.path()).batch(3), &["corpus-1.bin", "truncated"]);
     }
 
     /// `--pack` of a field that is not a list of integer tokens, or with a token its type
     /// cannot hold.
     fn packing_a_field_that_is_not_tokens(t: Transport) {
         let (lists, megatron) = (fixtures().join("arrow_lists"), fixtures().join("megatron"));
-        let args = |d, pack| ["run", "--data", d, "--batch-size", "2", "--pack", pack];
-        fails(t, 2, &args(data(&lists), "y:8"), &["--pack y:8", "field 'y' is i64", "not a list of integer tokens"]);
-        fails(t, 3, &args(data(&megatron), "tokens:8,eos=-1"), &["eos token -1 is not a u16 value"]);
+        let args = |d: &Path, pack| Job::new(d).batch(2).pack(pack);
+        fails(t, 2, &args(&lists, "y:8"), &["--pack y:8", "field 'y' is i64", "not a list of integer tokens"]);
+        fails(t, 3, &args(&megatron, "tokens:8,eos=-1"), &["eos token -1 is not a u16 value"]);
     }
 
     fn truncation_seen_by_one_rank_stops_all(t: Transport) {
@@ -90,12 +90,12 @@ over_transports! {
         let p = out.path().join("part-2.npy");
         let bytes = std::fs::read(&p).unwrap();
         std::fs::write(&p, &bytes[..bytes.len() - 7]).unwrap();
-        fails(t, 3, &["run", "--data", data(out.path()), "--batch-size", "3"], &["rank 2: ", "part-2.npy", "truncated"]);
+        fails(t, 3, &Job::new(out.path()).batch(3), &["rank 2: ", "part-2.npy", "truncated"]);
     }
 
     fn corrupt_arrow(t: Transport) {
         let d = fixtures().join("bad_arrow_corrupt");
-        fails(t, 2, &["run", "--data", data(&d), "--batch-size", "2"], &["part-0.arrow", "corrupt"]);
+        fails(t, 2, &Job::new(&d).batch(2), &["part-0.arrow", "corrupt"]);
     }
 
     fn hdf5_dataset_of_wrong_shape(t: Transport) {
@@ -103,14 +103,14 @@ over_transports! {
         fails(
             t,
             2,
-            &["run", "--data", data(&d), "--batch-size", "2"],
+            &Job::new(&d).batch(2),
             &["schema mismatch", "part-0.h5", "part-1.h5", "'x'", "f32[4]", "f32[5]"],
         );
     }
 
     fn hdf5_datasets_of_different_lengths(t: Transport) {
         let d = fixtures().join("bad_hdf5_ragged");
-        fails(t, 2, &["run", "--data", data(&d), "--batch-size", "2"], &["disagree on the sample count"]);
+        fails(t, 2, &Job::new(&d).batch(2), &["disagree on the sample count"]);
     }
 
     fn schema_mismatch_between_files(t: Transport) {
@@ -118,7 +118,7 @@ over_transports! {
         fails(
             t,
             2,
-            &["run", "--data", data(&d), "--batch-size", "2"],
+            &Job::new(&d).batch(2),
             &["schema mismatch", "part-0.npy", "part-1.npy", "'data'", "f32[4]", "i32[4]"],
         );
     }
@@ -128,7 +128,7 @@ over_transports! {
         fails(
             t,
             2,
-            &["run", "--data", data(&d), "--batch-size", "50"],
+            &Job::new(&d).batch(50),
             &["batch size 50 is larger than the dataset (49 samples)"],
         );
     }
@@ -138,28 +138,29 @@ over_transports! {
         fails(
             t,
             3,
-            &["run", "--data", data(&d), "--batch-size", "10"],
+            &Job::new(&d).batch(10),
             &["batch size 10 is not divisible by dp = 3 (the batch dimension's split)"],
         );
     }
 
     fn more_ranks_than_samples(t: Transport) {
         let out = tempdir();
-        ok(&meshfeed(&["gen", "--format", "npy", "--samples", "3", "--field", "data:u8:2", "--out", data(out.path())]));
-        fails(t, 4, &["run", "--data", data(out.path()), "--batch-size", "4"], &["more ranks (4) than samples (3)"]);
+        Dataset::gen("npy", 3).files(1).field("data:u8:2").write(out.path());
+        fails(t, 4, &Job::new(out.path()).batch(4), &["more ranks (4) than samples (3)"]);
     }
 
     fn unknown_format_and_empty_directory(t: Transport) {
         let out = tempdir();
         std::fs::write(out.path().join("a.csv"), "1,2\n").unwrap();
-        fails(t, 2, &["run", "--data", data(&out.path().join("a.csv")), "--batch-size", "2"], &["a.csv", "unknown format"]);
-        fails(t, 2, &["run", "--data", data(out.path()), "--batch-size", "2"], &["holds no"]);
+        fails(t, 2, &Job::new(out.path().join("a.csv")).batch(2), &["a.csv", "unknown format"]);
+        fails(t, 2, &Job::new(out.path()).batch(2), &["holds no"]);
     }
 }
 
 #[test]
 fn gen_and_inspect_errors_are_clear() {
     let out = tempdir();
+    // Literal command lines: gen's refusal of them is the test.
     let r = meshfeed(&[
         "gen",
         "--format",
@@ -201,9 +202,9 @@ fn data_paths_the_os_refuses_are_named_with_its_error() {
         (locked.join("a.npy"), "locked/a.npy: Permission denied (os error 13)"),
     ];
     for (path, needle) in cases {
-        let path = data(&path);
-        for args in [&["run", "--data", path, "--batch-size", "2"][..], &["inspect", "--data", path]] {
-            let r = meshfeed_unprivileged(args);
+        let run = Job::new(&path).batch(2);
+        for args in [run.argv(), vec!["inspect", "--data", data(&path)]] {
+            let r = meshfeed_unprivileged(&args);
             assert_ne!(r.code, 0, "{args:?}: {}", r.stdout);
             assert!(r.stderr.contains(needle), "{args:?}: the error lacks '{needle}':\n{}", r.stderr);
             assert!(!r.stderr.contains("panicked"), "{}", r.stderr);

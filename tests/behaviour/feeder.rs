@@ -176,10 +176,7 @@ fn jobs_reading_from_one_feeder_get_exactly_the_streams_of_the_files() {
     // exchanged); each with its own seed and batch.
     let job = |source: &Path, i: usize| match i {
         0 => (2, Job::new(source).batch(48).seed(3).epochs(3).mesh("dp=2")),
-        1 => (
-            3,
-            Job::new(source).batch(60).seed(11).epochs(3).args(["--read-strategy", "random", "--memory-budget", "0"]),
-        ),
+        1 => (3, Job::new(source).batch(60).seed(11).epochs(3).read_strategy("random").memory_budget(0)),
         _ => (2, Job::new(source).batch(40).seed(7).epochs(2).mesh("dp=1,tp=2")),
     };
     let dirs: Vec<PathBuf> = (0..3).map(|i| out.path().join(format!("served-{i}"))).collect();
@@ -234,9 +231,8 @@ fn jobs_reading_from_one_feeder_get_exactly_the_streams_of_the_files() {
     // feeder's dataset has another fingerprint.
     let other = Dataset::gen("npy", 300).field("x:u8:200").field("y:i64").write(&out.path().join("other"));
     let checkpoint = out.path().join("other.json");
-    let ck = ["--checkpoint", checkpoint.to_str().unwrap()];
-    ok(&Job::new(&other).batch(48).seed(3).epochs(1).args(ck).mpirun(2));
-    let run = Job::new(&serving.rendezvous).batch(48).seed(3).epochs(2).args(ck).mpirun(2);
+    ok(&Job::new(&other).batch(48).seed(3).epochs(1).checkpoint(&checkpoint).mpirun(2));
+    let run = Job::new(&serving.rendezvous).batch(48).seed(3).epochs(2).checkpoint(&checkpoint).mpirun(2);
     assert_ne!(run.code, 0, "{}", run.stderr);
     let refused = agreed_failure(&run, 2);
     assert!(refused.contains("dataset samples 300 → 2400"), "{refused}");
@@ -272,8 +268,8 @@ fn a_feeder_past_its_memory_budget_reads_the_rest_from_storage_and_says_what_it_
     let spilled = out.path().join("spilled");
     let spill_dir = out.path().join("spill");
     std::fs::create_dir(&spill_dir).unwrap();
-    let spill = ["--read-strategy", "random", "--memory-budget", "0", "--spill-dir", spill_dir.to_str().unwrap()];
-    let run = job(&serving.rendezvous, 2).args(spill).dump(&spilled).mpirun(3);
+    let spill = |job: Job| job.read_strategy("random").memory_budget(0).spill_dir(&spill_dir);
+    let run = spill(job(&serving.rendezvous, 2)).dump(&spilled).mpirun(3);
     ok(&run);
     assert!(run.stdout.contains("the rest spilled"), "{}", run.stdout);
     assert!(dump_bytes(&spilled, 3) == dump_bytes(&files, 3), "a client spilling the feeder's rows differs");
@@ -281,9 +277,8 @@ fn a_feeder_past_its_memory_budget_reads_the_rest_from_storage_and_says_what_it_
     // fingerprint is the files'): the two runs are the uninterrupted one.
     let (first, rest) = (out.path().join("first"), out.path().join("rest"));
     let checkpoint = out.path().join("ckpt.json");
-    let ck = checkpoint.to_str().unwrap();
-    ok(&job(&data, 1).args(["--checkpoint", ck]).dump(&first).mpirun(3));
-    let resumed = job(&serving.rendezvous, 2).args(["--checkpoint", ck]).dump(&rest).launch(3);
+    ok(&job(&data, 1).checkpoint(&checkpoint).dump(&first).mpirun(3));
+    let resumed = job(&serving.rendezvous, 2).checkpoint(&checkpoint).dump(&rest).launch(3);
     ok(&resumed);
     assert!(resumed.stdout.contains("meshfeed: resuming at epoch 1 step 0"), "{}", resumed.stdout);
     let joined: Vec<Vec<u8>> =
@@ -325,12 +320,12 @@ fn jobs_of_a_shared_order_read_the_feeders_storage_about_once_between_them() {
     let data = Dataset::gen("npy", 2000).files(8).field("x:u8:256").write(&out.path().join("npy"));
     let budget = 360_000.to_string();
     let job = |data: &Path, seed, order: Option<&str>, dump: &Path| {
-        let job = Job::new(data).batch(40).seed(seed).epochs(2).args(["--window-bytes", "40K"]).dump(dump);
+        let job = Job::new(data).batch(40).seed(seed).epochs(2).window("40K").dump(dump);
         // Served, a training step's 50 ms: the jobs' start a few tenths of a second apart
         // is a few steps, and the rows asked for since are still in the feeder's cache.
-        let job = if data.extension().is_some_and(|e| e == "json") { job.args(["--compute-ms", "50"]) } else { job };
+        let job = if data.extension().is_some_and(|e| e == "json") { job.compute_ms(50) } else { job };
         match order {
-            Some(order) => job.args(["--shared-order", order]),
+            Some(order) => job.opt("--shared-order", order),
             None => job,
         }
     };
@@ -415,12 +410,7 @@ fn a_feeder_refuses_strangers_and_its_death_fails_every_rank_of_its_clients() {
     assert!(dump_bytes(&served, 2) == dump_bytes(&files, 2), "the stream after a client died differs");
     // A client reading at random with nothing kept asks the feeder for rows every window;
     // the feeder is killed under it.
-    let job = Job::new(&serving.rendezvous).batch(60).epochs(1_000_000).args([
-        "--read-strategy",
-        "random",
-        "--memory-budget",
-        "0",
-    ]);
+    let job = Job::new(&serving.rendezvous).batch(60).epochs(1_000_000).read_strategy("random").memory_budget(0);
     let client = spawn_mpirun(3, &job);
     std::thread::sleep(Duration::from_secs(2));
     drop(serving);
@@ -584,7 +574,7 @@ fn a_hostile_neighbour_neither_ends_nor_starves_the_feeder_nor_changes_its_rows(
 
     // A job now: its exact stream, and through the feeder its contents are checked.
     let (served, files) = (out.path().join("served"), out.path().join("files"));
-    let run = Job::new(&serving.rendezvous).batch(40).seed(5).epochs(2).args(["--verify"]).dump(&served).mpirun(2);
+    let run = Job::new(&serving.rendezvous).batch(40).seed(5).epochs(2).verify().dump(&served).mpirun(2);
     ok(&run);
     assert!(run.stdout.contains("contents match the generator"), "{}", run.stdout);
     ok(&Job::new(&data).batch(40).seed(5).epochs(2).dump(&files).mpirun(2));
@@ -639,7 +629,7 @@ fn a_lone_feeder_and_a_lone_job_listen_on_nothing_but_the_feeders_socket() {
     // is initialised) and while it still runs.
     let (job_out, job_err) = (out.path().join("job.out"), out.path().join("job.err"));
     let mut cmd = Command::new(bin());
-    cmd.args(Job::new(&serving.rendezvous).batch(48).epochs(3).opt("--compute-ms", 40).argv()).arg("--json");
+    cmd.args(Job::new(&serving.rendezvous).batch(48).epochs(3).compute_ms(40).json().argv());
     for var in SINGLETON_MCA_VARS {
         cmd.env_remove(var);
     }

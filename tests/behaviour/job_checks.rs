@@ -9,19 +9,19 @@ use std::time::Duration;
 
 use crate::common::*;
 
-/// Starts one rank per argument list over `t`: under MPI one MPMD `mpirun`, under UCX the
+/// Starts one rank per job over `t`: under MPI one MPMD `mpirun`, under UCX the
 /// ranks one by one as a launcher would. One `Run`: the first non-zero exit code, the
 /// ranks' output together.
-fn run_per_rank(t: Transport, per_rank: &[Vec<&str>]) -> Run {
+fn run_per_rank(t: Transport, per_rank: &[Job]) -> Run {
     match t {
         Transport::Mpi => {
             let mut cmd = Command::new("mpirun");
             cmd.args(MPIRUN_FLAGS);
-            for (r, args) in per_rank.iter().enumerate() {
+            for (r, job) in per_rank.iter().enumerate() {
                 if r > 0 {
                     cmd.arg(":");
                 }
-                cmd.args(["-np", "1", bin()]).args(args);
+                cmd.args(["-np", "1", bin()]).args(job.argv());
             }
             cmd.env("HDF5_USE_FILE_LOCKING", "FALSE").stdout(Stdio::piped()).stderr(Stdio::piped());
             finish(cmd.spawn().unwrap(), "mpmd mpirun")
@@ -32,11 +32,7 @@ fn run_per_rank(t: Transport, per_rank: &[Vec<&str>]) -> Run {
             let children: Vec<_> = per_rank
                 .iter()
                 .enumerate()
-                .map(|(r, args)| {
-                    let mut a = args.clone();
-                    a.extend(["--transport", "ucx"]);
-                    spawn_rank(r, n, port, "tok", &a, &[])
-                })
+                .map(|(r, job)| spawn_rank(r, n, port, "tok", &job.clone().transport("ucx").argv(), &[]))
                 .collect();
             let runs: Vec<Run> =
                 children.into_iter().enumerate().map(|(r, c)| finish(c, &format!("rank {r}"))).collect();
@@ -73,18 +69,17 @@ over_transports! {
     fn ranks_given_different_jobs_are_told_which_option_differs(t: Transport) {
         let dir = generated();
         let d = dir.path().join("d");
-        let base = ["run", "--data", d.to_str().unwrap(), "--batch-size", "12"];
-        let with = |extra: &[&'static str]| -> Vec<&str> { base.iter().copied().chain(extra.iter().copied()).collect() };
+        let base = || Job::new(&d).batch(12);
         // Different --epochs: once a hang forever under MPI.
-        let run = run_per_rank(t, &[with(&["--epochs", "2"]), with(&["--epochs", "2"]), with(&["--epochs", "3"])]);
+        let run = run_per_rank(t, &[base().epochs(2), base().epochs(2), base().epochs(3)]);
         let line = refused(t, &run, 3);
         assert!(line.contains("rank 2: ranks disagree on epochs: 2 (ranks 0-1) vs 3 (rank 2)"), "{line}");
         // Different seeds: once "rank 1 sent 2088 bytes more than planned".
-        let run = run_per_rank(t, &[with(&["--seed", "1"]), with(&["--seed", "2"]), with(&["--seed", "1"])]);
+        let run = run_per_rank(t, &[base().seed(1), base().seed(2), base().seed(1)]);
         let line = refused(t, &run, 3);
         assert!(line.contains("rank 1: ranks disagree on seed: 1 (ranks 0, 2) vs 2 (rank 1)"), "{line}");
         // Several at once, each named.
-        let run = run_per_rank(t, &[with(&["--tail", "pad"]), with(&["--window-bytes", "1K", "--verify"])]);
+        let run = run_per_rank(t, &[base().tail("pad"), base().window("1K").verify()]);
         let line = refused(t, &run, 2);
         for part in ["verify: false (rank 0) vs true (rank 1)", "window_bytes: 67108864 (rank 0) vs 1024 (rank 1)"] {
             assert!(line.contains(part) || run.stderr.contains(part), "{part}: {line}");
@@ -94,13 +89,13 @@ over_transports! {
     fn outputs_and_resume_points_are_checked_before_the_first_step(t: Transport) {
         let dir = generated();
         let d = dir.path().join("d");
-        let d = d.to_str().unwrap();
+        let job = || Job::new(&d).batch(12);
         // An unwritable --state (once found by rank 0 alone, after all epochs).
         let nowhere = dir.path().join("no/such/dir/state.json");
-        let run = t.run(3, &["run", "--data", d, "--batch-size", "12", "--state", nowhere.to_str().unwrap()]);
+        let run = job().state(&nowhere).over(t, 3);
         let line = refused(t, &run, 3);
         assert!(line.contains("state.json: the state file cannot be written"), "{line}");
-        let run = t.run(2, &["run", "--data", d, "--batch-size", "12", "--state", dir.path().to_str().unwrap()]);
+        let run = job().state(dir.path()).over(t, 2);
         assert!(refused(t, &run, 2).contains("--state names a directory"), "{}", run.stderr);
         // Resume points outside the job: past the last epoch, past an epoch's steps, too big.
         for (from, needle) in [
@@ -109,18 +104,17 @@ over_transports! {
             ("0:50", "cannot resume at epoch 0 step 50: an epoch has 50 steps"),
             ("18446744073709551616:0", "epoch 18446744073709551616 is out of range: epochs run from 0 to 9007199254740991"),
         ] {
-            let run = t.run(2, &["run", "--data", d, "--batch-size", "12", "--epochs", "2", "--resume-from", from]);
+            let run = job().epochs(2).resume_from(from).over(t, 2);
             let line = refused(t, &run, 2);
             assert!(line.contains(needle), "--resume-from {from}: {line}");
         }
         // Epochs beyond what a position holds exactly are refused, never wrapped.
-        for (epochs, from) in [("18446744073709551615", "18446744073709551614:0"), ("9007199254740993", "0:0")] {
-            let run = t.run(2, &["run", "--data", d, "--batch-size", "12", "--epochs", epochs, "--resume-from", from]);
+        for (epochs, from) in [(18446744073709551615, "18446744073709551614:0"), (9007199254740993, "0:0")] {
+            let run = job().epochs(epochs).resume_from(from).over(t, 2);
             let line = refused(t, &run, 2);
             assert!(line.contains(&format!("--epochs {epochs}: epochs run from 0 to 9007199254740991")), "{line}");
         }
-        let run = t.run(2, &["run", "--data", d, "--batch-size", "12", "--epochs", "9007199254740992", "--resume-from",
-            "9007199254740992:0"]);
+        let run = job().epochs(9007199254740992).resume_from("9007199254740992:0").over(t, 2);
         assert!(refused(t, &run, 2).contains("epoch 9007199254740992 is out of range"), "{}", run.stderr);
         // State files read defensively: a FIFO (once a hang that ignored SIGTERM) and a
         // 1 GiB file (once read whole into every rank's memory) are refused unread.
@@ -133,15 +127,15 @@ over_transports! {
             (&fifo, "fifo.json: not a regular file (a FIFO)"),
             (&huge, "huge.json: 1073741824 bytes: a file of this kind is at most"),
         ] {
-            let from = from.to_str().unwrap();
-            let run = t.run(2, &["run", "--data", d, "--batch-size", "12", "--epochs", "2", "--resume-from", from]);
+            let run = job().epochs(2).resume_from(from).over(t, 2);
+            let from = from.display();
             let line = refused(t, &run, 2);
             assert!(line.contains(needle), "--resume-from {from}: {line}");
         }
-        let run = t.run(2, &["run", "--data", d, "--batch-size", "12", "--state", fifo.to_str().unwrap()]);
+        let run = job().state(&fifo).over(t, 2);
         assert!(refused(t, &run, 2).contains("fifo.json: --state names something that is not a regular file"));
         // The end of the job is a valid resume point: nothing is left to do.
-        let run = t.run(2, &["run", "--data", d, "--batch-size", "12", "--epochs", "2", "--resume-from", "2:0"]);
+        let run = job().epochs(2).resume_from("2:0").over(t, 2);
         ok(&run);
         assert!(!run.stdout.contains("epoch 0:") && run.stdout.contains("done: 2 epoch(s)"), "{}", run.stdout);
     }
@@ -151,16 +145,16 @@ over_transports! {
         let dir = generated();
         let d = dir.path().join("d");
         let state = dir.path().join("s.json");
-        let args = ["run", "--data", d.to_str().unwrap(), "--batch-size", "12", "--epochs", "3", "--json", "--state", state.to_str().unwrap()];
+        let job = Job::new(&d).batch(12).epochs(3).json().state(&state);
         let mut cmd = match t {
             Transport::Mpi => {
                 let mut c = Command::new("mpirun");
-                c.args(MPIRUN_FLAGS).args(["-np", "2", bin()]).args(args);
+                c.args(MPIRUN_FLAGS).args(["-np", "2", bin()]).args(job.argv());
                 c
             }
             Transport::Ucx => {
                 let mut c = Command::new(bin());
-                c.args(["launch", "-n", "2", "--"]).args(args).args(["--transport", "ucx"]).env("UCX_NET_DEVICES", "lo");
+                c.args(["launch", "-n", "2", "--"]).args(job.transport("ucx").argv()).env("UCX_NET_DEVICES", "lo");
                 c
             }
         };
@@ -189,6 +183,7 @@ fn inspect_and_gen_with_a_closed_stdout_do_not_panic() {
     closed(&["inspect", "--data", d.to_str().unwrap()]);
     closed(&["inspect", "--json", "--data", d.to_str().unwrap()]);
     let out = dir.path().join("g");
+    // gen itself, with its stdout closed (Dataset::write reads gen's output).
     closed(&["gen", "--format", "raw", "--samples", "10", "--field", "x:u8", "--out", out.to_str().unwrap()]);
 }
 
@@ -199,9 +194,9 @@ fn inspect_and_gen_with_a_closed_stdout_do_not_panic() {
 #[test]
 fn a_singleton_that_srun_started_as_one_of_several_tasks_is_refused() {
     let data = fixtures().join("npy_struct");
-    let args = ["run", "--data", data.to_str().unwrap(), "--batch-size", "8"];
+    let job = Job::new(&data).batch(8);
     let mut cmd = Command::new(bin());
-    cmd.args(args).env("SLURM_STEP_NUM_TASKS", "3");
+    cmd.args(job.argv()).env("SLURM_STEP_NUM_TASKS", "3");
     let run = wait_bounded(cmd, "a singleton in a 3-task step");
     assert_ne!(run.code, 0);
     assert!(
@@ -213,7 +208,7 @@ fn a_singleton_that_srun_started_as_one_of_several_tasks_is_refused() {
         run.stderr
     );
     let mut cmd = Command::new("mpirun");
-    cmd.args(MPIRUN_FLAGS).args(["-np", "2", "-x", "SLURM_STEP_NUM_TASKS", bin()]).args(args);
+    cmd.args(MPIRUN_FLAGS).args(["-np", "2", "-x", "SLURM_STEP_NUM_TASKS", bin()]).args(job.argv());
     cmd.env("SLURM_STEP_NUM_TASKS", "1");
     ok(&wait_bounded(cmd, "mpirun -np 2 in a step of 1 task"));
 }
@@ -226,25 +221,21 @@ fn a_checkpoint_file_resumes_the_stream_where_the_last_run_left_it() {
     let data = fixtures().join("npy_plain");
     let out = tempdir();
     let checkpoint = out.path().join("ckpt.json");
-    let run = |epochs: &str, dump: &Path, extra: &[&str]| {
-        let mut args = vec!["run", "--data", data.to_str().unwrap(), "--batch-size", "8", "--epochs", epochs];
-        args.extend(["--dump", dump.to_str().unwrap()]);
-        args.extend(extra);
-        mpirun(2, &args)
-    };
-    let ck = checkpoint.to_str().unwrap();
+    let job = |epochs, dump: &Path| Job::new(&data).batch(8).epochs(epochs).dump(dump);
     let (first, rest, clean) = (out.path().join("first"), out.path().join("rest"), out.path().join("clean"));
-    let r = run("1", &first, &["--checkpoint", ck]);
+    let r = job(1, &first).checkpoint(&checkpoint).mpirun(2);
     ok(&r);
     assert!(!r.stdout.contains("resuming"), "{}", r.stdout);
     assert!(checkpoint.is_file(), "the first run leaves its state");
-    let r = run("2", &rest, &["--checkpoint", ck]);
+    let r = job(2, &rest).checkpoint(&checkpoint).mpirun(2);
     ok(&r);
     assert!(r.stdout.contains("meshfeed: resuming at epoch 1 step 0"), "{}", r.stdout);
-    ok(&run("2", &clean, &[]));
+    ok(&job(2, &clean).mpirun(2));
     let joined: Vec<Vec<u8>> =
         dump_bytes(&first, 2).into_iter().zip(dump_bytes(&rest, 2)).map(|(a, b)| [a, b].concat()).collect();
     assert!(!joined[0].is_empty() && joined == dump_bytes(&clean, 2), "the two runs are one uninterrupted run");
+    // A literal command line: the parser's refusal of it is the test.
+    let ck = checkpoint.to_str().unwrap();
     let r = meshfeed(&["run", "--data", "x", "--batch-size", "8", "--checkpoint", ck, "--state", ck]);
     assert_eq!(r.code, 2, "{}", r.stderr);
     assert!(r.stderr.contains("--checkpoint") && r.stderr.contains("cannot be used with"), "{}", r.stderr);
@@ -258,9 +249,9 @@ fn a_checkpoint_file_resumes_the_stream_where_the_last_run_left_it() {
 fn state_files_the_os_refuses_are_named_with_its_error() {
     let dir = tempdir();
     let data = Dataset::gen("npy", 60).files(1).field("x:u8").write(&dir.path().join("d"));
-    let data = data.to_str().unwrap();
+    let job = || Job::new(&data).batch(6);
     let state = dir.path().join("state.json");
-    ok(&meshfeed(&["run", "--data", data, "--batch-size", "6", "--state", state.to_str().unwrap()]));
+    ok(&job().state(&state).singleton());
     let looping = dir.path().join("loop.json");
     std::os::unix::fs::symlink(&looping, &looping).unwrap();
     let locked = locked_dir(dir.path(), &[("state.json", &state)]);
@@ -276,7 +267,7 @@ fn state_files_the_os_refuses_are_named_with_its_error() {
         ),
     ];
     for (from, needle) in &cases {
-        let r = meshfeed_unprivileged(&["run", "--data", data, "--batch-size", "6", "--resume-from", from]);
+        let r = meshfeed_unprivileged(&job().resume_from(from).argv());
         assert_ne!(r.code, 0, "--resume-from {from}: {}", r.stdout);
         assert!(!r.stdout.contains("epoch 0:"), "nothing delivered: {}", r.stdout);
         assert!(r.stderr.contains(needle.as_str()), "--resume-from {from}: the error lacks '{needle}':\n{}", r.stderr);
@@ -284,7 +275,7 @@ fn state_files_the_os_refuses_are_named_with_its_error() {
     // `--checkpoint` resumes from what is there: a path it cannot look at is an error, not
     // a fresh start.
     let denied = path(&locked.join("state.json"));
-    let r = meshfeed_unprivileged(&["run", "--data", data, "--batch-size", "6", "--checkpoint", &denied]);
+    let r = meshfeed_unprivileged(&job().checkpoint(Path::new(&denied)).argv());
     assert_ne!(r.code, 0, "{}", r.stdout);
     assert!(r.stderr.contains("locked/state.json: --checkpoint: Permission denied (os error 13)"), "{}", r.stderr);
     unlock(&locked);

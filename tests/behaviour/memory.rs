@@ -31,19 +31,16 @@ fn s(p: &Path) -> &str {
 /// nothing in memory (every row read from the files where a window needs it: what the
 /// window budget alone bounds).
 fn summary(data: &Path, prefetch: usize) -> serde_json::Value {
-    summary_at(data, "1M", prefetch, &[])
+    summary_at(data, "1M", prefetch, &|job| job)
 }
 
-/// [`summary`] with window budget `window` and `extra` flags. The read strategy is given
-/// (`random`, what `auto` picks with a budget of 0), so that no storage probe runs: where
-/// the page cache has lost the data, the probe's buffers (4 MiB and 256 samples) would
-/// count in the peak and say nothing about the window budget.
-fn summary_at(data: &Path, window: &str, prefetch: usize, extra: &[&str]) -> serde_json::Value {
-    let p = prefetch.to_string();
-    let mut args = vec!["run", "--data", s(data), "--batch-size", "32", "--window-bytes", window, "--prefetch", &p];
-    args.extend(["--json", "--memory-budget", "0", "--read-strategy", "random"]);
-    args.extend(extra);
-    let run = mpirun(4, &args);
+/// [`summary`] with window budget `window` and `extra` options (added last). The read
+/// strategy is given (`random`, what `auto` picks with a budget of 0), so that no storage
+/// probe runs: where the page cache has lost the data, the probe's buffers (4 MiB and 256
+/// samples) would count in the peak and say nothing about the window budget.
+fn summary_at(data: &Path, window: &str, prefetch: usize, extra: &dyn Fn(Job) -> Job) -> serde_json::Value {
+    let job = Job::new(data).batch(32).window(window).prefetch(prefetch as u64);
+    let run = extra(job.json().memory_budget(0).read_strategy("random")).mpirun(4);
     ok(&run);
     let last: serde_json::Value = serde_json::from_str(run.stdout.lines().last().unwrap()).unwrap();
     assert_eq!(last["read_strategy"], "random", "{last}");
@@ -204,8 +201,7 @@ fn process_baseline(out: &Path) -> u64 {
     let tiny = out.join("tiny");
     Dataset::gen("npy", 400).files(4).field("x:u8:64").write(&tiny);
     let cg = MemoryCgroup::new(4 << 30);
-    ok(&cg
-        .mpirun(4, &["run", "--data", s(&tiny), "--batch-size", "32", "--window-bytes", "1M", "--memory-budget", "0"]));
+    ok(&Job::new(&tiny).batch(32).window("1M").memory_budget(0).mpirun_in(&cg, 4));
     cg.peak()
 }
 
@@ -223,20 +219,24 @@ fn every_read_strategy_stays_within_a_cgroup_memory_limit() {
     // Per rank: the pipeline's bound (with the allocator's slack) and one streaming read.
     let pipelines = 4 * (3 * WINDOW * 3 / 2 + STREAM_READ_BYTES);
     let slack = 24 << 20;
-    for (name, budget, extra) in [
-        ("resident", 56u64 << 20, vec!["--read-strategy", "resident"]),
-        ("passes", 12 << 20, vec!["--read-strategy", "passes"]),
-        ("random", 12 << 20, vec!["--read-strategy", "random"]),
-        ("spill", 12 << 20, vec!["--spill-dir", s(&spill)]),
-        ("spill-passes", 12 << 20, vec!["--read-strategy", "passes", "--spill-dir", s(&spill)]),
+    // (name, data budget, --read-strategy, spilled)
+    for (name, budget, strategy, spilled) in [
+        ("resident", 56u64 << 20, Some("resident"), false),
+        ("passes", 12 << 20, Some("passes"), false),
+        ("random", 12 << 20, Some("random"), false),
+        ("spill", 12 << 20, None, true),
+        ("spill-passes", 12 << 20, Some("passes"), true),
     ] {
         let limit = base + pipelines + budget + slack;
         let cg = MemoryCgroup::new(limit);
-        let b = budget.to_string();
-        let mut args = vec!["run", "--data", s(&data), "--batch-size", "64", "--epochs", "2", "--window-bytes", "1M"];
-        args.extend(["--memory-budget", &b, "--verify", "--json"]);
-        args.extend(&extra);
-        let run = cg.mpirun(4, &args);
+        let mut job = Job::new(&data).batch(64).epochs(2).window("1M").memory_budget(budget).verify().json();
+        if let Some(strategy) = strategy {
+            job = job.read_strategy(strategy);
+        }
+        if spilled {
+            job = job.spill_dir(&spill);
+        }
+        let run = job.mpirun_in(&cg, 4);
         assert_eq!(cg.oom_kills(), 0, "{name}: OOM-killed under a limit of {limit} (baseline {base})\n{}", run.stderr);
         ok(&run);
         for l in run.stdout.lines() {
@@ -261,24 +261,12 @@ fn the_default_budget_follows_the_cgroup_limit() {
     let base = process_baseline(out.path());
     let data = out.path().join("d");
     Dataset::gen("npy", 3072).files(4).field("x:u8:16384").write(&data); // 48 MiB
-    let args = [
-        "run",
-        "--data",
-        s(&data),
-        "--batch-size",
-        "64",
-        "--epochs",
-        "2",
-        "--window-bytes",
-        "1M",
-        "--verify",
-        "--json",
-    ];
+    let job = Job::new(&data).batch(64).epochs(2).window("1M").verify().json();
     let pipelines = 4 * (3 * WINDOW + STREAM_READ_BYTES);
     for (room, keeps) in [(MIN_MARGIN + pipelines + (16 << 20), false), (MIN_MARGIN * 2 + pipelines + (96 << 20), true)]
     {
         let cg = MemoryCgroup::new(base + room);
-        let run = cg.mpirun(4, &args);
+        let run = job.mpirun_in(&cg, 4);
         assert_eq!(cg.oom_kills(), 0, "OOM-killed with {room} bytes of room:\n{}", run.stderr);
         ok(&run);
         let last: serde_json::Value = serde_json::from_str(run.stdout.lines().last().unwrap()).unwrap();
@@ -288,9 +276,7 @@ fn the_default_budget_follows_the_cgroup_limit() {
     }
     // Resident data asked for where the limit has no room for it: a clear refusal.
     let cg = MemoryCgroup::new(base + pipelines + (16 << 20));
-    let mut forced = args.to_vec();
-    forced.extend(["--read-strategy", "resident", "--memory-budget", "1G"]);
-    let run = cg.mpirun(4, &forced);
+    let run = job.read_strategy("resident").memory_budget("1G").mpirun_in(&cg, 4);
     assert_eq!(cg.oom_kills(), 0, "{}", run.stderr);
     assert_ne!(run.code, 0);
     assert!(run.stderr.contains("--read-strategy resident: the data does not fit in memory"), "{}", run.stderr);
@@ -317,18 +303,23 @@ fn variable_length_values_stay_within_the_documented_bound() {
     write_large_values(&var, SAMPLES);
     Dataset::gen("npy", SAMPLES).files(4).field("x:u8:65536").write(&npy);
     let mut failures = Vec::new();
-    for (prefetch, extra) in [(0, &[][..]), (2, &["--compute-ms", "2"][..])] {
+    // (prefetch, --compute-ms)
+    for (prefetch, compute_ms) in [(0, None), (2, Some(2))] {
+        let extra = |job: Job| match compute_ms {
+            Some(ms) => job.compute_ms(ms),
+            None => job,
+        };
+        let exchanged = |job: Job| extra(job).local_reads("off");
         let rss = |run: &serde_json::Value| run["max_rss_bytes"].as_u64().unwrap();
-        let base = rss(&summary_at(&tiny, "4M", prefetch, extra));
+        let base = rss(&summary_at(&tiny, "4M", prefetch, &extra));
         let bound = (prefetch as u64 + 1) * W;
         let limit = base + bound + bound / 10;
-        let mut exchanged = extra.to_vec();
-        exchanged.extend(["--local-reads", "off"]);
-        for (what, data, flags) in [
-            ("Arrow, 64 KiB variable-length values", &var, extra),
-            ("npy, 64 KiB records", &npy, extra),
-            ("npy, 64 KiB records, every row exchanged", &npy, &exchanged[..]),
-        ] {
+        let runs: [(&str, &Path, &dyn Fn(Job) -> Job); 3] = [
+            ("Arrow, 64 KiB variable-length values", &var, &extra),
+            ("npy, 64 KiB records", &npy, &extra),
+            ("npy, 64 KiB records, every row exchanged", &npy, &exchanged),
+        ];
+        for (what, data, flags) in runs {
             let run = summary_at(data, "4M", prefetch, flags);
             assert_eq!(
                 run["samples"].as_u64().unwrap(),

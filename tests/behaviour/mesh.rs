@@ -210,22 +210,18 @@ fn expected_line(
 }
 
 fn run_case(t: Transport, data: &Path, case: &Case, exchange: &str, dump: &Path) {
-    let mut job =
-        Job::new(data).batch(8).seed(9).epochs(2).mesh(case.mesh).opt("--exchange", exchange).window("1K").dump(dump);
+    let mut job = Job::new(data).batch(8).seed(9).epochs(2).mesh(case.mesh).exchange(exchange).window("1K").dump(dump);
     if let Some(o) = case.order {
         job = job.opt("--mesh-order", o);
     }
     if case.k > 1 {
         job = job.opt("--devices-per-process", case.k);
     }
-    let pairs: Vec<String> = case
-        .shard
-        .iter()
-        .map(|(f, s)| format!("{f}={s}"))
-        .chain(case.stages.iter().map(|(f, s)| format!("{f}={s}")))
-        .collect();
-    for (i, p) in pairs.iter().enumerate() {
-        job = job.opt(if i < case.shard.len() { "--shard" } else { "--stages" }, p);
+    for (f, s) in case.shard {
+        job = job.shard(&format!("{f}={s}"));
+    }
+    for (f, s) in case.stages {
+        job = job.stages(&format!("{f}={s}"));
     }
     ok(&job.over(t, case.np));
 }
@@ -293,20 +289,23 @@ over_transports! {
         let out = tempdir();
         let data =
             Dataset::gen("arrow", 500).files(2).field("x:f32:4x6").field("y:i64").field("t:bytes").write(&out.path().join("g"));
-        for (np, mesh, specs) in [
-            (4, "dp=2,tp=2", vec!["--shard", "x=dp,-,tp"]),
-            (4, "dp=2,fsdp=2", vec!["--shard", "x=dp+fsdp", "--shard", "y=dp+fsdp", "--shard", "t=dp+fsdp"]),
-            (2, "dp=2,tp=2", vec!["--shard", "x=dp,-,tp", "--devices-per-process", "2"]),
-            (2, "tp=2,dp=2", vec!["--shard", "x=dp,-,tp", "--devices-per-process", "2"]),
-            (
-                8,
-                "dp=2,tp=2,pp=2",
-                vec!["--shard", "x=dp,tp,-", "--stages", "x=first", "--stages", "t=first", "--stages", "y=last"],
-            ),
-        ] {
+        // (ranks, mesh, --shard specs, devices per process, --stages specs)
+        let cases: [(usize, &str, &[&str], usize, &[&str]); 5] = [
+            (4, "dp=2,tp=2", &["x=dp,-,tp"], 1, &[]),
+            (4, "dp=2,fsdp=2", &["x=dp+fsdp", "y=dp+fsdp", "t=dp+fsdp"], 1, &[]),
+            (2, "dp=2,tp=2", &["x=dp,-,tp"], 2, &[]),
+            (2, "tp=2,dp=2", &["x=dp,-,tp"], 2, &[]),
+            (8, "dp=2,tp=2,pp=2", &["x=dp,tp,-"], 1, &["x=first", "t=first", "y=last"]),
+        ];
+        for (np, mesh, shards, k, stages) in cases {
             for exchange in ["fused", "two-phase"] {
-                let job = Job::new(&data).batch(16).mesh(mesh).opt("--exchange", exchange);
-                let run = job.args(["--verify"]).window("2K").args(&specs).over(t, np);
+                let mut job = Job::new(&data).batch(16).mesh(mesh).exchange(exchange).verify().window("2K");
+                job = shards.iter().fold(job, |job, s| job.shard(s));
+                if k > 1 {
+                    job = job.opt("--devices-per-process", k);
+                }
+                job = stages.iter().fold(job, |job, s| job.stages(s));
+                let run = job.over(t, np);
                 ok(&run);
                 assert!(run.stdout.contains("contents match the generator"), "{}", run.stdout);
                 assert!(run.stdout.contains(&format!("{exchange} exchange")), "{}", run.stdout);
@@ -316,7 +315,7 @@ over_transports! {
 
     fn invalid_layouts_fail_cleanly_on_every_rank(t: Transport) {
         let data = fixtures().join("npy_struct");
-        let d = data.to_str().unwrap();
+        // The invalid options as given (the failure messages show them).
         for (np, extra, needle) in [
             (4, vec!["--mesh", "dp=2,tp=3"], "mesh dp=2,tp=3 has 6 devices but the world has 4 ranks"),
             (4, vec!["--mesh", "dp=2,tp=2", "--shard", "x=dp,zz"], "unknown mesh axis 'zz'"),
@@ -335,34 +334,28 @@ over_transports! {
                 "process 1 would hold rows 0..8 of the batch, which overlap rows 0..4 of another process",
             ),
         ] {
-            let mut args = vec!["run", "--data", d, "--batch-size", "8"];
-            args.extend(&extra);
-            let run = t.run(np, &args);
+            let run = Job::new(&data).batch(8).args(&extra).over(t, np);
             assert_ne!(run.code, 0, "{extra:?} must fail");
             let line = agreed_failure(&run, np);
             assert!(line.contains(needle), "{extra:?}: {line}");
         }
         // What the command line itself can tell is wrong stops the job before MPI starts, with
         // the parser's message and exit code 2 (mpirun stops the other ranks as soon as the
-        // first one exits, so the message may appear fewer than 4 times).
+        // first one exits, so the message may appear fewer than 4 times). The options are
+        // literal: what the parser makes of them is the test.
         for (extra, needle) in [
             (vec!["--mesh", "dp=2,pp=2", "--stages", "x=middle"], "stage 'middle': expected first, last or all"),
             (vec!["--mesh", "dp=4", "--exchange", "magic"], "[possible values: auto, fused, two-phase, broadcast]"),
             (vec!["--mesh", "dp=2,dp=2"], "axis 'dp' appears twice"),
             (vec!["--shard", "x=dp,t p"], "bad axis name 't p'"),
         ] {
-            let mut args = vec!["run", "--data", d, "--batch-size", "8"];
-            args.extend(&extra);
-            let run = t.run(4, &args);
+            let run = Job::new(&data).batch(8).args(&extra).over(t, 4);
             assert_eq!(run.code, 2, "{extra:?} is a command-line error:\n{}", run.stderr);
             assert!(run.stderr.contains(needle), "{extra:?}: the parser says why:\n{}", run.stderr);
         }
         // A variable-length field split beyond the batch dimension.
         let var = fixtures().join("arrow_var");
-        let run = t.run(
-            2,
-            &["run", "--data", var.to_str().unwrap(), "--batch-size", "4", "--mesh", "dp=1,tp=2", "--shard", "t=dp,tp"],
-        );
+        let run = Job::new(&var).batch(4).mesh("dp=1,tp=2").shard("t=dp,tp").over(t, 2);
         assert_ne!(run.code, 0);
         assert!(run.stderr.contains("variable-length field can only be split along the batch dimension"), "{}", run.stderr);
     }
@@ -380,7 +373,7 @@ over_transports! {
         )
         .unwrap();
         let d1 = out.path().join("from-config");
-        ok(&t.run(4, &["run", "--config", job.to_str().unwrap(), "--dump", d1.to_str().unwrap()]));
+        ok(&Job::config(&job).dump(&d1).over(t, 4));
         let d2 = out.path().join("from-flags");
         run_case(t, &fx.join("npy_struct"), &CASES[1], "fused", &d2);
         for r in 0..4 {
@@ -388,12 +381,12 @@ over_transports! {
             assert_eq!(std::fs::read(d1.join(&f)).unwrap(), std::fs::read(d2.join(&f)).unwrap(), "config file = flags");
         }
         // Flags override the file: a mesh of 4 ranks run on 2 is rejected, --mesh fixes it.
-        let run = t.run(2, &["run", "--config", job.to_str().unwrap()]);
+        let run = Job::config(&job).over(t, 2);
         assert!(run.code != 0 && run.stderr.contains("has 4 devices but the world has 2 ranks"), "{}", run.stderr);
-        ok(&t.run(2, &["run", "--config", job.to_str().unwrap(), "--mesh", "dp=1,tp=2"]));
+        ok(&Job::config(&job).mesh("dp=1,tp=2").over(t, 2));
         // The same validation applies to the file.
         std::fs::write(&job, "data = [\"x\"]\nbatch_size = 8\nmesh = \"dp=4\"\nbogus = 1\n").unwrap();
-        let run = t.run(2, &["run", "--config", job.to_str().unwrap()]);
+        let run = Job::config(&job).over(t, 2);
         assert!(
             run.code != 0 && run.stderr.contains("job.toml: invalid job file") && run.stderr.contains("bogus"),
             "{}",
@@ -467,8 +460,7 @@ over_transports! {
             let job = Job::new(&data).batch(4).seed(2).epochs(2).window("1K").mesh(mesh).dump(&dump);
             let tokens = format!("tokens={spec}");
             let labels = format!("labels={spec}");
-            let args = ["--pack", "tokens:16,eos=0", "--shard", &tokens, "--shard", &labels, "--exchange", exchange];
-            ok(&job.args(args).over(t, 4));
+            ok(&job.pack("tokens:16,eos=0").shard(&tokens).shard(&labels).exchange(exchange).over(t, 4));
             let lines = read_dump(&dump, 4);
             let chunk = 16 / (2 * cp);
             for (r, rank_lines) in lines.iter().enumerate() {

@@ -66,10 +66,10 @@ print(cut, end)
     );
     let cut = offsets.split_whitespace().next().unwrap();
     for dir in ["whole", "padding"] {
-        let run = mpirun(2, &["run", "--data", s(&out.path().join(dir)), "--batch-size", "4", "--json"]);
+        let run = Job::new(out.path().join(dir)).batch(4).json().mpirun(2);
         assert_eq!(summary(&run)["samples"], 40, "{dir}: {}", run.stdout);
     }
-    let run = mpirun(2, &["run", "--data", s(&out.path().join("cut")), "--batch-size", "4"]);
+    let run = Job::new(out.path().join("cut")).batch(4).mpirun(2);
     assert_ne!(run.code, 0, "a cut shard must not read as 20 samples:\n{}", run.stdout);
     let line = agreed_failure(&run, 2);
     let want = format!("truncated: the shard ends at byte {cut} after member '000019.txt' without the end-of-archive");
@@ -134,10 +134,8 @@ for name, n in (("small", 20_000), ("big", 600_000)):
 "#,
     );
     let epoch = |dir: &str| {
-        let data = out.path().join(dir);
-        let mut args = vec!["run", "--data", s(&data), "--batch-size", "64", "--window-bytes", "1M", "--prefetch"];
-        args.extend(["0", "--json", "--memory-budget", "0", "--read-strategy", "random"]);
-        let last = summary(&mpirun(1, &args));
+        let job = Job::new(out.path().join(dir)).batch(64).window("1M").prefetch(0);
+        let last = summary(&job.json().memory_budget(0).read_strategy("random").mpirun(1));
         (last["samples"].as_u64().unwrap(), last["max_rss_bytes"].as_u64().unwrap())
     };
     let (_, base) = epoch("small");
@@ -166,8 +164,7 @@ pq.write_table(pa.table({"x": np.zeros(1 << 25, "i8")}), sys.argv[1] + "/zeros.p
     );
     let limit = 192u64 << 20;
     let cg = MemoryCgroup::new(limit);
-    let args = ["run", "--data", s(out.path()), "--batch-size", "2", "--window-bytes", "1M", "--prefetch", "0"];
-    let run = cg.mpirun(1, &args);
+    let run = Job::new(out.path()).batch(2).window("1M").prefetch(0).mpirun_in(&cg, 1);
     assert_eq!(cg.oom_kills(), 0, "OOM-killed under {limit} bytes:\n{}", run.stderr);
     assert_ne!(run.code, 0, "{}", run.stdout);
     assert!(!run.stderr.contains("panicked"), "{}", run.stderr);
@@ -213,25 +210,8 @@ for name, n in (("small", 100_000), ("long", 10_000_000)):
     );
     let window = 1u64 << 20;
     let epoch = |dir: &Path| {
-        let args = [
-            "run",
-            "--data",
-            s(dir),
-            "--pack",
-            "tokens:2048",
-            "--batch-size",
-            "8",
-            "--window-bytes",
-            "1M",
-            "--prefetch",
-            "0",
-            "--json",
-            "--memory-budget",
-            "0",
-            "--read-strategy",
-            "random",
-        ];
-        let last = summary(&mpirun(1, &args));
+        let job = Job::new(dir).pack("tokens:2048").batch(8).window("1M").prefetch(0).json();
+        let last = summary(&job.memory_budget(0).read_strategy("random").mpirun(1));
         (last["bytes_read"].as_u64().unwrap(), last["max_rss_bytes"].as_u64().unwrap())
     };
     for format in ["megatron", "arrow"] {

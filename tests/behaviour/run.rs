@@ -105,7 +105,7 @@ over_transports! {
             let (full, some) = (out.path().join("full"), out.path().join("some"));
             ok(&Job::new(fx.join(name)).batch(12).epochs(2).seed(3).window("700").dump(&full).over(t, np));
             let job = Job::new(fx.join(name)).batch(12).epochs(2).seed(3).window("700").dump(&some);
-            ok(&job.args(["--fields", "z,x"]).over(t, np));
+            ok(&job.fields("z,x").over(t, np));
             let (full, some) = (read_dump(&full, np), read_dump(&some, np));
             for (a, b) in full.iter().flatten().zip(some.iter().flatten()) {
                 assert_eq!((a.epoch, a.step, &a.ids), (b.epoch, b.step, &b.ids), "{name}, {np} ranks");
@@ -113,7 +113,7 @@ over_transports! {
                 assert_eq!(kept, b.crc32.iter().collect::<Vec<_>>(), "{name}, {np} ranks: step {}", a.step);
             }
             assert_eq!(full.iter().flatten().count(), some.iter().flatten().count());
-            let r = Job::new(fx.join(name)).batch(12).args(["--fields", "x,w"]).over(t, np);
+            let r = Job::new(fx.join(name)).batch(12).fields("x,w").over(t, np);
             assert_ne!(r.code, 0);
             assert!(r.stderr.contains("--fields names unknown field 'w' (fields: x, y, z)"), "{}", r.stderr);
         }
@@ -211,7 +211,7 @@ over_transports! {
                 .args(["--arrow-batch-rows", "100"])
                 .write(&out.path().join(format));
             for np in [3, 4] {
-                let run = Job::new(&data).batch(24).epochs(2).window("4K").args(["--verify"]).over(t, np);
+                let run = Job::new(&data).batch(24).epochs(2).window("4K").verify().over(t, np);
                 ok(&run);
                 let steps = 997 / 24;
                 assert_eq!(
@@ -237,11 +237,11 @@ over_transports! {
         let data = Dataset::gen("npy", 1001).files(3).field("x:u16:3").write(&out.path().join("d"));
         let epochs = |seed, epochs, dump: &Path| {
             let job = Job::new(&data).batch(24).seed(seed).epochs(epochs).window("2K");
-            job.args(["--shared-order", "9,block=64"]).dump(dump)
+            job.opt("--shared-order", "9,block=64").dump(dump)
         };
         let job = |seed, dump: &Path| epochs(seed, 2, dump);
         let (two, three) = (out.path().join("two"), out.path().join("three"));
-        let run = job(1, &two).args(["--verify"]).over(t, 2);
+        let run = job(1, &two).verify().over(t, 2);
         ok(&run);
         let verified = "delivered exactly once, in permutation order; contents match the generator";
         assert_eq!(run.stdout.matches(verified).count(), 2, "{}", run.stdout);
@@ -269,14 +269,13 @@ over_transports! {
         assert!(blocks(&own, 2) != blocks(&two, 2), "the shared order was ignored");
         // The broadcast baseline derives the same order.
         let broadcast = out.path().join("broadcast");
-        ok(&job(1, &broadcast).args(["--exchange", "broadcast"]).over(t, 2));
+        ok(&job(1, &broadcast).exchange("broadcast").over(t, 2));
         assert!(global(&broadcast, 2) == global(&two, 2), "the broadcast baseline's order differs");
         // An epoch, then a resume at 3 ranks: the two runs are the uninterrupted one.
         let (first, rest) = (out.path().join("first"), out.path().join("rest"));
         let ck = out.path().join("ck.json");
-        let ck = ck.to_str().unwrap();
-        ok(&epochs(1, 1, &first).args(["--checkpoint", ck]).over(t, 2));
-        let resumed = job(1, &rest).args(["--checkpoint", ck]).over(t, 3);
+        ok(&epochs(1, 1, &first).checkpoint(&ck).over(t, 2));
+        let resumed = job(1, &rest).checkpoint(&ck).over(t, 3);
         ok(&resumed);
         assert!(resumed.stdout.contains("resuming at epoch 1 step 0"), "{}", resumed.stdout);
         let joined = [global(&first, 2), global(&rest, 3)].concat();
@@ -291,7 +290,7 @@ over_transports! {
         let mut bytes = std::fs::read(&f).unwrap();
         bytes[(40 - 32) * 16 + 5] ^= 0xff;
         std::fs::write(&f, bytes).unwrap();
-        let run = Job::new(&data).batch(64).args(["--verify"]).over(t, 2);
+        let run = Job::new(&data).batch(64).verify().over(t, 2);
         assert_ne!(run.code, 0, "corruption must fail --verify:\n{}", run.stdout);
         assert!(run.stdout.contains("FAILED") && run.stdout.contains("1 wrong contents"), "{}", run.stdout);
         // Found by the collective check on every rank, printed once.
@@ -305,9 +304,10 @@ over_transports! {
         let run = Job::new(fx.join("npy_plain"))
             .batch(8)
             .epochs(3)
-            .args(["--json", "--verify"])
+            .json()
+            .verify()
             // Every row read where a window needs it (resident rows: tests below).
-            .opt("--memory-budget", 0)
+            .memory_budget(0)
             .over(t, 2);
         ok(&run);
         let lines: Vec<serde_json::Value> =
@@ -341,7 +341,7 @@ fn planning_work_per_rank_falls_with_the_number_of_ranks() {
     let data = Dataset::gen("raw", n).files(2).field("x:u8:8").write(&out.path().join("d"));
     let mut most = vec![];
     for np in [1usize, 2, 4] {
-        let run = Job::new(&data).batch(64).epochs(2).args(["--json"]).mpirun(np);
+        let run = Job::new(&data).batch(64).epochs(2).json().mpirun(np);
         ok(&run);
         for line in run.stdout.lines() {
             let l: serde_json::Value = serde_json::from_str(line).unwrap();
@@ -360,15 +360,11 @@ over_transports! {
         // load, in name order, every sample exactly once with its generated contents.
         use std::os::unix::ffi::OsStrExt;
         let out = tempdir();
-        let data = out.path().join("d");
-        ok(&meshfeed(&[
-            "gen", "--format", "npy", "--samples", "300", "--files", "3", "--field", "x:u16:3", "--out",
-            data.to_str().unwrap(),
-        ]));
+        let data = Dataset::gen("npy", 300).files(3).field("x:u16:3").write(&out.path().join("d"));
         let odd = data.join(std::ffi::OsStr::from_bytes(b"part-00002\xff.npy"));
         std::fs::rename(data.join("part-00002.npy"), &odd).unwrap();
         for np in [1, 3] {
-            let run = t.run(np, &["run", "--data", data.to_str().unwrap(), "--batch-size", "12", "--verify"]);
+            let run = Job::new(&data).batch(12).verify().over(t, np);
             ok(&run);
             assert!(run.stdout.contains("300 samples delivered exactly once, in permutation order; contents match"), "{}", run.stdout);
         }
@@ -390,27 +386,9 @@ fn large_samples_are_read_straight_into_send_buffers() {
         ("hdf5", "x:u8:2048", true),
         ("npy", "x:u8:512", false),
     ] {
-        let data = out.path().join(format!("{format}-{field}"));
-        let d = data.to_str().unwrap();
-        ok(&meshfeed(&["gen", "--format", format, "--samples", "3000", "--files", "3", "--field", field, "--out", d]));
-        let run = mpirun(
-            4,
-            &[
-                "run",
-                "--data",
-                d,
-                "--batch-size",
-                "64",
-                "--window-bytes",
-                "1M",
-                "--verify",
-                "--json",
-                "--local-reads",
-                "off",
-                "--memory-budget",
-                "0",
-            ],
-        );
+        let data =
+            Dataset::gen(format, 3000).files(3).field(field).write(&out.path().join(format!("{format}-{field}")));
+        let run = Job::new(&data).batch(64).window("1M").verify().json().local_reads("off").memory_budget(0).mpirun(4);
         ok(&run);
         let l: serde_json::Value = serde_json::from_str(run.stdout.lines().last().unwrap()).unwrap();
         let (copies, read, sent) = (
@@ -427,28 +405,25 @@ fn large_samples_are_read_straight_into_send_buffers() {
     }
 }
 
-/// `meshfeed ARGS` on `np` ranks over `t`, each rank posing as host `host<rank / 2>`
+/// `job` on `np` ranks over `t`, each rank posing as host `host<rank / 2>`
 /// (`MESHFEED_HOST`, set by a wrapper script in `dir`).
-fn strs(v: &[String]) -> Vec<&str> {
-    v.iter().map(String::as_str).collect()
-}
-
-fn run_on_hosts_of_two(t: Transport, dir: &Path, np: usize, args: &[&str]) -> Run {
+fn run_on_hosts_of_two(t: Transport, dir: &Path, np: usize, job: &Job) -> Run {
     let body = "MESHFEED_HOST=host$((r / 2))";
-    run_wrapped(t, &dir.join("two-ranks-per-host.sh"), body, np, args)
+    run_wrapped(t, &dir.join("two-ranks-per-host.sh"), body, np, job)
 }
 
-/// `meshfeed ARGS` (a `run`) on `np` ranks over `t`, each rank through a shell script at
-/// `wrapper` that sets `$r` to the rank and runs `body`, whose last line (variable
-/// assignments) prefixes the `exec` of meshfeed.
-fn run_wrapped(t: Transport, wrapper: &Path, body: &str, np: usize, args: &[&str]) -> Run {
+/// `job` on `np` ranks over `t`, each rank through a shell script at `wrapper` that sets
+/// `$r` to the rank and runs `body`, whose last line (variable assignments) prefixes the
+/// `exec` of meshfeed.
+fn run_wrapped(t: Transport, wrapper: &Path, body: &str, np: usize, job: &Job) -> Run {
+    let args = job.argv();
     let script = format!("#!/bin/sh\nr=${{OMPI_COMM_WORLD_RANK:-$RANK}}\n{body} exec {} \"$@\"\n", bin());
     std::fs::write(wrapper, script).unwrap();
     std::fs::set_permissions(wrapper, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
     let program = wrapper.to_str().unwrap();
     match t {
-        Transport::Mpi => mpirun_program(np, program, args),
-        Transport::Ucx => launch_program(np, program, &[args, &["--transport", "ucx"]].concat()),
+        Transport::Mpi => mpirun_program(np, program, &args),
+        Transport::Ucx => launch_program(np, program, &job.clone().transport("ucx").argv()),
     }
 }
 
@@ -457,11 +432,11 @@ fn run_wrapped(t: Transport, wrapper: &Path, body: &str, np: usize, args: &[&str
 /// at 4 ranks and then at 3.
 static ONE_SLOWED_JOB: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
-/// `meshfeed ARGS` (a `run`) on `np` ranks over `t`, each rank a host of its own, rank
+/// `job` on `np` ranks over `t`, each rank a host of its own, rank
 /// `slow`'s process in a CPU cgroup of a tenth of a core (cgroup v1, as root): a straggler.
 /// One such job runs at a time, and a peer may stay silent 300 s (not 60) before it is
 /// declared lost: what is tested is the balancing, on a shared machine.
-fn run_with_a_slow_rank(t: Transport, dir: &Path, np: usize, slow: usize, args: &[&str]) -> Run {
+fn run_with_a_slow_rank(t: Transport, dir: &Path, np: usize, slow: usize, job: &Job) -> Run {
     let _alone = ONE_SLOWED_JOB.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     // One cgroup per run directory: the test runs once per transport.
     let name = dir.file_name().unwrap().to_string_lossy();
@@ -473,7 +448,7 @@ fn run_with_a_slow_rank(t: Transport, dir: &Path, np: usize, slow: usize, args: 
         "[ \"$r\" = {slow} ] && echo $$ > {}/cgroup.procs\nMESHFEED_HOST=host$r MESHFEED_PEER_TIMEOUT=300",
         cgroup.display()
     );
-    let run = run_wrapped(t, &dir.join("slow-rank.sh"), &body, np, args);
+    let run = run_wrapped(t, &dir.join("slow-rank.sh"), &body, np, job);
     std::fs::remove_dir(&cgroup).unwrap();
     run
 }
@@ -508,24 +483,18 @@ over_transports! {
     /// over UCX (jobs with a slowed rank run one at a time: [`run_with_a_slow_rank`]).
     fn balanced_home_ranges_follow_a_slow_rank_and_keep_the_stream(t: Transport) {
         let out = tempdir();
-        let data = out.path().join("npy");
-        let d = data.to_str().unwrap();
-        let gen = format!("gen --format npy --samples 6000 --files 4 --field x:u8:4096 --field y:i64 --out {d}");
-        ok(&meshfeed(&gen.split(' ').collect::<Vec<_>>()));
+        let data = Dataset::gen("npy", 6000).files(4).field("x:u8:4096").field("y:i64").write(&out.path().join("npy"));
         // Nothing kept, every row exchanged: the ranges are read anew each epoch.
-        let fixed = "--batch-size 48 --epochs 4 --window-bytes 512K --verify --memory-budget 0 \
-                     --read-strategy random --local-reads off";
+        let fixed = Job::new(&data).batch(48).epochs(4).window("512K").verify().memory_budget(0);
+        let fixed = fixed.read_strategy("random").local_reads("off");
         let counts: &[usize] = if t == Transport::Ucx { &[3] } else { &[3, 4] };
         for &np in counts {
             let run = |balance: &str| {
                 let name = format!("{balance}-{np}");
                 let (dump, telemetry) =
                     (out.path().join(format!("dump-{name}")), out.path().join(format!("telemetry-{name}")));
-                let mut args = vec!["run", "--data", d];
-                args.extend(fixed.split_whitespace());
-                args.extend(["--balance", balance, "--dump", dump.to_str().unwrap()]);
-                args.extend(["--telemetry", telemetry.to_str().unwrap()]);
-                ok(&run_with_a_slow_rank(t, out.path(), np, 1, &args));
+                let job = fixed.clone().opt("--balance", balance).dump(&dump).telemetry(&telemetry);
+                ok(&run_with_a_slow_rank(t, out.path(), np, 1, &job));
                 (dump_bytes(&dump, np), home_rows_by_epoch(&telemetry, np))
             };
             let equal = 6000 / np as u64;
@@ -557,25 +526,18 @@ over_transports! {
     /// byte those of the untuned run, and every epoch verifies. With 2 and 3 ranks.
     fn a_tuned_loader_starts_a_producer_and_grows_its_window_at_the_same_window_on_every_rank(t: Transport) {
         let out = tempdir();
-        let data = out.path().join("npy");
-        let d = data.to_str().unwrap();
         // Windows of one step take about a millisecond to make here: the tuner's rounds (at
         // least 0.2 s) fit five epochs of 333 steps several times over, on a machine twice
         // as fast too.
-        let gen = format!("gen --format npy --samples 16000 --files 3 --field x:u8:4088 --field y:i64 --out {d}");
-        ok(&meshfeed(&gen.split(' ').collect::<Vec<_>>()));
-        let fixed = "--batch-size 48 --epochs 5 --window-bytes 1K --prefetch 0 --verify --memory-budget 0 \
-                     --read-strategy random";
+        let data = Dataset::gen("npy", 16000).files(3).field("x:u8:4088").field("y:i64").write(&out.path().join("npy"));
+        let fixed = Job::new(&data).batch(48).epochs(5).window("1K").prefetch(0).verify().memory_budget(0);
+        let fixed = fixed.read_strategy("random");
         for np in [2, 3] {
             let run = |tune: &str| {
                 let name = format!("{tune}-{np}");
                 let (dump, telemetry) =
                     (out.path().join(format!("dump-{name}")), out.path().join(format!("telemetry-{name}")));
-                let mut args = vec!["run", "--data", d];
-                args.extend(fixed.split_whitespace());
-                args.extend(["--tune", tune, "--dump", dump.to_str().unwrap()]);
-                args.extend(["--telemetry", telemetry.to_str().unwrap()]);
-                ok(&t.run(np, &args));
+                ok(&fixed.clone().opt("--tune", tune).dump(&dump).telemetry(&telemetry).over(t, np));
                 (dump_bytes(&dump, np), telemetry_records(&telemetry, np, "window"))
             };
             let (dumps_off, windows_off) = run("off");
@@ -621,30 +583,24 @@ over_transports! {
         let out = tempdir();
         for (format, np) in [("npy", 2), ("npy", 3), ("npy", 4), ("arrow", 3), ("hdf5", 4)] {
             let data = out.path().join(format);
-            let d = data.to_str().unwrap();
             if !data.exists() {
-                ok(&meshfeed(&["gen", "--format", format, "--samples", "3000", "--files", "3", "--field", "x:u8:2048", "--field", "y:i64", "--out", d]));
+                Dataset::gen(format, 3000).files(3).field("x:u8:2048").field("y:i64").write(&data);
             }
             let dump = |name: &str| out.path().join(format!("{name}-{format}-{np}"));
-            let args = |name: &str, reads: &str| -> Vec<String> {
+            let job = |name: &str, reads: &str| -> Job {
                 // 3000 = 62 × 48 + 24: the partial last batch has a window of its own.
                 // Nothing kept in memory: the rows come from the files (kept rows: below).
                 // Equal home ranges (the shares that cross, below, assume them).
-                let tail = ["--tail", "partial", "--verify", "--json", "--memory-budget", "0", "--balance", "off"];
-                ["run", "--data", d, "--batch-size", "48", "--epochs", "2", "--window-bytes", "256K"]
-                    .iter()
-                    .chain(&tail)
-                    .map(|s| s.to_string())
-                    .chain(["--local-reads".into(), reads.into(), "--dump".into(), dump(name).display().to_string()])
-                    .collect()
+                let job = Job::new(&data).batch(48).epochs(2).window("256K").tail("partial").verify().json();
+                job.memory_budget(0).opt("--balance", "off").local_reads(reads).dump(&dump(name))
             };
             let summary = |run: &Run| -> serde_json::Value {
                 ok(run);
                 serde_json::from_str(run.stdout.lines().last().unwrap()).unwrap()
             };
-            let one_host = summary(&t.run(np, &strs(&args("one-host", "auto"))));
-            let two_hosts = summary(&run_on_hosts_of_two(t, out.path(), np, &strs(&args("two-hosts", "auto"))));
-            let exchanged = summary(&t.run(np, &strs(&args("exchanged", "off"))));
+            let one_host = summary(&job("one-host", "auto").over(t, np));
+            let two_hosts = summary(&run_on_hosts_of_two(t, out.path(), np, &job("two-hosts", "auto")));
+            let exchanged = summary(&job("exchanged", "off").over(t, np));
             for (name, l) in [("one host", &one_host), ("hosts of two", &two_hosts), ("local reads off", &exchanged)] {
                 let n = |k: &str| l[k].as_u64().unwrap();
                 assert_eq!(l["verified"], true, "{name}, {format}, {np} ranks: {l}");
@@ -693,28 +649,20 @@ over_transports! {
             ("arrow", &["t:bytes", "y:i64"], &[2, 4]),
         ];
         for (format, fields, nps) in cases {
-            let data = out.path().join(format);
-            let d = data.to_str().unwrap();
-            let mut gen = vec!["gen", "--format", format, "--samples", "3000", "--files", "3", "--out", d];
-            for f in fields {
-                gen.extend(["--field", f]);
-            }
-            ok(&meshfeed(&gen));
+            let data = Dataset::gen(format, 3000).files(3).fields(fields.iter().copied()).write(&out.path().join(format));
             let bytes: u64 = std::fs::read_dir(&data).unwrap().map(|e| e.unwrap().metadata().unwrap().len()).sum();
             // Budgets that hold about a third and a half of the data.
-            let (third, half) = ((bytes / 3).to_string(), (bytes / 2).to_string());
+            let (third, half) = (bytes / 3, bytes / 2);
             let fixed = format != "arrow";
             for &np in nps {
                 let dump = |name: &str| out.path().join(format!("{format}-{np}-{name}"));
                 let spill = out.path().join(format!("spill-{format}-{np}"));
                 std::fs::create_dir_all(&spill).unwrap();
-                let run = |name: &str, extra: &[&str], hosts_of_two: bool| -> Vec<serde_json::Value> {
-                    let dump = dump(name).display().to_string();
+                let run = |name: &str, extra: &dyn Fn(Job) -> Job, hosts_of_two: bool| -> Vec<serde_json::Value> {
                     // 3000 = 62 × 48 + 24: a partial last batch in a window of its own.
-                    let mut args = vec!["run", "--data", d, "--batch-size", "48", "--epochs", "3", "--tail", "partial"];
-                    args.extend(["--window-bytes", "64K", "--verify", "--json", "--dump", &dump]);
-                    args.extend(extra);
-                    let r = if hosts_of_two { run_on_hosts_of_two(t, out.path(), np, &args) } else { t.run(np, &args) };
+                    let job = Job::new(&data).batch(48).epochs(3).tail("partial");
+                    let job = extra(job.window("64K").verify().json().dump(&dump(name)));
+                    let r = if hosts_of_two { run_on_hosts_of_two(t, out.path(), np, &job) } else { job.over(t, np) };
                     ok(&r);
                     let epochs: Vec<serde_json::Value> =
                         r.stdout.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
@@ -725,11 +673,11 @@ over_transports! {
                     epochs
                 };
                 let n = |e: &serde_json::Value, k: &str| e[k].as_u64().unwrap();
-                let from_files = run("files", &["--read-strategy", "random", "--memory-budget", "0", "--local-reads", "off"], false);
+                let from_files = run("files", &|j| j.read_strategy("random").memory_budget(0).local_reads("off"), false);
                 let reference = dump_bytes(&dump("files"), np);
-                let resident = run("resident", &[], false);
-                let passes = run("passes", &["--read-strategy", "passes", "--memory-budget", &third], false);
-                let random = run("random", &["--read-strategy", "random", "--memory-budget", &half], false);
+                let resident = run("resident", &|j| j, false);
+                let passes = run("passes", &|j| j.read_strategy("passes").memory_budget(third), false);
+                let random = run("random", &|j| j.read_strategy("random").memory_budget(half), false);
                 for (name, epochs) in [("resident", &resident), ("passes", &passes), ("random", &random)] {
                     assert_eq!(dump_bytes(&dump(name), np), reference, "{format}, {np} ranks, {name}");
                     assert_eq!(epochs[0]["read_strategy"], *name, "{}", epochs[0]);
@@ -754,7 +702,7 @@ over_transports! {
                 }
                 if fixed {
                     // Spilled: the rest goes to the spill directory once and is read from there.
-                    let spilled = run("spill", &["--memory-budget", &third, "--spill-dir", spill.to_str().unwrap()], false);
+                    let spilled = run("spill", &|j| j.memory_budget(third).spill_dir(&spill), false);
                     assert_eq!(dump_bytes(&dump("spill"), np), reference, "{format}, {np} ranks, spill");
                     assert_eq!((spilled[0]["spill"].as_bool(), n(&spilled[1], "bytes_read")), (Some(true), 0), "{}", spilled[1]);
                     assert!(n(&spilled[2], "bytes_read_spill") > 0, "{}", spilled[2]);
@@ -763,11 +711,7 @@ over_transports! {
                     // Passes over the spill files: the first epoch streams the data there
                     // (and reads spilled rows one by one), later ones stream the spill
                     // files K times and read nothing from the data files.
-                    let sp = run(
-                        "spill-passes",
-                        &["--read-strategy", "passes", "--memory-budget", &third, "--spill-dir", spill.to_str().unwrap()],
-                        false,
-                    );
+                    let sp = run("spill-passes", &|j| j.read_strategy("passes").memory_budget(third).spill_dir(&spill), false);
                     assert_eq!(dump_bytes(&dump("spill-passes"), np), reference, "{format}, {np} ranks, spill passes");
                     assert_eq!((sp[0]["read_strategy"].as_str(), sp[0]["spill"].as_bool()), (Some("passes"), Some(true)));
                     let k = n(&sp[0], "passes");
@@ -778,13 +722,13 @@ over_transports! {
                     }
                     assert_eq!(std::fs::read_dir(&spill).unwrap().count(), 0, "{format}, {np} ranks");
                 } else {
-                    let r = t.run(np, &["run", "--data", d, "--batch-size", "48", "--memory-budget", &third, "--spill-dir", spill.to_str().unwrap()]);
+                    let r = Job::new(&data).batch(48).memory_budget(third).spill_dir(&spill).over(t, np);
                     assert_ne!(r.code, 0);
                     assert!(r.stderr.contains("--spill-dir needs every field to have a fixed size"), "{}", r.stderr);
                 }
                 if np >= 3 {
                     // Hosts of two: kept rows of the other host cross the exchange.
-                    let two = run("two-hosts", &[], true);
+                    let two = run("two-hosts", &|j| j, true);
                     assert_eq!(dump_bytes(&dump("two-hosts"), np), reference, "{format}, {np} ranks, hosts of two");
                     assert!(n(&two[1], "bytes_exchanged") > 0 && n(&two[1], "bytes_read") == 0, "{}", two[1]);
                 }
@@ -799,9 +743,9 @@ over_transports! {
 #[test]
 fn batch_jobs_print_a_heartbeat() {
     let data = fixtures().join("npy_struct");
-    let args = ["run", "--data", data.to_str().unwrap(), "--batch-size", "4", "--compute-ms", "20", "--heartbeat"];
+    let job = |interval: &str| Job::new(&data).batch(4).compute_ms(20).opt("--heartbeat", interval);
     let beats = |interval: &str| -> Vec<serde_json::Value> {
-        let run = mpirun(2, &[&args[..], &[interval, "--json"]].concat());
+        let run = job(interval).json().mpirun(2);
         ok(&run);
         run.stdout
             .lines()
@@ -821,7 +765,7 @@ fn batch_jobs_print_a_heartbeat() {
     assert_eq!(steps.last(), Some(&25), "{steps:?}");
     assert!(every.iter().all(|b| b["epoch"] == 0), "{every:?}");
     // Without --json, the same beats as text: `meshfeed: epoch 0 step K/25, T s, ...`.
-    let text = mpirun(2, &[&args[..], &["0.001"]].concat());
+    let text = job("0.001").mpirun(2);
     ok(&text);
     assert!(!text.stdout.contains('{'), "no JSON without --json:\n{}", text.stdout);
     let steps: Vec<u64> = text
@@ -835,7 +779,7 @@ fn batch_jobs_print_a_heartbeat() {
         .collect();
     assert!(steps.len() >= 20 && steps.windows(2).all(|w| w[1] == w[0] + 1), "{steps:?}\n{}", text.stdout);
     assert_eq!(steps.last(), Some(&25), "{steps:?}");
-    for quiet in [mpirun(2, &[&args[..], &["0"]].concat()), mpirun(2, &[&args[..], &["0", "--json"]].concat())] {
+    for quiet in [job("0").mpirun(2), job("0").json().mpirun(2)] {
         ok(&quiet);
         assert!(!quiet.stdout.contains("heartbeat") && !quiet.stdout.contains(" step "), "{}", quiet.stdout);
     }
@@ -850,23 +794,7 @@ fn batch_jobs_print_a_heartbeat() {
 #[test]
 fn telemetry_records_each_window_and_the_cost_model_fits_them() {
     let out = tempdir();
-    let data = out.path().join("data");
-    let d = data.to_str().unwrap();
-    ok(&meshfeed(&[
-        "gen",
-        "--format",
-        "npy",
-        "--samples",
-        "3000",
-        "--files",
-        "3",
-        "--field",
-        "x:u8:2048",
-        "--field",
-        "y:i64",
-        "--out",
-        d,
-    ]));
+    let data = Dataset::gen("npy", 3000).files(3).field("x:u8:2048").field("y:i64").write(&out.path().join("data"));
     let read = |path: &Path| -> Vec<serde_json::Value> {
         std::fs::read_to_string(path).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect()
     };
@@ -874,27 +802,11 @@ fn telemetry_records_each_window_and_the_cost_model_fits_them() {
         let mut total = [0u64; 2]; // bytes sent, and sent to other hosts, over ranks (two hosts)
         for hosts in ["one-host", "two-hosts"] {
             let dir = out.path().join(format!("{hosts}-{np}"));
-            let t = dir.to_str().unwrap();
-            let args = [
-                "run",
-                "--data",
-                d,
-                "--batch-size",
-                "48",
-                "--epochs",
-                "2",
-                "--window-bytes",
-                "256K",
-                "--local-reads",
-                "off",
-                "--verify",
-                "--telemetry",
-                t,
-            ];
+            let job = Job::new(&data).batch(48).epochs(2).window("256K").local_reads("off").verify().telemetry(&dir);
             let run = if hosts == "one-host" {
-                mpirun(np, &args)
+                job.mpirun(np)
             } else {
-                run_on_hosts_of_two(Transport::Mpi, out.path(), np, &args)
+                run_on_hosts_of_two(Transport::Mpi, out.path(), np, &job)
             };
             ok(&run);
             let config = &read(&dir.join("run.json"))[0];

@@ -7,16 +7,17 @@ use std::time::{Duration, Instant};
 
 use crate::common::*;
 
-/// Runs the same job over MPI and over UCX and compares the dumps byte for byte.
-fn same_dump(np: usize, data: &str, extra: &[&str]) {
+/// Runs the same job (with `extra` options, added last) over MPI and over UCX and
+/// compares the dumps byte for byte.
+fn same_dump(np: usize, data: &str, extra: fn(Job) -> Job) {
     let out = tempdir();
     let (dm, du) = (out.path().join("mpi"), out.path().join("ucx"));
-    let base = Job::new(data).batch(12).epochs(2).seed(4).window("2K").args(extra);
+    let base = extra(Job::new(data).batch(12).epochs(2).seed(4).window("2K"));
     ok(&base.clone().dump(&dm).mpirun(np));
-    ok(&base.dump(&du).launch(np));
+    ok(&base.clone().dump(&du).launch(np));
     let (m, u) = (dump_bytes(&dm, np), dump_bytes(&du, np));
     assert!(m.iter().all(|f| !f.is_empty()));
-    assert!(m == u, "{data} {extra:?} at {np} ranks: UCX dump differs from MPI dump");
+    assert!(m == u, "{:?} at {np} ranks: UCX dump differs from MPI dump", base.argv());
 }
 
 #[test]
@@ -24,7 +25,7 @@ fn ucx_dumps_equal_mpi_dumps_for_every_format() {
     let fx = fixtures();
     for np in [1, 2, 3, 4] {
         for d in ["npy_struct", "hdf5", "arrow", "raw", "arrow_var"] {
-            same_dump(np, fx.join(d).to_str().unwrap(), &[]);
+            same_dump(np, fx.join(d).to_str().unwrap(), |job| job);
         }
     }
 }
@@ -33,15 +34,15 @@ fn ucx_dumps_equal_mpi_dumps_for_every_format() {
 fn ucx_dumps_equal_mpi_dumps_with_replication_and_two_phase() {
     let data = fixtures().join("npy_struct");
     let d = data.to_str().unwrap();
-    same_dump(4, d, &["--mesh", "dp=2,tp=2", "--shard", "x=dp,tp", "--shard", "z=dp,tp"]);
-    same_dump(4, d, &["--mesh", "dp=2,tp=2", "--shard", "x=dp,tp", "--exchange", "two-phase"]);
+    same_dump(4, d, |job| job.mesh("dp=2,tp=2").shard("x=dp,tp").shard("z=dp,tp"));
+    same_dump(4, d, |job| job.mesh("dp=2,tp=2").shard("x=dp,tp").exchange("two-phase"));
 }
 
 #[test]
 fn launcher_verifies_and_fails_the_job_when_a_rank_fails() {
     let out = tempdir();
     let data = Dataset::gen("arrow", 300).field("x:f32:4").field("t:bytes").write(&out.path().join("g"));
-    let run = Job::new(&data).batch(12).epochs(2).args(["--verify"]).launch(3);
+    let run = Job::new(&data).batch(12).epochs(2).verify().launch(3);
     ok(&run);
     assert_eq!(run.stdout.matches("contents match the generator").count(), 2, "{}", run.stdout);
     // A bad file seen by one rank: every rank reports it, the launcher fails the job.
@@ -65,13 +66,10 @@ fn hostile_rendezvous_traffic_and_wrong_tokens_are_refused_with_the_job_intact()
     let out = tempdir();
     let dump = out.path().join("d");
     let port = free_port();
-    // The job's command line, dumping to `dir`.
-    let job = |dir: &std::path::Path| -> Vec<String> {
-        let d = [data.to_str().unwrap(), "--batch-size", "8", "--dump", dir.to_str().unwrap()];
-        ["run", "--transport", "ucx", "--data"].iter().chain(&d).map(|s| s.to_string()).collect()
-    };
-    let argv = job(&dump);
-    let args: Vec<&str> = argv.iter().map(String::as_str).collect();
+    // The job, dumping to `dir`.
+    let job = |dir: &std::path::Path| Job::new(&data).batch(8).dump(dir);
+    let by_hand = job(&dump).transport("ucx");
+    let args = by_hand.argv();
     let rank0 = spawn_rank(0, 2, port, "the-token", &args, &[]);
     // Wait for rank 0 to listen, then send it junk.
     let start = Instant::now();
@@ -100,8 +98,7 @@ fn hostile_rendezvous_traffic_and_wrong_tokens_are_refused_with_the_job_intact()
     }
     // Nothing of the intruder reached the job: the dump equals a clean run's.
     let clean = out.path().join("clean");
-    let clean_argv = job(&clean);
-    ok(&launch(2, &clean_argv.iter().map(String::as_str).collect::<Vec<_>>()));
+    ok(&job(&clean).launch(2));
 
     assert!(dump_bytes(&dump, 2) == dump_bytes(&clean, 2));
 }
@@ -113,30 +110,9 @@ fn two_jobs_on_one_host_do_not_mix() {
     let jobs: Vec<_> = [("npy_struct", "a"), ("arrow_var", "b")]
         .into_iter()
         .map(|(d, name)| {
-            let data = fx.join(d);
             let dump = out.path().join(name);
-            let (data, dump2) = (data.to_str().unwrap().to_string(), dump.to_str().unwrap().to_string());
-            (
-                std::thread::spawn(move || {
-                    launch(
-                        3,
-                        &[
-                            "run",
-                            "--transport",
-                            "ucx",
-                            "--data",
-                            &data,
-                            "--batch-size",
-                            "6",
-                            "--epochs",
-                            "3",
-                            "--dump",
-                            &dump2,
-                        ],
-                    )
-                }),
-                dump,
-            )
+            let job = Job::new(fx.join(d)).batch(6).epochs(3).dump(&dump);
+            (std::thread::spawn(move || job.launch(3)), dump)
         })
         .collect();
     for (j, dump) in jobs {
@@ -150,35 +126,12 @@ fn two_jobs_on_one_host_do_not_mix() {
 #[test]
 fn a_rank_killed_mid_epoch_stops_the_others_naming_it() {
     let out = tempdir();
-    let data = out.path().join("g");
-    ok(&meshfeed(&[
-        "gen",
-        "--format",
-        "npy",
-        "--samples",
-        "4000",
-        "--field",
-        "data:f32:16",
-        "--out",
-        data.to_str().unwrap(),
-    ]));
+    let data = Dataset::gen("npy", 4000).files(1).field("data:f32:16").write(&out.path().join("g"));
     let port = free_port();
     // Ranks started apart keep logs apart (as pods do): with -v each log says why its rank
     // stopped.
-    let args = [
-        "run",
-        "--transport",
-        "ucx",
-        "--data",
-        data.to_str().unwrap(),
-        "--batch-size",
-        "12",
-        "--window-bytes",
-        "2K",
-        "--compute-ms",
-        "20",
-        "-v",
-    ];
+    let job = Job::new(&data).batch(12).window("2K").compute_ms(20).args(["-v"]).transport("ucx");
+    let args = job.argv();
     let env = [("MESHFEED_PEER_TIMEOUT", "4")];
     let mut ranks: Vec<_> = (0..3).map(|r| spawn_rank(r, 3, port, "tok", &args, &env)).collect();
     std::thread::sleep(Duration::from_millis(2500));

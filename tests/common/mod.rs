@@ -212,6 +212,13 @@ impl Job {
         Job { args: vec!["run".into(), "--data".into(), data.into()] }
     }
 
+    /// `meshfeed run --config FILE`: a job file (TOML) instead of `--data`; the options
+    /// given after it override the file's.
+    pub fn config(file: &Path) -> Job {
+        let file = file.to_str().expect("a UTF-8 test path");
+        Job { args: vec!["run".into(), "--config".into(), file.into()] }
+    }
+
     /// `OPTION VALUE`.
     pub fn opt(mut self, option: &str, value: impl ToString) -> Job {
         self.args.extend([option.to_string(), value.to_string()]);
@@ -281,6 +288,71 @@ impl Job {
         self.args(["--json"])
     }
 
+    /// `--memory-budget BYTES` (e.g. `0`: nothing kept in memory, or `1G`).
+    pub fn memory_budget(self, bytes: impl ToString) -> Job {
+        self.opt("--memory-budget", bytes)
+    }
+
+    /// `--read-strategy NAME` (e.g. `resident`, `passes`, `random`).
+    pub fn read_strategy(self, name: &str) -> Job {
+        self.opt("--read-strategy", name)
+    }
+
+    /// `--local-reads MODE` (e.g. `off`: every row crosses the exchange).
+    pub fn local_reads(self, mode: &str) -> Job {
+        self.opt("--local-reads", mode)
+    }
+
+    /// `--spill-dir DIR`.
+    pub fn spill_dir(self, dir: &Path) -> Job {
+        self.opt("--spill-dir", dir.to_str().expect("a UTF-8 test path"))
+    }
+
+    /// `--telemetry DIR`.
+    pub fn telemetry(self, dir: &Path) -> Job {
+        self.opt("--telemetry", dir.to_str().expect("a UTF-8 test path"))
+    }
+
+    /// `--checkpoint PATH`.
+    pub fn checkpoint(self, path: &Path) -> Job {
+        self.opt("--checkpoint", path.to_str().expect("a UTF-8 test path"))
+    }
+
+    /// `--fields A,B`: deliver only these fields.
+    pub fn fields(self, names: &str) -> Job {
+        self.opt("--fields", names)
+    }
+
+    /// `--exchange NAME` (`auto`, `fused`, `two-phase`, `broadcast`).
+    pub fn exchange(self, name: &str) -> Job {
+        self.opt("--exchange", name)
+    }
+
+    /// `--shard FIELD=SPEC`: how one field is split over the mesh (e.g. `x=dp,-,tp`).
+    pub fn shard(self, spec: &str) -> Job {
+        self.opt("--shard", spec)
+    }
+
+    /// `--stages FIELD=STAGE` (`first`, `last`, `all`): which pipeline stages get a field.
+    pub fn stages(self, spec: &str) -> Job {
+        self.opt("--stages", spec)
+    }
+
+    /// `--pack SPEC` (sequence packing, e.g. `tokens:16,eos=0`).
+    pub fn pack(self, spec: &str) -> Job {
+        self.opt("--pack", spec)
+    }
+
+    /// `--prefetch N`: windows made ahead by the producer thread (0: none).
+    pub fn prefetch(self, windows: u64) -> Job {
+        self.opt("--prefetch", windows)
+    }
+
+    /// `--tail MODE` (e.g. `partial`: deliver the last, short batch).
+    pub fn tail(self, mode: &str) -> Job {
+        self.opt("--tail", mode)
+    }
+
     /// More arguments, as they are (flags, options and their values).
     pub fn args<S: AsRef<str>>(mut self, args: impl IntoIterator<Item = S>) -> Job {
         self.args.extend(args.into_iter().map(|a| a.as_ref().to_string()));
@@ -300,6 +372,16 @@ impl Job {
     /// `meshfeed launch -n NP -- meshfeed run ... --transport ucx`.
     pub fn launch(&self, np: usize) -> Run {
         Transport::Ucx.run(np, &self.argv())
+    }
+
+    /// `meshfeed run ...` in one process, without a launcher (an MPI singleton).
+    pub fn singleton(&self) -> Run {
+        meshfeed(&self.argv())
+    }
+
+    /// `mpirun -np NP meshfeed run ...` inside the memory cgroup `cg`.
+    pub fn mpirun_in(&self, cg: &MemoryCgroup, np: usize) -> Run {
+        cg.mpirun(np, &self.argv())
     }
 
     /// On `np` ranks over `t` (as [`Transport::run`]).
