@@ -41,5 +41,5 @@ pub use open::{scan_file, Dataset};
 pub use paths::resolve_paths;
 pub use reader::FileReader;
 pub use rows::RowChunk;
-pub use schema::{DType, Field, FieldKind};
+pub use schema::{DType, Field, FieldKind, RowLayout};
 pub use source::RowSource;

@@ -4,6 +4,7 @@
 //! stored little-endian in C order) or a variable-length byte string.
 
 use std::fmt;
+use std::ops::Range;
 
 /// Element type of a tensor field. Values are little-endian in files and in batches.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
@@ -205,6 +206,30 @@ pub fn describe_mismatch(a: &[Field], b: &[Field]) -> Option<String> {
     let names_a: Vec<&str> = a.iter().map(|f| f.name.as_str()).collect();
     let names_b: Vec<&str> = b.iter().map(|f| f.name.as_str()).collect();
     (names_a != names_b).then(|| format!("fields are in a different order: {names_a:?} vs {names_b:?}"))
+}
+
+/// Where each fixed-size field lies in a row's record: how a row of fixed-size fields is
+/// kept in memory or a spill file (not a file format's layout).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RowLayout {
+    /// Bytes of one row.
+    pub record: usize,
+    /// Each field's bytes inside a row, in field order.
+    pub fields: Vec<Range<usize>>,
+}
+
+impl RowLayout {
+    /// The layout of rows of `fields`, if every field has a fixed size.
+    pub fn of(fields: &[Field]) -> Option<RowLayout> {
+        let mut at = 0;
+        let mut ranges = Vec::with_capacity(fields.len());
+        for f in fields {
+            let n = f.fixed_bytes()?;
+            ranges.push(at..at + n);
+            at += n;
+        }
+        Some(RowLayout { record: at, fields: ranges })
+    }
 }
 
 #[cfg(test)]

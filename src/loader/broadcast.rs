@@ -4,8 +4,6 @@
 //! and slices. It delivers the same batches as the fused exchange, at `P`× the traffic.
 //! Selected with the exchange mode `broadcast`, for benchmarks.
 
-use std::time::Instant;
-
 use super::batch::{Batch, FieldData};
 use super::marshal::{assemble, fill, Receipt};
 use super::metrics::{Metrics, Phase};
@@ -29,7 +27,7 @@ pub(crate) fn prepare(
     let n = stream.dataset.len();
     let b = stream.options.batch_size as u64;
     let perm = Permutation::of(n, stream.options.seed, stream.options.shared_order, spec.epoch.0);
-    let ids: Vec<SampleId> = metrics.timed(Phase::Plan, || {
+    let ids: Vec<SampleId> = metrics.timed(Phase::Plan, |_| {
         (spec.steps.start * b..spec.steps.end * b).map(|p| SampleId(perm.apply(p % n))).collect()
     });
     let mut send = Vec::new();
@@ -37,15 +35,13 @@ pub(crate) fn prepare(
         let mut sorted = ids.clone();
         sorted.sort_unstable();
         sorted.dedup(); // a padded last batch repeats the epoch's first samples
-        let start = Instant::now();
-        let read = reads.read(stream, &sorted, &mut metrics);
-        metrics.phase[Phase::Read as usize] += start.elapsed();
+        let read = metrics.timed(Phase::Read, |m| reads.read(stream, &sorted, m));
         let read = metrics.agreed(|| agree(transport, read))?;
         let fields = stream.dataset.fields();
         let whole = whole_parts(fields);
         let rows: Vec<usize> = (0..ids.len()).collect();
         let source = FromReads { ids: &ids, read: &read };
-        send = metrics.timed(Phase::Fill, || fill(&[rows], &[Some(&whole[..])], fields, &source)).0;
+        send = metrics.timed(Phase::Fill, |_| fill(&[rows], &[Some(&whole[..])], fields, &source)).0;
         metrics.bytes_sent += (send.len() * (stream.world - 1)) as u64;
         metrics.bytes_copied += send.len() as u64;
     } else {
@@ -85,7 +81,7 @@ pub(crate) fn complete(
     };
     // Whole batches from the received bytes, then this rank's rows of them.
     metrics.bytes_copied += 2 * data.len() as u64;
-    metrics.timed(Phase::Assemble, || {
+    metrics.timed(Phase::Assemble, |_| {
         let full = assemble(&receipt, fields, data, &[data.len()], |_| 0)?;
         Ok(full.iter().map(|f| cut(f, &stream.placement, stream.rank, fields, &stream.coords)).collect())
     })

@@ -190,11 +190,9 @@ pub(crate) fn prepare(
     let order = EpochOrder { perm: &perm, home: &home, stride: stream.options.batch_size };
     // The pass serving this window is streamed first (passes strategy); its rows need the
     // home index, which planning uses next.
-    let start = Instant::now();
-    let pass = ensure_pass(stream, reads, index, &perm, &spec, &mut metrics);
-    metrics.phase[Phase::Read as usize] += start.elapsed();
+    let pass = metrics.timed(Phase::Read, |m| ensure_pass(stream, reads, index, &perm, &spec, m));
     let plan = metrics
-        .timed(Phase::Plan, || WindowPlan::new(&order, index, placement, stream.rank, spec.steps.clone(), own_rows));
+        .timed(Phase::Plan, |_| WindowPlan::new(&order, index, placement, stream.rank, spec.steps.clone(), own_rows));
     metrics.evaluations += plan.evaluations;
     let local = matches!(route, Route::Fused | Route::Local) && stream.local_reads;
     // Receivers on this host read some of this rank's rows themselves: those are not
@@ -211,26 +209,28 @@ pub(crate) fn prepare(
         (0..placement.world()).map(|d| placement.receiver(Rank(d)).map(|(_, rc)| &rc.parts[..])).collect();
     // Every row this rank reads or a receiver of its host reads from it must be in its
     // store before the read agreement (after which receivers read the stores).
-    let start = Instant::now();
-    let ready = pass.and_then(|()| reads.wait_for_store(stream, spec.epoch.0, &plan.reads, &mut metrics));
+    let ready = |reads: &mut Reads, m: &mut Metrics| {
+        pass.and_then(|()| reads.wait_for_store(stream, spec.epoch.0, &plan.reads, m))
+    };
     let filled = if stream.direct_reads {
         // Read straight into the send buffer: reading is filling.
         let there =
             (0..placement.world()).flat_map(|d| plan.sends[d].iter().copied().filter(move |&i| read_there(d, i)));
-        let filled = ready
-            .and_then(|()| reads.advise(stream, there, &plan.ids))
-            .and_then(|()| reads.fill_direct(stream, &sends, &parts, &plan.ids, &mut metrics));
-        metrics.phase[Phase::Read as usize] += start.elapsed();
-        filled
+        metrics.timed(Phase::Read, |m| {
+            ready(reads, m)
+                .and_then(|()| reads.advise(stream, there, &plan.ids))
+                .and_then(|()| reads.fill_direct(stream, &sends, &parts, &plan.ids, m))
+        })
     } else {
-        let mut sent: Vec<SampleId> = sends.iter().flatten().map(|&i| plan.ids[i]).collect();
-        sent.sort_unstable();
-        sent.dedup();
-        let read = ready.and_then(|()| reads.read(stream, &sent, &mut metrics));
-        metrics.phase[Phase::Read as usize] += start.elapsed();
+        let read = metrics.timed(Phase::Read, |m| {
+            let mut sent: Vec<SampleId> = sends.iter().flatten().map(|&i| plan.ids[i]).collect();
+            sent.sort_unstable();
+            sent.dedup();
+            ready(reads, m).and_then(|()| reads.read(stream, &sent, m))
+        });
         read.map(|read| {
             let source = FromReads { ids: &plan.ids, read: &read };
-            let filled = metrics.timed(Phase::Fill, || fill(&sends, &parts, stream.dataset.fields(), &source));
+            let filled = metrics.timed(Phase::Fill, |_| fill(&sends, &parts, stream.dataset.fields(), &source));
             metrics.bytes_copied += filled.0.len() as u64;
             filled
         })
@@ -251,7 +251,7 @@ pub(crate) fn prepare(
     metrics.bytes_sent_off_host +=
         counts.iter().zip(&stream.hosts).filter(|&(_, &h)| h != me).map(|(&c, _)| c as u64).sum::<u64>();
     metrics.window_sends.push(counts.clone());
-    let read_s = metrics.phase[Phase::Read as usize] + metrics.phase[Phase::Fill as usize];
+    let read_s = metrics.time(Phase::Read) + metrics.time(Phase::Fill);
     balance.measured(sends.iter().map(|rows| rows.len() as u64).sum(), read_s.as_secs_f64());
     let mine = home.range(stream.rank);
     metrics.home_rows = mine.end - mine.start;
@@ -296,7 +296,7 @@ pub(crate) fn exchange(
             transport.all_to_all_v_overlapped(send, &counts, &mut timed)?
         }
     };
-    metrics.phase[Phase::Exchange as usize] += start.elapsed().saturating_sub(busy);
+    metrics.charge(Phase::Exchange, start.elapsed().saturating_sub(busy));
     metrics.bytes_received += recv.len() as u64;
     Ok(Received { spec, route, home, ids, recv, recv_counts, metrics, deferred })
 }
@@ -333,7 +333,7 @@ fn assemble(engine: &mut Engine, received: &Received, metrics: &mut Metrics) -> 
             let source_of =
                 |id| Some(home.owner(id)).filter(|&o| !stream.reads_locally(stream.rank, o, id)).map(|o| o.0);
             let (mut batches, local) =
-                metrics.timed(Phase::Assemble, || assemble_received(&r, fields, recv, recv_counts, source_of))?;
+                metrics.timed(Phase::Assemble, |_| assemble_received(&r, fields, recv, recv_counts, source_of))?;
             read_own(stream, &mut engine.reads, &mut batches, &local, metrics)?;
             Ok(batches)
         }
@@ -354,10 +354,7 @@ fn read_own(
     local: &[LocalRow],
     metrics: &mut Metrics,
 ) -> Result<()> {
-    let start = Instant::now();
-    let read = reads.read_local(stream, batches, local, metrics);
-    metrics.phase[Phase::Read as usize] += start.elapsed();
-    read
+    metrics.timed(Phase::Read, |m| reads.read_local(stream, batches, local, m))
 }
 
 /// What the assembly agreement carries besides its outcome, agreed by every rank.

@@ -60,12 +60,27 @@ impl Metrics {
         self.phase[p as usize]
     }
 
-    /// Runs `f`, adding its duration to phase `p`.
-    pub fn timed<R>(&mut self, p: Phase, f: impl FnOnce() -> R) -> R {
+    /// Runs `f`, adding its duration to phase `p`: the one way a phase is timed. `f` is
+    /// handed these metrics, for the counters it keeps as it works (bytes read, reads in
+    /// flight).
+    pub fn timed<R>(&mut self, p: Phase, f: impl FnOnce(&mut Metrics) -> R) -> R {
         let start = Instant::now();
-        let r = f();
+        let r = f(self);
         self.phase[p as usize] += start.elapsed();
         r
+    }
+
+    /// Adds `d`, measured elsewhere, to phase `p` (an exchange less the work overlapped
+    /// with it).
+    pub fn charge(&mut self, p: Phase, d: Duration) {
+        self.phase[p as usize] += d;
+    }
+
+    /// Adds `d`, spent waiting for the slowest peer, to the exchange and to
+    /// [`Metrics::peer_wait`].
+    pub fn waited(&mut self, d: Duration) {
+        self.charge(Phase::Exchange, d);
+        self.peer_wait += d;
     }
 
     /// Runs an agreement `f` (a collective every rank enters when done with a phase),
@@ -73,9 +88,7 @@ impl Metrics {
     pub fn agreed<R>(&mut self, f: impl FnOnce() -> R) -> R {
         let start = Instant::now();
         let r = f();
-        let d = start.elapsed();
-        self.phase[Phase::Exchange as usize] += d;
-        self.peer_wait += d;
+        self.waited(start.elapsed());
         r
     }
 

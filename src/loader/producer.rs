@@ -10,7 +10,6 @@
 use std::time::Duration;
 
 use super::engine::{complete, exchange, prepare, Engine};
-use super::metrics::Phase;
 use super::stream::{Position, WindowSpec};
 use super::window::{Delivered, Filled};
 use crate::error::Result;
@@ -81,8 +80,7 @@ impl Producer {
         };
         let mut window = complete(&mut self.engine, received)?;
         let between = std::mem::take(&mut self.between);
-        window.metrics.phase[Phase::Exchange as usize] += between;
-        window.metrics.peer_wait += between;
+        window.metrics.waited(between);
         Ok(window)
     }
 }

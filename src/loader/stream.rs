@@ -11,10 +11,11 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use super::layout;
-use super::read::{RecordLayout, Tier};
 use crate::config::{Balance, ExchangeMode, LoaderOptions, LocalReads, TailPolicy, Tune, DEFAULT_PREFETCH};
 use crate::dataset::Dataset;
+use crate::dataset::RowLayout;
 use crate::error::{Error, Result};
+use crate::plan::io::Tier;
 use crate::plan::sharding::FieldSharding;
 use crate::plan::tune;
 use crate::plan::{budget, HomeRanges, IoPlan, Mesh, Placement, Strategy, WindowBudget};
@@ -105,7 +106,7 @@ pub(crate) struct Stream {
     /// exist: [`Stream::share_stores`]); otherwise their kept rows cross the exchange.
     pub shared_stores: bool,
     /// Every field has a fixed size: rows are stored as records.
-    pub layout: Option<RecordLayout>,
+    pub layout: Option<RowLayout>,
 }
 
 impl Stream {
@@ -242,7 +243,7 @@ impl Stream {
                 max_read_depth: options.read.queue_depth.max(tune::MAX_READ_DEPTH),
             }
         });
-        let layout = RecordLayout::of(fields);
+        let layout = RowLayout::of(fields);
         Ok(Stream {
             tune_limits,
             coords: mesh.coords(Rank(rank.0 * k)),

@@ -29,7 +29,7 @@ pub(crate) fn complete(
     let leader = receipt(stream, &shape.leaders, spec, ids);
     metrics.bytes_copied += recv.len() as u64;
     let full =
-        metrics.timed(Phase::Assemble, || assemble(&leader, fields, recv, recv_counts, |id| stream.home.owner(id).0));
+        metrics.timed(Phase::Assemble, |_| assemble(&leader, fields, recv, recv_counts, |id| stream.home.owner(id).0));
     let full = metrics.agreed(|| agree(transport, full))?;
 
     // Phase two, inside the row block's group; the leader is the group's first member.
@@ -50,13 +50,13 @@ pub(crate) fn complete(
         }
     }
     let source = FromLeader { batches: &full, batch_size: b, first_row: leader.rows.start, fields: leader.parts };
-    let (send, counts) = metrics.timed(Phase::Fill, || fill(&sends, &member_parts, fields, &source));
+    let (send, counts) = metrics.timed(Phase::Fill, |_| fill(&sends, &member_parts, fields, &source));
     metrics.bytes_sent += send.len() as u64;
     metrics.bytes_copied += send.len() as u64;
-    let (recv, recv_counts) = metrics.timed(Phase::Exchange, || group.all_to_all_v(send, &counts))?;
+    let (recv, recv_counts) = metrics.timed(Phase::Exchange, |_| group.all_to_all_v(send, &counts))?;
     metrics.bytes_received += recv.len() as u64;
     metrics.bytes_copied += recv.len() as u64;
-    metrics.timed(Phase::Assemble, || assemble(&own, fields, &recv, &recv_counts, |_| 0))
+    metrics.timed(Phase::Assemble, |_| assemble(&own, fields, &recv, &recv_counts, |_| 0))
 }
 
 /// Values for the scatter: the leader's whole-row batches of the window.

@@ -154,6 +154,16 @@ impl IoPlan {
     }
 }
 
+/// Where a home row lies under a read plan: kept in memory, in the node-local spill file,
+/// or only on the shared storage. A pure function of the plan ([`IoPlan::resident`], the
+/// spill), so that an owner and a same-host receiver always agree on it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Tier {
+    Memory,
+    Spill,
+    Storage,
+}
+
 /// Per-row and per-byte costs of producing an epoch from memory on one host (planning, and
 /// copying rows from the ranks' memory into batches): fitted to resident epochs of 256 B,
 /// 16 KiB and 147 KiB samples, 4 ranks on 2 cores (0.18, 0.28 and 0.05 s for 1 M, 131 k and

@@ -810,7 +810,7 @@ fn telemetry_records_each_window_and_the_cost_model_fits_them() {
             };
             ok(&run);
             let config = &read(&dir.join("run.json"))[0];
-            assert_eq!((config["schema"].as_u64(), config["sample_bytes"].as_u64()), (Some(5), Some(2056)), "{config}");
+            assert_eq!((config["schema"].as_u64(), config["sample_bytes"].as_u64()), (Some(6), Some(2056)), "{config}");
             let spw = config["steps_per_window"].as_u64().unwrap();
             for rank in 0..np {
                 let lines = read(&dir.join(format!("rank-{rank}.jsonl")));

@@ -21,7 +21,7 @@
 //!   the store, the pass, the spill file or the files, whichever holds it; and the rows a
 //!   same-host receiver copies straight from its owner.
 //!
-//! Where each home row is — its *tier* ([`Tier`]) — is a pure function of the read plan,
+//! Where each home row is — its *tier* ([`crate::plan::io::Tier`]) — is a pure function of the read plan,
 //! so an owner and a receiver always agree on it.
 
 pub(super) mod passes;
@@ -33,4 +33,3 @@ mod store;
 
 pub(crate) use plan::{plan, start_stores};
 pub(crate) use sends::{FromReads, Reads};
-pub(crate) use store::{RecordLayout, Tier};

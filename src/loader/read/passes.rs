@@ -18,9 +18,11 @@ use std::os::unix::fs::FileExt;
 
 use arrow_buffer::Buffer;
 
-use super::store::{RecordLayout, StoreView, Tier};
+use super::store::StoreView;
+use crate::dataset::RowLayout;
 use crate::dataset::{Dataset, FileReader, RowChunk};
 use crate::error::{Error, Result};
+use crate::plan::io::Tier;
 use crate::plan::io::STREAM_READ_BYTES;
 use crate::types::SampleId;
 
@@ -77,7 +79,7 @@ impl Kept {
 
 enum Rows {
     /// One record per kept id (fixed-size fields).
-    Records { layout: RecordLayout, bytes: Vec<u8> },
+    Records { layout: RowLayout, bytes: Vec<u8> },
     /// Values as read (variable-length fields).
     Values(RowChunk),
 }
@@ -126,7 +128,7 @@ pub(crate) fn fill(
     let fields = dataset.fields().len();
     let sizes = crate::plan::budget::value_sizes(dataset.fields(), &dataset.mean_value_bytes());
     let rows_per_read = (STREAM_READ_BYTES / crate::plan::budget::sample_bytes(&sizes).max(1)).max(1);
-    let layout = RecordLayout::of(dataset.fields());
+    let layout = RowLayout::of(dataset.fields());
     let mut records = Vec::with_capacity(layout.as_ref().map_or(0, |l| l.record * ids.len()));
     let mut values = Vec::new();
     let mut locs: Vec<(usize, usize)> = Vec::new();

@@ -12,13 +12,14 @@ use std::sync::Arc;
 
 use super::passes::PassBuffer;
 use super::queue::{self, ReadOp};
-use super::store::{HomeStore, StoreView, Tier};
+use super::store::{HomeStore, StoreView};
 use crate::dataset::{FileReader, RowChunk};
 use crate::error::{Error, Result};
 use crate::loader::batch::Batch;
 use crate::loader::marshal::{LocalRow, ValueSource};
 use crate::loader::metrics::Metrics;
 use crate::loader::stream::Stream;
+use crate::plan::io::Tier;
 use crate::plan::FieldPart;
 use crate::types::{Rank, SampleId};
 

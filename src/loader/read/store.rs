@@ -30,31 +30,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, RwLock};
 use std::thread::JoinHandle;
 
-use crate::dataset::{Dataset, Field, FileReader, RowChunk};
+use crate::dataset::{Dataset, FileReader, RowChunk, RowLayout};
 use crate::error::{Error, ErrorKind, Result, ResultExt};
-use crate::plan::io::STREAM_READ_BYTES;
+use crate::plan::io::{Tier, STREAM_READ_BYTES};
 use crate::runtime::shared_memory::Region;
-
-/// Where each fixed-size field lies in a row's record.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct RecordLayout {
-    pub record: usize,
-    pub fields: Vec<Range<usize>>,
-}
-
-impl RecordLayout {
-    /// The layout of rows of `fields`, if every field has a fixed size.
-    pub fn of(fields: &[Field]) -> Option<RecordLayout> {
-        let mut at = 0;
-        let mut ranges = Vec::with_capacity(fields.len());
-        for f in fields {
-            let n = f.fixed_bytes()?;
-            ranges.push(at..at + n);
-            at += n;
-        }
-        Some(RecordLayout { record: at, fields: ranges })
-    }
-}
 
 /// How far the filler got, and how it ended.
 pub(crate) struct Progress {
@@ -103,7 +82,7 @@ pub(crate) struct HomeStore {
     pub resident: u64,
     /// Rows `[resident, home length)` are in the spill file.
     pub spill: Option<Arc<File>>,
-    pub layout: Option<RecordLayout>,
+    pub layout: Option<RowLayout>,
     memory: Memory,
     progress: Arc<Progress>,
     filler: Option<JoinHandle<()>>,
@@ -157,7 +136,7 @@ impl HomeStore {
         resident: u64,
         spill_dir: Option<&Path>,
     ) -> Result<HomeStore> {
-        let layout = RecordLayout::of(dataset.fields());
+        let layout = RowLayout::of(dataset.fields());
         let len = home.end - home.start;
         let resident = resident.min(len);
         let memory = match &layout {
@@ -330,7 +309,7 @@ struct Filler {
     resident: u64,
     /// Rows `[0, fill_to)` are filled (the resident ones, and the spilled ones if any).
     fill_to: u64,
-    layout: Option<RecordLayout>,
+    layout: Option<RowLayout>,
     memory: Memory,
     spill: Option<Arc<File>>,
     progress: Arc<Progress>,
@@ -547,20 +526,12 @@ pub(crate) struct StoreView {
     records: Option<Arc<Region>>,
     chunks: Vec<(u64, Arc<RowChunk>)>,
     pub spill: Option<Arc<File>>,
-    pub layout: Option<RecordLayout>,
-}
-
-/// Where a home row of a store is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Tier {
-    Memory,
-    Spill,
-    Storage,
+    pub layout: Option<RowLayout>,
 }
 
 impl StoreView {
     /// The view of a same-host rank's store, from the handle it published.
-    pub fn open_peer(h: StoreHandle, resident: u64, layout: &RecordLayout) -> std::io::Result<StoreView> {
+    pub fn open_peer(h: StoreHandle, resident: u64, layout: &RowLayout) -> std::io::Result<StoreView> {
         let len = (resident as usize).saturating_mul(layout.record);
         let records = match (h.region_fd, len) {
             (_, 0) => None,
@@ -618,7 +589,7 @@ impl StoreView {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dataset::{gen, DType, Format};
+    use crate::dataset::{gen, DType, Field, Format};
 
     fn dataset(format: Format, fields: Vec<Field>, samples: u64) -> (tempfile::TempDir, Arc<Dataset>) {
         let dir = tempfile::tempdir().unwrap();
@@ -741,7 +712,7 @@ mod tests {
         store.wait_for(40).unwrap();
         let h = StoreHandle::from_bytes(&store.handle().to_bytes()).unwrap();
         assert_eq!(h, store.handle());
-        let peer = StoreView::open_peer(h, 40, &RecordLayout::of(&fields).unwrap()).unwrap();
+        let peer = StoreView::open_peer(h, 40, &RowLayout::of(&fields).unwrap()).unwrap();
         for offset in [0, 17, 39] {
             assert_eq!(peer.record(offset), store.view().record(offset));
         }
