@@ -5,8 +5,11 @@
 //! (docs/design.md: world-size invariance, determinism). Start with [`window::WindowPlan`]: it combines the
 //! epoch's [`permutation::Permutation`], the [`home::HomeRanges`] (who reads a sample)
 //! and the [`placement::Placement`] (who receives which rows and slices of a global
-//! batch, derived from a [`mesh::Mesh`] and the fields' [`sharding`]).
+//! batch, derived from a [`mesh::Mesh`] and the fields' [`sharding`]). [`blend`] decides,
+//! for a weighted blend of several sources, which source gives each position and which of
+//! its samples (not yet used by the loader).
 
+pub mod blend;
 pub mod budget;
 pub mod cost;
 pub mod home;
@@ -19,6 +22,7 @@ pub mod sharding;
 pub mod tune;
 pub mod window;
 
+pub use blend::{Blend, BlendCursor, Weights};
 pub use budget::WindowBudget;
 pub use home::HomeRanges;
 pub use index::HomeIndex;

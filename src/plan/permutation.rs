@@ -196,9 +196,10 @@ impl Permutation {
     }
 }
 
-/// MurmurHash3's 64-bit finaliser: a bijection with full avalanche.
+/// MurmurHash3's 64-bit finaliser: a bijection with full avalanche. Also what
+/// [`super::blend`] derives its sources' and rows' seeds with.
 #[inline]
-fn fmix64(mut x: u64) -> u64 {
+pub(crate) fn fmix64(mut x: u64) -> u64 {
     x ^= x >> 33;
     x = x.wrapping_mul(0xff51_afd7_ed55_8ccd);
     x ^= x >> 33;
