@@ -39,6 +39,10 @@ use crate::types::{Rank, SampleId};
 /// [`super::Loader::request_stop`] rather than by a signal.
 pub const STOP_REQUESTED: i32 = 255;
 
+/// The signals [`super::Loader::stop_requested`] catches: SIGTERM (what Slurm, Kubernetes and most
+/// schedulers send before they preempt a job) and SIGUSR1 (what `sbatch --signal` sends).
+pub const STOP_SIGNALS: [i32; 2] = [libc::SIGTERM, libc::SIGUSR1];
+
 /// Everything a producer owns: the loader's own communicator, open readers and cache, and
 /// the two-phase group. Moves to the producer thread and back as one value.
 pub(crate) struct Engine {

@@ -4,13 +4,9 @@
 
 use std::sync::atomic::Ordering;
 
-use super::engine::STOP_REQUESTED;
+use super::engine::{STOP_REQUESTED, STOP_SIGNALS};
 use super::Loader;
 use crate::error::Result;
-
-/// The signals [`Loader::stop_requested`] catches: SIGTERM (what Slurm, Kubernetes and most
-/// schedulers send before they preempt a job) and SIGUSR1 (what `sbatch --signal` sends).
-pub const STOP_SIGNALS: [i32; 2] = [libc::SIGTERM, libc::SIGUSR1];
 
 /// Stopping: asking every rank to stop, learning that they agreed to, and giving up a wait.
 impl Loader {
