@@ -12,6 +12,7 @@
 pub mod blend;
 pub mod budget;
 pub mod cost;
+pub mod cost_balance;
 pub mod home;
 pub mod index;
 pub mod io;
