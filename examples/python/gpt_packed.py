@@ -9,7 +9,9 @@ pyarrow for Parquet (``launch/setup.sh --test``'s venv has them).
 
 meshfeed packs the corpus's documents into sequences (``--pack
 tokens:SEQ,eos=0,position_ids,cu_seqlens``: SEQ inputs, their labels, each input's position
-in its document and where the documents start) and hands each rank its dp block of every
+in its document's run inside the sequence, restarting at 0 at the sequence's start and at
+each document's as Megatron-LM's ``reset_position_ids`` does, so below SEQ, and where the
+documents start) and hands each rank its dp block of every
 global batch and, of each sequence, the two chunks of the zigzag split its cp coordinate
 holds (``shard={"tokens": "dp,zigzag:cp", ...}``), the layout of Megatron-LM's context
 parallelism. The attention gathers the keys and values of the cp group (context
@@ -68,8 +70,9 @@ class TinyGPT(torch.nn.Module):
     def forward(self, tokens, positions, mask, cp) -> torch.Tensor:
         """tokens, positions: [b, n] (this rank's chunks); mask: [b, n, cp·n], which of the
         cp group's tokens each of these may attend to."""
-        # Positions count from each document's start (longer documents share the last).
-        x = self.tok(tokens) + self.pos(positions.clamp(max=self.pos.num_embeddings - 1))
+        # Positions restart at each sequence and each document in it: all below the sequence
+        # length, the table's size.
+        x = self.tok(tokens) + self.pos(positions)
         b, n, d = x.shape
         q, k, v = self.qkv(self.ln1(x)).view(b, n, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
         k, v = GatherCP.apply(k, *cp), GatherCP.apply(v, *cp)
@@ -115,7 +118,7 @@ def main() -> None:
                              shard={"tokens": split, "labels": split, "position_ids": split})
 
     torch.manual_seed(0)
-    model = TinyGPT()
+    model = TinyGPT(max_position=seq)
     opt = torch.optim.Adam(model.parameters(), lr=3e-3)
     mine = zigzag_positions(seq, cp, my_cp)
     group_positions = torch.cat([zigzag_positions(seq, cp, j) for j in range(cp)])  # all_gather order

@@ -433,8 +433,9 @@ def test_hub_columns_booleans_and_nulls_reach_python(tmp_path):
 def test_packed_sequences_arrive_as_inputs_labels_positions_and_document_starts(tmp_path):
     """`pack=` on Parquet token lists: each sample's inputs and labels are the windows of the
     documents concatenated with an end-of-document token (checked against a packing done
-    here with numpy), its positions restart at each document, and cu_seqlens marks where
-    documents start, as int32 for flash-attention."""
+    here with numpy), its positions restart at 0 at each sample and at each document start
+    inside it (below S; with position_ids=document they count from the document's start
+    instead), and cu_seqlens marks where documents start, as int32 for flash-attention."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -447,9 +448,15 @@ def test_packed_sequences_arrive_as_inputs_labels_positions_and_document_starts(
         "import meshfeed, numpy as np, torch\n"
         f"docs = {docs!r}\n"
         "stream = np.concatenate([np.array(x + [-1], np.int32) for x in docs])\n"
-        "pos = np.concatenate([np.arange(len(x) + 1) for x in docs])\n"
+        "doc_pos = np.concatenate([np.arange(len(x) + 1) for x in docs])\n"
         "starts = set(np.cumsum([0] + [len(x) + 1 for x in docs]).tolist())\n"
         "S = 8\n"
+        "def pos(w):\n"
+        "    # 0 at the window's first input and at every document start inside it.\n"
+        "    out = []\n"
+        "    for p in range(w, w + S):\n"
+        "        out.append(0 if p == w or p in starts else out[-1] + 1)\n"
+        "    return out\n"
         "n = (len(stream) - 1) // S\n"
         f"l = meshfeed.Loader([{str(d)!r}], batch_size=4, seed=4,\n"
         "                     pack='ids:8,eos=-1,position_ids,cu_seqlens')\n"
@@ -462,17 +469,70 @@ def test_packed_sequences_arrive_as_inputs_labels_positions_and_document_starts(
         "        w = j * S\n"
         "        assert b['ids'][i].tolist() == stream[w:w + S].tolist(), j\n"
         "        assert b['labels'][i].tolist() == stream[w + 1:w + S + 1].tolist(), j\n"
-        "        assert b['position_ids'][i].tolist() == pos[w:w + S].tolist(), j\n"
+        "        assert b['position_ids'][i].tolist() == pos(w), j\n"
+        "        assert max(pos(w)) < S\n"
         "        want = [0] + [p - w for p in range(w + 1, w + S) if p in starts] + [S]\n"
         "        assert cu[offsets[i]:offsets[i + 1]].tolist() == want, (j, cu[offsets[i]:offsets[i + 1]], want)\n"
         "    assert b.to_torch('cpu')['labels'].dtype == torch.int32\n"
         "    seen += b.ids.tolist()\n"
+        "# position_ids=document: each input's position in its whole document.\n"
+        f"l = meshfeed.Loader([{str(d)!r}], batch_size=4, seed=4, pack='ids:8,eos=-1,position_ids=document')\n"
+        "long = 0\n"
+        "for b in l:\n"
+        "    for i, j in enumerate(b.ids.tolist()):\n"
+        "        assert b['position_ids'][i].tolist() == doc_pos[j * S:j * S + S].tolist(), j\n"
+        "        long += int(b['position_ids'][i].max() >= S)\n"
+        "assert long > 0, 'no document runs past S'\n"
         "print(f'ok {len(seen)} {n}', flush=True)\n"
     )
     r = ok(run(MPIRUN + ["-np", 2, sys.executable, "-c", script]))
     # Every rank saw its half of each full batch of the n packed samples.
     counts = re.findall(r"ok (\d+) (\d+)", r.stdout)
     assert len(counts) == 2 and all(int(s) == int(n) // 4 * 2 for s, n in counts), r.stdout
+
+
+def test_packed_position_ids_equal_megatron_reset_position_ids(tmp_path):
+    """Plain position_ids are Megatron-LM's reset_position_ids: for every delivered sample,
+    megatron-core's own _get_ltor_masks_and_position_ids on the sample's inputs (eod_token =
+    the end-of-document token) gives the same positions, whether meshfeed appends the token
+    (eos=0) or the documents already end with it (as Megatron's --append-eod writes them);
+    over documents longer than 2·S, empty ones, and ones ending exactly at a sample's end."""
+    pytest.importorskip("megatron.core")
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    S = 8
+    lengths = [7, 20, 0, 8, 1, 3, 0, 0, 15, 30, 2, 7, 9, 16, 5, 4, 17, 6]
+    docs = [[1 + (101 * i + t) % 997 for t in range(n)] for i, n in enumerate(lengths)]
+    # The corpus covers what it claims: a document over 2·S, and one whose end-of-document
+    # token is the last input of a sample (the first document: 7 tokens + 0).
+    ends = [sum(lengths[:k + 1]) + k + 1 for k in range(len(lengths))]
+    assert max(lengths) > 2 * S and any(e % S == 0 for e in ends), ends
+    for name, rows, pack in (("appended", docs, f"ids:{S},eos=0,position_ids"),
+                             ("present", [x + [0] for x in docs], f"ids:{S},position_ids")):
+        d = tmp_path / name
+        d.mkdir()
+        pq.write_table(pa.table({"ids": pa.array(rows, pa.list_(pa.int32()))}), str(d / "train.parquet"))
+        script = (
+            "import warnings; warnings.simplefilter('ignore')\n"
+            "import meshfeed, numpy as np, torch\n"
+            "from megatron.core.datasets.gpt_dataset import _get_ltor_masks_and_position_ids\n"
+            f"l = meshfeed.Loader([{str(d)!r}], batch_size=4, seed=1, pack={pack!r})\n"
+            "seen = 0\n"
+            "for b in l:\n"
+            "    for i, j in enumerate(b.ids.tolist()):\n"
+            "        tokens = torch.from_numpy(b['ids'][i].astype(np.int64))\n"
+            "        _, _, want = _get_ltor_masks_and_position_ids(tokens, 0, True, False, False, False)\n"
+            "        got = b['position_ids'][i].tolist()\n"
+            "        assert got == want.tolist(), (j, tokens.tolist(), got, want.tolist())\n"
+            f"        assert max(got) < {S}, got\n"
+            "        seen += 1\n"
+            "print(f'ok {seen}', flush=True)\n"
+        )
+        r = ok(run(MPIRUN + ["-np", 2, sys.executable, "-c", script]))
+        # (L - 1) // S samples, 2 of each batch of 4 on each rank.
+        n = (sum(lengths) + len(lengths) - 1) // S
+        assert re.findall(r"ok (\d+)", r.stdout) == [str(n // 4 * 2)] * 2, (r.stdout, n)
 
 
 def test_a_zigzag_split_reaches_python_as_local_chunks(tmp_path):

@@ -25,7 +25,7 @@ use crate::error::{Error, ErrorKind, Result, ResultExt};
 pub use dataset::{DatasetOptions, NullPolicy, MIN_DECODE_LIMIT};
 pub use defaults::{DEFAULT_PREFETCH, DEFAULT_WINDOW_BYTES};
 pub use order::SharedOrder;
-pub use pack::{PackSpec, CU_SEQLENS, POSITION_IDS};
+pub use pack::{PackSpec, PositionIds, CU_SEQLENS, POSITION_IDS};
 
 /// Reads a small text file (a job file, a state, a run's telemetry) defensively: opening
 /// never blocks (a FIFO in a file's place would wait for a writer forever), only regular
@@ -858,7 +858,7 @@ pub struct JobFile {
     /// Pack a token field's documents into samples of SEQ_LEN.
     ///
     /// Each sample holds SEQ_LEN inputs and their labels:
-    /// `FIELD:SEQ_LEN[,eos=ID][,position_ids][,cu_seqlens]` [default: no packing].
+    /// `FIELD:SEQ_LEN[,eos=ID][,position_ids[=document]][,cu_seqlens]` [default: no packing].
     #[cfg_attr(
         feature = "clap",
         arg(long, value_name = "SPEC", help_heading = heading::DATA, hide_short_help = true)

@@ -20,9 +20,12 @@
 //! reads and memory follow the window, not the longest document.
 //!
 //! Optional fields, for attention that must not cross documents: `position_ids` (`i64`,
-//! `[S]`: each input's position in its document, from 0) and `cu_seqlens` (`i32`, variable
-//! length: where each document's run of inputs starts, then `S`, as flash-attention's
-//! variable-length kernels take them).
+//! `[S]`: each input's position in its run of a document inside the sample, 0 at the
+//! sample's first input and at every document start inside it, as Megatron-LM's
+//! `reset_position_ids` gives them; with `position_ids=document`, its position in its whole
+//! document) and `cu_seqlens` (`i32`, variable length: where each document's run of inputs
+//! starts, then `S`, as flash-attention's variable-length kernels take them). The plain
+//! positions restart exactly where `cu_seqlens` says a run starts.
 
 use std::ops::Range;
 use std::path::Path;
@@ -33,7 +36,7 @@ use arrow_buffer::Buffer;
 use super::reader::FileReader;
 use super::rows::RowChunk;
 use super::schema::{DType, Field, FieldKind};
-pub use crate::config::{PackSpec, CU_SEQLENS, POSITION_IDS};
+pub use crate::config::{PackSpec, PositionIds, CU_SEQLENS, POSITION_IDS};
 use crate::error::{Error, Result};
 
 /// The field holding the labels (the inputs shifted by one token).
@@ -88,7 +91,7 @@ impl Packing {
             .transpose()?;
         let s = spec.seq_len as usize;
         let mut out = vec![Field::tensor(spec.field.clone(), dtype, vec![s]), Field::tensor(LABELS, dtype, vec![s])];
-        if spec.position_ids {
+        if spec.position_ids.is_some() {
             out.push(Field::tensor(POSITION_IDS, DType::I64, vec![s]));
         }
         if spec.cu_seqlens {
@@ -230,7 +233,13 @@ impl PackedReader {
                 if from > window.start && from == doc.start {
                     cu.push((from - window.start) as i32);
                 }
-                positions.extend((from - doc.start..inputs_end - doc.start).map(|p| p as i64));
+                // Counted from the run's first input (the sample's or the document's first)
+                // or from the document's first token.
+                let first = match self.packing.spec.position_ids {
+                    Some(PositionIds::Document) => doc.start,
+                    _ => from,
+                };
+                positions.extend((from - first..inputs_end - first).map(|p| p as i64));
             }
         }
         let row = s as usize * size;
@@ -239,7 +248,7 @@ impl PackedReader {
         }
         cu.push(s as i32);
         let mut values = vec![(at, row), (at + size, row)];
-        if self.packing.spec.position_ids {
+        if self.packing.spec.position_ids.is_some() {
             values.push((out.len(), positions.len() * 8));
             out.extend(positions.iter().flat_map(|p| p.to_le_bytes()));
         }
@@ -388,8 +397,20 @@ mod tests {
         bytes.chunks(size).map(f).collect()
     }
 
-    /// The packing written out the plain way: concatenate, cut, shift.
-    fn reference(docs: &[Vec<i32>], s: usize, eos: Option<i32>) -> Vec<(Vec<i32>, Vec<i64>, Vec<i32>)> {
+    /// One packed sample written out the plain way: its S + 1 tokens, its positions (each
+    /// input's in its run of a document inside the sample, then in its whole document) and
+    /// its cu_seqlens.
+    struct Want {
+        stream: Vec<i32>,
+        sample_pos: Vec<i64>,
+        document_pos: Vec<i64>,
+        cu: Vec<i32>,
+    }
+
+    /// The packing written out the plain way: concatenate, cut, shift. The sample positions
+    /// count from 0 at the window's first input and at every stream offset where a document
+    /// starts; the document positions count from each document's first token.
+    fn reference(docs: &[Vec<i32>], s: usize, eos: Option<i32>) -> Vec<Want> {
         let mut stream = Vec::new();
         let (mut pos, mut starts) = (Vec::new(), Vec::new());
         for d in docs {
@@ -409,42 +430,122 @@ mod tests {
                 let mut cu = vec![0];
                 cu.extend(starts.iter().filter(|&&st| st > w && st < w + s).map(|&st| (st - w) as i32));
                 cu.push(s as i32);
-                (stream[w..w + s + 1].to_vec(), pos[w..w + s].to_vec(), cu)
+                let mut sample_pos: Vec<i64> = Vec::with_capacity(s);
+                for i in 0..s {
+                    let restart = i == 0 || starts.contains(&(w + i));
+                    sample_pos.push(if restart { 0 } else { sample_pos[i - 1] + 1 });
+                }
+                Want { stream: stream[w..w + s + 1].to_vec(), sample_pos, document_pos: pos[w..w + s].to_vec(), cu }
             })
             .collect()
+    }
+
+    /// Megatron-LM's `reset_position_ids` on one sample's inputs (`_get_ltor_masks_and_position_ids`
+    /// in megatron-core's gpt_dataset.py): positions count up from 0 and restart at 0 after
+    /// every input equal to the end-of-document token.
+    fn megatron_positions(inputs: &[i32], eod: i32) -> Vec<i64> {
+        let mut out: Vec<i64> = Vec::with_capacity(inputs.len());
+        for i in 0..inputs.len() {
+            out.push(if i == 0 || inputs[i - 1] == eod { 0 } else { out[i - 1] + 1 });
+        }
+        out
+    }
+
+    /// Reads `rows` of `docs` packed by `spec` and checks each against `want`: inputs,
+    /// labels, positions (`positions` picks which of `want`'s) and cu_seqlens.
+    fn check_rows(
+        docs: &[Vec<i32>],
+        spec: &PackSpec,
+        want: &[Want],
+        positions: fn(&Want) -> &Vec<i64>,
+    ) -> PackedReader {
+        let s = spec.seq_len as usize;
+        let packing = Arc::new(Packing::resolve(spec, &tokens_field()).unwrap());
+        let lengths: Vec<u64> = docs.iter().map(|d| d.len() as u64).collect();
+        let tokens = packing.stream_tokens(&lengths);
+        assert_eq!(packing.samples(tokens), want.len() as u64, "{spec}");
+        let mut r = PackedReader::open(
+            Box::new(Docs(docs.to_vec())),
+            Path::new("f"),
+            docs.len() as u64,
+            packing,
+            tokens,
+            &PlanCache::new(),
+        )
+        .unwrap();
+        // All rows, and rows apart.
+        let all: Vec<u64> = (0..want.len() as u64).collect();
+        let some: Vec<u64> = all.iter().copied().filter(|r| r % 3 != 1).collect();
+        for rows in [all, some] {
+            let chunk = r.read_rows(&rows).unwrap();
+            for (k, &j) in rows.iter().enumerate() {
+                let w = &want[j as usize];
+                let i32s = |b: &[u8]| i32::from_le_bytes(b.try_into().unwrap());
+                assert_eq!(ints(chunk.value(k, 0), 4, i32s), w.stream[..s], "{spec} sample {j}: inputs");
+                assert_eq!(ints(chunk.value(k, 1), 4, i32s), w.stream[1..], "{spec} sample {j}: labels");
+                let i64s = |b: &[u8]| i64::from_le_bytes(b.try_into().unwrap());
+                assert_eq!(&ints(chunk.value(k, 2), 8, i64s), positions(w), "{spec} sample {j}: positions");
+                assert_eq!(&ints(chunk.value(k, 3), 4, i32s), &w.cu, "{spec} sample {j}: cu_seqlens");
+            }
+        }
+        r
     }
 
     #[test]
     fn packed_samples_equal_a_plain_concatenation_cut_into_windows() {
         let docs = vec![vec![1, 2, 3], vec![], vec![10; 9], vec![7], vec![20, 21, 22, 23, 24], vec![]];
         for (s, eos) in [(4, Some(0)), (4, None), (1, Some(-1)), (3, None), (30, Some(5)), (8, Some(9))] {
-            let mut spec: PackSpec = format!("tokens:{s},position_ids,cu_seqlens").parse().unwrap();
-            spec.eos = eos.map(i64::from);
-            let packing = Arc::new(Packing::resolve(&spec, &tokens_field()).unwrap());
-            let lengths: Vec<u64> = docs.iter().map(|d| d.len() as u64).collect();
-            let tokens = packing.stream_tokens(&lengths);
             let want = reference(&docs, s, eos);
-            assert_eq!(packing.samples(tokens), want.len() as u64, "S {s} eos {eos:?}");
-            let mut r =
-                PackedReader::open(Box::new(Docs(docs.clone())), Path::new("f"), 6, packing, tokens, &PlanCache::new())
-                    .unwrap();
-            // All rows, and rows apart.
-            let all: Vec<u64> = (0..want.len() as u64).collect();
-            let some: Vec<u64> = all.iter().copied().filter(|r| r % 3 != 1).collect();
-            for rows in [all, some] {
-                let chunk = r.read_rows(&rows).unwrap();
-                for (k, &j) in rows.iter().enumerate() {
-                    let (stream, pos, cu) = &want[j as usize];
-                    let i32s = |b: &[u8]| i32::from_le_bytes(b.try_into().unwrap());
-                    assert_eq!(ints(chunk.value(k, 0), 4, i32s), stream[..s], "S {s} sample {j}: inputs");
-                    assert_eq!(ints(chunk.value(k, 1), 4, i32s), stream[1..], "S {s} sample {j}: labels");
-                    let i64s = |b: &[u8]| i64::from_le_bytes(b.try_into().unwrap());
-                    assert_eq!(&ints(chunk.value(k, 2), 8, i64s), pos, "S {s} sample {j}: positions");
-                    assert_eq!(&ints(chunk.value(k, 3), 4, i32s), cu, "S {s} sample {j}: cu_seqlens");
+            for (option, document) in [("position_ids", false), ("position_ids=document", true)] {
+                let mut spec: PackSpec = format!("tokens:{s},{option},cu_seqlens").parse().unwrap();
+                spec.eos = eos.map(i64::from);
+                let pick: fn(&Want) -> &Vec<i64> = if document { |w| &w.document_pos } else { |w| &w.sample_pos };
+                let mut r = check_rows(&docs, &spec, &want, pick);
+                assert!(r.read_rows(&[want.len() as u64]).unwrap_err().to_string().contains("past the end"));
+            }
+        }
+    }
+
+    /// Plain `position_ids` restart at every sample and at every document start inside it,
+    /// where cu_seqlens says a run starts, and stay below S; with an end-of-document token
+    /// no document holds, they are Megatron's `reset_position_ids` of the same inputs. Over
+    /// documents longer than 2·S and documents ending exactly at a sample's end.
+    #[test]
+    fn plain_positions_restart_at_each_sample_and_document_as_megatron_resets_them() {
+        let (mut long, mut at_boundary) = (0, 0);
+        for s in [1usize, 2, 3, 4, 5, 8, 13] {
+            // Lengths around S and its multiples, with empty documents between.
+            let lens = [s - 1, 2 * s + 3, 0, s, 1, 3 * s, s + 1, 2, 0, 5 * s - 1, s - 1, 7, 2 * s];
+            let docs: Vec<Vec<i32>> = lens
+                .iter()
+                .enumerate()
+                .map(|(d, &n)| (0..n as i32).map(|t| 100 * d as i32 + t + 1).collect())
+                .collect();
+            for eos in [Some(0), None] {
+                let want = reference(&docs, s, eos);
+                let mut spec: PackSpec = format!("tokens:{s},position_ids,cu_seqlens").parse().unwrap();
+                spec.eos = eos.map(i64::from);
+                check_rows(&docs, &spec, &want, |w| &w.sample_pos);
+                long += lens.iter().filter(|&&n| n > 2 * s).count();
+                // A document (with its end-of-document token) ending where a sample's inputs end.
+                let mut end = 0;
+                for &n in &lens {
+                    end += n + usize::from(eos.is_some());
+                    at_boundary += usize::from(n > 0 && end % s == 0 && end / s <= want.len());
+                }
+                for (j, w) in want.iter().enumerate() {
+                    assert!(w.sample_pos.iter().all(|&p| (0..s as i64).contains(&p)), "S {s} sample {j}");
+                    // Each run of cu_seqlens counts 0, 1, 2, ...
+                    let runs: Vec<i64> =
+                        w.cu.windows(2).flat_map(|r| (0..(r[1] - r[0]) as i64).collect::<Vec<_>>()).collect();
+                    assert_eq!(runs, w.sample_pos, "S {s} eos {eos:?} sample {j}");
+                    if let Some(e) = eos {
+                        assert_eq!(megatron_positions(&w.stream[..s], e), w.sample_pos, "S {s} sample {j}");
+                    }
                 }
             }
-            assert!(r.read_rows(&[want.len() as u64]).unwrap_err().to_string().contains("past the end"));
         }
+        assert!(long > 0 && at_boundary > 0, "{long} long documents, {at_boundary} ending at a sample's end");
     }
 
     /// A packed sample reads its own tokens of the documents it overlaps, not the documents:
@@ -497,10 +598,11 @@ mod tests {
             let chunk = r.read_rows(&rows).unwrap();
             for (k, &j) in rows.iter().enumerate() {
                 let i32s = |b: &[u8]| i32::from_le_bytes(b.try_into().unwrap());
-                assert_eq!(ints(chunk.value(k, 0), 4, i32s), want[j as usize].0[..2048], "{format:?} sample {j}");
-                assert_eq!(ints(chunk.value(k, 1), 4, i32s), want[j as usize].0[1..], "{format:?} sample {j}");
+                let w = &want[j as usize];
+                assert_eq!(ints(chunk.value(k, 0), 4, i32s), w.stream[..2048], "{format:?} sample {j}");
+                assert_eq!(ints(chunk.value(k, 1), 4, i32s), w.stream[1..], "{format:?} sample {j}");
                 let i64s = |b: &[u8]| i64::from_le_bytes(b.try_into().unwrap());
-                assert_eq!(ints(chunk.value(k, 2), 8, i64s), want[j as usize].1, "{format:?} sample {j}");
+                assert_eq!(ints(chunk.value(k, 2), 8, i64s), w.sample_pos, "{format:?} sample {j}");
             }
             // 2049 tokens of 4 bytes a sample (less where samples share one), plus two
             // offsets per piece (Arrow): the 4 MB document is not read.
@@ -537,12 +639,20 @@ mod tests {
     fn specs_parse_print_and_resolve_with_clear_errors() {
         let spec: PackSpec = "tokens:2048,eos=0,position_ids,cu_seqlens".parse().unwrap();
         assert_eq!(spec.to_string(), "tokens:2048,eos=0,position_ids,cu_seqlens");
-        assert_eq!((spec.seq_len, spec.eos), (2048, Some(0)));
+        assert_eq!((spec.seq_len, spec.eos, spec.position_ids), (2048, Some(0), Some(PositionIds::Sample)));
+        let spec: PackSpec = "tokens:16, position_ids = document".parse().unwrap();
+        assert_eq!(spec.position_ids, Some(PositionIds::Document));
+        assert_eq!(spec.to_string(), "tokens:16,position_ids=document");
+        assert_eq!(spec.to_string().parse::<PackSpec>().unwrap(), spec);
+        assert_eq!("tokens:16".parse::<PackSpec>().unwrap().position_ids, None);
         let err = |s: &str| s.parse::<PackSpec>().unwrap_err().to_string();
         assert!(err("tokens").contains("no sequence length"), "{}", err("tokens"));
         assert!(err("tokens:0").contains("bad sequence length"));
         assert!(err("tokens:8,eos=x").contains("bad eos token id"));
         assert!(err("tokens:8,masks").contains("unknown option 'masks'"));
+        let e = err("tokens:8,position_ids=doc");
+        assert!(e.contains("unknown position_ids 'doc' (position_ids or position_ids=document)"), "{e}");
+        assert!(e.contains("[,position_ids[=document]]"), "{e}");
         let resolve = |s: &str| Packing::resolve(&s.parse().unwrap(), &tokens_field()).unwrap_err().to_string();
         assert!(resolve("ids:8").contains("unknown field 'ids' (fields: text, tokens)"));
         assert!(

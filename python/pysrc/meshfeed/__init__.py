@@ -460,12 +460,15 @@ class Loader:
             (zeros, and a field ``<name>_valid`` of ``uint8`` per row, 1 present and 0
             null, right after it) or ``"fill:VALUE"`` (e.g. ``{"label": "fill:-1"}``);
             default: nulls in a delivered field are an error naming both.
-        pack: sequence packing, ``"FIELD:SEQ_LEN[,eos=ID][,position_ids][,cu_seqlens]"``:
-            the documents of a token field concatenated (each followed by ``eos``, if
-            given) and cut into samples of ``SEQ_LEN`` inputs (field ``FIELD``) and their
-            labels (``labels``, the inputs shifted by one token); optionally each input's
-            position in its document (``position_ids``) and the starts of its documents
-            (``cu_seqlens``, int32, as flash-attention's variable-length kernels take them).
+        pack: sequence packing,
+            ``"FIELD:SEQ_LEN[,eos=ID][,position_ids[=document]][,cu_seqlens]"``: the
+            documents of a token field concatenated (each followed by ``eos``, if given)
+            and cut into samples of ``SEQ_LEN`` inputs (field ``FIELD``) and their labels
+            (``labels``, the inputs shifted by one token); optionally each input's position
+            (``position_ids``: restarting at 0 at each sample and each document start in it,
+            as Megatron-LM's ``reset_position_ids``; ``position_ids=document``: in its whole
+            document) and the starts of its documents (``cu_seqlens``, int32, as
+            flash-attention's variable-length kernels take them).
         devices_per_process: mesh devices this process drives (default 1). The mesh then
             has ``world × K`` devices; process ``p`` drives devices ``p·K .. (p+1)·K`` and
             receives the union of their shards, as
