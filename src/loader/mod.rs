@@ -359,18 +359,8 @@ mod tests {
     use crate::types::{Epoch, SampleId};
 
     fn dataset(samples: u64) -> (tempfile::TempDir, Dataset) {
-        let dir = tempfile::tempdir().unwrap();
-        let spec = gen::GenSpec {
-            format: Format::Raw,
-            samples,
-            files: 2,
-            out: dir.path().into(),
-            arrow_batch_rows: 4,
-            fields: vec![Field::tensor("x", DType::U16, vec![2])],
-        };
-        for i in 0..2 {
-            gen::write_file(&spec, i).unwrap();
-        }
+        let (dir, spec) =
+            gen::GenSpec::write_temp(Format::Raw, samples, 2, 4, vec![Field::tensor("x", DType::U16, vec![2])]);
         gen::write_side_files(&spec).unwrap();
         let ds = Dataset::open_local(&[dir.path().into()], Default::default()).unwrap();
         (dir, ds)
