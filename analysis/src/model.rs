@@ -660,6 +660,23 @@ mod tests {
         }
     }
 
+    /// Two nodes of two ranks, batches of 256 of 65,536 samples of `sample_bytes`, 8 MiB
+    /// windows two ahead, read every epoch.
+    fn two_by_two(sample_bytes: f64) -> Scenario {
+        Scenario {
+            nodes: 2,
+            ranks_per_node: 2,
+            samples: 1 << 16,
+            sample_bytes,
+            batch_size: 256,
+            window_bytes: 8 << 20,
+            prefetch: 2,
+            replicas: 1,
+            reads: ReadPlan::EVERY_EPOCH,
+            shares_stores: false,
+        }
+    }
+
     fn truth() -> Calibration {
         Calibration {
             kind: "calibration",
@@ -792,18 +809,7 @@ mod tests {
         runs[1].consumer = vec![(0.1512, 1000); 4];
         let c = fit(&runs).unwrap();
         assert!(close(c.consume_s_per_row, 1e-4) && close(c.consume_s_per_byte, 1e-7), "{c:?}");
-        let s = Scenario {
-            nodes: 2,
-            ranks_per_node: 2,
-            samples: 1 << 16,
-            sample_bytes: 2048.0,
-            batch_size: 256,
-            window_bytes: 8 << 20,
-            prefetch: 2,
-            replicas: 1,
-            reads: ReadPlan::EVERY_EPOCH,
-            shares_stores: false,
-        };
+        let s = two_by_two(2048.0);
         let fast = predict_one(&t, &s);
         assert!(!fast.consumer_bound && fast.consume_s == 0.0);
         let slow = predict_one(&Calibration { consume_s_per_row: 1e-3, ..t }, &s);
@@ -819,18 +825,7 @@ mod tests {
     #[test]
     fn a_resident_run_reads_in_its_first_epoch_only() {
         let t = truth();
-        let s = Scenario {
-            nodes: 2,
-            ranks_per_node: 2,
-            samples: 1 << 16,
-            sample_bytes: 16384.0,
-            batch_size: 256,
-            window_bytes: 8 << 20,
-            prefetch: 2,
-            replicas: 1,
-            reads: ReadPlan::EVERY_EPOCH,
-            shares_stores: false,
-        };
+        let s = two_by_two(16384.0);
         let every = predict_one(&t, &s);
         assert_eq!(every.first_epoch_s, every.epoch_s);
         assert!(every.read_s > 0.0);

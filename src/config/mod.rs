@@ -16,6 +16,27 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
+/// Implements `TryFrom<String>` and `From<T> for String` by the type's `FromStr` and
+/// `Display`: what `#[serde(try_from = "String", into = "String")]` asks of a type that is
+/// written as text. Defined before the submodules so that they see it.
+macro_rules! string_conversions {
+    ($t:ty) => {
+        impl TryFrom<String> for $t {
+            type Error = $crate::error::Error;
+            fn try_from(s: String) -> $crate::error::Result<$t> {
+                s.parse()
+            }
+        }
+
+        impl From<$t> for String {
+            fn from(v: $t) -> String {
+                v.to_string()
+            }
+        }
+    };
+}
+pub(crate) use string_conversions;
+
 mod dataset;
 mod defaults;
 mod order;
@@ -190,18 +211,7 @@ impl FromStr for MeshSpec {
     }
 }
 
-impl TryFrom<String> for MeshSpec {
-    type Error = Error;
-    fn try_from(s: String) -> Result<MeshSpec> {
-        s.parse()
-    }
-}
-
-impl From<MeshSpec> for String {
-    fn from(m: MeshSpec) -> String {
-        m.to_string()
-    }
-}
+string_conversions!(MeshSpec);
 
 impl fmt::Display for MeshSpec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -258,18 +268,7 @@ impl FromStr for ShardSpec {
     }
 }
 
-impl TryFrom<String> for ShardSpec {
-    type Error = Error;
-    fn try_from(s: String) -> Result<ShardSpec> {
-        s.parse()
-    }
-}
-
-impl From<ShardSpec> for String {
-    fn from(s: ShardSpec) -> String {
-        s.to_string()
-    }
-}
+string_conversions!(ShardSpec);
 
 impl fmt::Display for ShardSpec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -617,18 +616,7 @@ impl fmt::Display for ExchangeCosts {
     }
 }
 
-impl TryFrom<String> for ExchangeCosts {
-    type Error = Error;
-    fn try_from(s: String) -> Result<ExchangeCosts> {
-        s.parse()
-    }
-}
-
-impl From<ExchangeCosts> for String {
-    fn from(c: ExchangeCosts) -> String {
-        c.to_string()
-    }
-}
+string_conversions!(ExchangeCosts);
 
 /// How batches are laid out over a device mesh. The default is data parallelism over all
 /// ranks (`dp=<world>`, batch split over `dp`), one device per rank.

@@ -98,15 +98,4 @@ impl fmt::Display for PackSpec {
     }
 }
 
-impl TryFrom<String> for PackSpec {
-    type Error = Error;
-    fn try_from(s: String) -> Result<PackSpec> {
-        s.parse()
-    }
-}
-
-impl From<PackSpec> for String {
-    fn from(s: PackSpec) -> String {
-        s.to_string()
-    }
-}
+string_conversions!(PackSpec);

@@ -803,6 +803,14 @@ pub type LayoutCache = std::sync::OnceLock<Arc<Layout>>;
 /// Where one value lies in a [`RowChunk`] being filled: buffer, offset, length.
 type ValueLoc = (u32, usize, usize);
 
+/// Rows `local` of record batch `batch`, which are window rows `first..`.
+#[derive(Clone, Copy)]
+struct BatchRows<'a> {
+    batch: usize,
+    local: &'a [u64],
+    first: usize,
+}
+
 impl ArrowReader {
     /// Opens `path`, checking that its columns are `expected` (every column read).
     pub fn open(path: &Path, expected: &[Field]) -> Result<ArrowReader> {
@@ -843,17 +851,15 @@ impl ArrowReader {
     /// rows' values kept (a variable-length column's offsets of the rows, then their
     /// values), so that a window holds its values and a decoder's window, not the columns
     /// of the batches its rows touch. Values cannot be read in place here.
-    #[allow(clippy::too_many_arguments)]
     fn read_compressed(
         &self,
         chunk: &mut RowChunk,
         locs: &mut [ValueLoc],
         codec: Codec,
-        b: usize,
-        local: &[u64],
-        first: usize,
+        rows: BatchRows,
         columns: &[usize],
     ) -> Result<()> {
+        let BatchRows { batch: b, local, first } = rows;
         let batch = &self.layout.footer.batches[b];
         let fields = columns.len();
         for (c, &col) in columns.iter().enumerate() {
@@ -966,16 +972,14 @@ impl ArrowReader {
     /// `first..`) of `columns`: booleans from their bits, validity fields from their
     /// columns' validity bitmaps, and the value of each null of a column with a null policy
     /// (its fill value, or zeros where it is masked).
-    #[allow(clippy::too_many_arguments)]
     fn made_values(
         &self,
         chunk: &mut RowChunk,
         locs: &mut [ValueLoc],
-        b: usize,
-        local: &[u64],
-        first: usize,
+        rows: BatchRows,
         columns: &[usize],
     ) -> Result<()> {
+        let BatchRows { batch: b, local, first } = rows;
         let batch = &self.layout.footer.batches[b];
         let chosen = &self.layout.footer.chosen;
         let fields = columns.len();
@@ -1187,7 +1191,8 @@ impl super::reader::FileReader for ArrowReader {
                 special.push((b, i, local.clone()));
             }
             if let Some(codec) = batch.codec {
-                self.read_compressed(&mut chunk, &mut locs, codec, b, &local, i, columns)?;
+                let rows = BatchRows { batch: b, local: &local, first: i };
+                self.read_compressed(&mut chunk, &mut locs, codec, rows, columns)?;
                 i = j;
                 continue;
             }
@@ -1240,7 +1245,7 @@ impl super::reader::FileReader for ArrowReader {
             locs[k * fields + c] = place;
         }
         for (b, first, local) in special {
-            self.made_values(&mut chunk, &mut locs, b, &local, first, columns)?;
+            self.made_values(&mut chunk, &mut locs, BatchRows { batch: b, local: &local, first }, columns)?;
         }
         for (buffer, offset, len) in locs {
             chunk.push_value(buffer, offset, len);

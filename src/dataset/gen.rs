@@ -199,6 +199,27 @@ impl GenSpec {
     }
 }
 
+#[cfg(test)]
+impl GenSpec {
+    /// Writes every file of a dataset of `samples` rows of `fields` in `files` files
+    /// (`arrow_batch_rows` rows per Arrow record batch) into a new temporary directory,
+    /// which lasts as long as the handle returned with the spec: the tests' dataset.
+    pub(crate) fn write_temp(
+        format: Format,
+        samples: u64,
+        files: u64,
+        arrow_batch_rows: u64,
+        fields: Vec<Field>,
+    ) -> (tempfile::TempDir, GenSpec) {
+        let dir = tempfile::tempdir().unwrap();
+        let spec = GenSpec { format, samples, files, fields, out: dir.path().into(), arrow_batch_rows };
+        for i in 0..files {
+            write_file(&spec, i).unwrap();
+        }
+        (dir, spec)
+    }
+}
+
 /// Writes file `i` of the dataset (ids continue across files).
 pub fn write_file(spec: &GenSpec, i: u64) -> Result<u64> {
     let first: u64 = (0..i).map(|j| spec.file_samples(j)).sum();

@@ -27,18 +27,7 @@ pub fn valid_field(name: &str) -> String {
 /// What [`valid_field`] appends.
 pub const VALID_SUFFIX: &str = "_valid";
 
-impl TryFrom<String> for NullPolicy {
-    type Error = Error;
-    fn try_from(s: String) -> Result<NullPolicy> {
-        s.parse()
-    }
-}
-
-impl From<NullPolicy> for String {
-    fn from(p: NullPolicy) -> String {
-        p.to_string()
-    }
-}
+crate::config::string_conversions!(NullPolicy);
 
 /// The bytes of one value of tensor field `field` (little-endian, every element the
 /// value) that `fill:VALUE` delivers in place of a null; an error naming the field where

@@ -487,16 +487,7 @@ mod tests {
 
     #[test]
     fn a_file_that_changes_after_its_scan_is_an_error_naming_the_change() {
-        let dir = tempfile::tempdir().unwrap();
-        let spec = gen::GenSpec {
-            format: Format::Npy,
-            samples: 100,
-            files: 1,
-            fields: vec![Field::tensor("x", DType::U8, vec![10])],
-            out: dir.path().into(),
-            arrow_batch_rows: 16,
-        };
-        gen::write_file(&spec, 0).unwrap();
+        let (dir, _) = gen::GenSpec::write_temp(Format::Npy, 100, 1, 16, vec![Field::tensor("x", DType::U8, vec![10])]);
         let ds = Dataset::open_local(&[dir.path().into()], Default::default()).unwrap();
         let info = &ds.files()[0];
         info.check_unchanged().unwrap();
@@ -578,18 +569,8 @@ mod tests {
     /// by the later ones (a pass reopens each file; a header is one small read per batch).
     #[test]
     fn arrow_layouts_are_parsed_once_per_dataset() {
-        let dir = tempfile::tempdir().unwrap();
-        let spec = gen::GenSpec {
-            format: Format::Arrow,
-            samples: 100,
-            files: 2,
-            out: dir.path().into(),
-            arrow_batch_rows: 10,
-            fields: vec![Field::tensor("x", DType::U8, vec![4])],
-        };
-        for i in 0..2 {
-            gen::write_file(&spec, i).unwrap();
-        }
+        let (dir, _) =
+            gen::GenSpec::write_temp(Format::Arrow, 100, 2, 10, vec![Field::tensor("x", DType::U8, vec![4])]);
         let ds = Dataset::open_local(&[dir.path().into()], Default::default()).unwrap();
         assert!(ds.parsed.iter().all(|p| p.arrow.get().is_none()));
         let mut a = ds.open_reader(1).unwrap();
@@ -611,16 +592,7 @@ mod tests {
             Field::tensor("c", DType::U16, vec![3]),
         ];
         for format in [Format::Npy, Format::Hdf5, Format::Arrow] {
-            let dir = tempfile::tempdir().unwrap();
-            let spec = gen::GenSpec {
-                format,
-                samples: 50,
-                files: 1,
-                out: dir.path().into(),
-                arrow_batch_rows: 10,
-                fields: fields.clone(),
-            };
-            gen::write_file(&spec, 0).unwrap();
+            let (dir, _) = gen::GenSpec::write_temp(format, 50, 1, 10, fields.clone());
             let open = |names: Option<Vec<&str>>| {
                 let options = DatasetOptions {
                     fields: names.map(|n| n.into_iter().map(String::from).collect()),
@@ -693,7 +665,6 @@ mod tests {
     #[test]
     fn every_format_round_trips() {
         for format in [Format::Npy, Format::Raw, Format::Hdf5, Format::Arrow] {
-            let dir = tempfile::tempdir().unwrap();
             let mut fields = vec![
                 Field::tensor("x", DType::F32, vec![2, 3]),
                 Field::tensor("y", DType::I64, vec![]),
@@ -702,18 +673,8 @@ mod tests {
             if format == Format::Arrow {
                 fields.push(Field { name: "t".into(), kind: FieldKind::Bytes { utf8: false, elem: None } });
             }
-            let spec = gen::GenSpec {
-                format,
-                samples: 23,
-                files: 3,
-                fields: fields.clone(),
-                out: dir.path().into(),
-                arrow_batch_rows: 4,
-            };
+            let (dir, spec) = gen::GenSpec::write_temp(format, 23, 3, 4, fields.clone());
             spec.validate().unwrap();
-            for i in 0..3 {
-                gen::write_file(&spec, i).unwrap();
-            }
             gen::write_side_files(&spec).unwrap();
             let ds = Dataset::open_local(&[dir.path().into()], Default::default()).unwrap();
             assert_eq!(ds.len(), 23, "{format:?}");

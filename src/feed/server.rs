@@ -874,12 +874,7 @@ pub(crate) mod tests {
 
     /// 100 samples a file of `fields`, in `files` files.
     pub(crate) fn files_of(format: Format, files: u64, fields: Vec<Field>) -> (tempfile::TempDir, Dataset) {
-        let dir = tempfile::tempdir().unwrap();
-        let out = dir.path().into();
-        let spec = gen::GenSpec { format, samples: 100 * files, files, out, arrow_batch_rows: 9, fields };
-        for i in 0..files {
-            gen::write_file(&spec, i).unwrap();
-        }
+        let (dir, _) = gen::GenSpec::write_temp(format, 100 * files, files, 9, fields);
         let ds = Dataset::open_local(&[dir.path().into()], Default::default()).unwrap();
         (dir, ds)
     }

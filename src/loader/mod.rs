@@ -358,18 +358,8 @@ mod tests {
     use crate::types::{Epoch, SampleId};
 
     fn dataset(samples: u64) -> (tempfile::TempDir, Dataset) {
-        let dir = tempfile::tempdir().unwrap();
-        let spec = gen::GenSpec {
-            format: Format::Raw,
-            samples,
-            files: 2,
-            out: dir.path().into(),
-            arrow_batch_rows: 4,
-            fields: vec![Field::tensor("x", DType::U16, vec![2])],
-        };
-        for i in 0..2 {
-            gen::write_file(&spec, i).unwrap();
-        }
+        let (dir, spec) =
+            gen::GenSpec::write_temp(Format::Raw, samples, 2, 4, vec![Field::tensor("x", DType::U16, vec![2])]);
         gen::write_side_files(&spec).unwrap();
         let ds = Dataset::open_local(&[dir.path().into()], Default::default()).unwrap();
         (dir, ds)
@@ -478,18 +468,24 @@ mod tests {
         assert_eq!(last.map(|e| (e.epoch, e.steps, e.windows)), Some((1, 12, m.windows)));
     }
 
-    /// Has `l` write its telemetry to `dir`, as a job asking for it would.
-    fn record_telemetry(l: &mut Loader, dir: &std::path::Path) {
+    /// A loader of batches of 4 of 50 samples, `prefetch` windows ahead, that writes its
+    /// telemetry to the second directory returned, as a job asking for it would; the first
+    /// holds the dataset.
+    fn recording_loader(prefetch: usize) -> (tempfile::TempDir, tempfile::TempDir, Loader) {
+        let (dir, ds) = dataset(50);
+        let out = tempfile::tempdir().unwrap();
+        let mut l = loader(&ds, 4, prefetch);
         let job = crate::config::Job {
             data: vec![],
             dataset: Default::default(),
             loader: l.options().clone(),
             epochs: 2,
             transport: Default::default(),
-            telemetry: Some(dir.into()),
+            telemetry: Some(out.path().into()),
             heartbeat: None,
         };
         l.record_telemetry(&LocalTransport::new(), &job).unwrap();
+        (dir, out, l)
     }
 
     /// Rank 0's records in `dir`: its windows and its epochs, in the order written, and
@@ -514,10 +510,7 @@ mod tests {
     /// buffered at the fork are written once, by the parent.
     #[test]
     fn a_forked_child_does_not_write_the_parents_telemetry() {
-        let (_dir, ds) = dataset(50);
-        let out = tempfile::tempdir().unwrap();
-        let mut l = loader(&ds, 4, 0);
-        record_telemetry(&mut l, out.path());
+        let (_dir, out, mut l) = recording_loader(0);
         // Epoch 0's record is buffered, not yet written (its windows are).
         l.by_ref().count();
         l.next_batch().unwrap().unwrap();
@@ -541,10 +534,7 @@ mod tests {
     /// finished in its file.
     #[test]
     fn each_finished_window_is_on_disk_at_once() {
-        let (_dir, ds) = dataset(50);
-        let out = tempfile::tempdir().unwrap();
-        let mut l = loader(&ds, 4, 0);
-        record_telemetry(&mut l, out.path());
+        let (_dir, out, mut l) = recording_loader(0);
         let windows = l.steps_per_epoch().div_ceil(l.steps_per_window());
         assert!(windows > 1, "{windows}");
         l.by_ref().count();
@@ -560,10 +550,7 @@ mod tests {
     #[test]
     fn the_loader_writes_a_record_of_each_window_and_epoch_it_delivered() {
         use crate::telemetry::RunInfo;
-        let (_dir, ds) = dataset(50);
-        let out = tempfile::tempdir().unwrap();
-        let mut l = loader(&ds, 4, 2);
-        record_telemetry(&mut l, out.path());
+        let (_dir, out, mut l) = recording_loader(2);
         let beats = Arc::new(std::sync::Mutex::new(Vec::new()));
         let sink = beats.clone();
         l.heartbeat(std::time::Duration::ZERO, move |line| sink.lock().unwrap().push(line.to_string()));

@@ -224,15 +224,15 @@ impl Stream {
         };
         let index_entries = budget::index_entries(&index_budget, range.end - range.start);
         let index_bytes = index_entries * crate::plan::index::ENTRY_BYTES;
-        let steps_per_window =
-            budget.steps_per_window_besides(per_step, steps_per_epoch, index_bytes, reading, balanced);
+        let load = budget::StepLoad { bytes_per_step: per_step, reserved: index_bytes, reading, balanced };
+        let steps_per_window = budget.steps_per_window_besides(load, steps_per_epoch);
         // The tuner's memory ceiling: the larger of the given and the default pipeline
         // bounds, counted the same way (the home index reserved alike).
         let tune_limits = (options.tune == Tune::Auto).then(|| {
             let ceiling = budget::pipeline_bound(&options);
             let most_steps = |prefetch: usize| {
                 let at = WindowBudget { window_bytes: ceiling / (prefetch as u64 + 1), prefetch };
-                at.most_steps_besides(per_step, steps_per_epoch, index_bytes, reading, balanced)
+                at.most_steps_besides(load, steps_per_epoch)
             };
             let prefetch = if options.prefetch == 0 { DEFAULT_PREFETCH } else { 0 };
             tune::Limits {

@@ -80,6 +80,18 @@ pub enum Reading {
     Copied,
 }
 
+/// What a window's steps hold, for sizing windows: at most `bytes_per_step` received per
+/// step, values that reach the send buffer as `reading` says, `reserved` bytes of the peak
+/// held by something else (the home index), and home ranges that may grow to
+/// [`MAX_SHARE`] where `balanced`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StepLoad {
+    pub bytes_per_step: u64,
+    pub reserved: u64,
+    pub reading: Reading,
+    pub balanced: bool,
+}
+
 /// The window budget of a loader.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct WindowBudget {
@@ -127,38 +139,24 @@ impl WindowBudget {
     /// with training, and a queue of a few huge windows hides loading badly (each epoch
     /// would start by waiting for one).
     pub fn steps_per_window(&self, bytes_per_step: u64, steps_in_epoch: u64) -> u64 {
-        self.steps_per_window_besides(bytes_per_step, steps_in_epoch, 0, Reading::Direct, false)
+        let load = StepLoad { bytes_per_step, reserved: 0, reading: Reading::Direct, balanced: false };
+        self.steps_per_window_besides(load, steps_in_epoch)
     }
 
-    /// [`WindowBudget::steps_per_window`] for values that reach the send buffer as
-    /// `reading` says, with `reserved` bytes of the peak held by something else (the home
-    /// index), and home ranges that may grow to [`MAX_SHARE`] where `balanced`.
-    pub fn steps_per_window_besides(
-        &self,
-        bytes_per_step: u64,
-        steps_in_epoch: u64,
-        reserved: u64,
-        reading: Reading,
-        balanced: bool,
-    ) -> u64 {
+    /// [`WindowBudget::steps_per_window`] for the steps of `load`.
+    pub fn steps_per_window_besides(&self, load: StepLoad, steps_in_epoch: u64) -> u64 {
         let by_depth = match self.prefetch {
             0 => u64::MAX,
             p => steps_in_epoch.div_ceil(WINDOWS_PER_QUEUE * (p as u64 + 1)),
         };
-        self.most_steps_besides(bytes_per_step, steps_in_epoch, reserved, reading, balanced).min(by_depth).max(1)
+        self.most_steps_besides(load, steps_in_epoch).min(by_depth).max(1)
     }
 
     /// The most steps a window may hold within [`WindowBudget::peak_bytes`] (as
     /// [`WindowBudget::steps_per_window_besides`], without the rule on windows per epoch:
     /// the tuner measures whether longer windows pay).
-    pub fn most_steps_besides(
-        &self,
-        bytes_per_step: u64,
-        steps_in_epoch: u64,
-        reserved: u64,
-        reading: Reading,
-        balanced: bool,
-    ) -> u64 {
+    pub fn most_steps_besides(&self, load: StepLoad, steps_in_epoch: u64) -> u64 {
+        let StepLoad { bytes_per_step, reserved, reading, balanced } = load;
         let per_step = bytes_per_step.saturating_mul(self.halves_held(reading, balanced)).div_ceil(2).max(1);
         let by_bytes = self.peak_bytes().saturating_sub(reserved) / per_step;
         by_bytes.clamp(1, steps_in_epoch.max(1))
@@ -206,6 +204,10 @@ pub fn sample_bytes(sizes: &[u64]) -> u64 {
 mod tests {
     use super::*;
 
+    fn load(bytes_per_step: u64, reserved: u64, reading: Reading, balanced: bool) -> StepLoad {
+        StepLoad { bytes_per_step, reserved, reading, balanced }
+    }
+
     /// What the memory budget sets aside for a pipeline: its bound as given, or, tuned, at
     /// least the defaults' (3 × 64 MiB).
     #[test]
@@ -237,7 +239,7 @@ mod tests {
                 [Reading::Direct, Reading::Copied].into_iter().flat_map(|r| [(r, false), (r, true)])
             {
                 let b = WindowBudget { window_bytes: 1 << 20, prefetch: p };
-                let w = b.steps_per_window_besides(1000, 1 << 30, 0, reading, balanced);
+                let w = b.steps_per_window_besides(load(1000, 0, reading, balanced), 1 << 30);
                 let held = w * 1000 * b.halves_held(reading, balanced) / 2;
                 assert!(held <= b.peak_bytes(), "prefetch {p}, {reading:?}, balanced {balanced}");
             }
@@ -250,26 +252,26 @@ mod tests {
         // Without a producer: read buffers (2), send and receive (2) and the delivered
         // batches (1), each kept by its own pool: 5 × 100 bytes per step, not 3.
         let sync = WindowBudget { window_bytes: 1500, prefetch: 0 };
-        assert_eq!(sync.steps_per_window_besides(100, 50, 0, Reading::Direct, false), 5);
-        assert_eq!(sync.steps_per_window_besides(100, 50, 0, Reading::Copied, false), 3);
+        assert_eq!(sync.steps_per_window_besides(load(100, 0, Reading::Direct, false), 50), 5);
+        assert_eq!(sync.steps_per_window_besides(load(100, 0, Reading::Copied, false), 50), 3);
         // Two ahead: reads (2), send, receive and the next send (3), the queue (2), the
         // consumer's window and the one waiting to be queued (2): 9 × 100 per step.
         let piped = WindowBudget { window_bytes: 1500, prefetch: 2 };
-        assert_eq!(piped.steps_per_window_besides(100, 500, 0, Reading::Copied, false), 5);
-        assert_eq!(piped.steps_per_window_besides(90, 500, 0, Reading::Copied, false), 5);
-        assert_eq!(piped.steps_per_window_besides(90, 500, 0, Reading::Direct, false), 6);
+        assert_eq!(piped.steps_per_window_besides(load(100, 0, Reading::Copied, false), 500), 5);
+        assert_eq!(piped.steps_per_window_besides(load(90, 0, Reading::Copied, false), 500), 5);
+        assert_eq!(piped.steps_per_window_besides(load(90, 0, Reading::Direct, false), 500), 6);
         // The home index's share comes off the peak first.
-        assert_eq!(sync.steps_per_window_besides(100, 50, 1000, Reading::Copied, false), 1);
+        assert_eq!(sync.steps_per_window_besides(load(100, 1000, Reading::Copied, false), 50), 1);
         // Balanced home ranges grow to 1.5× the equal split, and their read and send
         // buffers with them: direct with a producer (two send buffers) holds 6 + 3 + ½·2 =
         // 10 windows' worth at prefetch 3, copied at prefetch 0 (two read buffers, one send
         // buffer) 5 + ½·3 = 6.5.
         let deep = WindowBudget { window_bytes: 2500, prefetch: 3 };
-        assert_eq!(deep.steps_per_window_besides(100, 5000, 0, Reading::Direct, false), 10_000 / 900);
-        assert_eq!(deep.steps_per_window_besides(100, 5000, 0, Reading::Direct, true), 10_000 / 1000);
+        assert_eq!(deep.steps_per_window_besides(load(100, 0, Reading::Direct, false), 5000), 10_000 / 900);
+        assert_eq!(deep.steps_per_window_besides(load(100, 0, Reading::Direct, true), 5000), 10_000 / 1000);
         let one = WindowBudget { window_bytes: 6500, prefetch: 0 };
-        assert_eq!(one.steps_per_window_besides(100, 500, 0, Reading::Copied, false), 13);
-        assert_eq!(one.steps_per_window_besides(100, 500, 0, Reading::Copied, true), 10);
+        assert_eq!(one.steps_per_window_besides(load(100, 0, Reading::Copied, false), 500), 13);
+        assert_eq!(one.steps_per_window_besides(load(100, 0, Reading::Copied, true), 500), 10);
     }
 
     #[test]

@@ -623,6 +623,23 @@ mod tests {
         (l, port)
     }
 
+    /// The server of a job's three ranks, as the tests start it: rank 0's table and log.
+    type Server = std::thread::JoinHandle<(Result<Vec<Vec<u8>>>, Vec<String>)>;
+
+    /// Ranks 1 and 2, configured by `rank_cfg`, join the job `server` serves as rank 0, and
+    /// every rank gets the table of all three payloads, in rank order; the server's log.
+    fn ranks_1_and_2_get_through(rank_cfg: impl Fn(usize) -> RendezvousConfig, server: Server) -> String {
+        let (one, two) = (rank_cfg(1), rank_cfg(2));
+        let c1 = std::thread::spawn(move || join(&one, b"one"));
+        let c2 = std::thread::spawn(move || join(&two, b"two"));
+        let want: Vec<Vec<u8>> = vec![b"zero".to_vec(), b"one".to_vec(), b"two".to_vec()];
+        assert_eq!(c1.join().unwrap().unwrap(), want);
+        assert_eq!(c2.join().unwrap().unwrap(), want);
+        let (table, log) = server.join().unwrap();
+        assert_eq!(table.unwrap(), want);
+        log.join("\n")
+    }
+
     #[test]
     fn ranks_exchange_payloads_despite_hostile_connections() {
         let (l, port) = listener();
@@ -642,14 +659,7 @@ mod tests {
         let wrong_world = join(&cfg(2, 4, port, "s3cret"), b"x").unwrap_err().to_string();
         assert!(wrong_world.contains("WORLD_SIZE 4 does not match the job's 3"), "{wrong_world}");
         // The real ranks still get through.
-        let c1 = std::thread::spawn(move || join(&cfg(1, 3, port, "s3cret"), b"one"));
-        let c2 = std::thread::spawn(move || join(&cfg(2, 3, port, "s3cret"), b"two"));
-        let want: Vec<Vec<u8>> = vec![b"zero".to_vec(), b"one".to_vec(), b"two".to_vec()];
-        assert_eq!(c1.join().unwrap().unwrap(), want);
-        assert_eq!(c2.join().unwrap().unwrap(), want);
-        let (table, log) = server.join().unwrap();
-        assert_eq!(table.unwrap(), want);
-        let log = log.join("\n");
+        let log = ranks_1_and_2_get_through(move |rank| cfg(rank, 3, port, "s3cret"), server);
         assert!(log.contains("bad magic \"GET /"), "{log}");
         assert!(log.contains("not a meshfeed rendezvous client"), "{log}");
         assert!(log.contains("wrong job token"), "{log}");
@@ -678,14 +688,7 @@ mod tests {
         let stranger = join(&cfg(1, 3, port, "guess"), b"x").unwrap_err().to_string();
         assert!(stranger.contains("wrong job token") && !stranger.contains("job-a"), "{stranger}");
         // Job A's own ranks still get through, and the table holds only theirs.
-        let c1 = std::thread::spawn(move || join(&with_id(1, Some("job-a")), b"one"));
-        let c2 = std::thread::spawn(move || join(&with_id(2, Some("job-a")), b"two"));
-        let want: Vec<Vec<u8>> = vec![b"zero".to_vec(), b"one".to_vec(), b"two".to_vec()];
-        assert_eq!(c1.join().unwrap().unwrap(), want);
-        assert_eq!(c2.join().unwrap().unwrap(), want);
-        let (table, log) = server.join().unwrap();
-        assert_eq!(table.unwrap(), want);
-        let log = log.join("\n");
+        let log = ranks_1_and_2_get_through(move |rank| with_id(rank, Some("job-a")), server);
         assert!(log.contains("refused connection from") && log.contains("job id \"job-b\""), "{log}");
     }
 

@@ -272,12 +272,7 @@ mod tests {
             (Format::Npy, vec![Field::tensor("x", DType::U16, vec![3]), Field::tensor("y", DType::I64, vec![])]),
             (Format::Arrow, vec![Field { name: "t".into(), kind: FieldKind::Bytes { utf8: false, elem: None } }]),
         ] {
-            let dir = tempfile::tempdir().unwrap();
-            let spec =
-                gen::GenSpec { format, samples: 200, files: 3, out: dir.path().into(), arrow_batch_rows: 9, fields };
-            for i in 0..3 {
-                gen::write_file(&spec, i).unwrap();
-            }
+            let (dir, _) = gen::GenSpec::write_temp(format, 200, 3, 9, fields);
             let ds = Dataset::open_local(&[dir.path().into()], Default::default()).unwrap();
             let ids: Vec<u64> = (20..180).filter(|i| i % 3 != 0).collect();
             let (pass, bytes) = fill(&ds, 4, 10..20, ids.clone(), &mut |f| ds.open_reader(f)).unwrap();
@@ -309,19 +304,8 @@ mod tests {
     /// memory), reading the file from the first needed row to the last.
     #[test]
     fn a_pass_over_the_spill_file_keeps_the_spilled_rows_asked_for() {
-        let dir = tempfile::tempdir().unwrap();
         let fields = vec![Field::tensor("x", DType::U16, vec![3]), Field::tensor("y", DType::I64, vec![])];
-        let spec = gen::GenSpec {
-            format: Format::Npy,
-            samples: 200,
-            files: 3,
-            out: dir.path().into(),
-            arrow_batch_rows: 9,
-            fields,
-        };
-        for i in 0..3 {
-            gen::write_file(&spec, i).unwrap();
-        }
+        let (dir, _) = gen::GenSpec::write_temp(Format::Npy, 200, 3, 9, fields);
         let ds = std::sync::Arc::new(Dataset::open_local(&[dir.path().into()], Default::default()).unwrap());
         let spill = tempfile::tempdir().unwrap();
         // Home rows 50..190: 30 in memory, 110 spilled (across the files' ends).

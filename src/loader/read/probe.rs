@@ -165,18 +165,8 @@ mod tests {
     fn probes_round_trip_and_measure_a_home_range() {
         let p = Probe { seq_bytes: 7, seq_secs: 0.5, reads: 3, read_secs: 0.25, cached: true };
         assert_eq!(Probe::from_bytes(&p.to_bytes()), Some(p));
-        let dir = tempfile::tempdir().unwrap();
-        let spec = gen::GenSpec {
-            format: Format::Npy,
-            samples: 2048,
-            files: 2,
-            out: dir.path().into(),
-            arrow_batch_rows: 4,
-            fields: vec![Field::tensor("x", DType::U8, vec![8192])],
-        };
-        for i in 0..2 {
-            gen::write_file(&spec, i).unwrap();
-        }
+        let (dir, _) =
+            gen::GenSpec::write_temp(Format::Npy, 2048, 2, 4, vec![Field::tensor("x", DType::U8, vec![8192])]);
         let ds = Dataset::open_local(&[dir.path().into()], Default::default()).unwrap();
         // Rows 100..1500: most of them in the first file (rows 0..1024).
         let (file, r) = region(&ds, 100..1500).unwrap();
@@ -201,18 +191,8 @@ mod tests {
     #[test]
     fn the_probed_region_is_the_largest_fields() {
         for format in [Format::Hdf5, Format::Arrow] {
-            let dir = tempfile::tempdir().unwrap();
-            let spec = gen::GenSpec {
-                format,
-                samples: 2048,
-                files: 2,
-                out: dir.path().into(),
-                arrow_batch_rows: 64,
-                fields: vec![Field::tensor("label", DType::I64, vec![]), Field::tensor("x", DType::U8, vec![8192])],
-            };
-            for i in 0..2 {
-                gen::write_file(&spec, i).unwrap();
-            }
+            let fields = vec![Field::tensor("label", DType::I64, vec![]), Field::tensor("x", DType::U8, vec![8192])];
+            let (dir, _) = gen::GenSpec::write_temp(format, 2048, 2, 64, fields);
             let ds = Dataset::open_local(&[dir.path().into()], Default::default()).unwrap();
             let (file, r) = region(&ds, 100..1500).unwrap();
             assert_eq!(file, 0, "{format:?}");

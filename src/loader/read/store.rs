@@ -592,11 +592,7 @@ mod tests {
     use crate::dataset::{gen, DType, Field, Format};
 
     fn dataset(format: Format, fields: Vec<Field>, samples: u64) -> (tempfile::TempDir, Arc<Dataset>) {
-        let dir = tempfile::tempdir().unwrap();
-        let spec = gen::GenSpec { format, samples, files: 3, out: dir.path().into(), arrow_batch_rows: 7, fields };
-        for i in 0..spec.files {
-            gen::write_file(&spec, i).unwrap();
-        }
+        let (dir, spec) = gen::GenSpec::write_temp(format, samples, 3, 7, fields);
         gen::write_side_files(&spec).unwrap();
         let ds = Dataset::open_local(&[dir.path().into()], Default::default()).unwrap();
         (dir, Arc::new(ds))

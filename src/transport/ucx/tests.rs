@@ -223,34 +223,21 @@ fn a_silent_peer_is_reported_lost_and_told_why() {
 }
 
 #[test]
-fn a_short_message_is_an_error_not_garbage() {
-    // Rank 1 sends rank 0 4 bytes where rank 0 expects 8 (collectives out of step).
-    let errors = ranks(2, &UcxConfig::default(), |t| {
-        if t.rank().0 == 0 {
-            t.exchange(Vec::new(), vec![0..0, 0..0], vec![0, 8]).map(|_| ()).map_err(|e| e.to_string())
-        } else {
-            t.exchange(vec![7; 4], vec![0..4, 0..0], vec![0, 0]).map(|_| ()).map_err(|e| e.to_string())
-        }
-    });
-    assert_eq!(
-        errors[0].as_ref().unwrap_err(),
-        "transport: rank 1 sent 4 bytes where 8 were expected (collectives out of step?)"
-    );
-}
-
-#[test]
-fn a_long_message_is_an_error_too() {
-    let errors = ranks(2, &UcxConfig::default(), |t| {
-        if t.rank().0 == 0 {
-            t.exchange(Vec::new(), vec![0..0, 0..0], vec![0, 8]).map(|_| ()).map_err(|e| e.to_string())
-        } else {
-            t.exchange(vec![7; 16], vec![0..16, 0..0], vec![0, 0]).map(|_| ()).map_err(|e| e.to_string())
-        }
-    });
-    assert_eq!(
-        errors[0].as_ref().unwrap_err(),
-        "transport: rank 1 sent more than the 8 bytes expected (collectives out of step?)"
-    );
+fn a_short_or_long_message_is_an_error_not_garbage() {
+    // Rank 1 sends rank 0 4 or 16 bytes where rank 0 expects 8 (collectives out of step).
+    for (sent, want) in [
+        (4, "transport: rank 1 sent 4 bytes where 8 were expected (collectives out of step?)"),
+        (16, "transport: rank 1 sent more than the 8 bytes expected (collectives out of step?)"),
+    ] {
+        let errors = ranks(2, &UcxConfig::default(), |t| {
+            if t.rank().0 == 0 {
+                t.exchange(Vec::new(), vec![0..0, 0..0], vec![0, 8]).map(|_| ()).map_err(|e| e.to_string())
+            } else {
+                t.exchange(vec![7; sent], vec![0..sent, 0..0], vec![0, 0]).map(|_| ()).map_err(|e| e.to_string())
+            }
+        });
+        assert_eq!(errors[0].as_ref().unwrap_err(), want, "{sent} bytes sent");
+    }
 }
 
 #[test]
