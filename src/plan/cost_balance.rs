@@ -177,10 +177,7 @@ mod tests {
         }
         let (fixed_mean, balanced_mean) = (fixed_sum / 200.0, balanced_sum / 200.0);
         assert!(over_bound < 1.1, "balanced up to {over_bound} × the lower bound");
-        assert!(
-            balanced_mean < 1.1 && fixed_mean > 1.3,
-            "mean max/mean: balanced {balanced_mean}, fixed {fixed_mean}"
-        );
+        assert!(balanced_mean < 1.1 && fixed_mean > 1.3, "mean max/mean: balanced {balanced_mean}, fixed {fixed_mean}");
     }
 
     proptest! {
