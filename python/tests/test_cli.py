@@ -219,7 +219,9 @@ def test_the_command_runs_with_the_gil_released(data):
 
 def test_mpi_initialised_by_mpi4py_first_is_adopted(data, tmp_path):
     # A program that imported mpi4py (which initialises MPI) and then runs the command line.
-    prog = "from mpi4py import MPI\n" + IN_PROCESS + "print('world', MPI.COMM_WORLD.Get_size())\n"
+    # One write per line: the two ranks' output shares mpirun's stdout, and an unbuffered
+    # print of several pieces can be cut by the other rank's lines.
+    prog = "from mpi4py import MPI\n" + IN_PROCESS + "sys.stdout.write(f'world {MPI.COMM_WORLD.Get_size()}\\n')\n"
     job = ["run", "--data", data, "--batch-size", "24", "--verify"]
     r = ok(run(MPIRUN + ["-np", "2", sys.executable, "-c", prog, *job, "--dump", tmp_path / "mpi4py"]))
     assert r.stdout.count("code=0") == 2 and r.stdout.count("world 2") == 2, r.stdout
