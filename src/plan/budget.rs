@@ -25,7 +25,7 @@
 //!
 //! | | `prefetch = 0` | `prefetch = p ≥ 1` |
 //! |---|---|---|
-//! | copied (read, then copied) | `2 + 2 + 1 = 5` | `2 + 3 + (p + 2) = 7 + p` |
+//! | copied (read into buffers, then copied) | `2 + 2 + 1 = 5` | `2 + 3 + (p + 2) = 7 + p` |
 //! | direct | `3` | `6 + p` (holds `5 + p`: one window's slack for sends above the mean) |
 //!
 //! A rank's read and send buffers hold the rows of its home range that the window draws,

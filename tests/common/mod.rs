@@ -208,21 +208,24 @@ pub struct Job {
 impl Job {
     /// `meshfeed run --data DATA`.
     pub fn new(data: impl AsRef<Path>) -> Job {
-        let data = data.as_ref().to_str().expect("a UTF-8 test path");
-        Job { args: vec!["run".into(), "--data".into(), data.into()] }
+        Job { args: vec!["run".into()] }.path("--data", data)
     }
 
     /// `meshfeed run --config FILE`: a job file (TOML) instead of `--data`; the options
     /// given after it override the file's.
     pub fn config(file: &Path) -> Job {
-        let file = file.to_str().expect("a UTF-8 test path");
-        Job { args: vec!["run".into(), "--config".into(), file.into()] }
+        Job { args: vec!["run".into()] }.path("--config", file)
     }
 
     /// `OPTION VALUE`.
     pub fn opt(mut self, option: &str, value: impl ToString) -> Job {
         self.args.extend([option.to_string(), value.to_string()]);
         self
+    }
+
+    /// `OPTION PATH`, the path as given (test paths are UTF-8).
+    pub fn path(self, option: &str, path: impl AsRef<Path>) -> Job {
+        self.opt(option, path.as_ref().to_str().expect("a UTF-8 test path"))
     }
 
     /// `--batch-size B` (the global batch).
@@ -252,7 +255,7 @@ impl Job {
 
     /// `--dump DIR`.
     pub fn dump(self, dir: &Path) -> Job {
-        self.opt("--dump", dir.to_str().expect("a UTF-8 test path"))
+        self.path("--dump", dir)
     }
 
     /// `--compute-ms MS`: each rank sleeps this long after each batch (as training would),
@@ -264,12 +267,12 @@ impl Job {
     /// `--state PATH`: where the run writes its position when stopped (SIGTERM/SIGINT) and
     /// at the end.
     pub fn state(self, path: &Path) -> Job {
-        self.opt("--state", path.to_str().expect("a UTF-8 test path"))
+        self.path("--state", path)
     }
 
     /// `--resume-from FROM`: a state file or `EPOCH:STEP`.
     pub fn resume_from(self, from: impl AsRef<Path>) -> Job {
-        self.opt("--resume-from", from.as_ref().to_str().expect("a UTF-8 test path"))
+        self.path("--resume-from", from)
     }
 
     /// `--transport NAME` (`mpi` or `ucx`), for a job started by hand (as
@@ -305,17 +308,17 @@ impl Job {
 
     /// `--spill-dir DIR`.
     pub fn spill_dir(self, dir: &Path) -> Job {
-        self.opt("--spill-dir", dir.to_str().expect("a UTF-8 test path"))
+        self.path("--spill-dir", dir)
     }
 
     /// `--telemetry DIR`.
     pub fn telemetry(self, dir: &Path) -> Job {
-        self.opt("--telemetry", dir.to_str().expect("a UTF-8 test path"))
+        self.path("--telemetry", dir)
     }
 
     /// `--checkpoint PATH`.
     pub fn checkpoint(self, path: &Path) -> Job {
-        self.opt("--checkpoint", path.to_str().expect("a UTF-8 test path"))
+        self.path("--checkpoint", path)
     }
 
     /// `--fields A,B`: deliver only these fields.
